@@ -1,0 +1,122 @@
+"""The target model: transformers + torch, one KV cache per sequence.
+
+The engine knows nothing about tokenization, sampling or sessions: it feeds
+token ids into a sequence's cache and returns float32 logits. A sequence's
+cache always holds exactly ``length`` tokens; ``crop`` cuts it back after a
+verification rejected part of a block.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from shared.vocab import vocab_fingerprint
+
+__all__ = ["TargetEngine", "Sequence"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Sequence:
+    """A sequence's KV cache and how many tokens it holds."""
+
+    cache: object  # transformers DynamicCache
+    length: int = 0  # tokens in the cache
+    forwards: int = 0  # forward passes run on this sequence
+    forward_s: float = field(default=0.0)  # time inside those forwards
+
+
+def pick_device(device: str | None) -> torch.device:
+    if device:
+        return torch.device(device)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+class TargetEngine:
+    """Loads a Hugging Face folder (or a GGUF file, dequantized by transformers).
+
+    float32 on CPU; bfloat16 on GPU unless ``dtype`` says otherwise.
+    """
+
+    def __init__(self, model_path: str | Path, *, device: str | None = None, dtype: str | None = None) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        path = Path(model_path)
+        if not path.exists():
+            raise FileNotFoundError(f"target model not found: {path}")
+        self.device = pick_device(device)
+        self.dtype = getattr(torch, dtype) if dtype else (torch.float32 if self.device.type == "cpu" else torch.bfloat16)
+        started = time.perf_counter()
+        kwargs: dict = {"dtype": self.dtype}
+        if path.is_file():  # a GGUF file
+            kwargs["gguf_file"] = path.name
+            folder = str(path.parent)
+        else:
+            folder = str(path)
+        self.model = AutoModelForCausalLM.from_pretrained(folder, **kwargs).to(self.device).eval()
+        self.tokenizer = AutoTokenizer.from_pretrained(folder, **({"gguf_file": path.name} if path.is_file() else {}))
+        self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
+        self.model_name = path.name
+        self.eos_token_ids = self._eos_ids()
+        self.pieces = self._pieces()
+        self.fingerprint = vocab_fingerprint(self.pieces)
+        self.load_s = time.perf_counter() - started
+        log.info(
+            "target %s loaded in %.1fs on %s/%s (vocab %d)",
+            path.name, self.load_s, self.device, str(self.dtype).removeprefix("torch."), self.vocab_size,
+        )
+
+    def _eos_ids(self) -> set[int]:
+        eos = self.model.generation_config.eos_token_id if self.model.generation_config else None
+        if eos is None:
+            eos = self.model.config.eos_token_id
+        if eos is None:
+            eos = self.tokenizer.eos_token_id
+        return set(eos) if isinstance(eos, (list, tuple, set)) else ({int(eos)} if eos is not None else set())
+
+    def _pieces(self) -> list[str]:
+        pieces = self.tokenizer.convert_ids_to_tokens(list(range(min(len(self.tokenizer), self.vocab_size))))
+        # Embedding rows past the tokenizer (padding) get a stable placeholder.
+        return [p if p is not None else "" for p in pieces] + [f"<pad_{i}>" for i in range(len(pieces), self.vocab_size)]
+
+    def new_sequence(self) -> Sequence:
+        from transformers import DynamicCache
+
+        # A plain (non-sliding) cache: every layer keeps every token, so crop()
+        # is exact; sliding-window layers still see the right window via masks.
+        return Sequence(cache=DynamicCache())
+
+    @torch.inference_mode()
+    def forward(self, seq: Sequence, tokens: list[int]) -> torch.Tensor:
+        """Append ``tokens`` to the sequence; return their next-token logits [n, V] float32."""
+        if not tokens:
+            raise ValueError("forward needs at least one token")
+        started = time.perf_counter()
+        ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
+        positions = torch.arange(seq.length, seq.length + len(tokens), device=self.device)
+        out = self.model(
+            input_ids=ids,
+            past_key_values=seq.cache,
+            use_cache=True,
+            cache_position=positions,
+            position_ids=positions.unsqueeze(0),
+        )
+        seq.length += len(tokens)
+        seq.forwards += 1
+        logits = out.logits[0].float()
+        seq.forward_s += time.perf_counter() - started
+        return logits
+
+    def crop(self, seq: Sequence, length: int) -> None:
+        """Keep the first ``length`` tokens of the cache."""
+        if not 0 <= length <= seq.length:
+            raise ValueError(f"cannot crop a {seq.length}-token cache to {length}")
+        if length < seq.length:
+            seq.cache.crop(-(seq.length - length))  # transformers 5 takes the count to remove
+            seq.length = length

@@ -1,0 +1,61 @@
+"""Resolving the target model: a Hugging Face folder as is, a GGUF file via a
+cached float32 conversion (transformers dequantizes GGUF slowly; the saved
+folder reloads in seconds), or the default Gemma model when none is given.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from shared.models import cache_dir, default_gguf_path
+
+__all__ = ["resolve_target"]
+
+log = logging.getLogger(__name__)
+
+
+def resolve_target(path: str | Path | None) -> Path:
+    """A loadable Hugging Face folder for ``path`` (None = default Gemma target)."""
+    source = default_gguf_path() if path is None else Path(path)
+    if not source.exists():
+        raise FileNotFoundError(f"target model not found: {source}")
+    if source.is_dir():
+        return source
+    if source.suffix != ".gguf":
+        raise ValueError(f"target must be a Hugging Face folder or a .gguf file, got {source}")
+    return _converted(source)
+
+
+def _converted(gguf: Path) -> Path:
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    folder = cache_dir() / "targets" / f"{gguf.stem}-{key}"
+    if (folder / "config.json").exists():
+        return folder
+    print(
+        f"splitspec: converting {gguf.name} to a float32 folder for the target (once; about a minute) ...",
+        file=sys.stderr,
+        flush=True,
+    )
+    started = time.perf_counter()
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    # save_pretrained refuses a model still marked as GGUF-quantized.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    staging = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    model.save_pretrained(staging, safe_serialization=True)
+    tokenizer.save_pretrained(staging)
+    staging.rename(folder)
+    print(f"splitspec: target cached at {folder} ({time.perf_counter() - started:.0f}s)", file=sys.stderr, flush=True)
+    return folder

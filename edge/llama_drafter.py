@@ -1,0 +1,132 @@
+"""A drafter for any GGUF model, run by llama.cpp through llama-cpp-python.
+
+Per-step logits come from ``llama_get_logits_ith(ctx, -1)`` (no
+``logits_all``, which would allocate n_ctx x V floats); rollback is setting
+``n_tokens`` back, after which llama.cpp drops the stale KV entries on the
+next eval. The drafter owns no sampling RNG: every proposal is a pure
+function of its logits and the session's counters (``edge.drafter.propose``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from edge.drafter import DraftBlock, propose
+from shared.params import SamplingParams
+
+__all__ = ["LlamaDrafter"]
+
+log = logging.getLogger(__name__)
+
+
+def _default_threads() -> int:
+    return max(1, min(4, (os.cpu_count() or 2) // 2))
+
+
+class LlamaDrafter:
+    """``Drafter`` backed by a llama.cpp context. Not thread-safe."""
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike,
+        *,
+        n_ctx: int = 4096,
+        n_threads: int | None = None,
+        f32_kv_cache: bool = False,
+    ) -> None:
+        import llama_cpp  # deferred: importing loads the native library
+
+        path = Path(model_path)
+        if not path.is_file():
+            raise FileNotFoundError(f"drafter model not found: {path}")
+        self._llama_cpp = llama_cpp
+        started = time.perf_counter()
+        kv_type = {"type_k": 0, "type_v": 0} if f32_kv_cache else {}
+        self.llm = llama_cpp.Llama(
+            model_path=str(path),
+            n_ctx=n_ctx,
+            n_threads=n_threads or _default_threads(),
+            logits_all=False,
+            verbose=False,
+            **kv_type,
+        )
+        self.vocab_size = self.llm.n_vocab()
+        self.context_size = n_ctx
+        self.model_name = path.name
+        self._seq: list[int] = []  # committed tokens, then the current speculation
+        self._committed = 0  # len of the committed prefix of _seq
+        self._params = SamplingParams()
+        self.eval_s = 0.0  # time inside llama.cpp's eval, for overhead accounting
+        log.info("drafter %s loaded in %.2fs (vocab %d)", path.name, time.perf_counter() - started, self.vocab_size)
+
+    # -- vocabulary --------------------------------------------------------
+    def vocab_pieces(self) -> list[str]:
+        """The id -> piece table, as the GGUF stores it."""
+        lib = self._llama_cpp
+        vocab = lib.llama_model_get_vocab(self.llm.model)
+        return [lib.llama_token_get_text(vocab, i).decode("utf-8", "surrogateescape") for i in range(self.vocab_size)]
+
+    def tokenize(self, text: str) -> list[int]:
+        """Prompt text -> ids, BOS added as the model's metadata asks."""
+        return self.llm.tokenize(text.encode("utf-8"), add_bos=True, special=True)
+
+    def detokenize(self, tokens: Sequence[int]) -> bytes:
+        return self.llm.detokenize(list(tokens))
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        return {self.llm.token_eos()}
+
+    # -- lifecycle ---------------------------------------------------------
+    def begin(self, prompt: Sequence[int], params: SamplingParams) -> None:
+        if not prompt:
+            raise ValueError("prompt must hold at least one token")
+        if len(prompt) >= self.context_size:
+            raise ValueError(f"prompt of {len(prompt)} tokens does not fit the drafter context of {self.context_size}")
+        self._params = params
+        self._seq = [int(t) for t in prompt]
+        self._committed = len(self._seq)
+        self.llm.n_tokens = 0
+
+    def draft(self, n: int) -> DraftBlock:
+        n = min(n, self.context_size - len(self._seq) - 1)
+        tokens, q = [], []
+        for _ in range(max(n, 0)):
+            logits = self._logits_after_sync()
+            token, q_tilde = propose(logits, self._params, position=len(self._seq))
+            self._seq.append(token)
+            tokens.append(token)
+            q.append(q_tilde)
+        return DraftBlock(tokens, q if q and q[0] is not None else None)
+
+    def commit(self, tokens: Sequence[int]) -> None:
+        speculation = self._seq[self._committed :]
+        matched = 0
+        for drafted, committed in zip(speculation, tokens):
+            if drafted != committed:
+                break
+            matched += 1
+        keep = self._committed + matched  # this prefix of _seq is still valid
+        self._seq = self._seq[: self._committed] + [int(t) for t in tokens]
+        self._committed = len(self._seq)
+        self.llm.n_tokens = min(self.llm.n_tokens, keep)
+
+    def close(self) -> None:
+        self.llm.close()
+
+    # -- internals ---------------------------------------------------------
+    def _logits_after_sync(self) -> np.ndarray:
+        """Evaluate every token of _seq not yet in the KV cache; return the last logits [V]."""
+        if self.llm.n_tokens >= len(self._seq):
+            self.llm.n_tokens = len(self._seq) - 1  # re-evaluate the last token to get its logits
+        started = time.perf_counter()
+        self.llm.eval(self._seq[self.llm.n_tokens :])
+        self.eval_s += time.perf_counter() - started
+        ptr = self._llama_cpp.llama_get_logits_ith(self.llm._ctx.ctx, -1)
+        return np.ctypeslib.as_array(ptr, shape=(self.vocab_size,))

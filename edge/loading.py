@@ -1,0 +1,33 @@
+"""Opening the edge's drafter from a command-line choice, and checking it
+speaks the same vocabulary as the target."""
+
+from __future__ import annotations
+
+from edge.llama_drafter import LlamaDrafter
+from edge.ngram_drafter import NgramDrafter
+from edge.options import NGRAM
+from shared.models import default_gguf_path
+from shared.vocab import check_same_vocab, vocab_fingerprint
+
+__all__ = ["open_llama_drafter", "open_drafter", "NGRAM"]
+
+
+def open_llama_drafter(path: str | None, *, n_threads: int | None = None, n_ctx: int = 4096) -> LlamaDrafter:
+    """The GGUF at ``path`` (None = the default Gemma drafter)."""
+    return LlamaDrafter(path or default_gguf_path(), n_threads=n_threads, n_ctx=n_ctx)
+
+
+def open_drafter(choice: str | None, *, vocab_size: int, fingerprint: bytes, n_threads: int | None = None, n_ctx: int = 4096):
+    """A drafter for ``choice`` whose vocabulary matches (vocab_size, fingerprint).
+
+    Raises ``shared.vocab.VocabMismatch`` naming both vocabularies otherwise.
+    """
+    if choice == NGRAM:
+        return NgramDrafter(vocab_size)
+    drafter = open_llama_drafter(choice, n_threads=n_threads, n_ctx=n_ctx)
+    try:
+        check_same_vocab((drafter.vocab_size, vocab_fingerprint(drafter.vocab_pieces())), (vocab_size, fingerprint))
+    except ValueError:
+        drafter.close()
+        raise
+    return drafter

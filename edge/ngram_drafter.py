@@ -1,0 +1,58 @@
+"""Prompt-lookup drafting: propose what followed the latest earlier occurrence
+of the sequence's trailing n-gram. No model; cheap on any device; shines on
+inputs that repeat (code edits, extraction, summaries quoting the prompt).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from edge.drafter import DraftBlock, one_hot_block
+from shared.params import SamplingParams
+
+__all__ = ["NgramDrafter"]
+
+
+class NgramDrafter:
+    """``Drafter`` that copies continuations from the sequence's own history.
+
+    Tries n-gram sizes from ``max_ngram`` down to ``min_ngram``; proposes
+    nothing when no earlier match exists (the round is then target-only).
+    In rejection mode each proposal carries a point-mass q̃.
+    """
+
+    def __init__(self, vocab_size: int, max_ngram: int = 3, min_ngram: int = 1) -> None:
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        self.vocab_size = vocab_size
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+        self._tokens: list[int] = []
+        self._params = SamplingParams()
+
+    def begin(self, prompt: Sequence[int], params: SamplingParams) -> None:
+        self._tokens = [int(t) for t in prompt]
+        self._params = params
+
+    def draft(self, n: int) -> DraftBlock:
+        return one_hot_block(self._lookup(n), self._params)
+
+    def commit(self, tokens: Sequence[int]) -> None:
+        self._tokens.extend(int(t) for t in tokens)
+
+    def close(self) -> None:
+        pass
+
+    def _lookup(self, n: int) -> list[int]:
+        seq = self._tokens
+        if n <= 0:
+            return []
+        for size in range(min(self.max_ngram, len(seq) - 1), self.min_ngram - 1, -1):
+            suffix = seq[-size:]
+            # Latest earlier occurrence whose continuation is non-empty.
+            for start in range(len(seq) - size - 1, -1, -1):
+                if seq[start : start + size] == suffix:
+                    follow = seq[start + size : start + size + n]
+                    if follow:
+                        return follow
+        return []

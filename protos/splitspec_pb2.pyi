@@ -1,0 +1,167 @@
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Mode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    MODE_UNSPECIFIED: _ClassVar[Mode]
+    MODE_GREEDY: _ClassVar[Mode]
+    MODE_COUPLED: _ClassVar[Mode]
+    MODE_REJECTION: _ClassVar[Mode]
+
+class StopReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    STOP_REASON_UNSPECIFIED: _ClassVar[StopReason]
+    STOP_REASON_EOS: _ClassVar[StopReason]
+    STOP_REASON_LENGTH: _ClassVar[StopReason]
+MODE_UNSPECIFIED: Mode
+MODE_GREEDY: Mode
+MODE_COUPLED: Mode
+MODE_REJECTION: Mode
+STOP_REASON_UNSPECIFIED: StopReason
+STOP_REASON_EOS: StopReason
+STOP_REASON_LENGTH: StopReason
+
+class Sampling(_message.Message):
+    __slots__ = ("mode", "temperature", "top_k", "top_p", "seed", "draft_top_k", "prob_bits")
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_TOP_K_FIELD_NUMBER: _ClassVar[int]
+    PROB_BITS_FIELD_NUMBER: _ClassVar[int]
+    mode: Mode
+    temperature: float
+    top_k: int
+    top_p: float
+    seed: int
+    draft_top_k: int
+    prob_bits: int
+    def __init__(self, mode: _Optional[_Union[Mode, str]] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., draft_top_k: _Optional[int] = ..., prob_bits: _Optional[int] = ...) -> None: ...
+
+class Open(_message.Message):
+    __slots__ = ("model", "vocab_fingerprint", "vocab_size", "sampling", "prompt", "prompt_compressed", "max_new_tokens", "max_draft_len", "resume_ticket", "committed_length")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_COMPRESSED_FIELD_NUMBER: _ClassVar[int]
+    MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_DRAFT_LEN_FIELD_NUMBER: _ClassVar[int]
+    RESUME_TICKET_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    vocab_fingerprint: bytes
+    vocab_size: int
+    sampling: Sampling
+    prompt: bytes
+    prompt_compressed: bool
+    max_new_tokens: int
+    max_draft_len: int
+    resume_ticket: bytes
+    committed_length: int
+    def __init__(self, model: _Optional[str] = ..., vocab_fingerprint: _Optional[bytes] = ..., vocab_size: _Optional[int] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., prompt: _Optional[bytes] = ..., prompt_compressed: _Optional[bool] = ..., max_new_tokens: _Optional[int] = ..., max_draft_len: _Optional[int] = ..., resume_ticket: _Optional[bytes] = ..., committed_length: _Optional[int] = ...) -> None: ...
+
+class Draft(_message.Message):
+    __slots__ = ("epoch", "start_position", "payload", "compressed", "more_follows")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    START_POSITION_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    COMPRESSED_FIELD_NUMBER: _ClassVar[int]
+    MORE_FOLLOWS_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    start_position: int
+    payload: bytes
+    compressed: bool
+    more_follows: bool
+    def __init__(self, epoch: _Optional[int] = ..., start_position: _Optional[int] = ..., payload: _Optional[bytes] = ..., compressed: _Optional[bool] = ..., more_follows: _Optional[bool] = ...) -> None: ...
+
+class Close(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class EdgeFrame(_message.Message):
+    __slots__ = ("open", "draft", "close")
+    OPEN_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_FIELD_NUMBER: _ClassVar[int]
+    CLOSE_FIELD_NUMBER: _ClassVar[int]
+    open: Open
+    draft: Draft
+    close: Close
+    def __init__(self, open: _Optional[_Union[Open, _Mapping]] = ..., draft: _Optional[_Union[Draft, _Mapping]] = ..., close: _Optional[_Union[Close, _Mapping]] = ...) -> None: ...
+
+class Opened(_message.Message):
+    __slots__ = ("session_id", "resume_ticket", "vocab_size", "committed_length", "max_draft_len")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    RESUME_TICKET_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    MAX_DRAFT_LEN_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    resume_ticket: bytes
+    vocab_size: int
+    committed_length: int
+    max_draft_len: int
+    def __init__(self, session_id: _Optional[str] = ..., resume_ticket: _Optional[bytes] = ..., vocab_size: _Optional[int] = ..., committed_length: _Optional[int] = ..., max_draft_len: _Optional[int] = ...) -> None: ...
+
+class Verdict(_message.Message):
+    __slots__ = ("epoch", "start_position", "accepted", "token", "bonus", "done", "stop_reason")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    START_POSITION_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    BONUS_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    STOP_REASON_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    start_position: int
+    accepted: int
+    token: int
+    bonus: bool
+    done: bool
+    stop_reason: StopReason
+    def __init__(self, epoch: _Optional[int] = ..., start_position: _Optional[int] = ..., accepted: _Optional[int] = ..., token: _Optional[int] = ..., bonus: _Optional[bool] = ..., done: _Optional[bool] = ..., stop_reason: _Optional[_Union[StopReason, str]] = ...) -> None: ...
+
+class CloudFrame(_message.Message):
+    __slots__ = ("opened", "verdict")
+    OPENED_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    opened: Opened
+    verdict: Verdict
+    def __init__(self, opened: _Optional[_Union[Opened, _Mapping]] = ..., verdict: _Optional[_Union[Verdict, _Mapping]] = ...) -> None: ...
+
+class GenerateRequest(_message.Message):
+    __slots__ = ("model", "vocab_fingerprint", "vocab_size", "sampling", "prompt", "prompt_compressed", "max_new_tokens")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_COMPRESSED_FIELD_NUMBER: _ClassVar[int]
+    MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    vocab_fingerprint: bytes
+    vocab_size: int
+    sampling: Sampling
+    prompt: bytes
+    prompt_compressed: bool
+    max_new_tokens: int
+    def __init__(self, model: _Optional[str] = ..., vocab_fingerprint: _Optional[bytes] = ..., vocab_size: _Optional[int] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., prompt: _Optional[bytes] = ..., prompt_compressed: _Optional[bool] = ..., max_new_tokens: _Optional[int] = ...) -> None: ...
+
+class GenerateChunk(_message.Message):
+    __slots__ = ("tokens", "compressed", "done", "stop_reason")
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPRESSED_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    STOP_REASON_FIELD_NUMBER: _ClassVar[int]
+    tokens: bytes
+    compressed: bool
+    done: bool
+    stop_reason: StopReason
+    def __init__(self, tokens: _Optional[bytes] = ..., compressed: _Optional[bool] = ..., done: _Optional[bool] = ..., stop_reason: _Optional[_Union[StopReason, str]] = ...) -> None: ...

@@ -1,0 +1,65 @@
+"""Decode counters: the one set of numbers that feeds logs, metrics and reports."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["DecodeStats"]
+
+
+@dataclass
+class DecodeStats:
+    """Counters of one generation (or one service's total).
+
+    ``accepted_at[i]`` counts rounds whose draft i was accepted (vLLM's
+    per-position acceptance); its length grows with the longest block seen.
+    """
+
+    rounds: int = 0  # verification rounds (one target forward each)
+    drafted: int = 0  # draft tokens sent for verification
+    accepted: int = 0  # draft tokens accepted
+    generated: int = 0  # tokens committed (accepted + corrections + bonuses)
+    target_forwards: int = 0  # target forward passes, prefill included
+    wall_s: float = 0.0
+    accepted_at: list[int] = field(default_factory=list)  # [max D seen]
+    drafted_at: list[int] = field(default_factory=list)  # [max D seen]
+
+    def record_round(self, drafted: int, accepted: int, committed: int) -> None:
+        """One verification round: ``committed`` tokens entered the sequence."""
+        self.rounds += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        self.generated += committed
+        for counts, n in ((self.drafted_at, drafted), (self.accepted_at, accepted)):
+            if len(counts) < drafted:
+                counts.extend([0] * (drafted - len(counts)))
+            for i in range(n):
+                counts[i] += 1
+
+    @property
+    def acceptance_rate(self) -> float:
+        """α: accepted drafts / drafted tokens (0 when nothing was drafted)."""
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def acceptance_length(self) -> float:
+        """AL: tokens committed per verification round, correction/bonus included."""
+        return self.generated / self.rounds if self.rounds else 0.0
+
+    @property
+    def alpha_per_position(self) -> list[float]:
+        """P(draft i accepted | draft i was sent), per position in the block."""
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)]
+
+    def to_dict(self) -> dict:
+        return {
+            "rounds": self.rounds,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "generated": self.generated,
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "acceptance_length": round(self.acceptance_length, 4),
+            "target_forwards": self.target_forwards,
+            "wall_s": round(self.wall_s, 4),
+            "alpha_per_position": [round(a, 4) for a in self.alpha_per_position],
+        }

@@ -1,0 +1,39 @@
+"""What the verifier answers for one block, independent of the transport."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+__all__ = ["StopReason", "Verdict"]
+
+
+class StopReason(str, enum.Enum):
+    NONE = "none"
+    EOS = "eos"  # an end-of-sequence token was committed
+    LENGTH = "length"  # max_new_tokens reached
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The cloud's answer to a block drafted at ``start_position`` in ``epoch``.
+
+    The first ``accepted`` drafts are committed, then ``token`` (a correction,
+    or a bonus when every draft was accepted) unless the block already ended
+    the generation at an EOS or the token limit, in which case it is None.
+    """
+
+    epoch: int
+    start_position: int
+    accepted: int
+    token: int | None
+    bonus: bool
+    done: bool
+    stop_reason: StopReason = StopReason.NONE
+
+    def committed(self, drafts) -> list[int]:
+        """The tokens this verdict appends to the sequence."""
+        out = [int(t) for t in drafts[: self.accepted]]
+        if self.token is not None:
+            out.append(int(self.token))
+        return out

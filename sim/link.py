@@ -1,0 +1,483 @@
+"""User-space network link emulator: an asyncio TCP proxy that shapes bytes.
+
+Contract. A `LinkEmulator` listens on a local port; every accepted connection
+opens its own upstream connection and the bytes are relayed both ways,
+unmodified and in order (gRPC / HTTP2 passes through as opaque bytes). Each
+direction (`up` = client -> upstream, `down` = upstream -> client) is an
+emulated link with
+
+- bandwidth: segments of at most `segment_bytes` payload occupy the link for
+  `(n + overhead_bytes) * 8 / rate_bps` seconds each, FIFO (a token bucket one
+  segment deep). The link is shared by all connections in that direction,
+  as a real access link is;
+- propagation: one-way `delay_s` plus jitter, after serialization. Jitter
+  never reorders bytes: a segment is delivered at
+  `max(previous delivery on that connection, sent + delay + jitter)`;
+- loss: TCP never loses bytes, so a lost segment is modelled as a
+  retransmission stall of `rto_s` added before its delivery (and, through the
+  ordering rule, before everything behind it on that connection);
+- faults: `cut_after_s` aborts every connection open at that time since
+  `start()` (a one-shot link flap; later connections are served normally);
+  `cut_after_bytes` aborts a connection once that many payload bytes, both
+  directions together, have been delivered through it.
+
+Delay is implemented with timestamped per-connection queues drained by one
+writer task per direction, so propagation overlaps with serialization and the
+throughput is the configured rate regardless of the delay. The reader stops
+reading from a sender while more than `queue_bytes` plus the bandwidth-delay
+product are held in the emulator, so a stalled receiver pushes back.
+
+Randomness (jitter, loss) comes from one `random.Random(seed)`; a single
+connection driven the same way sees the same outcomes every run.
+
+The timing math lives in the pure `schedule_segment()`; the classes only do I/O.
+Rates and durations in human units are parsed by `parse_rate()` and
+`parse_duration()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import math
+import random
+import re
+from collections import deque
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "DirectionConfig",
+    "LinkConfig",
+    "LinkEmulator",
+    "parse_duration",
+    "parse_rate",
+    "schedule_segment",
+]
+
+# ---------------------------------------------------------------- parsing
+
+_RATE_UNITS = {  # multiplier to bits per second
+    "": 1,
+    "bit": 1,
+    "bps": 1,
+    "kbit": 1_000,
+    "kbps": 1_000,
+    "mbit": 1_000_000,
+    "mbps": 1_000_000,
+    "gbit": 1_000_000_000,
+    "gbps": 1_000_000_000,
+}
+_DURATION_UNITS = {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}
+_NUMBER_UNIT = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Zµ]*)\s*$")
+
+
+def parse_rate(value: str | int | float) -> int:
+    """Bits per second from `"50kbit"`, `"10 Mbit"`, `"1.5mbps"`, `"64000"`.
+
+    Units (case-insensitive, SI decimal): `bit`/`bps`, `kbit`/`kbps`,
+    `mbit`/`mbps`, `gbit`/`gbps`; all of them are *bits* per second. Note that
+    `tc` reads `kbps` as kilobytes; here it means kilobits, as in link
+    marketing. A plain number is bits per second; 0 means unlimited.
+    Raises ValueError on anything else.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"rate must be a number or a string like '50kbit', got {value!r}")
+    if isinstance(value, (int, float)):
+        bps = float(value)
+    elif isinstance(value, str):
+        m = _NUMBER_UNIT.match(value)
+        unit = m.group(2).lower() if m else None
+        if m is None or unit not in _RATE_UNITS:
+            raise ValueError(
+                f"bad rate {value!r}: expected a number with an optional unit "
+                f"({', '.join(u for u in _RATE_UNITS if u)}), e.g. '50kbit'"
+            )
+        bps = float(m.group(1)) * _RATE_UNITS[unit]
+    else:
+        raise ValueError(f"rate must be a number or a string like '50kbit', got {value!r}")
+    if not math.isfinite(bps) or bps < 0:
+        raise ValueError(f"bad rate {value!r}: must be finite and >= 0")
+    return round(bps)
+
+
+def parse_duration(value: str | int | float) -> float:
+    """Seconds from `"50ms"`, `"250us"`, `"1.5s"`; a bare int/float is seconds.
+
+    Strings need a unit (`us`, `ms`, `s`) so that `"50"` cannot silently mean
+    50 seconds. Raises ValueError on anything else or on negative values.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"duration must be a number or a string like '50ms', got {value!r}")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    elif isinstance(value, str):
+        m = _NUMBER_UNIT.match(value)
+        unit = m.group(2).lower() if m else None
+        if m is None or unit not in _DURATION_UNITS:
+            raise ValueError(
+                f"bad duration {value!r}: expected a number with a unit (us, ms, s), e.g. '50ms'"
+            )
+        seconds = float(m.group(1)) * _DURATION_UNITS[unit]
+    else:
+        raise ValueError(f"duration must be a number or a string like '50ms', got {value!r}")
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"bad duration {value!r}: must be finite and >= 0")
+    return seconds
+
+
+def _human_rate(bps: float) -> str:
+    for unit, mult in (("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3)):
+        if bps >= mult:
+            return f"{bps / mult:g}{unit}"
+    return f"{bps:g}bit"
+
+
+# ---------------------------------------------------------------- config
+
+
+@dataclasses.dataclass(frozen=True)
+class DirectionConfig:
+    """One direction of the emulated link."""
+
+    rate_bps: int = 0  # bits/s on the wire, headers included; 0 = unlimited
+    delay_s: float = 0.0  # one-way propagation delay, seconds
+    jitter_s: float = 0.0  # jitter amplitude, seconds (see jitter_dist)
+    jitter_dist: str = "uniform"  # "uniform": U(-j, +j); "normal": N(0, j); clipped at 0 delay
+    loss: float = 0.0  # probability per segment of a retransmission stall, [0, 1)
+    rto_s: float = 0.2  # stall per lost segment, seconds
+    segment_bytes: int = 1448  # max payload bytes per emulated segment (MSS)
+    overhead_bytes: int = 52  # header bytes charged per segment (TCP/IP + timestamps)
+    queue_bytes: int = 256 * 1024  # emulator buffer beyond the bandwidth-delay product, bytes
+
+    def __post_init__(self) -> None:
+        if self.rate_bps < 0:
+            raise ValueError(f"rate_bps must be >= 0, got {self.rate_bps}")
+        for name in ("delay_s", "jitter_s", "rto_s"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v >= 0):
+                raise ValueError(f"{name} must be finite and >= 0, got {v}")
+        if self.jitter_dist not in ("uniform", "normal"):
+            raise ValueError(f"jitter_dist must be 'uniform' or 'normal', got {self.jitter_dist!r}")
+        if not 0.0 <= self.loss < 1.0:
+            raise ValueError(f"loss must be in [0, 1), got {self.loss}")
+        if self.segment_bytes < 1 or self.overhead_bytes < 0 or self.queue_bytes < 1:
+            raise ValueError("segment_bytes and queue_bytes must be >= 1, overhead_bytes >= 0")
+
+    def describe(self) -> str:
+        """Short human summary, e.g. '50kbit/s 50ms±2ms loss 0.0%'."""
+        rate = "unlimited" if not self.rate_bps else f"{_human_rate(self.rate_bps)}/s"
+        jitter = f"±{self.jitter_s * 1e3:g}ms" if self.jitter_s else ""
+        return f"{rate} {self.delay_s * 1e3:g}ms{jitter} loss {self.loss:.1%}"
+
+    @property
+    def effective_rate_bps(self) -> float:
+        """Payload bits/s with full segments: rate * seg / (seg + overhead); 0 = unlimited."""
+        return self.rate_bps * self.segment_bytes / (self.segment_bytes + self.overhead_bytes)
+
+    def window_bytes(self) -> int:
+        """Most bytes one connection may hold in this direction before reading pauses."""
+        rate = self.rate_bps or 1_000_000_000  # unlimited: size the window as for 1 Gbit/s
+        in_flight_s = self.delay_s + 3 * self.jitter_s + (self.rto_s if self.loss else 0.0)
+        return self.queue_bytes + math.ceil(rate * in_flight_s / 8)
+
+
+@dataclasses.dataclass(frozen=True)
+class LinkConfig:
+    """Both directions plus faults. The default is a transparent link."""
+
+    up: DirectionConfig = dataclasses.field(default_factory=DirectionConfig)  # client -> upstream
+    down: DirectionConfig = dataclasses.field(default_factory=DirectionConfig)  # upstream -> client
+    cut_after_s: float | None = None  # abort all open connections this long after start()
+    cut_after_bytes: int | None = None  # abort a connection after this many payload bytes, both ways
+    seed: int = 0  # seeds jitter and loss
+
+    @property
+    def rtt_s(self) -> float:
+        """Configured propagation round trip, seconds (no serialization, no jitter)."""
+        return self.up.delay_s + self.down.delay_s
+
+
+# ---------------------------------------------------------------- timing math
+
+
+def schedule_segment(
+    cfg: DirectionConfig,
+    n_bytes: int,
+    now: float,
+    link_free_at: float,
+    prev_delivery: float,
+    rng: random.Random,
+) -> tuple[float, float, bool]:
+    """Timing of one segment: returns (link_free_at', deliver_at, lost).
+
+    The segment starts serializing at max(now, link_free_at), holds the link
+    for (n_bytes + overhead) * 8 / rate, then propagates delay + jitter, plus
+    rto if lost; delivery never precedes `prev_delivery` (no reordering).
+    `rng` is consulted for jitter only when jitter_s > 0 and for loss only
+    when loss > 0.
+    """
+    start = max(now, link_free_at)
+    if cfg.rate_bps > 0:
+        free_at = start + (n_bytes + cfg.overhead_bytes) * 8 / cfg.rate_bps
+    else:
+        free_at = start
+    jitter = 0.0
+    if cfg.jitter_s > 0:
+        if cfg.jitter_dist == "normal":
+            jitter = rng.gauss(0.0, cfg.jitter_s)
+        else:
+            jitter = rng.uniform(-cfg.jitter_s, cfg.jitter_s)
+    lost = cfg.loss > 0 and rng.random() < cfg.loss
+    propagation = max(0.0, cfg.delay_s + jitter) + (cfg.rto_s if lost else 0.0)
+    return free_at, max(prev_delivery, free_at + propagation), lost
+
+
+# ---------------------------------------------------------------- I/O
+
+
+class _Direction:
+    """One direction of one connection: a timestamped FIFO and its two ends."""
+
+    def __init__(self, name: str, cfg: DirectionConfig, conn: _Connection,
+                 src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        self.name = name  # "up" or "down"
+        self.cfg = cfg
+        self.conn = conn
+        self.src = src
+        self.dst = dst
+        self.items: deque[tuple[float, bytes | None]] = deque()  # (deliver_at, data); None = EOF
+        self.has_items = asyncio.Event()
+        self.space = asyncio.Event()
+        self.space.set()
+        self.unwritten = 0  # payload bytes read but not yet written, bytes
+        self.window = cfg.window_bytes()
+        self.last_delivery = 0.0  # loop time of the latest scheduled delivery
+
+    async def read_loop(self) -> None:
+        emu = self.conn.emu
+        loop = asyncio.get_running_loop()
+        seg = self.cfg.segment_bytes
+        while True:
+            data = await self.src.read(64 * 1024)
+            now = loop.time()
+            if not data:
+                # FIN: no serialization, no loss, behind all data.
+                self.last_delivery = max(self.last_delivery, now + self.cfg.delay_s)
+                self._push(self.last_delivery, None)
+                return
+            for off in range(0, len(data), seg):
+                chunk = data[off:off + seg]
+                free_at, self.last_delivery, lost = schedule_segment(
+                    self.cfg, len(chunk), now, emu._free_at[self.name], self.last_delivery,
+                    emu._rng)
+                emu._free_at[self.name] = free_at
+                if lost:
+                    emu.segments_lost[self.name] += 1
+                self._push(self.last_delivery, chunk)
+            while self.unwritten > self.window:
+                self.space.clear()
+                await self.space.wait()
+
+    def _push(self, deliver_at: float, data: bytes | None) -> None:
+        self.items.append((deliver_at, data))
+        if data is not None:
+            self.unwritten += len(data)
+        self.has_items.set()
+
+    async def write_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            while not self.items:
+                self.has_items.clear()
+                await self.has_items.wait()
+            wait = self.items[0][0] - loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)
+                continue
+            if self.items[0][1] is None:
+                self.items.popleft()
+                if self.dst.can_write_eof():
+                    self.dst.write_eof()
+                return
+            # Coalesce every segment already due into one write.
+            now = loop.time()
+            parts = []
+            while self.items and self.items[0][0] <= now and self.items[0][1] is not None:
+                parts.append(self.items.popleft()[1])
+            data = b"".join(parts)
+            self.unwritten -= len(data)
+            if not await self._deliver(data):
+                return
+            if self.unwritten <= self.window:
+                self.space.set()
+
+    async def _deliver(self, data: bytes) -> bool:
+        """Write `data`, honouring cut_after_bytes; False once the connection is cut."""
+        conn = self.conn
+        budget = conn.emu.config.cut_after_bytes
+        cut = budget is not None and conn.bytes_up + conn.bytes_down + len(data) >= budget
+        if cut:
+            data = data[:max(0, budget - conn.bytes_up - conn.bytes_down)]
+        self.dst.write(data)
+        conn.count(self.name, len(data))
+        if cut:
+            await _flush(self.dst)
+            conn.cut(f"after {budget} bytes")
+            return False
+        await self.dst.drain()
+        return True
+
+
+async def _flush(writer: asyncio.StreamWriter, limit_s: float = 1.0) -> None:
+    """Wait until the transport's user-space buffer is empty (bounded)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit_s
+    while writer.transport.get_write_buffer_size() and loop.time() < deadline:
+        await asyncio.sleep(0.001)
+
+
+class _Connection:
+    """One client connection and its upstream connection."""
+
+    def __init__(self, emu: LinkEmulator, cid: int,
+                 reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.emu = emu
+        self.cid = cid
+        self.client = (reader, writer)
+        self.upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        self.bytes_up = 0  # payload bytes delivered upstream
+        self.bytes_down = 0  # payload bytes delivered to the client
+        self.cut_reason: str | None = None
+        self.task: asyncio.Task | None = None
+
+    def count(self, direction: str, n: int) -> None:
+        if direction == "up":
+            self.bytes_up += n
+            self.emu.bytes_up += n
+        else:
+            self.bytes_down += n
+            self.emu.bytes_down += n
+
+    def cut(self, reason: str) -> None:
+        """Abort both sides (the run task's cleanup does the closing)."""
+        if self.cut_reason is None and self.task is not None and not self.task.done():
+            self.cut_reason = reason
+            self.task.cancel()
+
+    async def run(self) -> None:
+        emu = self.emu
+        peer = self.client[1].get_extra_info("peername")
+        abort = False
+        try:
+            try:
+                self.upstream = await asyncio.open_connection(emu.upstream_host, emu.upstream_port)
+            except OSError as e:
+                log.warning("conn %d from %s: upstream %s:%d unreachable: %s",
+                            self.cid, peer, emu.upstream_host, emu.upstream_port, e)
+                abort = True
+                return
+            log.info("conn %d open from %s", self.cid, peer)
+            up = _Direction("up", emu.config.up, self, self.client[0], self.upstream[1])
+            down = _Direction("down", emu.config.down, self, self.upstream[0], self.client[1])
+            try:
+                async with asyncio.TaskGroup() as tg:
+                    for d in (up, down):
+                        tg.create_task(d.read_loop())
+                        tg.create_task(d.write_loop())
+            except* (ConnectionError, OSError) as eg:
+                abort = True
+                log.info("conn %d reset: %s", self.cid, eg.exceptions[0])
+        except asyncio.CancelledError:
+            abort = True
+            current = asyncio.current_task()
+            if self.cut_reason is None or (current is not None and current.uncancel() > 0):
+                raise  # stop() or an outer cancel, not our own cut
+            log.info("conn %d cut %s", self.cid, self.cut_reason)
+        finally:
+            for _, w in filter(None, (self.client, self.upstream)):
+                if abort:
+                    w.transport.abort()
+                else:
+                    w.close()
+            log.info("conn %d closed: up=%d B down=%d B", self.cid, self.bytes_up, self.bytes_down)
+
+
+class LinkEmulator:
+    """Asyncio TCP proxy applying a `LinkConfig`; see the module docstring.
+
+    Counters (all connections, since construction): `bytes_up`, `bytes_down`
+    (payload bytes delivered each way), `connections` (accepted),
+    `segments_lost` ({"up": n, "down": n} retransmission stalls).
+    """
+
+    def __init__(self, config: LinkConfig, listen_host: str = "127.0.0.1",
+                 listen_port: int = 0, upstream_host: str = "127.0.0.1",
+                 upstream_port: int = 0) -> None:
+        self.config = config
+        self.listen_host = listen_host
+        self.listen_port = listen_port
+        self.upstream_host = upstream_host
+        self.upstream_port = upstream_port
+        self.port: int | None = None  # bound port, set by start()
+        self.bytes_up = 0
+        self.bytes_down = 0
+        self.connections = 0
+        self.segments_lost = {"up": 0, "down": 0}
+        self._rng = random.Random(config.seed)
+        self._free_at = {"up": 0.0, "down": 0.0}  # loop time each shared link is next idle
+        self._server: asyncio.Server | None = None
+        self._conns: set[_Connection] = set()
+        self._cut_timer: asyncio.TimerHandle | None = None
+
+    @property
+    def active_connections(self) -> int:
+        return len(self._conns)
+
+    async def start(self) -> None:
+        """Bind and start accepting; `.port` holds the bound port afterwards."""
+        loop = asyncio.get_running_loop()
+        self._server = await asyncio.start_server(
+            self._on_client, self.listen_host, self.listen_port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        if self.config.cut_after_s is not None:
+            self._cut_timer = loop.call_later(self.config.cut_after_s, self._cut_all)
+        log.info("link %s:%d -> %s:%d up: %s; down: %s", self.listen_host, self.port,
+                 self.upstream_host, self.upstream_port,
+                 self.config.up.describe(), self.config.down.describe())
+
+    def _on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # A plain callback, not a coroutine: the connection runs in a task we own.
+        self.connections += 1
+        conn = _Connection(self, self.connections, reader, writer)
+        conn.task = asyncio.get_running_loop().create_task(conn.run())
+        self._conns.add(conn)
+        conn.task.add_done_callback(lambda _t: self._conns.discard(conn))
+
+    def _cut_all(self) -> None:
+        log.info("cutting %d connection(s) at %.3f s", len(self._conns), self.config.cut_after_s)
+        for conn in list(self._conns):
+            conn.cut(f"at {self.config.cut_after_s} s")
+
+    async def stop(self) -> None:
+        """Stop listening and abort open connections; waits for their tasks."""
+        if self._cut_timer is not None:
+            self._cut_timer.cancel()
+            self._cut_timer = None
+        if self._server is not None:
+            self._server.close()
+        tasks = [c.task for c in self._conns if c.task is not None]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+            self._server = None
+
+    async def __aenter__(self) -> LinkEmulator:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
