@@ -100,13 +100,7 @@ class TargetEngine:
         started = time.perf_counter()
         ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
         positions = torch.arange(seq.length, seq.length + len(tokens), device=self.device)
-        out = self.model(
-            input_ids=ids,
-            past_key_values=seq.cache,
-            use_cache=True,
-            cache_position=positions,
-            position_ids=positions.unsqueeze(0),
-        )
+        out = self.model(input_ids=ids, cache=seq.cache, use_cache=True, position_ids=positions.unsqueeze(0))
         seq.length += len(tokens)
         seq.forwards += 1
         logits = out.logits[0].float()

@@ -104,7 +104,7 @@ def verify_block(
     p = process_logits(logits, params)
     seed = params.seed
     if params.mode is Mode.REJECTION:
-        if q is None or len(q) != n:
+        if n and (q is None or len(q) != n):
             raise ValueError("rejection mode needs one q̃ per draft")
         accept_u = uniform(seed, torch.arange(start_position, start_position + n), 0, ref.Purpose.ACCEPT).tolist()
         for i, x in enumerate(drafts):

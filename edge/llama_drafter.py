@@ -68,9 +68,8 @@ class LlamaDrafter:
     # -- vocabulary --------------------------------------------------------
     def vocab_pieces(self) -> list[str]:
         """The id -> piece table, as the GGUF stores it."""
-        lib = self._llama_cpp
-        vocab = lib.llama_model_get_vocab(self.llm.model)
-        return [lib.llama_token_get_text(vocab, i).decode("utf-8", "surrogateescape") for i in range(self.vocab_size)]
+        lib, vocab = self._llama_cpp, self.llm._model.vocab
+        return [lib.llama_vocab_get_text(vocab, i).decode("utf-8", "surrogateescape") for i in range(self.vocab_size)]
 
     def tokenize(self, text: str) -> list[int]:
         """Prompt text -> ids, BOS added as the model's metadata asks."""

@@ -1,1 +1,1 @@
-"""The wire schema (splitspec.proto) and the Python code generated from it by ``python -m protos.generate``."""
+"""The wire schema, splitspec.proto, and the code `python -m protos.generate` makes from it."""

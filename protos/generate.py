@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-__all__ = ["PROTO_DIR", "PROTO_FILE", "GENERATED", "generate", "drifted"]
+__all__ = ["GENERATED", "PROTO_DIR", "PROTO_FILE", "drifted", "generate"]
 
 PROTO_DIR = Path(__file__).resolve().parent
 PROTO_FILE = "splitspec.proto"
@@ -65,13 +65,20 @@ def drifted(target_dir: Path = PROTO_DIR, proto_dir: Path = PROTO_DIR) -> list[s
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m protos.generate", description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if the committed files are stale")
+    parser = argparse.ArgumentParser(
+        prog="python -m protos.generate", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="exit 1 if the committed files are stale"
+    )
     args = parser.parse_args(argv)
     if args.check:
         stale = drifted()
         if stale:
-            print(f"stale generated files: {', '.join(stale)}; run `python -m protos.generate`", file=sys.stderr)
+            print(
+                f"stale generated files: {', '.join(stale)}; run `python -m protos.generate`",
+                file=sys.stderr,
+            )
             return 1
         print("generated files are up to date")
         return 0

@@ -34,23 +34,23 @@ import zstandard
 from shared.sparse import MAX_PROB_BITS, SparseDist
 
 __all__ = [
-    "MAX_PAYLOAD_BYTES",
-    "MAX_DECODED_BYTES",
-    "MAX_DRAFT_TOP_K",
     "GRPC_PREFIX_BYTES",
     "HTTP2_FRAME_HEADER_BYTES",
+    "MAX_DECODED_BYTES",
+    "MAX_DRAFT_TOP_K",
+    "MAX_PAYLOAD_BYTES",
     "ZSTD_LEVEL",
     "Encoded",
-    "token_bits",
-    "pack_bits",
-    "unpack_bits",
-    "encode_tokens",
-    "decode_tokens",
-    "encode_draft",
     "decode_draft",
+    "decode_tokens",
     "draft_record_bits",
+    "encode_draft",
+    "encode_tokens",
     "grpc_framed_size",
     "http2_framed_size",
+    "pack_bits",
+    "token_bits",
+    "unpack_bits",
 ]
 
 MAX_PAYLOAD_BYTES = 1 << 20  # largest payload accepted on the wire, compressed or not
@@ -198,10 +198,10 @@ def _window_limit(cap: int) -> int:
     return 1 << max(_MIN_WINDOW_LOG, (max(cap, 1) - 1).bit_length())
 
 
-def _read_payload(data: bytes, compressed: bool, cap: int, what: str) -> bytes:
+def _read_payload(data: bytes, compressed: bool, cap: int, what: str, max_tokens: int) -> bytes:
     """Check the input size and return the raw block, decompressed to at most ``cap`` bytes."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise ValueError(f"{what} must be bytes, got {type(data).__name__}")
+        raise TypeError(f"{what} must be bytes, got {type(data).__name__}")
     data = bytes(data)
     if len(data) > MAX_PAYLOAD_BYTES:
         raise ValueError(f"{what} is {len(data)} bytes, limit is {MAX_PAYLOAD_BYTES}")
@@ -212,10 +212,15 @@ def _read_payload(data: bytes, compressed: bool, cap: int, what: str) -> bytes:
     )
     try:
         # Pass 1: streaming, never more than cap + 1 bytes out, whatever the frame says.
+        produced = 0
         with dctx.stream_reader(io.BytesIO(data), read_across_frames=False) as reader:
-            head = reader.read(cap + 1)
-        if len(head) > cap:
-            raise ValueError(f"decompressed {what} exceeds {cap} bytes")
+            while chunk := reader.read(cap + 1 - produced):
+                produced += len(chunk)
+                if produced > cap:
+                    raise ValueError(
+                        f"decompressed {what} exceeds {cap} bytes, "
+                        f"the most {max_tokens} tokens can need"
+                    )
         # Pass 2: the same frame is now known to decode to <= cap bytes; check
         # that it is complete and that nothing follows it.
         dobj = dctx.decompressobj()
@@ -257,10 +262,14 @@ def _as_tokens(tokens, vocab_size: int) -> np.ndarray:
 
 
 def _check_ids(ids: np.ndarray, vocab_size: int) -> None:
-    if ids.size and int(ids.min()) < 0:
-        raise ValueError(f"token id {int(ids.min())} is negative")
-    if ids.size and int(ids.max()) >= vocab_size:
-        raise ValueError(f"token id {int(ids.max())} >= vocab size {vocab_size}")
+    bad = np.flatnonzero((ids < 0) | (ids >= vocab_size))
+    if bad.size:
+        token = int(ids[bad[0]])
+        raise ValueError(
+            f"token id {token} is negative"
+            if token < 0
+            else f"token id {token} >= vocab size {vocab_size}"
+        )
 
 
 def encode_tokens(tokens, vocab_size: int) -> Encoded:
@@ -272,7 +281,7 @@ def encode_tokens(tokens, vocab_size: int) -> Encoded:
 def decode_tokens(data: bytes, compressed: bool, vocab_size: int, *, max_tokens: int) -> np.ndarray:
     """Inverse of ``encode_tokens``: int64 [n], n <= ``max_tokens``, every id < V."""
     b = token_bits(vocab_size)
-    raw = _read_payload(data, compressed, _cap(max_tokens, b), "token payload")
+    raw = _read_payload(data, compressed, _cap(max_tokens, b), "token payload", max_tokens)
     count = len(raw) * 8 // b
     if count > max_tokens:
         raise ValueError(f"token payload has {count} tokens, limit is {max_tokens}")
@@ -359,7 +368,9 @@ def encode_draft(
         support, weights = dist.support, dist.weights
         n = support.size
         if dist.prob_bits != prob_bits:
-            raise ValueError(f"q̃ at offset {i} has prob_bits {dist.prob_bits}, block has {prob_bits}")
+            raise ValueError(
+                f"q̃ at offset {i} has prob_bits {dist.prob_bits}, block has {prob_bits}"
+            )
         if n > draft_top_k:
             raise ValueError(f"q̃ at offset {i} has support {n} > draft_top_k {draft_top_k}")
         _check_ids(support, vocab_size)
@@ -403,14 +414,16 @@ def decode_draft(
     _check_rejection_params(vocab_size, draft_top_k, prob_bits)
     b = token_bits(vocab_size)
     cap = _cap(max_tokens, draft_record_bits(vocab_size, draft_top_k, prob_bits))
-    raw = _read_payload(data, compressed, cap, "draft payload")
+    raw = _read_payload(data, compressed, cap, "draft payload", max_tokens)
     reader = _BitReader(raw)
     tokens: list[int] = []
     q: list[SparseDist] = []
     total = 1 << prob_bits
     while reader.left >= 8:
         if len(tokens) == max_tokens:
-            raise ValueError(f"draft payload has more than {max_tokens} tokens, limit is {max_tokens}")
+            raise ValueError(
+                f"draft payload has more than {max_tokens} tokens, limit is {max_tokens}"
+            )
         offset = len(tokens)
         n = reader.read(_width(draft_top_k)) + 1
         if n > draft_top_k:

@@ -13,10 +13,14 @@ class VocabMismatch(ValueError):
 
 
 def vocab_fingerprint(pieces: Sequence[str]) -> bytes:
-    """16-byte digest of the id -> piece table (order matters)."""
+    """16-byte digest of the id -> piece table (order matters).
+
+    Spaces are canonicalised to SentencePiece's "▁": llama.cpp and
+    transformers spell some whitespace pieces of the same vocabulary apart.
+    """
     digest = hashlib.sha256()
     for piece in pieces:
-        raw = piece.encode("utf-8", "surrogatepass")
+        raw = piece.replace(" ", "\u2581").encode("utf-8", "surrogatepass")
         digest.update(len(raw).to_bytes(4, "little"))
         digest.update(raw)
     return digest.digest()[:16]

@@ -30,7 +30,7 @@ from shared import codec
 from shared.noise import Purpose, exponential
 from shared.sparse import quantize, sample_sparse
 
-__all__ = ["run_wire_bench", "zipf_drafter", "naive_draft_frame", "MODES"]
+__all__ = ["MODES", "naive_draft_frame", "run_wire_bench", "zipf_drafter"]
 
 MODES = ("greedy", "coupled", "rejection")
 BLOCKS_PER_SESSION = 32
@@ -53,7 +53,10 @@ def zipf_drafter(vocab_size: int, seed: int = 0) -> Callable[[int], np.ndarray]:
         mass = np.arange(1, head + 1, dtype=np.float64) ** -exponent
         q = np.zeros(vocab_size, dtype=np.float64)
         if vocab_size > head:
-            q[:] = min(_zipf_mass(head + 0.5, vocab_size + 0.5, exponent) / (vocab_size - head), mass[-1])
+            q[:] = min(
+                _zipf_mass(head + 0.5, vocab_size + 0.5, exponent) / (vocab_size - head),
+                0.5 * mass[-1],
+            )
         q[ids] = mass
         return q / q.sum()
 
@@ -128,7 +131,7 @@ def naive_draft_frame(
 def _candidates(q: np.ndarray) -> np.ndarray:
     """Ids of q's largest ``_HEAD`` entries (and ties), by decreasing q then increasing id."""
     if q.size > _HEAD:
-        threshold = np.partition(q, q.size - _HEAD)[q.size - _HEAD]
+        threshold = -np.partition(-q, _HEAD - 1)[_HEAD - 1]
         ids = np.flatnonzero(q >= threshold)
     else:
         ids = np.arange(q.size)

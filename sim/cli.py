@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 
 from shared.errors import CliError
@@ -55,6 +56,9 @@ def _unavailable(exc: ImportError) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # torch's OpenMP workers spin between ops by default, starving a llama.cpp
+    # drafter in the same process (measured: 6x slower split decoding).
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     args = build_parser().parse_args(argv)
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

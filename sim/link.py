@@ -190,7 +190,7 @@ class LinkConfig:
     up: DirectionConfig = dataclasses.field(default_factory=DirectionConfig)  # client -> upstream
     down: DirectionConfig = dataclasses.field(default_factory=DirectionConfig)  # upstream -> client
     cut_after_s: float | None = None  # abort all open connections this long after start()
-    cut_after_bytes: int | None = None  # abort a connection after this many payload bytes, both ways
+    cut_after_bytes: int | None = None  # abort a connection after this many bytes, up + down
     seed: int = 0  # seeds jitter and loss
 
     @property

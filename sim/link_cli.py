@@ -49,7 +49,7 @@ def _add_link_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("link (override the scenario)")
     g.add_argument("--scenario", metavar="NAME|PATH",
                    help="shipped scenario name (acespec-50k, lte, wan, satellite) or .toml path")
-    g.add_argument("--up", metavar="RATE", help="client->upstream rate, e.g. 50kbit (0 = unlimited)")
+    g.add_argument("--up", metavar="RATE", help="client->upstream rate (50kbit; 0 = unlimited)")
     g.add_argument("--down", metavar="RATE", help="upstream->client rate, e.g. 50kbit")
     g.add_argument("--delay", metavar="DUR", help="one-way delay each direction, e.g. 50ms")
     g.add_argument("--jitter", metavar="DUR", help="jitter each direction, e.g. 2ms")
@@ -125,7 +125,10 @@ def run_link(args: argparse.Namespace) -> int:
     except ValueError as e:
         return _error("link", e)
     if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+        logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    link_log = logging.getLogger("sim.link")
+    if link_log.getEffectiveLevel() > logging.INFO:
+        link_log.setLevel(logging.INFO)  # connection logs are this command's output
     try:
         return asyncio.run(_serve(cfg, listen_host, listen_port, up_host, up_port))
     except OSError as e:

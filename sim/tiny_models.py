@@ -90,7 +90,7 @@ def _write_tokenizer(target_dir: Path) -> None:
     tok.add_special_tokens([AddedToken(p, special=True, normalized=False)
                             for p in ("<unk>", "<s>", "</s>")])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
-                                   unk_token="<unk>")
+                                   unk_token="<unk>", model_max_length=N_CTX)
     fast.save_pretrained(target_dir)
     cfg_path = target_dir / "tokenizer_config.json"
     cfg = json.loads(cfg_path.read_text())

@@ -317,6 +317,22 @@ def test_cut_after_s_closes_open_connections_and_keeps_serving():
     run(main())
 
 
+def test_unreachable_upstream_closes_client(caplog):
+    async def main():
+        probe = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+        dead_port = probe.sockets[0].getsockname()[1]
+        probe.close()
+        await probe.wait_closed()
+        async with LinkEmulator(LinkConfig(), upstream_port=dead_port) as emu:
+            reader, writer = await asyncio.open_connection("127.0.0.1", emu.port)
+            _, how = await read_until_closed(reader)
+            writer.close()
+            assert how in ("eof", "reset")
+            await wait_idle(emu)
+    run(main())
+    assert any("unreachable" in r.getMessage() for r in caplog.records)
+
+
 def _pingpong_time(loss: float, rounds: int = 20) -> tuple[float, int]:
     d = DirectionConfig(delay_s=0.005, loss=loss, rto_s=0.05)
     cfg = LinkConfig(up=d, down=d, seed=7)

@@ -24,11 +24,6 @@ SENTENCES = [
 
 
 @pytest.fixture(scope="module")
-def tiny_models(tmp_path_factory) -> dict[str, str]:
-    return write_tiny_models(tmp_path_factory.mktemp("tiny_models"), seed=0)
-
-
-@pytest.fixture(scope="module")
 def target(tiny_models):
     from transformers import AutoModelForCausalLM
 
@@ -64,6 +59,18 @@ def _torch_logits(model, ids: list[int]) -> np.ndarray:
         return model(torch.tensor([ids])).logits[0].numpy()
 
 
+def _greedy(model, ids: list[int], n_new: int) -> list[int]:
+    """Exactly n_new argmax tokens: no EOS stop, whatever the saved generation config says."""
+    from transformers import GenerationConfig
+
+    config = GenerationConfig(max_new_tokens=n_new, min_new_tokens=0, do_sample=False,
+                              eos_token_id=None, pad_token_id=0)
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), generation_config=config)[0].tolist()
+    assert len(out) == len(ids) + n_new
+    return out
+
+
 def _prompt(hf_tokenizer, text: str) -> list[int]:
     return [1] + hf_tokenizer(text, add_special_tokens=False)["input_ids"]
 
@@ -91,12 +98,11 @@ def test_target_is_peaked_and_not_degenerate(target, hf_tokenizer):
     endings = set()
     for text in SENTENCES[:4]:
         ids = _prompt(hf_tokenizer, text)
-        with torch.no_grad():
-            out = target.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False)[0]
-        new = out[len(ids):].tolist()
+        out = _greedy(target, ids, 12)
+        new = out[len(ids):]
         assert len(set(new)) >= 4, new
         endings.add(tuple(new))
-        logits = _torch_logits(target, out.tolist())
+        logits = _torch_logits(target, out)
         assert 2.0 < logits.std(axis=-1).mean() < 4.0
         probs = torch.softmax(torch.from_numpy(logits), -1)
         assert 0.1 < probs.max(-1).values.mean() < 0.9
@@ -117,7 +123,7 @@ def test_q8_0_gguf_is_close_to_torch(tiny_models, target, hf_tokenizer):
     llm = _llama(tiny_models["drafter_q8_0"])
     ids = [t for s in SENTENCES[:3] for t in _prompt(hf_tokenizer, s)]
     cpp, ref = _cpp_logits(llm, ids), _torch_logits(target, ids)
-    assert 0 < np.abs(cpp - ref).max() < 0.5  # quantized: close, never exact
+    assert 0 < np.abs(cpp - ref).max() < 1.0  # activations are quantized too: ~0.4 seen
     assert (cpp.argmax(-1) == ref.argmax(-1)).mean() >= 0.8
 
 
@@ -128,15 +134,14 @@ def test_noisy_drafter_agrees_partially(tiny_models, target):
     for _ in range(4):
         prompt = torch.randint(3, 512, (1, 6), generator=gen)
         prompt[0, 0] = 1
-        with torch.no_grad():
-            seq = target.generate(prompt, max_new_tokens=75, do_sample=False)[0].tolist()
+        seq = _greedy(target, prompt[0].tolist(), 75)
         # Position i predicts token i + 1: compare greedy picks over the generated span.
         cpp, ref = _cpp_logits(llm, seq), _torch_logits(target, seq)
         span = slice(5, len(seq) - 1)
-        assert (ref.argmax(-1)[span] == np.array(seq[6:])).all()  # greedy, as generated
+        assert seq[6:] == ref.argmax(-1)[span].tolist()
         agree += int((cpp.argmax(-1)[span] == ref.argmax(-1)[span]).sum())
         total += len(seq) - 6
-    assert total >= 280
+    assert total == 300
     assert 0.3 < agree / total < 0.95
 
 

@@ -1,0 +1,223 @@
+"""End-to-end losslessness of the in-process split decoder on real tiny models."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+
+from cloud.engine import TargetEngine
+from edge.llama_drafter import LlamaDrafter
+from edge.ngram_drafter import NgramDrafter
+from shared.logits import process_logits
+from shared.params import Mode, SamplingParams
+from shared.verdict import StopReason
+from sim.inprocess import generate
+
+PROMPTS = ["The cat sat on the mat.", "We have 3 dogs and 12 cats!", "It was the best of times"]
+BOS = 1
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_models):
+    return TargetEngine(tiny_models["target"])
+
+
+@pytest.fixture(scope="module")
+def prompts(engine):
+    return [[BOS, *engine.tokenizer(text, add_special_tokens=False).input_ids] for text in PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def drafters(tiny_models, engine):
+    made = {
+        name: LlamaDrafter(tiny_models[name], n_ctx=512, n_threads=1, f32_kv_cache=True)
+        for name in ("drafter_f32", "drafter_q8_0", "drafter_noisy")
+    }
+    made["ngram"] = NgramDrafter(engine.vocab_size)
+    yield made
+    for drafter in made.values():
+        drafter.close()
+
+
+def run(engine, drafter, prompt, params, draft_len, max_new_tokens=40):
+    return generate(engine, drafter, prompt, params, max_new_tokens=max_new_tokens, draft_len=draft_len)
+
+
+SAMPLINGS = [
+    SamplingParams(mode=Mode.GREEDY),
+    SamplingParams(mode=Mode.COUPLED, temperature=0.7),
+    SamplingParams(mode=Mode.COUPLED, temperature=1.0),
+    SamplingParams(mode=Mode.COUPLED, temperature=0.7, top_p=0.9),
+    SamplingParams(mode=Mode.COUPLED, temperature=1.0, top_p=0.8, top_k=40),
+]
+
+
+@pytest.mark.parametrize("params", SAMPLINGS, ids=lambda p: f"{p.mode.value}-T{p.temperature}-p{p.top_p}-k{p.top_k}")
+@pytest.mark.parametrize("drafter_name", ["drafter_f32", "drafter_q8_0", "drafter_noisy", "ngram"])
+def test_token_identical_to_target_only(engine, drafters, prompts, params, drafter_name):
+    drafter = drafters[drafter_name]
+    acceptance = []
+    for prompt, seed in itertools.product(prompts, (0, 7)):
+        p = SamplingParams(mode=params.mode, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k, seed=seed)
+        want = run(engine, drafter, prompt, p, draft_len=0)
+        for draft_len in (1, 4, 8):
+            got = run(engine, drafter, prompt, p, draft_len=draft_len)
+            assert got.tokens == want.tokens, f"D={draft_len} seed={seed} diverged from target-only"
+            assert got.stop_reason == want.stop_reason
+            acceptance.append(got.stats.acceptance_rate)
+    if drafter_name == "drafter_f32":
+        assert np.mean(acceptance) > 0.95  # the same weights draft for themselves
+    if drafter_name == "drafter_noisy":
+        assert 0.1 < np.mean(acceptance) < 0.95
+
+
+def test_split_uses_fewer_target_forwards(engine, drafters, prompts):
+    params = SamplingParams(mode=Mode.COUPLED, temperature=0.7)
+    target_only = run(engine, drafters["drafter_f32"], prompts[0], params, draft_len=0)
+    split = run(engine, drafters["drafter_f32"], prompts[0], params, draft_len=8)
+    assert split.stats.target_forwards * 3 < target_only.stats.target_forwards
+    assert split.stats.acceptance_length > 3
+
+
+def test_eos_inside_a_block_stops_there(engine, drafters, prompts):
+    params = SamplingParams(mode=Mode.COUPLED, temperature=0.7, seed=3)
+    full = run(engine, drafters["drafter_f32"], prompts[1], params, draft_len=0)
+    stop_at = next(i for i in range(5, len(full.tokens)) if full.tokens[i] not in full.tokens[:i])
+    saved = engine.eos_token_ids
+    engine.eos_token_ids = {full.tokens[stop_at]}
+    try:
+        for draft_len in (0, 8):
+            got = run(engine, drafters["drafter_f32"], prompts[1], params, draft_len=draft_len)
+            assert got.tokens == full.tokens[: stop_at + 1]
+            assert got.stop_reason is StopReason.EOS
+    finally:
+        engine.eos_token_ids = saved
+
+
+def test_token_limit_is_exact(engine, drafters, prompts):
+    params = SamplingParams(mode=Mode.GREEDY)
+    for limit in (1, 2, 9, 17):
+        got = run(engine, drafters["drafter_f32"], prompts[0], params, draft_len=8, max_new_tokens=limit)
+        assert len(got.tokens) == limit and got.stop_reason is StopReason.LENGTH
+
+
+# -- rejection mode: the output distribution is the target's ---------------------------
+
+TOP_K = 4  # keeps the exact distribution of 3 tokens enumerable: 4**3 sequences
+
+
+def exact_distribution(engine, prompt, params, length=3):
+    """P(first ``length`` generated tokens) by enumerating the target's top-k tree."""
+    out = {}
+
+    def walk(prefix, prob):
+        if len(prefix) == length:
+            out[tuple(prefix)] = prob
+            return
+        seq = engine.new_sequence()
+        logits = engine.forward(seq, list(prompt) + prefix)[-1:]
+        p = process_logits(logits.numpy(), params)[0]
+        for token in np.flatnonzero(p > 0):
+            walk(prefix + [int(token)], prob * p[token])
+
+    walk([], 1.0)
+    return out
+
+
+def tv(counts: Counter, n: int, dist: dict) -> float:
+    keys = set(counts) | set(dist)
+    return 0.5 * sum(abs(counts.get(k, 0) / n - dist.get(k, 0.0)) for k in keys)
+
+
+def test_rejection_mode_samples_the_target_distribution(engine, drafters, prompts):
+    prompt = prompts[2]
+    base = SamplingParams(mode=Mode.REJECTION, temperature=1.0, top_k=TOP_K, draft_top_k=TOP_K)
+    p_exact = exact_distribution(engine, prompt, base)
+    drafter = drafters["drafter_noisy"]
+    n = 2400
+    counts = Counter()
+    checkpoints = {}
+    accepted = drafted = 0
+    for seed in range(n):
+        params = SamplingParams(mode=Mode.REJECTION, temperature=1.0, top_k=TOP_K, draft_top_k=TOP_K, seed=seed)
+        got = run(engine, drafter, prompt, params, draft_len=2, max_new_tokens=3)
+        counts[tuple(got.tokens)] += 1
+        accepted += got.stats.accepted
+        drafted += got.stats.drafted
+        if seed + 1 in (n // 8, n):
+            checkpoints[seed + 1] = tv(counts, seed + 1, p_exact)
+    # What the drafter alone would produce: its own sampling distribution.
+    q_counts = Counter()
+    for seed in range(600):
+        params = SamplingParams(mode=Mode.REJECTION, temperature=1.0, top_k=TOP_K, draft_top_k=TOP_K, seed=seed)
+        drafter.begin(prompt, params)
+        q_counts[tuple(drafter.draft(3).tokens)] += 1
+    drafter_distance = tv(q_counts, 600, p_exact)
+    assert 0.2 < accepted / drafted < 0.98  # rejections really happen
+    assert checkpoints[n] < checkpoints[n // 8]
+    assert checkpoints[n] < 0.08, checkpoints
+    assert drafter_distance > 3 * checkpoints[n], (drafter_distance, checkpoints)
+
+
+# -- the command line --------------------------------------------------------------------
+
+def splitspec(*args, timeout=300):
+    return subprocess.run(
+        [sys.executable, "-m", "sim.cli", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_generate_json_matches_target_only(tiny_models):
+    common = ["generate", "--target", tiny_models["target"], "--drafter", tiny_models["drafter_f32"],
+              "--prompt", PROMPTS[0], "--max-new-tokens", "24", "--seed", "5", "--temperature", "1.0", "--json"]
+    split = splitspec(*common, "--draft-len", "4")
+    alone = splitspec(*common, "--draft-len", "0")
+    assert split.returncode == 0, split.stderr
+    a, b = json.loads(split.stdout), json.loads(alone.stdout)
+    assert a["tokens"] == b["tokens"] and len(a["tokens"]) == 24
+    assert set(a["stats"]) >= {"rounds", "drafted", "accepted", "acceptance_rate", "acceptance_length", "target_forwards", "wall_s"}
+    assert a["stats"]["target_forwards"] < b["stats"]["target_forwards"]
+    assert isinstance(a["text"], str) and a["text"]
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--mode", "sideways"], "invalid choice"),
+        (["--draft-len", "-1"], "must be >= 0"),
+        (["--drafter", "/nonexistent/drafter.gguf"], "drafter model not found"),
+        (["--target", "/nonexistent/target"], "target model not found"),
+        (["--top-p", "1.5"], "top_p"),
+    ],
+)
+def test_bad_input_exits_2_without_traceback(tiny_models, extra, message):
+    args = ["generate", "--target", tiny_models["target"], "--drafter", tiny_models["drafter_f32"], "--prompt", "hi", *extra]
+    result = splitspec(*args)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_vocabulary_mismatch_is_refused(tiny_models, tmp_path):
+    from sim.tiny_models import write_tiny_models
+
+    # Same architecture, a vocabulary with one piece spelled differently.
+    other = write_tiny_models(tmp_path / "other", seed=0)
+    import gguf  # rewrite one token piece in a copy of the GGUF
+
+    reader = gguf.GGUFReader(other["drafter_f32"], "r+")
+    field = reader.fields["tokenizer.ggml.tokens"]
+    part = field.parts[field.data[300]]
+    part[:] = np.frombuffer(bytes(part)[::-1], dtype=part.dtype)  # reversed piece, same length
+    reader.data.flush()
+    result = splitspec("generate", "--target", tiny_models["target"], "--drafter", other["drafter_f32"], "--prompt", "hi")
+    assert result.returncode == 2, result.stderr
+    assert "tokenizer mismatch" in result.stderr and "drafter" in result.stderr and "target" in result.stderr
+    assert "Traceback" not in result.stderr
