@@ -25,8 +25,8 @@ class ProtocolError(RuntimeError):
 
 
 class VerifierLink(Protocol):
-    def open(self, prompt: Sequence[int], params: SamplingParams, max_new_tokens: int, max_draft_len: int) -> None:
-        """Start a session for ``prompt``."""
+    def open(self, prompt: Sequence[int], params: SamplingParams, max_new_tokens: int, max_draft_len: int) -> int:
+        """Start a session for ``prompt``; returns the block length the verifier allows (<= max_draft_len)."""
 
     def verify(self, epoch: int, start_position: int, block: DraftBlock) -> Verdict:
         """Verify one block; returns the verdict for it."""
@@ -62,7 +62,7 @@ def run_decode(
     started = time.perf_counter()
     stats = DecodeStats()
     prompt = [int(t) for t in prompt]
-    link.open(prompt, params, max_new_tokens, draft_len)
+    draft_len = link.open(prompt, params, max_new_tokens, draft_len)
     drafter.begin(prompt, params)
     generated: list[int] = []
     epoch = 0

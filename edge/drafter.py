@@ -16,7 +16,7 @@ import numpy as np
 
 from shared.logits import top_candidates
 from shared.noise import Purpose, exponential
-from shared.params import Mode, SamplingParams
+from shared.params import SamplingParams
 from shared.sparse import SparseDist, quantize, sample_sparse
 
 __all__ = ["DraftBlock", "Drafter", "propose", "one_hot_block"]
@@ -53,15 +53,14 @@ class Drafter(Protocol):
 def propose(logits: np.ndarray, params: SamplingParams, position: int) -> tuple[int, SparseDist | None]:
     """The drafter's token at ``position`` from its logits [V], per mode.
 
-    greedy: argmax q. coupled: the exponential race on q with the same SAMPLE
+    greedy (temperature 0, any mode): argmax q. coupled: the exponential race on q with the same SAMPLE
     noise the target uses, so the draft equals the target's token whenever q
     and p pick the same winner. rejection: an exact sample from q̃, returned
     with q̃ so the verifier can use it.
     """
     if params.is_greedy:
-        token = int(np.argmax(logits))
-        return token, (_one_hot(token, params) if params.mode is Mode.REJECTION else None)
-    if params.mode is Mode.REJECTION:
+        return int(np.argmax(logits)), None
+    if params.sends_q:
         ids, probs = top_candidates(logits, params, limit=max(CANDIDATES, params.draft_top_k))
         q = quantize(probs, params.draft_top_k, params.prob_bits, ids=ids)
         return sample_sparse(q, params.seed, position), q
@@ -77,5 +76,5 @@ def _one_hot(token: int, params: SamplingParams) -> SparseDist:
 def one_hot_block(tokens: Sequence[int], params: SamplingParams) -> DraftBlock:
     """A block of deterministic proposals; in rejection mode each carries a point-mass q̃."""
     tokens = [int(t) for t in tokens]
-    q = [_one_hot(t, params) for t in tokens] if params.mode is Mode.REJECTION else None
+    q = [_one_hot(t, params) for t in tokens] if params.sends_q else None
     return DraftBlock(tokens, q)

@@ -62,7 +62,8 @@ class LlamaDrafter:
         self._seq: list[int] = []  # committed tokens, then the current speculation
         self._committed = 0  # len of the committed prefix of _seq
         self._params = SamplingParams()
-        self.eval_s = 0.0  # time inside llama.cpp's eval, for overhead accounting
+        self.eval_s = 0.0  # time inside llama.cpp's eval
+        self.draft_s = 0.0  # time inside draft(), eval included: draft_s - eval_s is our overhead
         log.info("drafter %s loaded in %.2fs (vocab %d)", path.name, time.perf_counter() - started, self.vocab_size)
 
     # -- vocabulary --------------------------------------------------------
@@ -94,6 +95,7 @@ class LlamaDrafter:
         self.llm.n_tokens = 0
 
     def draft(self, n: int) -> DraftBlock:
+        started = time.perf_counter()
         n = min(n, self.context_size - len(self._seq) - 1)
         tokens, q = [], []
         for _ in range(max(n, 0)):
@@ -102,6 +104,7 @@ class LlamaDrafter:
             self._seq.append(token)
             tokens.append(token)
             q.append(q_tilde)
+        self.draft_s += time.perf_counter() - started
         return DraftBlock(tokens, q if q and q[0] is not None else None)
 
     def commit(self, tokens: Sequence[int]) -> None:

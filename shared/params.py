@@ -54,3 +54,8 @@ class SamplingParams:
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def sends_q(self) -> bool:
+        """Whether draft blocks carry q̃ (rejection mode, temperature > 0)."""
+        return self.mode is Mode.REJECTION and not self.is_greedy

@@ -26,6 +26,10 @@ def add_bench_commands(subparsers: argparse._SubParsersAction) -> None:
     wire.add_argument("--json", action="store_true", help="print the result as JSON")
     wire.set_defaults(func=_run_wire)
 
+    from sim.bench_split import add_split_bench_command
+
+    add_split_bench_command(subparsers)
+
 
 def _run_wire(args: argparse.Namespace) -> int:
     result = run_wire_bench(

@@ -26,10 +26,11 @@ class LocalLink:
         self.engine = engine
         self.session: VerifierSession | None = None
 
-    def open(self, prompt: Sequence[int], params: SamplingParams, max_new_tokens: int, max_draft_len: int) -> None:
+    def open(self, prompt: Sequence[int], params: SamplingParams, max_new_tokens: int, max_draft_len: int) -> int:
         self.session = VerifierSession(
             self.engine, prompt, params, max_new_tokens=max_new_tokens, max_draft_len=max_draft_len
         )
+        return max_draft_len
 
     def verify(self, epoch: int, start_position: int, block: DraftBlock) -> Verdict:
         assert self.session is not None, "open() first"

@@ -1,0 +1,40 @@
+# splitspec: `make demo` runs the main job, `make test` the test suite.
+# Both create .venv and install everything on first use (about 10 minutes on
+# 2 cores, most of it compiling llama.cpp); later runs reuse it.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.splitspec-installed
+
+# llama.cpp's default -march=native enables instructions (AMX) that fault in
+# some VMs; build a portable AVX2 binary on x86_64 (see MACHINE-NOTES).
+ifeq ($(shell uname -m),x86_64)
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DLLAVA_BUILD=OFF
+endif
+
+.PHONY: install test demo protos clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	@echo "==> creating $(VENV) and installing splitspec (first time: ~10 min, llama.cpp compiles)"
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# The CPU build of torch; any other spec pulls a multi-GB CUDA build.
+	$(PY) -m pip install --quiet torch==2.13.0
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip install --quiet "llama-cpp-python>=0.3.8,<0.4"
+	$(PY) -m pip install --quiet -e ".[dev]"
+	@touch $@
+
+test: install
+	$(PY) -m pytest -q
+
+demo: install
+	$(VENV)/bin/splitspec generate --prompt "The three most important things about speculative decoding are" --max-new-tokens 128 --draft-len 8
+
+protos: install
+	$(PY) -m protos.generate
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,43 @@
+"""Prometheus metrics of the verifier service, in their own registry.
+
+The same counters that ``shared.stats.DecodeStats`` keeps per generation,
+summed over the service, plus bytes on the wire and verify latency.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+__all__ = ["ServiceMetrics"]
+
+_LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+
+
+class ServiceMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.sessions_opened = Counter("splitspec_sessions_opened", "Decode sessions opened", registry=r)
+        self.sessions_active = Gauge("splitspec_sessions_active", "Sessions in the session table", registry=r)
+        self.sessions_failed = Counter("splitspec_sessions_failed", "Sessions ended by an error", ["code"], registry=r)
+        self.drafted = Counter("splitspec_drafted_tokens", "Draft tokens received for verification", registry=r)
+        self.accepted = Counter("splitspec_accepted_tokens", "Draft tokens accepted", registry=r)
+        self.accepted_at = Counter(
+            "splitspec_accepted_at_position", "Drafts accepted, by position in the block", ["position"], registry=r
+        )
+        self.generated = Counter("splitspec_generated_tokens", "Tokens committed, all RPCs", registry=r)
+        self.forwards = Counter("splitspec_target_forwards", "Target forward passes", registry=r)
+        self.bytes_in = Counter("splitspec_bytes_in", "gRPC message bytes received (5-byte prefix included)", registry=r)
+        self.bytes_out = Counter("splitspec_bytes_out", "gRPC message bytes sent (5-byte prefix included)", registry=r)
+        self.verify_latency = Histogram(
+            "splitspec_verify_latency_seconds", "Verify step wall time, forward included", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.service_overhead = Histogram(
+            "splitspec_verify_overhead_seconds",
+            "Per-verify service time outside the target forward",
+            buckets=(0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05),
+            registry=r,
+        )
+
+    def serve(self, port: int, host: str = "127.0.0.1") -> None:
+        start_http_server(port, addr=host, registry=self.registry)

@@ -1,0 +1,170 @@
+"""The verifier's gRPC server: servicer, health, reflection, auth, TLS, metrics, shutdown.
+
+``VerifierServer`` runs on the caller's event loop; ``BackgroundServer`` runs
+one on its own thread for synchronous callers (tests, benchmarks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import threading
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from cloud.engine import TargetEngine
+from cloud.metrics import ServiceMetrics
+from cloud.servicer import ServiceLimits, VerifierServicer
+from protos import splitspec_pb2 as pb
+from protos import splitspec_pb2_grpc as pb_grpc
+from shared import codec
+
+__all__ = ["ServerConfig", "VerifierServer", "BackgroundServer", "SERVICE_NAME"]
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Verifier"].full_name
+_MAX_MESSAGE_BYTES = codec.MAX_PAYLOAD_BYTES + (64 << 10)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 50051  # 0 picks a free port
+    limits: ServiceLimits = ServiceLimits()
+    auth_token: str | None = None  # bearer token required on Verifier calls
+    tls_cert: bytes | None = None  # PEM
+    tls_key: bytes | None = None  # PEM
+    metrics_port: int | None = None
+    grace_s: float = 10.0  # in-flight verdicts get this long on shutdown
+
+
+class _BearerAuth(grpc.aio.ServerInterceptor):
+    """Refuses Verifier calls without ``authorization: Bearer <token>``; health and reflection stay open."""
+
+    def __init__(self, token: str) -> None:
+        self._expected = f"Bearer {token}".encode()
+
+    async def intercept_service(self, continuation, details):
+        handler = await continuation(details)
+        if handler is None or not details.method.startswith(f"/{SERVICE_NAME}/"):
+            return handler
+        metadata = dict(details.invocation_metadata or ())
+        if hmac.compare_digest(str(metadata.get("authorization", "")).encode(), self._expected):
+            return handler
+
+        async def deny(request_or_iterator, context):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
+
+        async def deny_stream(request_or_iterator, context):
+            await deny(request_or_iterator, context)
+            yield  # pragma: no cover - abort raises
+
+        if handler.response_streaming:
+            make = grpc.stream_stream_rpc_method_handler if handler.request_streaming else grpc.unary_stream_rpc_method_handler
+            return make(deny_stream, handler.request_deserializer, handler.response_serializer)
+        make = grpc.stream_unary_rpc_method_handler if handler.request_streaming else grpc.unary_unary_rpc_method_handler
+        return make(deny, handler.request_deserializer, handler.response_serializer)
+
+
+class VerifierServer:
+    def __init__(self, engine: TargetEngine, config: ServerConfig, metrics: ServiceMetrics | None = None) -> None:
+        self.engine = engine
+        self.config = config
+        self.metrics = metrics or ServiceMetrics()
+        self.servicer = VerifierServicer(engine, config.limits, self.metrics)
+        self.port: int | None = None
+        self._server: grpc.aio.Server | None = None
+        self._health = health.aio.HealthServicer()
+        self._reaper: asyncio.Task | None = None
+
+    async def start(self) -> int:
+        cfg = self.config
+        interceptors = [_BearerAuth(cfg.auth_token)] if cfg.auth_token else []
+        server = grpc.aio.server(
+            interceptors=interceptors,
+            options=[
+                ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
+                ("grpc.keepalive_time_ms", 30_000),
+                ("grpc.http2.max_pings_without_data", 0),
+                ("grpc.keepalive_permit_without_calls", 1),
+            ],
+        )
+        pb_grpc.add_VerifierServicer_to_server(self.servicer, server)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        reflection.enable_server_reflection([SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+        address = f"{cfg.host}:{cfg.port}"
+        if cfg.tls_cert and cfg.tls_key:
+            self.port = server.add_secure_port(address, grpc.ssl_server_credentials([(cfg.tls_key, cfg.tls_cert)]))
+        else:
+            self.port = server.add_insecure_port(address)
+        if not self.port:
+            raise OSError(f"cannot listen on {address}")
+        await server.start()
+        self._server = server
+        for name in ("", SERVICE_NAME):
+            await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        if cfg.metrics_port is not None:
+            self.metrics.serve(cfg.metrics_port, cfg.host)
+        self._reaper = asyncio.create_task(self._reap_forever())
+        log.info("verifier listening on %s:%d%s", cfg.host, self.port, " (TLS)" if cfg.tls_cert else "")
+        return self.port
+
+    async def _reap_forever(self) -> None:
+        while True:
+            await asyncio.sleep(max(1.0, min(30.0, self.config.limits.session_ttl_s / 4)))
+            if self.servicer.table.reap():
+                self.metrics.sessions_active.set(len(self.servicer.table))
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Stop accepting calls; let in-flight ones run up to ``grace`` seconds."""
+        if self._server is None:
+            return
+        await self._health.enter_graceful_shutdown()
+        if self._reaper:
+            self._reaper.cancel()
+        await self._server.stop(self.config.grace_s if grace is None else grace)
+        self.servicer.executor.shutdown(wait=True)
+        self._server = None
+
+    async def wait(self) -> None:
+        if self._server is not None:
+            await self._server.wait_for_termination()
+
+
+class BackgroundServer:
+    """A ``VerifierServer`` on its own thread and event loop (context manager)."""
+
+    def __init__(self, engine: TargetEngine, config: ServerConfig) -> None:
+        self.server = VerifierServer(engine, config)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="verifier-server", daemon=True)
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    @property
+    def address(self) -> str:
+        return f"{self.server.config.host}:{self.server.port}"
+
+    def start(self) -> BackgroundServer:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self.server.start(), self._loop).result(timeout=30)
+        return self
+
+    def stop(self, grace: float = 1.0) -> None:
+        asyncio.run_coroutine_threadsafe(self.server.stop(grace), self._loop).result(timeout=grace + 30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+
+    def __enter__(self) -> BackgroundServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,187 @@
+"""The edge's side of the wire: ``VerifierLink`` over one gRPC ``Decode`` stream.
+
+Synchronous to the decode loop; a reader thread moves cloud frames into a
+queue so that every wait has a deadline. Counts every byte of every gRPC
+message each way (5-byte prefix included) and the round-trip time net of
+the cloud's own processing (the verdict's ``server_us``).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import statistics
+import threading
+import time
+from collections.abc import Sequence
+
+import grpc
+
+from edge.drafter import DraftBlock
+from protos import splitspec_pb2 as pb
+from protos import splitspec_pb2_grpc as pb_grpc
+from shared import codec
+from shared.params import SamplingParams
+from shared.verdict import Verdict
+from shared.wire import message_wire_bytes, sampling_to_proto, verdict_from_proto
+
+__all__ = ["GrpcLink", "LinkError", "make_channel"]
+
+log = logging.getLogger(__name__)
+
+_END = object()
+_MAX_MESSAGE_BYTES = codec.MAX_PAYLOAD_BYTES + (64 << 10)
+
+
+class LinkError(RuntimeError):
+    """The cloud could not be reached, refused us, or went away."""
+
+
+def make_channel(address: str, root_certificates: bytes | None = None) -> grpc.Channel:
+    options = [
+        ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
+        ("grpc.keepalive_time_ms", 30_000),
+    ]
+    if root_certificates is not None:
+        return grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates), options=options)
+    return grpc.insecure_channel(address, options=options)
+
+
+def describe_rpc_error(error: grpc.RpcError) -> str:
+    code = error.code() if hasattr(error, "code") else None
+    details = error.details() if hasattr(error, "details") else str(error)
+    return f"{code.name if code else 'ERROR'}: {details}"
+
+
+class GrpcLink:
+    """One generation session with a remote verifier. Use once: open, verify..., close."""
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        vocab_size: int,
+        fingerprint: bytes,
+        model_name: str = "",
+        auth_token: str | None = None,
+        root_certificates: bytes | None = None,
+        connect_timeout_s: float = 10.0,
+        verdict_timeout_s: float = 120.0,
+    ) -> None:
+        self.address = address
+        self.vocab_size = vocab_size
+        self.fingerprint = fingerprint
+        self.model_name = model_name
+        self.connect_timeout_s = connect_timeout_s
+        self.verdict_timeout_s = verdict_timeout_s
+        self._metadata = (("authorization", f"Bearer {auth_token}"),) if auth_token else ()
+        self._channel = make_channel(address, root_certificates)
+        self._requests: queue.Queue = queue.Queue()
+        self._responses: queue.Queue = queue.Queue()
+        self._call = None
+        self._reader: threading.Thread | None = None
+        self._params = SamplingParams()
+        self.bytes_up = 0
+        self.bytes_down = 0
+        self.rtt_samples_s: list[float] = []
+        self.session_id = ""
+        self.resume_ticket = b""
+
+    # -- VerifierLink ------------------------------------------------------
+    def open(self, prompt: Sequence[int], params: SamplingParams, max_new_tokens: int, max_draft_len: int) -> int:
+        try:
+            grpc.channel_ready_future(self._channel).result(timeout=self.connect_timeout_s)
+        except grpc.FutureTimeoutError as exc:
+            self._channel.close()
+            raise LinkError(f"cloud unreachable at {self.address} (no connection within {self.connect_timeout_s:.0f}s)") from exc
+        self._params = params
+        stub = pb_grpc.VerifierStub(self._channel)
+        self._call = stub.Decode(iter(self._requests.get, _END), metadata=self._metadata)
+        self._reader = threading.Thread(target=self._read_forever, name="edge-link-reader", daemon=True)
+        self._reader.start()
+        encoded = codec.encode_tokens(prompt, self.vocab_size)
+        self._send(
+            pb.EdgeFrame(
+                open=pb.Open(
+                    model=self.model_name,
+                    vocab_fingerprint=self.fingerprint,
+                    vocab_size=self.vocab_size,
+                    sampling=sampling_to_proto(params),
+                    prompt=encoded.data,
+                    prompt_compressed=encoded.compressed,
+                    max_new_tokens=max_new_tokens,
+                    max_draft_len=max_draft_len,
+                )
+            )
+        )
+        opened = self._receive("opened").opened
+        self.session_id, self.resume_ticket = opened.session_id, opened.resume_ticket
+        if opened.vocab_size != self.vocab_size:
+            raise LinkError(f"cloud vocabulary has {opened.vocab_size} tokens, ours {self.vocab_size}")
+        log.info("session %s opened at %s (blocks up to %d)", opened.session_id, self.address, opened.max_draft_len)
+        return min(max_draft_len, opened.max_draft_len)
+
+    def verify(self, epoch: int, start_position: int, block: DraftBlock) -> Verdict:
+        params = self._params
+        encoded = codec.encode_draft(
+            block.tokens, self.vocab_size, block.q, draft_top_k=params.draft_top_k if block.q is not None else None
+        )
+        sent = time.perf_counter()
+        self._send(
+            pb.EdgeFrame(
+                draft=pb.Draft(epoch=epoch, start_position=start_position, payload=encoded.data, compressed=encoded.compressed)
+            )
+        )
+        message = self._receive("verdict").verdict
+        self.rtt_samples_s.append(max(time.perf_counter() - sent - message.server_us * 1e-6, 0.0))
+        try:
+            return verdict_from_proto(message)
+        except ValueError as exc:
+            raise LinkError(f"malformed verdict from the cloud: {exc}") from exc
+
+    def close(self) -> None:
+        if self._call is not None:
+            self._send(pb.EdgeFrame(close=pb.Close()))
+            self._requests.put(_END)
+            if self._reader:
+                self._reader.join(timeout=5)
+            self._call.cancel()
+            self._call = None
+        self._channel.close()
+
+    # -- measurements ------------------------------------------------------
+    @property
+    def rtt_ms(self) -> float:
+        """Median round trip net of the cloud's processing, in ms (0 before any block)."""
+        return 1e3 * statistics.median(self.rtt_samples_s) if self.rtt_samples_s else 0.0
+
+    # -- internals ---------------------------------------------------------
+    def _send(self, frame: pb.EdgeFrame) -> None:
+        self.bytes_up += message_wire_bytes(frame)
+        self._requests.put(frame)
+
+    def _read_forever(self) -> None:
+        try:
+            for message in self._call:
+                self._responses.put(message)
+            self._responses.put(_END)
+        except grpc.RpcError as error:
+            self._responses.put(error)
+
+    def _receive(self, kind: str) -> pb.CloudFrame:
+        try:
+            item = self._responses.get(timeout=self.verdict_timeout_s)
+        except queue.Empty:
+            self._call.cancel()
+            raise LinkError(f"no {kind} from the cloud within {self.verdict_timeout_s:.0f}s") from None
+        if isinstance(item, grpc.RpcError):
+            if item.code() == grpc.StatusCode.UNAVAILABLE:
+                raise LinkError(f"lost the cloud at {self.address}: {describe_rpc_error(item)}")
+            raise LinkError(f"cloud ended the session: {describe_rpc_error(item)}")
+        if item is _END:
+            raise LinkError(f"cloud closed the stream before sending the {kind}")
+        self.bytes_down += message_wire_bytes(item)
+        if item.WhichOneof("kind") != kind:
+            raise LinkError(f"expected {kind} from the cloud, got {item.WhichOneof('kind')}")
+        return item
