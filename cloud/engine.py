@@ -46,6 +46,9 @@ class TargetEngine:
 
     def __init__(self, model_path: str | Path, *, device: str | None = None, dtype: str | None = None) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # our own log line says what loaded and how fast
 
         path = Path(model_path)
         if not path.exists():

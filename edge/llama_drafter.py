@@ -25,6 +25,23 @@ __all__ = ["LlamaDrafter"]
 log = logging.getLogger(__name__)
 
 
+_LLAMA_LOG = logging.getLogger("llama.cpp")
+_log_callback = None  # kept alive: llama.cpp holds a raw pointer to it
+
+
+def _route_llama_logs(llama_cpp) -> None:
+    """Send llama.cpp's own log lines to Python logging (DEBUG) instead of stderr."""
+    global _log_callback
+    if _log_callback is None:
+
+        @llama_cpp.llama_log_callback
+        def forward(level, text, user_data):
+            _LLAMA_LOG.debug("%s", text.decode("utf-8", "replace").rstrip())
+
+        _log_callback = forward
+        llama_cpp.llama_log_set(_log_callback, None)
+
+
 def _default_threads() -> int:
     return max(1, min(4, (os.cpu_count() or 2) // 2))
 
@@ -46,6 +63,7 @@ class LlamaDrafter:
         if not path.is_file():
             raise FileNotFoundError(f"drafter model not found: {path}")
         self._llama_cpp = llama_cpp
+        _route_llama_logs(llama_cpp)
         started = time.perf_counter()
         kv_type = {"type_k": 0, "type_v": 0} if f32_kv_cache else {}
         self.llm = llama_cpp.Llama(

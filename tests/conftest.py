@@ -17,3 +17,27 @@ def tiny_models(tmp_path_factory) -> dict[str, str]:
     from sim.tiny_models import write_tiny_models
 
     return write_tiny_models(tmp_path_factory.mktemp("tiny_models"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tiny_models):
+    """The tiny target loaded once for every test that needs a cloud engine."""
+    from cloud.engine import TargetEngine
+
+    return TargetEngine(tiny_models["target"])
+
+
+@pytest.fixture(scope="session")
+def tiny_vocab(tiny_engine):
+    """(vocab_size, fingerprint) the tiny target and drafters share."""
+    return tiny_engine.vocab_size, tiny_engine.fingerprint
+
+
+@pytest.fixture()
+def verifier(tiny_engine):
+    """A real verifier gRPC server on a free loopback port, stopped after the test."""
+    from cloud.server import BackgroundServer, ServerConfig
+    from cloud.servicer import ServiceLimits
+
+    with BackgroundServer(tiny_engine, ServerConfig(port=0, limits=ServiceLimits(max_draft_len=16, session_ttl_s=30))) as server:
+        yield server

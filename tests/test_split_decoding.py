@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 import torch
 
-from cloud.engine import TargetEngine
 from edge.llama_drafter import LlamaDrafter
 from edge.ngram_drafter import NgramDrafter
 from shared.logits import process_logits
@@ -25,8 +24,8 @@ BOS = 1
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_models):
-    return TargetEngine(tiny_models["target"])
+def engine(tiny_engine):
+    return tiny_engine
 
 
 @pytest.fixture(scope="module")
