@@ -89,11 +89,14 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             params = sampling_from_proto(request.sampling)
             if params.sends_q and params.draft_top_k > codec.MAX_DRAFT_TOP_K:
                 raise ValueError(f"draft_top_k {params.draft_top_k} exceeds {codec.MAX_DRAFT_TOP_K}")
+        except ValueError as exc:
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
+        try:
             prompt = codec.decode_tokens(
                 request.prompt, request.prompt_compressed, self.engine.vocab_size, max_tokens=self.limits.max_prompt_tokens
             ).tolist()
         except ValueError as exc:
-            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad prompt: {exc}") from exc
         if not prompt:
             raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, "prompt is empty")
         if not 1 <= request.max_new_tokens <= self.limits.max_new_tokens:
@@ -141,6 +144,11 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         if draft.epoch < session.epoch:
             log.debug("session %s: dropped stale block of epoch %d", entry.session_id, draft.epoch)
             return None, 0
+        if draft.epoch > session.epoch:
+            raise _Abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"block epoch {draft.epoch} is ahead of the session's epoch {session.epoch}",
+            )
         params = session.params
         try:
             tokens, q = codec.decode_draft(

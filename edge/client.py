@@ -87,6 +87,7 @@ class GrpcLink:
         self.rtt_samples_s: list[float] = []
         self.session_id = ""
         self.resume_ticket = b""
+        self._finished = False  # the cloud ended the session with a final verdict
 
     # -- VerifierLink ------------------------------------------------------
     def open(self, prompt: Sequence[int], params: SamplingParams, max_new_tokens: int, max_draft_len: int) -> int:
@@ -134,6 +135,7 @@ class GrpcLink:
             )
         )
         message = self._receive("verdict").verdict
+        self._finished = message.done
         self.rtt_samples_s.append(max(time.perf_counter() - sent - message.server_us * 1e-6, 0.0))
         try:
             return verdict_from_proto(message)
@@ -142,7 +144,8 @@ class GrpcLink:
 
     def close(self) -> None:
         if self._call is not None:
-            self._send(pb.EdgeFrame(close=pb.Close()))
+            if not self._finished:  # after the final verdict the cloud has already closed the session
+                self._send(pb.EdgeFrame(close=pb.Close()))
             self._requests.put(_END)
             if self._reader:
                 self._reader.join(timeout=5)

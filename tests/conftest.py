@@ -41,3 +41,12 @@ def verifier(tiny_engine):
 
     with BackgroundServer(tiny_engine, ServerConfig(port=0, limits=ServiceLimits(max_draft_len=16, session_ttl_s=30))) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def gemma_engine():
+    """The default Gemma 3 270M target (converted once into the cache; ~1 min the first time)."""
+    from cloud.engine import TargetEngine
+    from cloud.models import resolve_target
+
+    return TargetEngine(resolve_target(None))

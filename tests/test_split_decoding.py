@@ -10,17 +10,16 @@ from collections import Counter
 
 import numpy as np
 import pytest
-import torch
 
 from edge.llama_drafter import LlamaDrafter
 from edge.ngram_drafter import NgramDrafter
-from shared.logits import process_logits
 from shared.params import Mode, SamplingParams
 from shared.verdict import StopReason
 from sim.inprocess import generate
 
+from helpers import exact_distribution, tiny_prompt, total_variation
+
 PROMPTS = ["The cat sat on the mat.", "We have 3 dogs and 12 cats!", "It was the best of times"]
-BOS = 1
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +29,7 @@ def engine(tiny_engine):
 
 @pytest.fixture(scope="module")
 def prompts(engine):
-    return [[BOS, *engine.tokenizer(text, add_special_tokens=False).input_ids] for text in PROMPTS]
+    return [tiny_prompt(engine, text) for text in PROMPTS]
 
 
 @pytest.fixture(scope="module")
@@ -112,29 +111,6 @@ def test_token_limit_is_exact(engine, drafters, prompts):
 TOP_K = 4  # keeps the exact distribution of 3 tokens enumerable: 4**3 sequences
 
 
-def exact_distribution(engine, prompt, params, length=3):
-    """P(first ``length`` generated tokens) by enumerating the target's top-k tree."""
-    out = {}
-
-    def walk(prefix, prob):
-        if len(prefix) == length:
-            out[tuple(prefix)] = prob
-            return
-        seq = engine.new_sequence()
-        logits = engine.forward(seq, list(prompt) + prefix)[-1:]
-        p = process_logits(logits.numpy(), params)[0]
-        for token in np.flatnonzero(p > 0):
-            walk(prefix + [int(token)], prob * p[token])
-
-    walk([], 1.0)
-    return out
-
-
-def tv(counts: Counter, n: int, dist: dict) -> float:
-    keys = set(counts) | set(dist)
-    return 0.5 * sum(abs(counts.get(k, 0) / n - dist.get(k, 0.0)) for k in keys)
-
-
 def test_rejection_mode_samples_the_target_distribution(engine, drafters, prompts):
     prompt = prompts[2]
     base = SamplingParams(mode=Mode.REJECTION, temperature=1.0, top_k=TOP_K, draft_top_k=TOP_K)
@@ -151,14 +127,14 @@ def test_rejection_mode_samples_the_target_distribution(engine, drafters, prompt
         accepted += got.stats.accepted
         drafted += got.stats.drafted
         if seed + 1 in (n // 8, n):
-            checkpoints[seed + 1] = tv(counts, seed + 1, p_exact)
+            checkpoints[seed + 1] = total_variation(counts, seed + 1, p_exact)
     # What the drafter alone would produce: its own sampling distribution.
     q_counts = Counter()
     for seed in range(600):
         params = SamplingParams(mode=Mode.REJECTION, temperature=1.0, top_k=TOP_K, draft_top_k=TOP_K, seed=seed)
         drafter.begin(prompt, params)
         q_counts[tuple(drafter.draft(3).tokens)] += 1
-    drafter_distance = tv(q_counts, 600, p_exact)
+    drafter_distance = total_variation(q_counts, 600, p_exact)
     assert 0.2 < accepted / drafted < 0.98  # rejections really happen
     assert checkpoints[n] < checkpoints[n // 8]
     assert checkpoints[n] < 0.08, checkpoints

@@ -1,0 +1,181 @@
+"""The edge client and the verifier service over real loopback gRPC."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from collections import Counter
+
+import grpc
+import pytest
+
+from edge.client import GrpcLink
+from edge.decode_loop import run_decode
+from edge.llama_drafter import LlamaDrafter
+from protos import splitspec_pb2 as pb
+from protos import splitspec_pb2_grpc as pb_grpc
+from shared import codec
+from shared.params import Mode, SamplingParams
+from shared.vocab import vocab_fingerprint
+from shared.wire import sampling_to_proto
+from sim.inprocess import generate
+
+from helpers import exact_distribution, tiny_prompt, total_variation
+
+
+def tiny_drafter(tiny_models, name="drafter_noisy"):
+    return LlamaDrafter(tiny_models[name], n_ctx=512, n_threads=1, f32_kv_cache=True)
+
+
+def link_for(server, vocab, **kwargs):
+    size, fingerprint = vocab
+    return GrpcLink(server.address, vocab_size=size, fingerprint=fingerprint, **kwargs)
+
+
+def remote(server, vocab, drafter, prompt, params, draft_len, max_new_tokens=32):
+    link = link_for(server, vocab)
+    result = run_decode(drafter, link, prompt, params, max_new_tokens=max_new_tokens, draft_len=draft_len)
+    return result, link
+
+
+SAMPLINGS = [
+    SamplingParams(mode=Mode.GREEDY),
+    SamplingParams(mode=Mode.COUPLED, temperature=0.8, seed=4),
+    SamplingParams(mode=Mode.COUPLED, temperature=1.0, top_p=0.9, seed=9),
+]
+
+
+@pytest.mark.parametrize("params", SAMPLINGS, ids=lambda p: f"{p.mode.value}-T{p.temperature}")
+def test_edge_run_is_token_identical_to_target_only(tiny_models, tiny_engine, tiny_vocab, verifier, params):
+    drafter = tiny_drafter(tiny_models)
+    try:
+        for text in ("The cat sat on the mat.", "We have 3 dogs"):
+            prompt = tiny_prompt(tiny_engine, text)
+            want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=32, draft_len=0)
+            for draft_len in (3, 8):
+                got, link = remote(verifier, tiny_vocab, drafter, prompt, params, draft_len)
+                assert got.tokens == want.tokens
+                assert link.bytes_up > 0 and link.bytes_down > 0 and link.rtt_samples_s
+                assert got.stats.rounds < len(want.tokens)  # drafts were accepted
+    finally:
+        drafter.close()
+
+
+def test_rejection_mode_over_the_network_samples_the_target(tiny_models, tiny_engine, tiny_vocab, verifier):
+    prompt = tiny_prompt(tiny_engine, "It was the best of times")
+    top_k = 4
+    exact = exact_distribution(tiny_engine, prompt, SamplingParams(mode=Mode.REJECTION, temperature=1.0, top_k=top_k))
+    drafter = tiny_drafter(tiny_models)
+    counts, n = Counter(), 500
+    try:
+        for seed in range(n):
+            params = SamplingParams(mode=Mode.REJECTION, temperature=1.0, top_k=top_k, draft_top_k=top_k, seed=seed)
+            got, _ = remote(verifier, tiny_vocab, drafter, prompt, params, draft_len=2, max_new_tokens=3)
+            counts[tuple(got.tokens)] += 1
+        q_counts = Counter()
+        for seed in range(n):
+            params = SamplingParams(mode=Mode.REJECTION, temperature=1.0, top_k=top_k, draft_top_k=top_k, seed=seed)
+            drafter.begin(prompt, params)
+            q_counts[tuple(drafter.draft(3).tokens)] += 1
+    finally:
+        drafter.close()
+    distance = total_variation(counts, n, exact)
+    assert distance < 0.15
+    assert total_variation(q_counts, n, exact) > 2 * distance
+
+
+def test_concurrent_sessions_each_get_their_own_output(tiny_models, tiny_engine, tiny_vocab, verifier):
+    jobs = [(text, seed) for text in ("The cat sat", "We have 3 dogs", "It was the best", "Hello world") for seed in (1, 2)]
+    drafters = [tiny_drafter(tiny_models) for _ in jobs]
+    expected = []
+    for (text, seed), drafter in zip(jobs, drafters):
+        params = SamplingParams(mode=Mode.COUPLED, temperature=0.9, seed=seed)
+        expected.append(generate(tiny_engine, drafter, tiny_prompt(tiny_engine, text), params, max_new_tokens=40, draft_len=0).tokens)
+    results: list = [None] * len(jobs)
+    barrier = threading.Barrier(len(jobs))
+
+    def worker(i):
+        text, seed = jobs[i]
+        params = SamplingParams(mode=Mode.COUPLED, temperature=0.9, seed=seed)
+        barrier.wait()
+        results[i] = remote(verifier, tiny_vocab, drafters[i], tiny_prompt(tiny_engine, text), params, 5, 40)[0].tokens
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(jobs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    for drafter in drafters:
+        drafter.close()
+    assert results == expected
+    assert len({tuple(r) for r in results}) == len(jobs)  # really different sessions
+
+
+def test_cloud_only_generate_matches_target_only(tiny_models, tiny_engine, tiny_vocab, verifier):
+    params = SamplingParams(mode=Mode.COUPLED, temperature=0.8, seed=3)
+    prompt = tiny_prompt(tiny_engine, "The cat sat on the mat.")
+    drafter = tiny_drafter(tiny_models)
+    want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=25, draft_len=0).tokens
+    drafter.close()
+    encoded = codec.encode_tokens(prompt, tiny_vocab[0])
+    request = pb.GenerateRequest(
+        vocab_size=tiny_vocab[0], vocab_fingerprint=tiny_vocab[1], sampling=sampling_to_proto(params),
+        prompt=encoded.data, prompt_compressed=encoded.compressed, max_new_tokens=25,
+    )
+    with grpc.insecure_channel(verifier.address) as channel:
+        chunks = list(pb_grpc.VerifierStub(channel).Generate(request, timeout=60))
+    tokens = [t for c in chunks for t in codec.decode_tokens(c.tokens, c.compressed, tiny_vocab[0], max_tokens=64).tolist()]
+    assert tokens == want and chunks[-1].done and chunks[-1].stop_reason == pb.STOP_REASON_LENGTH
+
+
+def test_metrics_count_what_happened(tiny_models, tiny_engine, tiny_vocab, verifier):
+    metrics = verifier.server.metrics
+    drafter = tiny_drafter(tiny_models, "drafter_f32")
+    try:
+        result, link = remote(verifier, tiny_vocab, drafter, tiny_prompt(tiny_engine, "Hello"), SamplingParams(mode=Mode.GREEDY), 4, 20)
+    finally:
+        drafter.close()
+    value = lambda name: metrics.registry.get_sample_value(name) or 0.0  # noqa: E731
+    assert value("splitspec_drafted_tokens_total") == result.stats.drafted
+    assert value("splitspec_accepted_tokens_total") == result.stats.accepted
+    assert value("splitspec_target_forwards_total") == result.stats.target_forwards
+    assert value("splitspec_bytes_in_total") == link.bytes_up
+    assert value("splitspec_bytes_out_total") == link.bytes_down
+    assert metrics.registry.get_sample_value("splitspec_accepted_at_position_total", {"position": "0"}) >= 1
+    assert metrics.registry.get_sample_value("splitspec_verify_latency_seconds_count") == result.stats.rounds
+
+
+def test_edge_run_cli_json(tiny_models, verifier):
+    result = subprocess.run(
+        [sys.executable, "-m", "sim.cli", "edge", "run", "--cloud", verifier.address, "--drafter", tiny_models["drafter_f32"],
+         "--prompt", "The cat sat", "--max-new-tokens", "20", "--temperature", "0", "--json"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert len(out["tokens"]) == 20
+    for key in ("rounds", "drafted", "accepted", "acceptance_rate", "acceptance_length", "target_forwards", "wall_s",
+                "bytes_up", "bytes_down", "rtt_ms"):
+        assert key in out["stats"], key
+    assert out["stats"]["bytes_up"] > 0 and out["stats"]["rtt_ms"] >= 0
+
+
+def test_gemma_pair_over_the_network_is_token_identical(gemma_engine):
+    from cloud.server import BackgroundServer, ServerConfig
+    from edge.loading import open_llama_drafter
+
+    drafter = open_llama_drafter(None, n_threads=1)
+    vocab = (drafter.vocab_size, vocab_fingerprint(drafter.vocab_pieces()))
+    assert vocab == (gemma_engine.vocab_size, gemma_engine.fingerprint)
+    prompt = drafter.tokenize("The three primary colors are")
+    try:
+        with BackgroundServer(gemma_engine, ServerConfig(port=0)) as server:
+            for params in (SamplingParams(mode=Mode.GREEDY), SamplingParams(mode=Mode.COUPLED, temperature=0.7, seed=1)):
+                want = generate(gemma_engine, drafter, prompt, params, max_new_tokens=24, draft_len=0)
+                got, link = remote(server, vocab, drafter, prompt, params, draft_len=6, max_new_tokens=24)
+                assert got.tokens == want.tokens
+                assert got.stats.acceptance_rate > 0.5
+    finally:
+        drafter.close()
