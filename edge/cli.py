@@ -1,4 +1,8 @@
-"""``splitspec edge run``: generate on the device against a cloud verifier."""
+"""``splitspec edge ...``: generate on the device against a cloud verifier.
+
+``edge run`` is split decoding; ``edge baseline`` asks the cloud to decode
+every token itself (what split decoding is measured against).
+"""
 
 from __future__ import annotations
 
@@ -20,53 +24,81 @@ def add_edge_commands(commands) -> None:
         description="Drafts blocks with llama.cpp and has the cloud verifier accept or correct them over one gRPC "
         "stream. Output equals the target model's own (token for token in greedy and coupled modes).",
     )
-    run.add_argument("--cloud", default="127.0.0.1:50051", help="verifier address HOST:PORT (default 127.0.0.1:50051)")
+    _add_cloud_args(run)
     add_drafter_args(run)
     add_sampling_args(run)
-    run.add_argument("--auth-token-file", type=Path, default=None, help="bearer token for the verifier")
-    run.add_argument("--tls-ca", type=Path, default=None, help="PEM CA certificate: connect with TLS and trust this CA")
-    run.add_argument("--connect-timeout", type=float, default=10.0, help="seconds to reach the cloud (default 10)")
-    run.add_argument("--verdict-timeout", type=float, default=120.0, help="seconds to wait for any one verdict (default 120)")
-    run.add_argument("--json", action="store_true", help="print tokens, text and stats (with bytes and RTT) as JSON")
+    run.add_argument("--timings", action="store_true", help="with --json: add per-block cloud times and bytes")
     run.set_defaults(func=run_edge)
+
+    baseline = commands.add_parser(
+        "baseline",
+        help="cloud-only decoding: the cloud generates every token and streams it down",
+        description="The baseline split decoding is compared with. Uses the drafter GGUF only for its tokenizer.",
+    )
+    _add_cloud_args(baseline)
+    add_drafter_args(baseline)
+    add_sampling_args(baseline)
+    baseline.set_defaults(func=run_baseline)
+
+
+def _add_cloud_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("cloud")
+    group.add_argument("--cloud", default="127.0.0.1:50051", help="verifier address HOST:PORT (default 127.0.0.1:50051)")
+    group.add_argument("--auth-token-file", type=Path, default=None, help="bearer token for the verifier")
+    group.add_argument("--tls-ca", type=Path, default=None, help="PEM CA certificate: connect with TLS and trust this CA")
+    group.add_argument("--connect-timeout", type=float, default=10.0, help="seconds to reach the cloud (default 10)")
+    group.add_argument("--verdict-timeout", type=float, default=120.0, help="seconds to wait for any one answer (default 120)")
+    parser.add_argument("--json", action="store_true", help="print tokens, text and stats (with bytes and RTT) as JSON")
+
+
+def _cloud_options(args: argparse.Namespace) -> dict:
+    from edge.loading import NGRAM
+
+    if args.drafter == NGRAM:
+        raise ValueError("the edge needs a GGUF drafter (it also tokenizes the prompt); 'ngram' is for generate")
+    for path, what in ((args.tls_ca, "TLS CA file"), (args.auth_token_file, "auth token file")):
+        if path is not None and not path.is_file():
+            raise FileNotFoundError(f"{what} not found: {path}")
+    return {
+        "auth_token": args.auth_token_file.read_text().strip() if args.auth_token_file else None,
+        "root_certificates": args.tls_ca.read_bytes() if args.tls_ca else None,
+        "connect_timeout_s": args.connect_timeout,
+    }
+
+
+def _summary(n_tokens: int, wall: float, extra: str) -> None:
+    print(f"\n[{n_tokens} tokens in {wall:.2f}s ({n_tokens / max(wall, 1e-9):.1f} tok/s), {extra}]", file=sys.stderr)
 
 
 def run_edge(args: argparse.Namespace) -> int:
     from edge.client import GrpcLink, LinkError
     from edge.decode_loop import run_decode
-    from edge.loading import NGRAM, open_llama_drafter
+    from edge.loading import open_llama_drafter
     from edge.options import TextStream, sampling_from_args
     from shared.errors import CliError
-    from shared.vocab import vocab_fingerprint
 
-    if args.drafter == NGRAM:
-        raise ValueError("edge run needs a GGUF drafter (it also tokenizes the prompt); 'ngram' is for generate")
-    if args.tls_ca is not None and not args.tls_ca.is_file():
-        raise FileNotFoundError(f"TLS CA file not found: {args.tls_ca}")
-    token = None
-    if args.auth_token_file is not None:
-        if not args.auth_token_file.is_file():
-            raise FileNotFoundError(f"auth token file not found: {args.auth_token_file}")
-        token = args.auth_token_file.read_text().strip()
+    options = _cloud_options(args)
     params = sampling_from_args(args)
     drafter = open_llama_drafter(args.drafter, n_threads=args.drafter_threads, n_ctx=args.drafter_ctx)
-    prompt = drafter.tokenize(args.prompt)
-    detokenize = lambda ids: drafter.detokenize(ids).decode("utf-8", "ignore")  # noqa: E731
+    vocab = drafter.vocab
+    prompt = vocab.tokenize(args.prompt)
     link = GrpcLink(
         args.cloud,
-        vocab_size=drafter.vocab_size,
-        fingerprint=vocab_fingerprint(drafter.vocab_pieces()),
+        vocab_size=vocab.size,
+        fingerprint=vocab.fingerprint,
         model_name=drafter.model_name,
-        auth_token=token,
-        root_certificates=args.tls_ca.read_bytes() if args.tls_ca else None,
-        connect_timeout_s=args.connect_timeout,
         verdict_timeout_s=args.verdict_timeout,
+        **options,
     )
-    stream = None if args.json else TextStream(detokenize)
-    started = time.perf_counter()
     try:
         result = run_decode(
-            drafter, link, prompt, params, max_new_tokens=args.max_new_tokens, draft_len=args.draft_len, on_tokens=stream
+            drafter,
+            link,
+            prompt,
+            params,
+            max_new_tokens=args.max_new_tokens,
+            draft_len=args.draft_len,
+            on_tokens=None if args.json else TextStream(vocab.detokenize),
         )
     except LinkError as exc:
         raise CliError(str(exc)) from exc
@@ -78,18 +110,62 @@ def run_edge(args: argparse.Namespace) -> int:
         bytes_down=link.bytes_down,
         rtt_ms=round(link.rtt_ms, 3),
         ttft_s=round(result.ttft_s, 4),
+        prompt_tokens=len(prompt),
+        drafter_s=round(drafter.draft_s, 4),
         drafter_eval_s=round(drafter.eval_s, 4),
     )
     if args.json:
-        print(json.dumps({"tokens": result.tokens, "text": detokenize(result.tokens), "stats": stats}))
+        out = {"tokens": result.tokens, "text": vocab.detokenize(result.tokens), "stats": stats}
+        if args.timings:
+            out["blocks"] = [{"forward_tokens": n, "cloud_s": round(s, 6), "bytes": b} for n, s, b in link.block_log]
+        print(json.dumps(out))
         return 0
-    wall = time.perf_counter() - started
     n = max(len(result.tokens), 1)
-    print(
-        f"\n[{len(result.tokens)} tokens in {wall:.2f}s ({len(result.tokens) / max(wall, 1e-9):.1f} tok/s), stop={result.stop_reason.value}, "
-        f"mode={params.mode.value}, D={args.draft_len}, acceptance rate {stats['acceptance_rate']:.2f}, "
-        f"acceptance length {stats['acceptance_length']:.2f}, up {link.bytes_up / n:.1f} B/tok, down {link.bytes_down / n:.1f} B/tok, "
-        f"rtt {link.rtt_ms:.1f} ms]",
-        file=sys.stderr,
+    _summary(
+        len(result.tokens),
+        result.stats.wall_s,
+        f"stop={result.stop_reason.value}, mode={params.mode.value}, D={args.draft_len}, "
+        f"acceptance rate {stats['acceptance_rate']:.2f}, acceptance length {stats['acceptance_length']:.2f}, "
+        f"up {link.bytes_up / n:.1f} B/tok, down {link.bytes_down / n:.1f} B/tok, rtt {link.rtt_ms:.1f} ms",
     )
+    return 0
+
+
+def run_baseline(args: argparse.Namespace) -> int:
+    from edge.client import LinkError, cloud_only_generate
+    from edge.gguf_vocab import GgufVocab
+    from edge.options import TextStream, sampling_from_args
+    from shared.errors import CliError
+    from shared.models import default_gguf_path
+
+    options = _cloud_options(args)
+    params = sampling_from_args(args)
+    vocab = GgufVocab.open(args.drafter or default_gguf_path())
+    prompt = vocab.tokenize(args.prompt)
+    try:
+        result = cloud_only_generate(
+            args.cloud,
+            prompt,
+            params,
+            vocab_size=vocab.size,
+            fingerprint=vocab.fingerprint,
+            max_new_tokens=args.max_new_tokens,
+            timeout_s=args.verdict_timeout * args.max_new_tokens,
+            on_tokens=None if args.json else TextStream(vocab.detokenize),
+            **options,
+        )
+    except LinkError as exc:
+        raise CliError(str(exc)) from exc
+    if args.json:
+        stats = {
+            "generated": len(result.tokens),
+            "wall_s": round(result.wall_s, 4),
+            "ttft_s": round(result.ttft_s, 4),
+            "bytes_up": result.bytes_up,
+            "bytes_down": result.bytes_down,
+            "prompt_tokens": len(prompt),
+        }
+        print(json.dumps({"tokens": result.tokens, "text": vocab.detokenize(result.tokens), "stats": stats}))
+        return 0
+    _summary(len(result.tokens), result.wall_s, f"cloud-only, stop={result.stop_reason.value}, ttft {result.ttft_s:.2f}s")
     return 0

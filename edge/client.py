@@ -14,6 +14,7 @@ import statistics
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import grpc
 
@@ -22,10 +23,10 @@ from protos import splitspec_pb2 as pb
 from protos import splitspec_pb2_grpc as pb_grpc
 from shared import codec
 from shared.params import SamplingParams
-from shared.verdict import Verdict
-from shared.wire import message_wire_bytes, sampling_to_proto, verdict_from_proto
+from shared.verdict import StopReason, Verdict
+from shared.wire import message_wire_bytes, sampling_to_proto, stop_reason_from_proto, verdict_from_proto
 
-__all__ = ["GrpcLink", "LinkError", "make_channel"]
+__all__ = ["GrpcLink", "LinkError", "make_channel", "CloudOnlyResult", "cloud_only_generate"]
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,8 @@ class GrpcLink:
         self.bytes_up = 0
         self.bytes_down = 0
         self.rtt_samples_s: list[float] = []
+        # Per block: (tokens in the cloud's forward = drafts + 1, cloud seconds, Draft message bytes).
+        self.block_log: list[tuple[int, float, int]] = []
         self.session_id = ""
         self.resume_ticket = b""
         self._finished = False  # the cloud ended the session with a final verdict
@@ -128,15 +131,15 @@ class GrpcLink:
         encoded = codec.encode_draft(
             block.tokens, self.vocab_size, block.q, draft_top_k=params.draft_top_k if block.q is not None else None
         )
-        sent = time.perf_counter()
-        self._send(
-            pb.EdgeFrame(
-                draft=pb.Draft(epoch=epoch, start_position=start_position, payload=encoded.data, compressed=encoded.compressed)
-            )
+        frame = pb.EdgeFrame(
+            draft=pb.Draft(epoch=epoch, start_position=start_position, payload=encoded.data, compressed=encoded.compressed)
         )
+        sent = time.perf_counter()
+        self._send(frame)
         message = self._receive("verdict").verdict
         self._finished = message.done
         self.rtt_samples_s.append(max(time.perf_counter() - sent - message.server_us * 1e-6, 0.0))
+        self.block_log.append((len(block.tokens) + 1, message.server_us * 1e-6, message_wire_bytes(frame)))
         try:
             return verdict_from_proto(message)
         except ValueError as exc:
@@ -188,3 +191,68 @@ class GrpcLink:
         if item.WhichOneof("kind") != kind:
             raise LinkError(f"expected {kind} from the cloud, got {item.WhichOneof('kind')}")
         return item
+
+
+@dataclass
+class CloudOnlyResult:
+    tokens: list[int]
+    stop_reason: StopReason
+    wall_s: float
+    ttft_s: float
+    bytes_up: int
+    bytes_down: int
+
+
+def cloud_only_generate(
+    address: str,
+    prompt: Sequence[int],
+    params: SamplingParams,
+    *,
+    vocab_size: int,
+    fingerprint: bytes,
+    max_new_tokens: int,
+    auth_token: str | None = None,
+    root_certificates: bytes | None = None,
+    connect_timeout_s: float = 10.0,
+    timeout_s: float = 600.0,
+    on_tokens=None,
+) -> CloudOnlyResult:
+    """The baseline: the cloud decodes every token (``Generate``) and streams each one down."""
+    channel = make_channel(address, root_certificates)
+    metadata = (("authorization", f"Bearer {auth_token}"),) if auth_token else ()
+    try:
+        grpc.channel_ready_future(channel).result(timeout=connect_timeout_s)
+    except grpc.FutureTimeoutError as exc:
+        channel.close()
+        raise LinkError(f"cloud unreachable at {address} (no connection within {connect_timeout_s:.0f}s)") from exc
+    encoded = codec.encode_tokens(prompt, vocab_size)
+    request = pb.GenerateRequest(
+        vocab_fingerprint=fingerprint,
+        vocab_size=vocab_size,
+        sampling=sampling_to_proto(params),
+        prompt=encoded.data,
+        prompt_compressed=encoded.compressed,
+        max_new_tokens=max_new_tokens,
+    )
+    tokens: list[int] = []
+    bytes_down, ttft, stop = 0, 0.0, StopReason.NONE
+    started = time.perf_counter()
+    try:
+        for chunk in pb_grpc.VerifierStub(channel).Generate(request, timeout=timeout_s, metadata=metadata):
+            bytes_down += message_wire_bytes(chunk)
+            new = codec.decode_tokens(chunk.tokens, chunk.compressed, vocab_size, max_tokens=max_new_tokens).tolist()
+            if new and not ttft:
+                ttft = time.perf_counter() - started
+            tokens.extend(new)
+            if on_tokens and new:
+                on_tokens(new)
+            if chunk.done:
+                stop = stop_reason_from_proto(chunk.stop_reason)
+                break
+    except grpc.RpcError as error:
+        raise LinkError(f"cloud-only generation failed: {describe_rpc_error(error)}") from error
+    except ValueError as exc:
+        raise LinkError(f"malformed chunk from the cloud: {exc}") from exc
+    finally:
+        channel.close()
+    return CloudOnlyResult(tokens, stop, time.perf_counter() - started, ttft, message_wire_bytes(request), bytes_down)

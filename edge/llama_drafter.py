@@ -18,28 +18,12 @@ from pathlib import Path
 import numpy as np
 
 from edge.drafter import DraftBlock, propose
+from edge.gguf_vocab import GgufVocab, load_llama
 from shared.params import SamplingParams
 
 __all__ = ["LlamaDrafter"]
 
 log = logging.getLogger(__name__)
-
-
-_LLAMA_LOG = logging.getLogger("llama.cpp")
-_log_callback = None  # kept alive: llama.cpp holds a raw pointer to it
-
-
-def _route_llama_logs(llama_cpp) -> None:
-    """Send llama.cpp's own log lines to Python logging (DEBUG) instead of stderr."""
-    global _log_callback
-    if _log_callback is None:
-
-        @llama_cpp.llama_log_callback
-        def forward(level, text, user_data):
-            _LLAMA_LOG.debug("%s", text.decode("utf-8", "replace").rstrip())
-
-        _log_callback = forward
-        llama_cpp.llama_log_set(_log_callback, None)
 
 
 def _default_threads() -> int:
@@ -57,24 +41,15 @@ class LlamaDrafter:
         n_threads: int | None = None,
         f32_kv_cache: bool = False,
     ) -> None:
-        import llama_cpp  # deferred: importing loads the native library
+        import llama_cpp
 
         path = Path(model_path)
-        if not path.is_file():
-            raise FileNotFoundError(f"drafter model not found: {path}")
         self._llama_cpp = llama_cpp
-        _route_llama_logs(llama_cpp)
         started = time.perf_counter()
         kv_type = {"type_k": 0, "type_v": 0} if f32_kv_cache else {}
-        self.llm = llama_cpp.Llama(
-            model_path=str(path),
-            n_ctx=n_ctx,
-            n_threads=n_threads or _default_threads(),
-            logits_all=False,
-            verbose=False,
-            **kv_type,
-        )
-        self.vocab_size = self.llm.n_vocab()
+        self.llm = load_llama(path, n_ctx=n_ctx, n_threads=n_threads or _default_threads(), logits_all=False, **kv_type)
+        self.vocab = GgufVocab(self.llm)
+        self.vocab_size = self.vocab.size
         self.context_size = n_ctx
         self.model_name = path.name
         self._seq: list[int] = []  # committed tokens, then the current speculation
@@ -83,19 +58,6 @@ class LlamaDrafter:
         self.eval_s = 0.0  # time inside llama.cpp's eval
         self.draft_s = 0.0  # time inside draft(), eval included: draft_s - eval_s is our overhead
         log.info("drafter %s loaded in %.2fs (vocab %d)", path.name, time.perf_counter() - started, self.vocab_size)
-
-    # -- vocabulary --------------------------------------------------------
-    def vocab_pieces(self) -> list[str]:
-        """The id -> piece table, as the GGUF stores it."""
-        lib, vocab = self._llama_cpp, self.llm._model.vocab
-        return [lib.llama_vocab_get_text(vocab, i).decode("utf-8", "surrogateescape") for i in range(self.vocab_size)]
-
-    def tokenize(self, text: str) -> list[int]:
-        """Prompt text -> ids, BOS added as the model's metadata asks."""
-        return self.llm.tokenize(text.encode("utf-8"), add_bos=True, special=True)
-
-    def detokenize(self, tokens: Sequence[int]) -> bytes:
-        return self.llm.detokenize(list(tokens))
 
     @property
     def eos_token_ids(self) -> set[int]:

@@ -7,7 +7,7 @@ from edge.llama_drafter import LlamaDrafter
 from edge.ngram_drafter import NgramDrafter
 from edge.options import NGRAM
 from shared.models import default_gguf_path
-from shared.vocab import check_same_vocab, vocab_fingerprint
+from shared.vocab import check_same_vocab
 
 __all__ = ["open_llama_drafter", "open_drafter", "NGRAM"]
 
@@ -26,7 +26,7 @@ def open_drafter(choice: str | None, *, vocab_size: int, fingerprint: bytes, n_t
         return NgramDrafter(vocab_size)
     drafter = open_llama_drafter(choice, n_threads=n_threads, n_ctx=n_ctx)
     try:
-        check_same_vocab((drafter.vocab_size, vocab_fingerprint(drafter.vocab_pieces())), (vocab_size, fingerprint))
+        check_same_vocab((drafter.vocab.size, drafter.vocab.fingerprint), (vocab_size, fingerprint))
     except ValueError:
         drafter.close()
         raise

@@ -39,7 +39,7 @@ def run_split_bench(args: argparse.Namespace) -> int:
 
     engine = TargetEngine(resolve_target(args.target))
     drafter = open_drafter(args.drafter, vocab_size=engine.vocab_size, fingerprint=engine.fingerprint)
-    prompt = drafter.tokenize(args.prompt)
+    prompt = drafter.vocab.tokenize(args.prompt)
     rows = []
     for mode in args.modes:
         params = SamplingParams(mode=Mode(mode), temperature=0.0 if mode == "greedy" else args.temperature, seed=args.seed)

@@ -47,8 +47,8 @@ def run_generate(args: argparse.Namespace) -> int:
         prompt = engine.tokenizer(args.prompt).input_ids
         detokenize = lambda ids: engine.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
     else:
-        prompt = drafter.tokenize(args.prompt)
-        detokenize = lambda ids: drafter.detokenize(ids).decode("utf-8", "ignore")  # noqa: E731
+        prompt = drafter.vocab.tokenize(args.prompt)
+        detokenize = drafter.vocab.detokenize
     stream = None if args.json else TextStream(detokenize)
     started = time.perf_counter()
     try:

@@ -18,7 +18,6 @@ from protos import splitspec_pb2 as pb
 from protos import splitspec_pb2_grpc as pb_grpc
 from shared import codec
 from shared.params import Mode, SamplingParams
-from shared.vocab import vocab_fingerprint
 from shared.wire import sampling_to_proto
 from sim.inprocess import generate
 
@@ -167,9 +166,9 @@ def test_gemma_pair_over_the_network_is_token_identical(gemma_engine):
     from edge.loading import open_llama_drafter
 
     drafter = open_llama_drafter(None, n_threads=1)
-    vocab = (drafter.vocab_size, vocab_fingerprint(drafter.vocab_pieces()))
+    vocab = (drafter.vocab.size, drafter.vocab.fingerprint)
     assert vocab == (gemma_engine.vocab_size, gemma_engine.fingerprint)
-    prompt = drafter.tokenize("The three primary colors are")
+    prompt = drafter.vocab.tokenize("The three primary colors are")
     try:
         with BackgroundServer(gemma_engine, ServerConfig(port=0)) as server:
             for params in (SamplingParams(mode=Mode.GREEDY), SamplingParams(mode=Mode.COUPLED, temperature=0.7, seed=1)):

@@ -1,0 +1,73 @@
+"""A GGUF model's vocabulary through llama.cpp: tokenize, detokenize, identity.
+
+Works on a full drafter context or on a ``vocab_only`` load (the cloud-only
+baseline client needs the tokenizer but not the weights).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from shared.vocab import vocab_fingerprint
+
+__all__ = ["GgufVocab", "load_llama"]
+
+_log_callback = None  # kept alive: llama.cpp holds a raw pointer to it
+
+
+def load_llama(path: str | os.PathLike, **kwargs):
+    """``llama_cpp.Llama`` for ``path`` with llama.cpp's logs routed to Python logging (DEBUG)."""
+    import logging
+
+    import llama_cpp  # deferred: importing loads the native library
+
+    global _log_callback
+    if _log_callback is None:
+        logger = logging.getLogger("llama.cpp")
+
+        @llama_cpp.llama_log_callback
+        def forward(level, text, user_data):
+            logger.debug("%s", text.decode("utf-8", "replace").rstrip())
+
+        _log_callback = forward
+        llama_cpp.llama_log_set(_log_callback, None)
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"drafter model not found: {path}")
+    return llama_cpp.Llama(model_path=str(path), verbose=False, **kwargs)
+
+
+class GgufVocab:
+    def __init__(self, llm) -> None:
+        import llama_cpp
+
+        self._lib = llama_cpp
+        self.llm = llm
+        self.size = llm.n_vocab()
+        self._fingerprint: bytes | None = None
+
+    @classmethod
+    def open(cls, path: str | os.PathLike) -> GgufVocab:
+        """Load only the vocabulary of the GGUF at ``path`` (fast, no weights)."""
+        return cls(load_llama(path, vocab_only=True))
+
+    def pieces(self) -> list[str]:
+        """The id -> piece table, as the GGUF stores it."""
+        vocab = self.llm._model.vocab
+        return [self._lib.llama_vocab_get_text(vocab, i).decode("utf-8", "surrogateescape") for i in range(self.size)]
+
+    @property
+    def fingerprint(self) -> bytes:
+        if self._fingerprint is None:
+            self._fingerprint = vocab_fingerprint(self.pieces())
+        return self._fingerprint
+
+    def tokenize(self, text: str) -> list[int]:
+        """Prompt text -> ids, BOS added as the model's metadata asks."""
+        return self.llm.tokenize(text.encode("utf-8"), add_bos=True, special=True)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        """ids -> text; an incomplete UTF-8 tail is left out until its bytes arrive."""
+        return self.llm.detokenize(list(tokens)).decode("utf-8", "ignore")

@@ -1,0 +1,221 @@
+"""The verifier's doors: bearer-token auth, TLS, and the edge and cloud command lines.
+
+Real servers on loopback, real ``GrpcLink``s; the CLI runs as subprocesses.
+"""
+
+from __future__ import annotations
+
+import queue
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from cloud.server import SERVICE_NAME, BackgroundServer, ServerConfig
+from edge.client import GrpcLink, LinkError
+from edge.decode_loop import run_decode
+from edge.llama_drafter import LlamaDrafter
+from protos import splitspec_pb2 as pb
+from protos import splitspec_pb2_grpc as pb_grpc
+from shared import codec
+from shared.params import Mode, SamplingParams
+from shared.wire import sampling_to_proto
+from sim.inprocess import generate
+
+REPO = Path(__file__).resolve().parents[1]
+BOS = 1
+PROMPT_TEXT = "We have 3 dogs and 12 cats!"
+NEW_TOKENS = 24
+GREEDY = SamplingParams(mode=Mode.GREEDY)
+TOKEN = "s3cret"
+
+
+@pytest.fixture(scope="module")
+def prompt(tiny_engine):
+    return [BOS, *tiny_engine.tokenizer(PROMPT_TEXT, add_special_tokens=False).input_ids]
+
+
+@pytest.fixture(scope="module")
+def drafter(tiny_models):
+    made = LlamaDrafter(tiny_models["drafter_f32"], n_ctx=512, n_threads=1, f32_kv_cache=True)
+    yield made
+    made.close()
+
+
+@pytest.fixture(scope="module")
+def want(tiny_engine, drafter, prompt):
+    return generate(tiny_engine, drafter, prompt, GREEDY, max_new_tokens=NEW_TOKENS, draft_len=0).tokens
+
+
+def decode(address, tiny_vocab, drafter, prompt, **link_args) -> list[int]:
+    link = GrpcLink(address, vocab_size=tiny_vocab[0], fingerprint=tiny_vocab[1], **link_args)
+    return run_decode(drafter, link, prompt, GREEDY, max_new_tokens=NEW_TOKENS, draft_len=4).tokens
+
+
+def health_status(channel, service: str = "") -> int:
+    stub = health_pb2_grpc.HealthStub(channel)
+    return stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status
+
+
+# ---------------------------------------------------------------- bearer token
+
+
+@pytest.fixture(scope="module")
+def auth_server(tiny_engine):
+    with BackgroundServer(tiny_engine, ServerConfig(port=0, auth_token=TOKEN)) as server:
+        yield server
+
+
+@pytest.mark.parametrize("token", [None, "wrong", TOKEN + "x", TOKEN.upper()], ids=["none", "wrong", "longer", "case"])
+def test_missing_or_wrong_token_is_unauthenticated(auth_server, tiny_vocab, drafter, prompt, token):
+    started = time.perf_counter()
+    with pytest.raises(LinkError, match="UNAUTHENTICATED") as error:
+        decode(auth_server.address, tiny_vocab, drafter, prompt, auth_token=token, connect_timeout_s=5)
+    assert "bearer token" in str(error.value)
+    assert time.perf_counter() - started < 5
+    assert len(auth_server.server.servicer.table) == 0  # refused before any session
+
+
+def test_right_token_decodes_exactly(auth_server, tiny_vocab, drafter, prompt, want):
+    assert decode(auth_server.address, tiny_vocab, drafter, prompt, auth_token=TOKEN) == want
+
+
+def test_cloud_only_generate_needs_the_token_too(auth_server, tiny_vocab, prompt):
+    encoded = codec.encode_tokens(prompt, tiny_vocab[0])
+    request = pb.GenerateRequest(
+        vocab_size=tiny_vocab[0], vocab_fingerprint=tiny_vocab[1], sampling=sampling_to_proto(GREEDY),
+        prompt=encoded.data, prompt_compressed=encoded.compressed, max_new_tokens=3,
+    )
+    with grpc.insecure_channel(auth_server.address) as channel:
+        stub = pb_grpc.VerifierStub(channel)
+        with pytest.raises(grpc.RpcError) as error:
+            list(stub.Generate(request, timeout=10))
+        assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        chunks = list(stub.Generate(request, timeout=10, metadata=(("authorization", f"Bearer {TOKEN}"),)))
+        assert chunks[-1].done and len(chunks) == 3
+
+
+def test_health_check_needs_no_token(auth_server):
+    with grpc.insecure_channel(auth_server.address) as channel:
+        assert health_status(channel) == health_pb2.HealthCheckResponse.SERVING
+        assert health_status(channel, SERVICE_NAME) == health_pb2.HealthCheckResponse.SERVING
+
+
+# ---------------------------------------------------------------- TLS
+
+
+def make_certificate(folder: Path) -> tuple[bytes, bytes]:
+    """A self-signed certificate for localhost and 127.0.0.1: (cert PEM, key PEM)."""
+    if shutil.which("openssl") is None:
+        pytest.skip("the openssl command line is not installed; cannot make a test certificate")
+    folder.mkdir(parents=True, exist_ok=True)
+    key, cert = folder / "key.pem", folder / "cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+         "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+        check=True, capture_output=True, timeout=60,
+    )
+    return cert.read_bytes(), key.read_bytes()
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory):
+    return make_certificate(tmp_path_factory.mktemp("tls"))
+
+
+@pytest.fixture(scope="module")
+def tls_server(tiny_engine, certificate):
+    cert, key = certificate
+    with BackgroundServer(tiny_engine, ServerConfig(port=0, tls_cert=cert, tls_key=key)) as server:
+        yield server
+
+
+def test_tls_link_decodes_exactly(tls_server, certificate, tiny_vocab, drafter, prompt, want):
+    address = f"localhost:{tls_server.port}"
+    assert decode(address, tiny_vocab, drafter, prompt, root_certificates=certificate[0]) == want
+
+
+def test_plaintext_link_to_a_tls_server_fails_within_the_connect_timeout(tls_server, tiny_vocab, drafter, prompt):
+    started = time.perf_counter()
+    with pytest.raises(LinkError, match="unreachable") as error:
+        decode(f"localhost:{tls_server.port}", tiny_vocab, drafter, prompt, connect_timeout_s=3)
+    elapsed = time.perf_counter() - started
+    assert f"localhost:{tls_server.port}" in str(error.value)
+    assert 2.5 < elapsed < 5, f"gave up after {elapsed:.1f}s, the connect timeout is 3s"
+
+
+def test_tls_link_refuses_a_server_it_does_not_trust(tls_server, tmp_path, tiny_vocab, drafter, prompt):
+    stranger, _ = make_certificate(tmp_path / "other")
+    started = time.perf_counter()
+    with pytest.raises(LinkError, match="unreachable"):
+        decode(f"localhost:{tls_server.port}", tiny_vocab, drafter, prompt, root_certificates=stranger,
+               connect_timeout_s=1.5)
+    assert time.perf_counter() - started < 4
+
+
+# ---------------------------------------------------------------- command lines
+
+
+def closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_edge_cli_reports_an_unreachable_cloud(tiny_models):
+    started = time.perf_counter()
+    result = subprocess.run(
+        [sys.executable, "-m", "sim.cli", "edge", "run", "--cloud", f"127.0.0.1:{closed_port()}",
+         "--drafter", tiny_models["drafter_f32"], "--prompt", "hi", "--connect-timeout", "2"],
+        capture_output=True, text=True, timeout=60, cwd=REPO,
+    )
+    elapsed = time.perf_counter() - started
+    assert result.returncode != 0
+    assert "unreachable" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    assert elapsed < 12, f"took {elapsed:.1f}s with a 2s connect timeout"
+
+
+def _lines(stream, into: queue.Queue) -> None:
+    for line in stream:
+        into.put(line)
+    into.put(None)
+
+
+def test_cloud_cli_serves_answers_health_and_stops_on_sigterm(tiny_models):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sim.cli", "cloud", "serve", "--target", tiny_models["target"], "--port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+    )
+    try:
+        lines: queue.Queue = queue.Queue()
+        threading.Thread(target=_lines, args=(proc.stdout, lines), daemon=True).start()
+        try:
+            line = lines.get(timeout=90)
+        except queue.Empty:
+            pytest.fail("cloud serve printed nothing within 90s")
+        assert line is not None, proc.stderr.read()
+        assert "serving" in line and " on 127.0.0.1:" in line, line
+        port = int(line.rsplit(":", 1)[1])
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            assert health_status(channel) == health_pb2.HealthCheckResponse.SERVING
+            assert health_status(channel, SERVICE_NAME) == health_pb2.HealthCheckResponse.SERVING
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, proc.stderr.read()
+        rest = []
+        while (item := lines.get(timeout=5)) is not None:
+            rest.append(item)
+        assert any("stopped" in item for item in rest), rest
+        assert "Traceback" not in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
