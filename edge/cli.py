@@ -49,6 +49,7 @@ def _add_cloud_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--connect-timeout", type=float, default=10.0, help="seconds to reach the cloud (default 10)")
     group.add_argument("--verdict-timeout", type=float, default=120.0, help="seconds to wait for any one answer (default 120)")
     parser.add_argument("--json", action="store_true", help="print tokens, text and stats (with bytes and RTT) as JSON")
+    parser.add_argument("--json-file", type=Path, default=None, help="also write that JSON to this file (text still streams)")
 
 
 def _cloud_options(args: argparse.Namespace) -> dict:
@@ -64,6 +65,15 @@ def _cloud_options(args: argparse.Namespace) -> dict:
         "root_certificates": args.tls_ca.read_bytes() if args.tls_ca else None,
         "connect_timeout_s": args.connect_timeout,
     }
+
+
+def _emit_json(args: argparse.Namespace, out: dict) -> bool:
+    """Write the result where asked; True when stdout got the JSON (no human summary then)."""
+    if args.json_file is not None:
+        args.json_file.write_text(json.dumps(out))
+    if args.json:
+        print(json.dumps(out))
+    return args.json
 
 
 def _summary(n_tokens: int, wall: float, extra: str) -> None:
@@ -91,6 +101,7 @@ def run_edge(args: argparse.Namespace) -> int:
         **options,
     )
     try:
+        link.connect()  # connection setup is not part of the generation's time, as for the baseline
         result = run_decode(
             drafter,
             link,
@@ -98,7 +109,7 @@ def run_edge(args: argparse.Namespace) -> int:
             params,
             max_new_tokens=args.max_new_tokens,
             draft_len=args.draft_len,
-            on_tokens=None if args.json else TextStream(vocab.detokenize),
+                on_tokens=None if args.json else TextStream(vocab.detokenize),
         )
     except LinkError as exc:
         raise CliError(str(exc)) from exc
@@ -113,12 +124,16 @@ def run_edge(args: argparse.Namespace) -> int:
         prompt_tokens=len(prompt),
         drafter_s=round(drafter.draft_s, 4),
         drafter_eval_s=round(drafter.eval_s, 4),
+        drafter_prompt_s=round(drafter.prompt_eval_s, 4),
+        open_s=round(link.open_s, 4),
     )
-    if args.json:
-        out = {"tokens": result.tokens, "text": vocab.detokenize(result.tokens), "stats": stats}
-        if args.timings:
-            out["blocks"] = [{"forward_tokens": n, "cloud_s": round(s, 6), "bytes": b} for n, s, b in link.block_log]
-        print(json.dumps(out))
+    out = {"tokens": result.tokens, "text": vocab.detokenize(result.tokens), "stats": stats}
+    if args.timings:
+        out["blocks"] = [
+            {"forward_tokens": n, "cloud_s": round(s, 6), "up_bytes": up, "down_bytes": down}
+            for n, s, up, down in link.block_log
+        ]
+    if _emit_json(args, out):
         return 0
     n = max(len(result.tokens), 1)
     _summary(
@@ -156,16 +171,15 @@ def run_baseline(args: argparse.Namespace) -> int:
         )
     except LinkError as exc:
         raise CliError(str(exc)) from exc
-    if args.json:
-        stats = {
-            "generated": len(result.tokens),
-            "wall_s": round(result.wall_s, 4),
-            "ttft_s": round(result.ttft_s, 4),
-            "bytes_up": result.bytes_up,
-            "bytes_down": result.bytes_down,
-            "prompt_tokens": len(prompt),
-        }
-        print(json.dumps({"tokens": result.tokens, "text": vocab.detokenize(result.tokens), "stats": stats}))
+    stats = {
+        "generated": len(result.tokens),
+        "wall_s": round(result.wall_s, 4),
+        "ttft_s": round(result.ttft_s, 4),
+        "bytes_up": result.bytes_up,
+        "bytes_down": result.bytes_down,
+        "prompt_tokens": len(prompt),
+    }
+    if _emit_json(args, {"tokens": result.tokens, "text": vocab.detokenize(result.tokens), "stats": stats}):
         return 0
     _summary(len(result.tokens), result.wall_s, f"cloud-only, stop={result.stop_reason.value}, ttft {result.ttft_s:.2f}s")
     return 0

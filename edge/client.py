@@ -49,6 +49,14 @@ def make_channel(address: str, root_certificates: bytes | None = None) -> grpc.C
     return grpc.insecure_channel(address, options=options)
 
 
+def _wait_ready(channel: grpc.Channel, address: str, timeout_s: float) -> None:
+    try:
+        grpc.channel_ready_future(channel).result(timeout=timeout_s)
+    except grpc.FutureTimeoutError as exc:
+        channel.close()
+        raise LinkError(f"cloud unreachable at {address} (no connection within {timeout_s:.0f}s)") from exc
+
+
 def describe_rpc_error(error: grpc.RpcError) -> str:
     code = error.code() if hasattr(error, "code") else None
     details = error.details() if hasattr(error, "details") else str(error)
@@ -86,20 +94,25 @@ class GrpcLink:
         self.bytes_up = 0
         self.bytes_down = 0
         self.rtt_samples_s: list[float] = []
-        # Per block: (tokens in the cloud's forward = drafts + 1, cloud seconds, Draft message bytes).
-        self.block_log: list[tuple[int, float, int]] = []
+        # Per block: (tokens in the cloud's forward = drafts + 1, cloud seconds, Draft bytes, Verdict bytes).
+        self.block_log: list[tuple[int, float, int, int]] = []
+        self.open_s = 0.0  # Open sent -> Opened received (prefill included)
+        self._connected = False
         self.session_id = ""
         self.resume_ticket = b""
         self._finished = False  # the cloud ended the session with a final verdict
 
     # -- VerifierLink ------------------------------------------------------
+    def connect(self) -> None:
+        """Establish the channel (TCP and HTTP/2 setup) now rather than on ``open``."""
+        if not self._connected:
+            _wait_ready(self._channel, self.address, self.connect_timeout_s)
+            self._connected = True
+
     def open(self, prompt: Sequence[int], params: SamplingParams, max_new_tokens: int, max_draft_len: int) -> int:
-        try:
-            grpc.channel_ready_future(self._channel).result(timeout=self.connect_timeout_s)
-        except grpc.FutureTimeoutError as exc:
-            self._channel.close()
-            raise LinkError(f"cloud unreachable at {self.address} (no connection within {self.connect_timeout_s:.0f}s)") from exc
+        self.connect()
         self._params = params
+        started = time.perf_counter()
         stub = pb_grpc.VerifierStub(self._channel)
         self._call = stub.Decode(iter(self._requests.get, _END), metadata=self._metadata)
         self._reader = threading.Thread(target=self._read_forever, name="edge-link-reader", daemon=True)
@@ -120,6 +133,7 @@ class GrpcLink:
             )
         )
         opened = self._receive("opened").opened
+        self.open_s = time.perf_counter() - started
         self.session_id, self.resume_ticket = opened.session_id, opened.resume_ticket
         if opened.vocab_size != self.vocab_size:
             raise LinkError(f"cloud vocabulary has {opened.vocab_size} tokens, ours {self.vocab_size}")
@@ -136,10 +150,13 @@ class GrpcLink:
         )
         sent = time.perf_counter()
         self._send(frame)
-        message = self._receive("verdict").verdict
+        reply = self._receive("verdict")
+        message = reply.verdict
         self._finished = message.done
         self.rtt_samples_s.append(max(time.perf_counter() - sent - message.server_us * 1e-6, 0.0))
-        self.block_log.append((len(block.tokens) + 1, message.server_us * 1e-6, message_wire_bytes(frame)))
+        self.block_log.append(
+            (len(block.tokens) + 1, message.server_us * 1e-6, message_wire_bytes(frame), message_wire_bytes(reply))
+        )
         try:
             return verdict_from_proto(message)
         except ValueError as exc:
@@ -220,11 +237,7 @@ def cloud_only_generate(
     """The baseline: the cloud decodes every token (``Generate``) and streams each one down."""
     channel = make_channel(address, root_certificates)
     metadata = (("authorization", f"Bearer {auth_token}"),) if auth_token else ()
-    try:
-        grpc.channel_ready_future(channel).result(timeout=connect_timeout_s)
-    except grpc.FutureTimeoutError as exc:
-        channel.close()
-        raise LinkError(f"cloud unreachable at {address} (no connection within {connect_timeout_s:.0f}s)") from exc
+    _wait_ready(channel, address, connect_timeout_s)
     encoded = codec.encode_tokens(prompt, vocab_size)
     request = pb.GenerateRequest(
         vocab_fingerprint=fingerprint,

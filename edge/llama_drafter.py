@@ -55,8 +55,10 @@ class LlamaDrafter:
         self._seq: list[int] = []  # committed tokens, then the current speculation
         self._committed = 0  # len of the committed prefix of _seq
         self._params = SamplingParams()
+        self._prompt_pending = False
         self.eval_s = 0.0  # time inside llama.cpp's eval
         self.draft_s = 0.0  # time inside draft(), eval included: draft_s - eval_s is our overhead
+        self.prompt_eval_s = 0.0  # the part of eval_s spent reading prompts
         log.info("drafter %s loaded in %.2fs (vocab %d)", path.name, time.perf_counter() - started, self.vocab_size)
 
     @property
@@ -73,6 +75,7 @@ class LlamaDrafter:
         self._seq = [int(t) for t in prompt]
         self._committed = len(self._seq)
         self.llm.n_tokens = 0
+        self._prompt_pending = True
 
     def draft(self, n: int) -> DraftBlock:
         started = time.perf_counter()
@@ -109,6 +112,10 @@ class LlamaDrafter:
             self.llm.n_tokens = len(self._seq) - 1  # re-evaluate the last token to get its logits
         started = time.perf_counter()
         self.llm.eval(self._seq[self.llm.n_tokens :])
-        self.eval_s += time.perf_counter() - started
+        elapsed = time.perf_counter() - started
+        self.eval_s += elapsed
+        if self._prompt_pending:
+            self.prompt_eval_s += elapsed
+            self._prompt_pending = False
         ptr = self._llama_cpp.llama_get_logits_ith(self.llm._ctx.ctx, -1)
         return np.ctypeslib.as_array(ptr, shape=(self.vocab_size,))

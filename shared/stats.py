@@ -62,4 +62,6 @@ class DecodeStats:
             "target_forwards": self.target_forwards,
             "wall_s": round(self.wall_s, 4),
             "alpha_per_position": [round(a, 4) for a in self.alpha_per_position],
+            "accepted_at": list(self.accepted_at),
+            "drafted_at": list(self.drafted_at),
         }

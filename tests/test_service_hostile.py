@@ -1,11 +1,11 @@
 """Untrusted input on the verifier's wire: a bad frame ends only its own session.
 
-Hand-crafted ``EdgeFrame``s go to a real server over loopback through a raw
-stub. Each hostile stream must end with the right status and a message that
-says what was wrong, and nothing else: no verdict, no hang, no leaked session,
-no unbounded memory. Meanwhile an honest edge (``GrpcLink`` + ``run_decode``
-with the tiny F32 drafter) decodes against the same server, again and again,
-and must keep producing exactly the target-only tokens.
+Hand-crafted ``EdgeFrame``s go through a raw stub to a real server on loopback.
+Each hostile stream must end with the right status and a message that says
+what was wrong, and nothing else: no verdict, no hang, no leaked session, no
+unbounded memory. All the while an honest edge (``GrpcLink`` + ``run_decode``
+with the tiny F32 drafter) decodes against the same server, session after
+session, and must keep producing exactly the target-only tokens.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import queue
 import random
 import threading
 import time
+from typing import NamedTuple
 
 import grpc
 import numpy as np
@@ -39,17 +40,15 @@ from sim.inprocess import generate
 
 BOS = 1
 PROMPT_TEXT = "The cat sat on the mat."
-MAX_DRAFT_LEN = 16  # the server's limit, as in the shared `verifier` fixture
-TTL_S = 30.0  # as in the shared fixture; long enough that a leaked session outlives the module
 NEW_TOKENS = 40
 GREEDY = SamplingParams(mode=Mode.GREEDY)
-CALL_TIMEOUT_S = 15.0  # every hostile call has a deadline: a hang fails the test, it never blocks it
-ALLOWED_ENDINGS = {  # what a stream of arbitrary frames may end with
-    grpc.StatusCode.OK,
-    grpc.StatusCode.INVALID_ARGUMENT,
-    grpc.StatusCode.FAILED_PRECONDITION,
-    grpc.StatusCode.NOT_FOUND,
-}
+MAX_DRAFT_LEN = 16  # the server's block limit, as in the shared `verifier` fixture
+TTL_S = 30.0  # as in the shared fixture: a leaked session would outlive this module
+CALL_TIMEOUT_S = 15.0  # every hostile call has a deadline: a hang fails the test, never blocks it
+SERVING = health_pb2.HealthCheckResponse.SERVING
+INVALID = grpc.StatusCode.INVALID_ARGUMENT
+PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION
+ALLOWED_ENDINGS = {grpc.StatusCode.OK, INVALID, PRECONDITION, grpc.StatusCode.NOT_FOUND}
 
 
 # ---------------------------------------------------------------- fixtures
@@ -57,9 +56,9 @@ ALLOWED_ENDINGS = {  # what a stream of arbitrary frames may end with
 
 @pytest.fixture(scope="module")
 def server(tiny_engine):
-    """One verifier for the whole module, so the honest session spans every hostile case.
+    """One verifier for the whole module, so the honest sessions span every hostile case.
 
-    Same limits as the shared ``verifier`` fixture (D <= 16, TTL 30 s).
+    The shared ``verifier`` fixture's limits (D <= 16, TTL 30 s), module-scoped.
     """
     limits = ServiceLimits(max_draft_len=MAX_DRAFT_LEN, session_ttl_s=TTL_S)
     with BackgroundServer(tiny_engine, ServerConfig(port=0, limits=limits)) as running:
@@ -95,10 +94,11 @@ def want(tiny_engine, tiny_models, prompt):
 
 
 class HonestTraffic:
-    """Honest edge sessions against the server, back to back, on a thread, until stopped."""
+    """Honest edge sessions, back to back on a thread, until stopped (at least one)."""
 
-    def __init__(self, address, drafter, vocab, prompt, want) -> None:
-        self.address, self.drafter, self.vocab, self.prompt, self.want = address, drafter, vocab, prompt, want
+    def __init__(self, address: str, drafter, vocab, prompt, want) -> None:
+        self.address, self.drafter, self.vocab = address, drafter, vocab
+        self.prompt, self.want = prompt, want
         self.completed = 0
         self.errors: list[str] = []
         self._stop = threading.Event()
@@ -106,16 +106,13 @@ class HonestTraffic:
         self._thread.start()
 
     def _run(self) -> None:
-        while not self.errors and (self.completed == 0 or not self._stop.is_set()):
-            link = GrpcLink(
-                self.address, vocab_size=self.vocab[0], fingerprint=self.vocab[1],
-                connect_timeout_s=10, verdict_timeout_s=30,
-            )
+        while self.completed == 0 or not self._stop.is_set():
+            link = GrpcLink(self.address, vocab_size=self.vocab[0], fingerprint=self.vocab[1],
+                            connect_timeout_s=10, verdict_timeout_s=30)
             try:
-                result = run_decode(
-                    self.drafter, link, self.prompt, GREEDY, max_new_tokens=NEW_TOKENS, draft_len=4
-                )
-            except Exception as exc:  # noqa: BLE001 - any failure is what we report
+                result = run_decode(self.drafter, link, self.prompt, GREEDY,
+                                    max_new_tokens=NEW_TOKENS, draft_len=4)
+            except Exception as exc:  # noqa: BLE001 - any failure is the finding
                 self.errors.append(f"honest session {self.completed + 1} failed: {exc!r}")
                 return
             if result.tokens != self.want:
@@ -154,7 +151,7 @@ def honest_unharmed(honest):
 
 
 def open_frame(vocab, prompt_tokens, params=GREEDY, **fields) -> pb.EdgeFrame:
-    """A valid Open for ``prompt_tokens``; ``fields`` override any Open field (``prompt`` included)."""
+    """A valid Open for ``prompt_tokens``; ``fields`` override any Open field (``prompt`` too)."""
     encoded = codec.encode_tokens(prompt_tokens, vocab[0])
     message = dict(
         vocab_size=vocab[0], vocab_fingerprint=vocab[1], sampling=sampling_to_proto(params),
@@ -164,58 +161,65 @@ def open_frame(vocab, prompt_tokens, params=GREEDY, **fields) -> pb.EdgeFrame:
     return pb.EdgeFrame(open=pb.Open(**message))
 
 
-def draft_frame(epoch, start, tokens=None, *, vocab_size=None, payload=None, compressed=False) -> pb.EdgeFrame:
-    if tokens is not None:
-        encoded = codec.encode_tokens(tokens, vocab_size)
-        payload, compressed = encoded.data, encoded.compressed
+def raw_draft(epoch: int, start: int, payload: bytes, compressed: bool = False) -> pb.EdgeFrame:
     return pb.EdgeFrame(draft=pb.Draft(epoch=epoch, start_position=start, payload=payload, compressed=compressed))
+
+
+def token_draft(epoch: int, start: int, tokens, vocab_size: int) -> pb.EdgeFrame:
+    encoded = codec.encode_tokens(tokens, vocab_size)
+    return raw_draft(epoch, start, encoded.data, encoded.compressed)
 
 
 CLOSE = pb.EdgeFrame(close=pb.Close())
 
 
-def call(stub, frames, timeout=CALL_TIMEOUT_S) -> tuple[list[pb.CloudFrame], grpc.StatusCode, str]:
-    """Send ``frames``, then half-close; (every frame received, final code, details)."""
+def call(stub, frames, timeout: float = CALL_TIMEOUT_S) -> tuple[list[pb.CloudFrame], grpc.StatusCode, str]:
+    """Send ``frames``, then half-close: (every frame received, final code, details)."""
     responses = []
-    stream = stub.Decode(iter(frames), timeout=timeout)
     try:
-        for response in stream:
+        for response in stub.Decode(iter(frames), timeout=timeout):
             responses.append(response)
     except grpc.RpcError as error:
         return responses, error.code(), error.details() or ""
     return responses, grpc.StatusCode.OK, ""
 
 
+def kinds(responses) -> list[str]:
+    return [r.WhichOneof("kind") for r in responses]
+
+
 class Conversation:
-    """A Decode stream driven frame by frame (for cases that need the server's answers)."""
+    """A Decode stream driven frame by frame, for cases that depend on the server's answers."""
 
-    def __init__(self, stub, timeout=CALL_TIMEOUT_S) -> None:
+    def __init__(self, stub, timeout: float = CALL_TIMEOUT_S) -> None:
         self._frames: queue.Queue = queue.Queue()
-        self.stream = stub.Decode(iter(self._frames.get, None), timeout=timeout)
+        self._stream = stub.Decode(iter(self._frames.get, None), timeout=timeout)
 
-    def send(self, frame) -> None:
+    def send(self, frame: pb.EdgeFrame) -> None:
         self._frames.put(frame)
 
     def receive(self) -> pb.CloudFrame:
-        return next(self.stream)
+        return next(self._stream)
 
-    def finish(self) -> grpc.StatusCode:
+    def finish(self) -> tuple[grpc.StatusCode, list[pb.CloudFrame]]:
+        """Half-close; (final code, frames received after the last ``receive``)."""
         self._frames.put(None)
+        rest = []
         try:
-            rest = list(self.stream)
+            for frame in self._stream:
+                rest.append(frame)
         except grpc.RpcError as error:
-            return error.code()
-        assert rest == [], rest
-        return grpc.StatusCode.OK
+            return error.code(), rest
+        return grpc.StatusCode.OK, rest
 
 
-def health_status(channel, service="") -> int:
+def health_status(channel, service: str = "") -> int:
     stub = health_pb2_grpc.HealthStub(channel)
     return stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status
 
 
 def wait_for_empty_table(server, timeout_s: float) -> int:
-    """Sessions left in the server's table once ``timeout_s`` has passed or it emptied."""
+    """Sessions left in the server's table once it emptied or ``timeout_s`` passed."""
     table = server.server.servicer.table
     deadline = time.monotonic() + timeout_s
     while len(table) and time.monotonic() < deadline:
@@ -223,56 +227,26 @@ def wait_for_empty_table(server, timeout_s: float) -> int:
     return len(table)
 
 
-def zstd_bomb(window_log: int | None = None) -> bytes:
-    """100 MB of zeros as one magicless zstd frame (codec's parameters unless a window is given)."""
-    if window_log is None:
-        compressor = codec._compressor()  # exactly what shared.codec writes
-    else:
-        compressor = zstandard.ZstdCompressor(
-            compression_params=zstandard.ZstdCompressionParameters(
-                window_log=window_log, compression_level=codec.ZSTD_LEVEL,
-                format=zstandard.FORMAT_ZSTD1_MAGICLESS, write_checksum=False, write_content_size=False,
-            )
-        )
-    return compressor.compress(bytes(100_000_000))
-
-
-@pytest.fixture(scope="module")
-def bombs():
-    # The codec's own parameters give a 2 MiB window, refused before any output;
-    # a 1 KiB window passes that check and has to be stopped by the output cap.
-    made = {"codec-params": zstd_bomb(), "1KiB-window": zstd_bomb(window_log=10)}
-    assert all(len(b) < codec.MAX_PAYLOAD_BYTES for b in made.values())
-    return made
-
-
 # ---------------------------------------------------------------- one bad frame per stream
 
 
-# Bad frames inside an open session: name -> (frames after the Open, given (vocab, prompt); code; phrase).
+class Ctx(NamedTuple):
+    """What the case tables build frames from."""
+
+    vocab: tuple[int, bytes]
+    prompt: list[int]
+
+    @property
+    def V(self) -> int:
+        return self.vocab[0]
+
+    @property
+    def P(self) -> int:
+        return len(self.prompt)
+
+
 _RANDOM = np.random.default_rng(0).bytes(64)
-BAD_DRAFTS = {
-    "random-bytes-as-zstd": (lambda v, p: [draft_frame(0, len(p), payload=_RANDOM, compressed=True)],
-                             grpc.StatusCode.INVALID_ARGUMENT, "bad zstd frame"),
-    "random-bytes-raw": (lambda v, p: [draft_frame(0, len(p), payload=_RANDOM)],  # 64 bytes: 56 ids at 9 bits
-                         grpc.StatusCode.INVALID_ARGUMENT, f"limit is {MAX_DRAFT_LEN}"),
-    "truncated-zstd": (lambda v, p: [draft_frame(0, len(p), payload=_truncated_zstd(v[0]), compressed=True)],
-                       grpc.StatusCode.INVALID_ARGUMENT, "truncated payload"),
-    "trailing-garbage": (lambda v, p: [draft_frame(0, len(p), payload=codec.encode_tokens([3, 4], v[0]).data + b"\xff")],
-                         grpc.StatusCode.INVALID_ARGUMENT, "trailing bits are not zero"),
-    "payload-over-limit": (lambda v, p: [draft_frame(0, len(p), payload=bytes(codec.MAX_PAYLOAD_BYTES + 1))],
-                           grpc.StatusCode.INVALID_ARGUMENT, f"limit is {codec.MAX_PAYLOAD_BYTES}"),
-    "block-too-long": (lambda v, p: [draft_frame(0, len(p), [7] * (MAX_DRAFT_LEN + 1), vocab_size=v[0])],
-                       grpc.StatusCode.INVALID_ARGUMENT, f"{MAX_DRAFT_LEN + 1} tokens, limit is {MAX_DRAFT_LEN}"),
-    "wrong-start-position": (lambda v, p: [draft_frame(0, len(p) + 3, [7, 8], vocab_size=v[0])],
-                             grpc.StatusCode.INVALID_ARGUMENT, "block starts at position"),
-    "start-position-2**64-1": (lambda v, p: [draft_frame(0, 2**64 - 1, [7], vocab_size=v[0])],
-                               grpc.StatusCode.INVALID_ARGUMENT, f"starts at position {2**64 - 1}"),
-    "future-epoch": (lambda v, p: [draft_frame(3, len(p), [7, 8], vocab_size=v[0])],
-                     grpc.StatusCode.INVALID_ARGUMENT, "epoch 3 is ahead of the session's epoch 0"),
-    "second-open": (lambda v, p: [open_frame(v, p)], grpc.StatusCode.INVALID_ARGUMENT, "unexpected open frame"),
-    "empty-frame": (lambda v, p: [pb.EdgeFrame()], grpc.StatusCode.INVALID_ARGUMENT, "unexpected"),
-}
+_WRONG_FP = bytes(range(16))
 
 
 def _truncated_zstd(vocab_size: int) -> bytes:
@@ -280,69 +254,78 @@ def _truncated_zstd(vocab_size: int) -> bytes:
     return codec._compressor().compress(raw)[:-3]  # a valid frame, cut short
 
 
+# A bad frame after a good Open: name -> (frames, given a Ctx; code; phrase in the message).
+BAD_DRAFTS = {
+    "random-bytes-as-zstd": (lambda c: [raw_draft(0, c.P, _RANDOM, compressed=True)],
+                             INVALID, "bad draft block: bad zstd frame"),
+    "random-bytes-raw": (lambda c: [raw_draft(0, c.P, _RANDOM)],  # 64 bytes: 56 ids at 9 bits
+                         INVALID, f"limit is {MAX_DRAFT_LEN}"),
+    "truncated-zstd": (lambda c: [raw_draft(0, c.P, _truncated_zstd(c.V), compressed=True)],
+                       INVALID, "truncated payload"),
+    "trailing-garbage": (lambda c: [raw_draft(0, c.P, codec.encode_tokens([3, 4], c.V).data + b"\xff")],
+                         INVALID, "trailing bits are not zero"),
+    "payload-over-limit": (lambda c: [raw_draft(0, c.P, bytes(codec.MAX_PAYLOAD_BYTES + 1))],
+                           INVALID, f"limit is {codec.MAX_PAYLOAD_BYTES}"),
+    "block-too-long": (lambda c: [token_draft(0, c.P, [7] * (MAX_DRAFT_LEN + 1), c.V)],
+                       INVALID, f"has {MAX_DRAFT_LEN + 1} tokens, limit is {MAX_DRAFT_LEN}"),
+    "wrong-start-position": (lambda c: [token_draft(0, c.P + 3, [7, 8], c.V)],
+                             INVALID, "block starts at position"),
+    "start-position-2**64-1": (lambda c: [token_draft(0, 2**64 - 1, [7], c.V)],
+                               INVALID, f"starts at position {2**64 - 1}"),
+    "future-epoch": (lambda c: [token_draft(3, c.P, [7, 8], c.V)],
+                     INVALID, "epoch 3 is ahead of the session's epoch 0"),
+    "second-open": (lambda c: [open_frame(c.vocab, c.prompt)], INVALID, "unexpected open frame"),
+    "empty-frame": (lambda c: [pb.EdgeFrame()], INVALID, "unexpected"),
+}
+
+
 @pytest.mark.parametrize("name", list(BAD_DRAFTS))
 def test_bad_frame_in_an_open_session_ends_it(stub, tiny_vocab, prompt, name):
     build, code, phrase = BAD_DRAFTS[name]
-    # A trailing correct block must never be answered: the stream ended at the bad frame.
-    good = draft_frame(0, len(prompt), [], vocab_size=tiny_vocab[0])
-    responses, got, details = call(stub, [open_frame(tiny_vocab, prompt), *build(tiny_vocab, prompt), good, CLOSE])
+    ctx = Ctx(tiny_vocab, prompt)
+    # A correct block after the bad one must never be answered: the stream ended there.
+    good = token_draft(0, ctx.P, [], ctx.V)
+    responses, got, details = call(stub, [open_frame(tiny_vocab, prompt), *build(ctx), good, CLOSE])
     assert got == code, (got, details)
     assert phrase in details, details
-    assert [r.WhichOneof("kind") for r in responses] == ["opened"]
-
-
-def test_truncated_q_block_in_rejection_mode(stub, tiny_vocab, prompt):
-    V, P = tiny_vocab[0], len(prompt)
-    params = SamplingParams(mode=Mode.REJECTION, temperature=1.0)
-    q = [SparseDist(support=np.array([t, 3, 4, 5]), weights=np.array([200, 40, 10, 6]), prob_bits=8) for t in (7, 8, 9)]
-    block = codec.encode_draft([7, 8, 9], V, q, draft_top_k=params.draft_top_k)
-    assert not block.compressed
-    for cut in (1, 3, len(block.data) // 2):
-        responses, got, details = call(stub, [open_frame(tiny_vocab, prompt, params),
-                                              draft_frame(0, P, payload=block.data[:-cut]), CLOSE])
-        assert got == grpc.StatusCode.INVALID_ARGUMENT, (cut, details)
-        assert "truncated payload" in details or "trailing bits" in details, (cut, details)
-        assert [r.WhichOneof("kind") for r in responses] == ["opened"]
-    # The whole block is fine: the session answers it.
-    responses, got, _ = call(stub, [open_frame(tiny_vocab, prompt, params), draft_frame(0, P, payload=block.data), CLOSE])
-    assert got == grpc.StatusCode.OK and [r.WhichOneof("kind") for r in responses] == ["opened", "verdict"]
+    assert kinds(responses) == ["opened"]
 
 
 def _sampling(**fields) -> pb.Sampling:
     return pb.Sampling(**{"mode": pb.MODE_COUPLED, "temperature": 1.0, **fields})
 
 
-_WRONG_FP = bytes(range(16))
-# Bad first frames: name -> (frame, given (vocab, prompt); code; phrase). Nothing may be opened.
+# A bad first frame: name -> (frame, given a Ctx; code; phrase). Nothing may be opened.
 BAD_OPENS = {
-    "draft-before-open": (lambda v, p: draft_frame(0, len(p), [7], vocab_size=v[0]),
-                          grpc.StatusCode.INVALID_ARGUMENT, "the first frame must be Open, got draft"),
-    "close-before-open": (lambda v, p: CLOSE, grpc.StatusCode.INVALID_ARGUMENT, "the first frame must be Open, got close"),
-    "wrong-vocab-size": (lambda v, p: open_frame(v, p, vocab_size=v[0] - 1),
-                         grpc.StatusCode.FAILED_PRECONDITION, "vocabulary mismatch: edge"),
-    "wrong-fingerprint": (lambda v, p: open_frame(v, p, vocab_fingerprint=_WRONG_FP),
-                          grpc.StatusCode.FAILED_PRECONDITION, f"fingerprint {_WRONG_FP.hex()[:12]}"),
-    "no-fingerprint": (lambda v, p: open_frame(v, p, vocab_fingerprint=b""),
-                       grpc.StatusCode.FAILED_PRECONDITION, "vocabulary mismatch"),
-    "empty-prompt": (lambda v, p: open_frame(v, []), grpc.StatusCode.INVALID_ARGUMENT, "prompt is empty"),
-    "max-new-tokens-0": (lambda v, p: open_frame(v, p, max_new_tokens=0),
-                         grpc.StatusCode.INVALID_ARGUMENT, "max_new_tokens must be in [1, 4096], got 0"),
-    "max-new-tokens-huge": (lambda v, p: open_frame(v, p, max_new_tokens=2**32 - 1),
-                            grpc.StatusCode.INVALID_ARGUMENT, "max_new_tokens must be in [1, 4096]"),
-    "unknown-mode": (lambda v, p: open_frame(v, p, sampling=_sampling(mode=7)),
-                     grpc.StatusCode.INVALID_ARGUMENT, "unknown verification mode 7"),
-    "unspecified-mode": (lambda v, p: open_frame(v, p, sampling=pb.Sampling()),
-                         grpc.StatusCode.INVALID_ARGUMENT, "unknown verification mode 0"),
-    "nan-temperature": (lambda v, p: open_frame(v, p, sampling=_sampling(temperature=float("nan"))),
-                        grpc.StatusCode.INVALID_ARGUMENT, "temperature"),
-    "top-p-above-1": (lambda v, p: open_frame(v, p, sampling=_sampling(top_p=1.5)),
-                      grpc.StatusCode.INVALID_ARGUMENT, "top_p"),
-    "draft-top-k-too-big": (lambda v, p: open_frame(v, p, sampling=_sampling(
-                                mode=pb.MODE_REJECTION, draft_top_k=codec.MAX_DRAFT_TOP_K + 1)),
-                            grpc.StatusCode.INVALID_ARGUMENT, f"exceeds {codec.MAX_DRAFT_TOP_K}"),
-    "bad-prompt-payload": (lambda v, p: open_frame(v, p, prompt=_RANDOM, prompt_compressed=True),
-                           grpc.StatusCode.INVALID_ARGUMENT, "bad prompt: bad zstd frame in token payload"),
-    "unknown-resume-ticket": (lambda v, p: open_frame(v, p, resume_ticket=b"\x01" * 16),
+    "draft-before-open": (lambda c: token_draft(0, c.P, [7], c.V),
+                          INVALID, "the first frame must be Open, got draft"),
+    "close-before-open": (lambda c: CLOSE, INVALID, "the first frame must be Open, got close"),
+    "wrong-vocab-size": (lambda c: open_frame(c.vocab, c.prompt, vocab_size=c.V - 1),
+                         PRECONDITION, "vocabulary mismatch: edge"),
+    "wrong-fingerprint": (lambda c: open_frame(c.vocab, c.prompt, vocab_fingerprint=_WRONG_FP),
+                          PRECONDITION, f"fingerprint {_WRONG_FP.hex()[:12]}"),
+    "no-fingerprint": (lambda c: open_frame(c.vocab, c.prompt, vocab_fingerprint=b""),
+                       PRECONDITION, "vocabulary mismatch"),
+    "empty-prompt": (lambda c: open_frame(c.vocab, []), INVALID, "prompt is empty"),
+    "max-new-tokens-0": (lambda c: open_frame(c.vocab, c.prompt, max_new_tokens=0),
+                         INVALID, "max_new_tokens must be in [1, 4096], got 0"),
+    "max-new-tokens-huge": (lambda c: open_frame(c.vocab, c.prompt, max_new_tokens=2**32 - 1),
+                            INVALID, f"max_new_tokens must be in [1, 4096], got {2**32 - 1}"),
+    "unknown-mode": (lambda c: open_frame(c.vocab, c.prompt, sampling=_sampling(mode=7)),
+                     INVALID, "unknown verification mode 7"),
+    "unspecified-mode": (lambda c: open_frame(c.vocab, c.prompt, sampling=pb.Sampling()),
+                         INVALID, "unknown verification mode 0"),
+    "nan-temperature": (lambda c: open_frame(c.vocab, c.prompt, sampling=_sampling(temperature=float("nan"))),
+                        INVALID, "temperature must be a finite number"),
+    "top-p-above-1": (lambda c: open_frame(c.vocab, c.prompt, sampling=_sampling(top_p=1.5)),
+                      INVALID, "top_p must be in (0, 1]"),
+    "draft-top-k-too-big": (
+        lambda c: open_frame(c.vocab, c.prompt, sampling=_sampling(
+            mode=pb.MODE_REJECTION, draft_top_k=codec.MAX_DRAFT_TOP_K + 1)),
+        INVALID, f"exceeds {codec.MAX_DRAFT_TOP_K}"),
+    "bad-prompt-payload": (lambda c: open_frame(c.vocab, c.prompt, prompt=_RANDOM, prompt_compressed=True),
+                           INVALID, "bad prompt: bad zstd frame in token payload"),
+    "unknown-resume-ticket": (lambda c: open_frame(c.vocab, c.prompt, resume_ticket=b"\x01" * 16),
                               grpc.StatusCode.NOT_FOUND, "no resumable session"),
 }
 
@@ -350,8 +333,8 @@ BAD_OPENS = {
 @pytest.mark.parametrize("name", list(BAD_OPENS))
 def test_bad_first_frame_opens_nothing(stub, tiny_vocab, prompt, name):
     build, code, phrase = BAD_OPENS[name]
-    after = [draft_frame(0, len(prompt), [], vocab_size=tiny_vocab[0]), CLOSE]
-    responses, got, details = call(stub, [build(tiny_vocab, prompt), *after])
+    ctx = Ctx(tiny_vocab, prompt)
+    responses, got, details = call(stub, [build(ctx), token_draft(0, ctx.P, [], ctx.V), CLOSE])
     assert got == code, (got, details)
     assert phrase in details, details
     assert responses == []
@@ -361,45 +344,60 @@ def test_vocabulary_mismatch_names_both_sides(stub, tiny_vocab, tiny_engine, pro
     V, fingerprint = tiny_vocab
     wrong_fp = bytes(16)
     _, got, details = call(stub, [open_frame(tiny_vocab, prompt, vocab_size=V + 1, vocab_fingerprint=wrong_fp)])
-    assert got == grpc.StatusCode.FAILED_PRECONDITION
+    assert got == PRECONDITION
     assert "edge" in details and "cloud" in details, details
     assert f"{V + 1} tokens" in details and f"{V} tokens" in details, details
     assert wrong_fp.hex()[:12] in details and fingerprint.hex()[:12] in details, details
     assert tiny_engine.model_name in details, details
 
 
+def test_truncated_q_block_in_rejection_mode(stub, tiny_vocab, prompt):
+    V, P = tiny_vocab[0], len(prompt)
+    params = SamplingParams(mode=Mode.REJECTION, temperature=1.0)
+    q = [SparseDist(support=np.array([t, 3, 4, 5]), weights=np.array([200, 40, 10, 6]), prob_bits=8)
+         for t in (7, 8, 9)]
+    block = codec.encode_draft([7, 8, 9], V, q, draft_top_k=params.draft_top_k)
+    assert not block.compressed
+    for cut in (1, 3, len(block.data) // 2):
+        frames = [open_frame(tiny_vocab, prompt, params), raw_draft(0, P, block.data[:-cut]), CLOSE]
+        responses, got, details = call(stub, frames)
+        assert got == INVALID, (cut, details)
+        assert "truncated payload" in details or "trailing bits" in details, (cut, details)
+        assert kinds(responses) == ["opened"]
+    # The whole block is fine: the session answers it.
+    responses, got, _ = call(stub, [open_frame(tiny_vocab, prompt, params), raw_draft(0, P, block.data), CLOSE])
+    assert got == grpc.StatusCode.OK and kinds(responses) == ["opened", "verdict"]
+
+
 def test_ids_at_or_above_the_vocabulary_are_refused(tiny_engine, tiny_vocab, prompt):
-    # The tiny vocabulary is 512 = 2**9, so no 9-bit id can reach V. A verifier
-    # whose engine declares V = 500 (same model, same fingerprint) makes ids
-    # 500..511 representable on the wire.
+    # The tiny vocabulary is 512 = 2**9: no 9-bit id can reach V. A verifier whose
+    # engine declares V = 500 (same model and fingerprint) makes ids 500..511
+    # representable on the wire.
     engine = copy.copy(tiny_engine)
     engine.vocab_size = 500
-    vocab = (500, tiny_vocab[1])
+    vocab, bits = (500, tiny_vocab[1]), codec.token_bits(500)
     limits = ServiceLimits(max_draft_len=MAX_DRAFT_LEN, session_ttl_s=TTL_S)
     with BackgroundServer(engine, ServerConfig(port=0, limits=limits)) as small, \
             grpc.insecure_channel(small.address) as ch:
         stub = pb_grpc.VerifierStub(ch)
-        bad_block = codec.pack_bits(np.array([7, 505, 8]), codec.token_bits(500))
-        responses, got, details = call(stub, [open_frame(vocab, prompt), draft_frame(0, len(prompt), payload=bad_block), CLOSE])
-        assert got == grpc.StatusCode.INVALID_ARGUMENT
-        assert "token id 505 >= vocab size 500" in details, details
-        assert [r.WhichOneof("kind") for r in responses] == ["opened"]
+        block = codec.pack_bits(np.array([7, 505, 8]), bits)
+        responses, got, details = call(stub, [open_frame(vocab, prompt), raw_draft(0, len(prompt), block), CLOSE])
+        assert got == INVALID and "bad draft block: token id 505 >= vocab size 500" in details, details
+        assert kinds(responses) == ["opened"]
 
-        bad_prompt = codec.pack_bits(np.array([*prompt, 499, 511]), codec.token_bits(500))
+        bad_prompt = codec.pack_bits(np.array([*prompt, 499, 511]), bits)
         responses, got, details = call(stub, [open_frame(vocab, prompt, prompt=bad_prompt, prompt_compressed=False)])
-        assert got == grpc.StatusCode.INVALID_ARGUMENT
-        assert "bad prompt: token id 511 >= vocab size 500" in details, details
+        assert got == INVALID and "bad prompt: token id 511 >= vocab size 500" in details, details
         assert responses == []
         assert wait_for_empty_table(small, 2.0) == 0
 
 
 def test_requested_block_limit_below_the_servers_is_enforced(stub, tiny_vocab, prompt):
     V, P = tiny_vocab[0], len(prompt)
-    responses, got, details = call(
-        stub, [open_frame(tiny_vocab, prompt, max_draft_len=4), draft_frame(0, P, [7] * 5, vocab_size=V), CLOSE]
-    )
+    frames = [open_frame(tiny_vocab, prompt, max_draft_len=4), token_draft(0, P, [7] * 5, V), CLOSE]
+    responses, got, details = call(stub, frames)
     assert responses[0].opened.max_draft_len == 4
-    assert got == grpc.StatusCode.INVALID_ARGUMENT and "limit is 4" in details, details
+    assert got == INVALID and "has 5 tokens, limit is 4" in details, details
     # Asking for more than the server allows is clamped, not an error.
     responses, got, _ = call(stub, [open_frame(tiny_vocab, prompt, max_draft_len=1000), CLOSE])
     assert got == grpc.StatusCode.OK and responses[0].opened.max_draft_len == MAX_DRAFT_LEN
@@ -410,55 +408,82 @@ def test_past_epoch_is_dropped_and_the_session_goes_on(stub, tiny_vocab, prompt,
     talk = Conversation(stub)
     talk.send(open_frame(tiny_vocab, prompt))
     assert talk.receive().opened.committed_length == P
-    # A wrong first draft: rejected at once, the correction commits, the epoch moves to 1.
-    talk.send(draft_frame(0, P, [(want[0] + 1) % V], vocab_size=V))
+    # A wrong first draft: rejected, the correction commits, the epoch moves to 1.
+    talk.send(token_draft(0, P, [(want[0] + 1) % V], V))
     first = talk.receive().verdict
     assert (first.epoch, first.start_position, first.accepted, first.token, first.bonus) == (0, P, 0, want[0], False)
-    # A block of the old epoch (as a pipelined edge would have in flight) is silently dropped ...
-    talk.send(draft_frame(0, P + 1, [want[1]], vocab_size=V))
-    talk.send(draft_frame(0, P + 1, [(want[1] + 1) % V, 9, 9], vocab_size=V))
-    # ... and the next correct block gets the next frame on the stream: its verdict.
-    talk.send(draft_frame(1, P + 1, want[1:3], vocab_size=V))
+    # Blocks of the old epoch (a pipelined edge has such in flight) are dropped silently ...
+    talk.send(token_draft(0, P + 1, [want[1]], V))
+    talk.send(token_draft(0, P + 1, [(want[1] + 1) % V, 9, 9], V))
+    # ... so the next frame on the stream is the verdict for the next correct block.
+    talk.send(token_draft(1, P + 1, want[1:3], V))
     second = talk.receive().verdict
-    assert (second.epoch, second.start_position, second.accepted, second.token, second.bonus) == (1, P + 1, 2, want[3], True)
+    assert (second.epoch, second.start_position, second.accepted, second.token, second.bonus) == (
+        1, P + 1, 2, want[3], True)
     talk.send(CLOSE)
-    assert talk.finish() == grpc.StatusCode.OK
+    assert talk.finish() == (grpc.StatusCode.OK, [])
 
 
 def test_message_over_the_grpc_limit_ends_the_stream(stub, tiny_vocab, prompt):
     P = len(prompt)
-    huge = bytes(2 * codec.MAX_PAYLOAD_BYTES)  # over the server's max receive size, not only the codec's
-    responses, got, details = call(stub, [open_frame(tiny_vocab, prompt), draft_frame(0, P, payload=huge),
-                                          draft_frame(0, P, [], vocab_size=tiny_vocab[0]), CLOSE])
-    assert got in (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.INVALID_ARGUMENT), (got, details)
+    huge = bytes(2 * codec.MAX_PAYLOAD_BYTES)  # over the server's gRPC receive limit, not only the codec's
+    frames = [open_frame(tiny_vocab, prompt), raw_draft(0, P, huge), token_draft(0, P, [], tiny_vocab[0]), CLOSE]
+    responses, got, details = call(stub, frames)
+    assert got in (grpc.StatusCode.RESOURCE_EXHAUSTED, INVALID), (got, details)
     assert "larger than max" in details or "limit" in details, details
-    assert [r.WhichOneof("kind") for r in responses] == ["opened"]
+    assert kinds(responses) == ["opened"]
     opened = responses[0].opened
     # gRPC drops the message before the servicer sees it; the servicer reads a
     # plain end of stream, as after a broken link, and keeps the session for
-    # resumption (until the TTL). Resume it with its ticket, then close it.
+    # resumption (up to the TTL). Resume it with its ticket, then close it.
     for _ in range(40):
         responses, got, details = call(stub, [open_frame(tiny_vocab, [], resume_ticket=opened.resume_ticket), CLOSE])
         if got != grpc.StatusCode.NOT_FOUND:  # the server may not have detached it yet
             break
         time.sleep(0.05)
     assert got == grpc.StatusCode.OK, (got, details)
-    assert responses[0].opened.session_id == opened.session_id
-    assert responses[0].opened.committed_length == P
+    assert (responses[0].opened.session_id, responses[0].opened.committed_length) == (opened.session_id, P)
+
+
+# ---------------------------------------------------------------- zstd bombs
+
+
+def zstd_bomb(window_log: int | None = None) -> bytes:
+    """100 MB of zeros as one magicless zstd frame; shared.codec's own parameters unless a window is given."""
+    if window_log is None:
+        compressor = codec._compressor()  # exactly what shared.codec writes
+    else:
+        compressor = zstandard.ZstdCompressor(compression_params=zstandard.ZstdCompressionParameters(
+            window_log=window_log, compression_level=codec.ZSTD_LEVEL,
+            format=zstandard.FORMAT_ZSTD1_MAGICLESS, write_checksum=False, write_content_size=False,
+        ))
+    return compressor.compress(bytes(100_000_000))
+
+
+@pytest.fixture(scope="module")
+def bombs():
+    # The codec's parameters give a 2 MiB window, refused before any output; a
+    # 1 KiB window passes that check and has to be stopped by the output cap.
+    made = {"codec-params": zstd_bomb(), "1KiB-window": zstd_bomb(window_log=10)}
+    assert all(len(bomb) < codec.MAX_PAYLOAD_BYTES for bomb in made.values())
+    return made
+
+
+BOMB_MESSAGES = {"codec-params": "too much memory", "1KiB-window": "decompressed token payload exceeds"}
 
 
 def test_zstd_bomb_is_refused(stub, tiny_vocab, prompt, bombs):
     P = len(prompt)
     for name, bomb in bombs.items():
         started = time.perf_counter()
-        responses, got, details = call(stub, [open_frame(tiny_vocab, prompt), draft_frame(0, P, payload=bomb, compressed=True)])
-        assert got == grpc.StatusCode.INVALID_ARGUMENT, (name, details)
-        assert ("too much memory" in details) if name == "codec-params" else ("decompressed token payload exceeds" in details), details
-        assert [r.WhichOneof("kind") for r in responses] == ["opened"]
+        frames = [open_frame(tiny_vocab, prompt), raw_draft(0, P, bomb, compressed=True)]
+        responses, got, details = call(stub, frames)
+        assert got == INVALID and BOMB_MESSAGES[name] in details, (name, details)
+        assert kinds(responses) == ["opened"]
         # As a prompt, too: the Open is refused and nothing is opened.
         responses, got, details = call(stub, [open_frame(tiny_vocab, prompt, prompt=bomb, prompt_compressed=True)])
-        assert got == grpc.StatusCode.INVALID_ARGUMENT and responses == [], (name, details)
-        assert details.startswith("bad prompt: "), details
+        assert got == INVALID and responses == [], (name, details)
+        assert details.startswith("bad prompt: ") and BOMB_MESSAGES[name] in details, details
         assert time.perf_counter() - started < 5.0, f"{name} took {time.perf_counter() - started:.1f}s"
 
 
@@ -472,16 +497,15 @@ def _rss_bytes() -> int:
 
 def test_zstd_bombs_keep_memory_bounded(stub, tiny_vocab, prompt, bombs):
     P = len(prompt)
-    frames = [[open_frame(tiny_vocab, prompt), draft_frame(0, P, payload=bomb, compressed=True)] for bomb in bombs.values()]
-    frames += [[open_frame(tiny_vocab, prompt, prompt=bomb, prompt_compressed=True)] for bomb in bombs.values()]
-    for stream in frames:  # warm-up: first-use allocations are not growth
-        call(stub, stream)
+    streams = [[open_frame(tiny_vocab, prompt), raw_draft(0, P, bomb, compressed=True)] for bomb in bombs.values()]
+    streams += [[open_frame(tiny_vocab, prompt, prompt=bomb, prompt_compressed=True)] for bomb in bombs.values()]
+    for frames in streams:  # warm-up: first-use allocations are not growth
+        call(stub, frames)
     gc.collect()
-    before = _rss_bytes()
-    peak = before
+    before = peak = _rss_bytes()
     for i in range(30):
-        _, got, _ = call(stub, frames[i % len(frames)])
-        assert got == grpc.StatusCode.INVALID_ARGUMENT
+        _, got, _ = call(stub, streams[i % len(streams)])
+        assert got == INVALID
         peak = max(peak, _rss_bytes())
     gc.collect()
     after = _rss_bytes()
@@ -496,20 +520,22 @@ _WEIRD_FLOATS = [1e-30, 1e-6, 1e30, float("nan"), float("inf"), -1.0, -0.0]
 _WEIRD_UINT32 = [0, 1, 4, 64, 1024, 1025, 2**31, 2**32 - 1]
 
 
-def _random_open(rng: random.Random, vocab, prompt) -> pb.EdgeFrame:
+def _random_open(rng: random.Random, ctx: Ctx) -> pb.EdgeFrame:
     """A valid Open with none, one or a few fields set to random or edge-case values."""
-    V = vocab[0]
-    mode = rng.choice([pb.MODE_GREEDY, pb.MODE_COUPLED, pb.MODE_REJECTION])
-    sampling = pb.Sampling(mode=mode, temperature=rng.choice([0.0, 0.7, 1.0]), seed=rng.randrange(2**64))
-    frame = open_frame(vocab, prompt[: rng.randrange(1, len(prompt) + 1)], max_new_tokens=rng.choice([1, 3, 40]))
-    frame.open.sampling.CopyFrom(sampling)
+    frame = open_frame(ctx.vocab, ctx.prompt[: rng.randrange(1, ctx.P + 1)], max_new_tokens=rng.choice([1, 3, 40]))
+    frame.open.sampling.CopyFrom(pb.Sampling(
+        mode=rng.choice([pb.MODE_GREEDY, pb.MODE_COUPLED, pb.MODE_REJECTION]),
+        temperature=rng.choice([0.0, 0.7, 1.0]),
+        seed=rng.randrange(2**64),
+    ))
+    s = frame.open.sampling
     mutations = [
-        lambda o: setattr(o.sampling, "mode", rng.choice([0, 4, rng.randrange(2**31)])),
-        lambda o: setattr(o.sampling, "temperature", rng.choice(_WEIRD_FLOATS)),
-        lambda o: setattr(o.sampling, "top_k", rng.choice([1, 5, V, 2**32 - 1])),
-        lambda o: setattr(o.sampling, "top_p", rng.choice([1e-9, 0.5, 1.5, float("nan"), -1.0])),
-        lambda o: setattr(o.sampling, "draft_top_k", rng.choice(_WEIRD_UINT32)),
-        lambda o: setattr(o.sampling, "prob_bits", rng.choice([1, 16, 17, 31, 2**32 - 1])),
+        lambda o: setattr(s, "mode", rng.choice([0, 4, rng.randrange(2**31)])),
+        lambda o: setattr(s, "temperature", rng.choice(_WEIRD_FLOATS)),
+        lambda o: setattr(s, "top_k", rng.choice([1, 5, ctx.V, 2**32 - 1])),
+        lambda o: setattr(s, "top_p", rng.choice([1e-9, 0.5, 1.5, float("nan"), -1.0])),
+        lambda o: setattr(s, "draft_top_k", rng.choice(_WEIRD_UINT32)),
+        lambda o: setattr(s, "prob_bits", rng.choice([1, 16, 17, 31, 2**32 - 1])),
         lambda o: setattr(o, "vocab_fingerprint", rng.randbytes(rng.choice([0, 16, 40]))),
         lambda o: setattr(o, "vocab_size", rng.choice(_WEIRD_UINT32)),
         lambda o: setattr(o, "prompt", rng.randbytes(rng.randrange(0, 48))),
@@ -525,23 +551,22 @@ def _random_open(rng: random.Random, vocab, prompt) -> pb.EdgeFrame:
     return frame
 
 
-def _random_draft(rng: random.Random, vocab, prompt) -> pb.EdgeFrame:
-    V = vocab[0]
+def _random_draft(rng: random.Random, ctx: Ctx) -> pb.EdgeFrame:
     if rng.random() < 0.5:
-        encoded = codec.encode_tokens([rng.randrange(V) for _ in range(rng.randrange(0, 20))], V)
+        encoded = codec.encode_tokens([rng.randrange(ctx.V) for _ in range(rng.randrange(0, 20))], ctx.V)
         payload, compressed = encoded.data, encoded.compressed
     else:
         payload, compressed = rng.randbytes(rng.randrange(0, 64)), rng.random() < 0.5
     return pb.EdgeFrame(draft=pb.Draft(
         epoch=rng.choice([0, 0, 0, 1, 2**64 - 1]),
-        start_position=rng.choice([len(prompt)] * 3 + [0, len(prompt) + 1, 2**64 - 1]),
+        start_position=rng.choice([ctx.P] * 3 + [0, ctx.P + 1, 2**64 - 1]),
         payload=payload,
         compressed=compressed,
         more_follows=rng.random() < 0.2,
     ))
 
 
-def _random_frame(rng: random.Random, vocab, prompt) -> pb.EdgeFrame:
+def _random_frame(rng: random.Random, ctx: Ctx) -> pb.EdgeFrame:
     """Random bytes parsed leniently where they parse, else random field values."""
     if rng.random() < 0.3:
         try:
@@ -550,36 +575,34 @@ def _random_frame(rng: random.Random, vocab, prompt) -> pb.EdgeFrame:
             pass
     pick = rng.random()
     if pick < 0.2:
-        return _random_open(rng, vocab, prompt)
-    if pick < 0.9:
-        return _random_draft(rng, vocab, prompt)
-    return CLOSE
+        return _random_open(rng, ctx)
+    return _random_draft(rng, ctx) if pick < 0.9 else CLOSE
 
 
-def test_fuzzed_streams_all_end_and_the_server_stays_healthy(stub, channel, server, honest, tiny_vocab, prompt):
+def test_fuzzed_streams_all_end_and_the_server_stays_healthy(stub, channel, tiny_vocab, prompt):
     rng = random.Random(1234)
+    ctx = Ctx(tiny_vocab, prompt)
     endings: dict[str, int] = {}
     opened = 0
     started = time.perf_counter()
     for i in range(200):
-        frames = [_random_open(rng, tiny_vocab, prompt)] if rng.random() < 0.7 else []
-        frames += [_random_frame(rng, tiny_vocab, prompt) for _ in range(rng.randrange(0, 4))]
-        frames.append(CLOSE)  # an honest end: a session that survives its frames is closed, not detached
+        frames = [_random_open(rng, ctx)] if rng.random() < 0.7 else []
+        frames += [_random_frame(rng, ctx) for _ in range(rng.randrange(0, 4))]
+        frames.append(CLOSE)  # a session that survives its frames is closed, not left detached
         responses, got, details = call(stub, frames, timeout=10)
         assert got in ALLOWED_ENDINGS, (i, got, details, frames)
-        if got != grpc.StatusCode.OK:
-            assert details, (i, got)
-        opened += any(r.WhichOneof("kind") == "opened" for r in responses)
+        assert got == grpc.StatusCode.OK or details, (i, got)
+        opened += "opened" in kinds(responses)
         endings[got.name] = endings.get(got.name, 0) + 1
         if i % 50 == 49:
-            assert health_status(channel) == health_pb2.HealthCheckResponse.SERVING
+            assert health_status(channel) == SERVING
     elapsed = time.perf_counter() - started
-    # The fuzz reached past the Open often enough to mean something.
+    # The fuzz got past the Open often enough to mean something.
     assert opened >= 40, (opened, endings)
     assert endings.get("INVALID_ARGUMENT", 0) >= 40 and endings.get("OK", 0) >= 10, endings
     assert elapsed < 60, f"200 fuzzed streams took {elapsed:.0f}s"
-    assert health_status(channel) == health_pb2.HealthCheckResponse.SERVING
-    assert health_status(channel, SERVICE_NAME) == health_pb2.HealthCheckResponse.SERVING
+    assert health_status(channel) == SERVING
+    assert health_status(channel, SERVICE_NAME) == SERVING
 
 
 # ---------------------------------------------------------------- afterwards (keep last)
@@ -589,7 +612,7 @@ def test_honest_sessions_completed_and_no_session_leaked(server, channel, honest
     honest.stop()
     assert honest.completed >= 2, f"only {honest.completed} honest sessions ran alongside the hostile ones"
     # Every stream here ended with an error or a Close (the one broken stream was
-    # resumed and closed), so nothing may wait for the TTL: the table is empty now.
+    # resumed and closed), so nothing waits for the TTL: the table is empty now.
     left = wait_for_empty_table(server, 2.0)
-    assert left == 0, f"{left} sessions leaked: {list(server.server.servicer.table._by_ticket.values())}"
-    assert health_status(channel) == health_pb2.HealthCheckResponse.SERVING
+    assert left == 0, f"{left} sessions leaked"
+    assert health_status(channel) == SERVING

@@ -1,0 +1,121 @@
+"""Fitting ``sim.perf_model.Timings`` on what a simulation run measured.
+
+Inputs are the edge processes' JSON results (``edge run --json --timings``
+and ``edge baseline --json``). Shared across runs: the verify-time line
+t_verify(n) (from every block's cloud time), the byte costs, the prefill.
+Per run: its drafter speed and its acceptance per position.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from sim.perf_model import Timings, fit_linear
+
+__all__ = ["RunTimings", "FittedTimings", "timings_from_outputs", "fit_timings"]
+
+HTTP2_FRAME_HEADER = 9  # each gRPC message rides in (at least) one HTTP/2 DATA frame
+
+
+@dataclass
+class RunTimings:
+    """What one configuration's edge processes measured."""
+
+    drafted: int
+    draft_s: float  # drafter time, prompt reading excluded
+    accepted_at: list[int]
+    drafted_at: list[int]
+    verify_samples: list[tuple[int, float]]  # (tokens in the forward, cloud seconds)
+    up_samples: list[tuple[int, float]]  # (drafts in the block, Draft bytes with HTTP/2 header)
+    down_samples: list[float]  # Verdict bytes with HTTP/2 header
+    open_s: list[float]
+    prompt_s: list[float]  # drafter reading the prompt
+
+
+def timings_from_outputs(outputs: list[dict], meters=None) -> RunTimings:
+    width = max(len(o["stats"]["drafted_at"]) for o in outputs)
+    accepted_at, drafted_at = [0] * width, [0] * width
+    for o in outputs:
+        for i, (a, d) in enumerate(zip(o["stats"]["accepted_at"], o["stats"]["drafted_at"])):
+            accepted_at[i] += a
+            drafted_at[i] += d
+    blocks = [b for o in outputs for b in o.get("blocks", [])]
+    return RunTimings(
+        drafted=sum(o["stats"]["drafted"] for o in outputs),
+        draft_s=sum(o["stats"]["drafter_s"] - o["stats"]["drafter_prompt_s"] for o in outputs),
+        accepted_at=accepted_at,
+        drafted_at=drafted_at,
+        verify_samples=[(b["forward_tokens"], b["cloud_s"]) for b in blocks],
+        up_samples=[(b["forward_tokens"] - 1, b["up_bytes"] + HTTP2_FRAME_HEADER) for b in blocks],
+        down_samples=[b["down_bytes"] + HTTP2_FRAME_HEADER for b in blocks],
+        open_s=[o["stats"]["open_s"] for o in outputs],
+        prompt_s=[o["stats"]["drafter_prompt_s"] for o in outputs],
+    )
+
+
+@dataclass
+class FittedTimings:
+    base: Timings  # pooled over every run
+    runs: list[RunTimings]
+    rtt_s: float
+
+    def for_run(self, index: int) -> Timings:
+        """The pooled timings with run ``index``'s drafter speed and acceptance."""
+        measured = self.runs[index]
+        return dataclasses.replace(
+            self.base,
+            draft_s_per_token=measured.draft_s / max(measured.drafted, 1),
+            alpha_per_position=_alpha(measured.accepted_at, measured.drafted_at),
+        )
+
+    def describe(self) -> dict:
+        b = self.base
+        return {
+            "t_verify(n)": f"{b.verify_fixed_s * 1e3:.1f} ms + {b.verify_per_token_s * 1e3:.2f} ms x n (cloud time per block)",
+            "drafter": f"{b.draft_s_per_token * 1e3:.1f} ms per drafted token (pooled; per run in predictions)",
+            "uplink per block": f"{b.up_bytes_fixed:.1f} B + {b.up_bytes_per_draft:.2f} B x D (gRPC + HTTP/2 DATA framing)",
+            "downlink": f"{b.down_bytes_per_round:.1f} B per verdict, {b.down_bytes_per_token_cloud_only:.1f} B per cloud-only token",
+            "prefill": f"{b.prefill_s * 1e3:.0f} ms (Open round trip minus the RTT)",
+            "not modelled": "HTTP/2 control frames (WINDOW_UPDATE, PING) and headers, jitter, Python start-up",
+        }
+
+
+def _alpha(accepted_at: list[int], drafted_at: list[int]) -> list[float]:
+    """Conditional acceptance per position, P(draft i accepted | drafts < i accepted).
+
+    ``accepted_at[i] / drafted_at[i]`` is P(the first i+1 drafts were all
+    accepted); the ratio of consecutive ones is the conditional the model uses.
+    """
+    reached = [a / d for a, d in zip(accepted_at, drafted_at) if d]
+    conditional = reached[:1] or [0.0]
+    for prev, cur in zip(reached, reached[1:]):
+        conditional.append(min(cur / prev, 1.0) if prev else 0.0)
+    return conditional
+
+
+def fit_timings(runs: list[RunTimings], baseline_outputs: list[dict], baseline_meters, rtt_s: float = 0.0) -> FittedTimings:
+    verify_fixed, verify_per_token = fit_linear([s for r in runs for s in r.verify_samples])
+    up_fixed, up_per_draft = fit_linear([s for r in runs for s in r.up_samples])
+    downs = [d for r in runs for d in r.down_samples]
+    base_tokens = sum(len(o["tokens"]) for o in baseline_outputs) or 1
+    chunk = sum(o["stats"]["bytes_down"] for o in baseline_outputs) / base_tokens + HTTP2_FRAME_HEADER
+    opens = [s for r in runs for s in r.open_s]
+    prompts = [s for r in runs for s in r.prompt_s]
+    drafted = sum(r.drafted for r in runs)
+    accepted_at = [sum(r.accepted_at[i] for r in runs if i < len(r.accepted_at)) for i in range(max(len(r.accepted_at) for r in runs))]
+    drafted_at = [sum(r.drafted_at[i] for r in runs if i < len(r.drafted_at)) for i in range(max(len(r.drafted_at) for r in runs))]
+    base = Timings(
+        draft_s_per_token=sum(r.draft_s for r in runs) / max(drafted, 1),
+        verify_fixed_s=verify_fixed,
+        verify_per_token_s=verify_per_token,
+        alpha_per_position=_alpha(accepted_at, drafted_at),
+        up_bytes_fixed=up_fixed,
+        up_bytes_per_draft=up_per_draft,
+        down_bytes_per_round=sum(downs) / max(len(downs), 1),
+        down_bytes_per_token_cloud_only=chunk,
+        prefill_s=max(sum(opens) / max(len(opens), 1) - rtt_s, 0.0),
+        draft_prefill_s=sum(prompts) / max(len(prompts), 1),
+        open_up_bytes=sum(o["stats"]["bytes_up"] for o in baseline_outputs) / max(len(baseline_outputs), 1),
+    )
+    return FittedTimings(base=base, runs=runs, rtt_s=rtt_s)

@@ -1,0 +1,427 @@
+"""Performance model of split decoding: predicted tokens/s, TTFT, bytes and cloud work.
+
+Contract. Pure arithmetic on explicit inputs (`Timings`, `LinkModel`, a draft
+length); the only I/O is reading a hardware profile TOML in `load_hardware`.
+It models the loop as it is today, **not pipelined**: one round is
+
+    draft D tokens on the edge      D * t_draft
+    send one Draft frame up         serialization + expected loss stall
+    propagation both ways           rtt
+    one target forward over D+1     t_verify(D+1) = fixed + per_token * (D+1)
+    send one Verdict frame down     serialization + expected loss stall
+
+and commits AL(D) tokens on average (`expected_acceptance_length`), so
+tokens/s = AL / round. Cloud-only decoding runs one forward per token and
+streams each token down in its own message; the link limits it only when the
+downlink cannot carry one chunk per forward.
+
+Link arithmetic follows the emulator (`sim.link`): a message of n payload
+bytes occupies ceil(n / segment) segments, each charged `overhead_bytes` of
+TCP/IP headers; TCP ACKs are not charged (the emulator relays bytes, it does
+not carry the acks); a lost segment costs an `rto_s` stall. Jitter is taken
+as zero-mean and ignored. For cloud-only streaming a stall delays delivery but
+not the forwards behind it, so loss moves TTFT, not throughput. Messages are
+assumed not to coalesce into shared segments (conservative on slow links).
+
+Byte counts (`Timings.up_bytes_*`, `down_bytes_*`) are TCP payload bytes:
+protobuf plus the 5-byte gRPC prefix plus the 9-byte HTTP/2 DATA frame header,
+as the emulator's byte counters see them. HTTP/2 control frames (WINDOW_UPDATE,
+PING) are not in the protocol defaults; fit them from measured runs instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.resources
+import math
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "HardwareProfile",
+    "LinkModel",
+    "Prediction",
+    "Timings",
+    "best_draft_len",
+    "expected_acceptance_length",
+    "fit_linear",
+    "list_hardware",
+    "load_hardware",
+    "predict_cloud_only",
+    "predict_split",
+    "protocol_bytes",
+]
+
+# ---------------------------------------------------------------- link
+
+
+@dataclasses.dataclass(frozen=True)
+class LinkModel:
+    """The link as the model sees it. Rates in bits/s on the wire; 0 = unlimited."""
+
+    up_bps: float  # edge -> cloud
+    down_bps: float  # cloud -> edge
+    rtt_s: float  # propagation round trip (up delay + down delay), seconds
+    segment_bytes: int = 1448  # max payload bytes per segment (MSS)
+    overhead_bytes: int = 52  # TCP/IP header bytes charged per segment
+    loss: float = 0.0  # probability per segment of a retransmission stall (up; down too unless set)
+    rto_s: float = 0.2  # stall per lost segment (up; down too unless set), seconds
+    down_loss: float | None = None  # downlink loss when it differs from `loss`
+    down_rto_s: float | None = None  # downlink stall when it differs from `rto_s`
+
+    @classmethod
+    def from_link_config(cls, cfg: Any) -> LinkModel:
+        """From a `sim.link.LinkConfig` (segment size and overhead taken from the up direction)."""
+        return cls(
+            up_bps=cfg.up.rate_bps,
+            down_bps=cfg.down.rate_bps,
+            rtt_s=cfg.up.delay_s + cfg.down.delay_s,
+            segment_bytes=cfg.up.segment_bytes,
+            overhead_bytes=cfg.up.overhead_bytes,
+            loss=cfg.up.loss,
+            rto_s=cfg.up.rto_s,
+            down_loss=cfg.down.loss,
+            down_rto_s=cfg.down.rto_s,
+        )
+
+    def segments(self, n_bytes: float) -> int:
+        """Segments one message of `n_bytes` payload occupies (0 for an empty message)."""
+        return math.ceil(n_bytes / self.segment_bytes) if n_bytes > 0 else 0
+
+    def serialization_s(self, n_bytes: float, rate_bps: float) -> float:
+        """(n + segments * overhead) * 8 / rate; 0 on an unlimited link."""
+        if rate_bps <= 0:
+            return 0.0
+        return (n_bytes + self.segments(n_bytes) * self.overhead_bytes) * 8 / rate_bps
+
+    def up_s(self, n_bytes: float) -> float:
+        """Expected time one message holds the uplink: serialization plus loss stalls."""
+        return self.serialization_s(n_bytes, self.up_bps) + self.loss * self.segments(n_bytes) * self.rto_s
+
+    def down_s(self, n_bytes: float) -> float:
+        """Expected time one message holds the downlink: serialization plus loss stalls."""
+        loss = self.loss if self.down_loss is None else self.down_loss
+        rto = self.rto_s if self.down_rto_s is None else self.down_rto_s
+        return self.serialization_s(n_bytes, self.down_bps) + loss * self.segments(n_bytes) * rto
+
+
+# ---------------------------------------------------------------- timings
+
+
+@dataclasses.dataclass(frozen=True)
+class Timings:
+    """What the model needs to know about the models, the machines and the protocol."""
+
+    draft_s_per_token: float  # edge drafter time per drafted token, Python included
+    verify_fixed_s: float  # t_verify(n) = verify_fixed_s + verify_per_token_s * n
+    verify_per_token_s: float
+    alpha_per_position: list[float]  # [measured positions] P(draft i accepted | drafts < i accepted)
+    up_bytes_fixed: float  # Draft frame bytes on the TCP link, fixed part (gRPC/HTTP2 included)
+    up_bytes_per_draft: float  # ... plus this per drafted token
+    down_bytes_per_round: float  # one Verdict frame
+    down_bytes_per_token_cloud_only: float  # one GenerateChunk frame (one token)
+    prefill_s: float = 0.0  # cloud forward over the prompt at session open (TTFT only)
+    draft_prefill_s: float = 0.0  # edge drafter reading the prompt (TTFT only, split only)
+    open_up_bytes: float = 0.0  # Open / GenerateRequest frame, prompt included (TTFT only)
+
+    def verify_s(self, n_tokens: int) -> float:
+        """Target forward time over `n_tokens` new tokens (D drafts + the pending token)."""
+        return self.verify_fixed_s + self.verify_per_token_s * n_tokens
+
+    def up_bytes(self, draft_len: int) -> float:
+        return self.up_bytes_fixed + self.up_bytes_per_draft * draft_len
+
+
+def fit_linear(samples: list[tuple[float, float]]) -> tuple[float, float]:
+    """Least-squares line through (x, y) samples: returns (intercept, slope).
+
+    Used for t_verify from (tokens_in_forward, seconds) and for uplink bytes
+    from (drafts_in_block, bytes). With a single distinct x there is no slope
+    to fit: returns (mean y, 0.0). ValueError on no samples.
+    """
+    if not samples:
+        raise ValueError("fit_linear needs at least one sample")
+    x = np.asarray([s[0] for s in samples], dtype=np.float64)  # [n]
+    y = np.asarray([s[1] for s in samples], dtype=np.float64)  # [n]
+    if np.unique(x).size < 2:
+        return float(y.mean()), 0.0
+    design = np.stack([np.ones_like(x), x], axis=1)  # [n, 2]
+    (intercept, slope), *_ = np.linalg.lstsq(design, y, rcond=None)
+    return float(intercept), float(slope)
+
+
+def expected_acceptance_length(alpha_per_position: list[float], draft_len: int) -> float:
+    """AL(D) = 1 + Σ_{i=1..D} Π_{j≤i} α_j: expected tokens committed per round.
+
+    α_j is the conditional acceptance of draft j given drafts < j accepted
+    (`DecodeStats.alpha_per_position`). Positions beyond the measured ones
+    reuse the last measured α (blocks longer than any measured block are an
+    extrapolation). The leading 1 is the correction or bonus token.
+    """
+    if draft_len < 0:
+        raise ValueError(f"draft length must be >= 0, got {draft_len}")
+    if draft_len == 0:
+        return 1.0
+    if not alpha_per_position:
+        raise ValueError("alpha_per_position is empty: no acceptance to extrapolate from")
+    alphas = [min(max(float(a), 0.0), 1.0) for a in alpha_per_position]
+    total, survive = 1.0, 1.0
+    for i in range(draft_len):
+        survive *= alphas[min(i, len(alphas) - 1)]
+        total += survive
+    return total
+
+
+# ---------------------------------------------------------------- predictions
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+    """Modelled steady state of one configuration (draft_len 0 = cloud-only)."""
+
+    draft_len: int
+    tokens_per_s: float
+    round_s: float  # one round (split) or one token (cloud-only), seconds
+    acceptance_length: float  # tokens committed per round (1 for cloud-only)
+    cloud_s_per_token: float  # target compute seconds per generated token
+    ttft_s: float  # request sent on an open channel -> first token at the edge
+    up_bytes_per_token: float  # TCP payload bytes per generated token
+    down_bytes_per_token: float
+    # seconds per round: draft, uplink, rtt, verify, downlink; they add up to round_s for split,
+    # while for cloud-only verify and downlink overlap and round_s is the larger
+    breakdown: dict[str, float]
+
+    @property
+    def limit(self) -> str:
+        """The largest term of the breakdown: what this configuration waits on most."""
+        return max(self.breakdown, key=self.breakdown.__getitem__)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["limit"] = self.limit
+        return d
+
+
+def predict_split(timings: Timings, link: LinkModel, draft_len: int) -> Prediction:
+    """Non-pipelined split decoding with blocks of `draft_len` drafts (0 = target-only over the split protocol)."""
+    if draft_len < 0:
+        raise ValueError(f"draft length must be >= 0, got {draft_len}")
+    al = expected_acceptance_length(timings.alpha_per_position, draft_len) if draft_len else 1.0
+    up_bytes = timings.up_bytes(draft_len)
+    breakdown = {
+        "draft": draft_len * timings.draft_s_per_token,
+        "uplink": link.up_s(up_bytes),
+        "rtt": link.rtt_s,
+        "verify": timings.verify_s(draft_len + 1),
+        "downlink": link.down_s(timings.down_bytes_per_round),
+    }
+    round_s = sum(breakdown.values())
+    ttft = link.up_s(timings.open_up_bytes) + link.rtt_s + timings.prefill_s + timings.draft_prefill_s + round_s
+    return Prediction(
+        draft_len=draft_len,
+        tokens_per_s=al / round_s if round_s > 0 else math.inf,
+        round_s=round_s,
+        acceptance_length=al,
+        cloud_s_per_token=breakdown["verify"] / al,
+        ttft_s=ttft,
+        up_bytes_per_token=up_bytes / al,
+        down_bytes_per_token=timings.down_bytes_per_round / al,
+        breakdown=breakdown,
+    )
+
+
+def predict_cloud_only(timings: Timings, link: LinkModel) -> Prediction:
+    """The target generates every token and streams each one down in its own message.
+
+    Steady state: one token per max(t_verify(1), downlink serialization of one
+    chunk). The first token also waits for the request, the RTT and the prefill.
+    """
+    chunk = timings.down_bytes_per_token_cloud_only
+    verify = timings.verify_s(1)
+    downlink = link.serialization_s(chunk, link.down_bps)
+    per_token = max(verify, downlink)
+    ttft = link.up_s(timings.open_up_bytes) + link.rtt_s + timings.prefill_s + verify + link.down_s(chunk)
+    return Prediction(
+        draft_len=0,
+        tokens_per_s=1.0 / per_token if per_token > 0 else math.inf,
+        round_s=per_token,
+        acceptance_length=1.0,
+        cloud_s_per_token=verify,
+        ttft_s=ttft,
+        up_bytes_per_token=0.0,
+        down_bytes_per_token=chunk,
+        breakdown={"draft": 0.0, "uplink": 0.0, "rtt": 0.0, "verify": verify, "downlink": downlink},
+    )
+
+
+def best_draft_len(timings: Timings, link: LinkModel, max_d: int = 16) -> int:
+    """The D in 1..max_d with the highest predicted tokens/s (the smallest on ties)."""
+    if max_d < 1:
+        raise ValueError(f"max_d must be >= 1, got {max_d}")
+    return max(range(1, max_d + 1), key=lambda d: (predict_split(timings, link, d).tokens_per_s, -d))
+
+
+# ---------------------------------------------------------------- hardware profiles
+
+_PROTOCOL_FRAMING = 5 + 9  # gRPC length prefix + HTTP/2 DATA frame header, bytes per message
+
+
+def protocol_bytes(vocab_size: int) -> dict[str, float]:
+    """Our protocol's TCP payload bytes per message (greedy/coupled), from `protos/splitspec.proto`.
+
+    Draft: EdgeFrame tag+length (2) + epoch (2) + start_position (3, positions
+    128..16383) + payload tag+length (2) + ceil(D * bits / 8) packed ids, where
+    bits = ceil(log2 V); the ceil adds half a byte on average. Verdict: 18
+    bytes of protobuf (epoch, position, accepted, token, server_us). Chunk: 5
+    bytes of protobuf around one packed id. Each message adds 14 bytes of
+    framing. Rejection mode's q̃ adds to the per-draft bytes; set them from
+    `splitspec bench wire` or a measured run.
+    """
+    bits = max(1, (vocab_size - 1).bit_length())
+    return {
+        "up_fixed": 9 + _PROTOCOL_FRAMING + 0.5,
+        "up_per_draft": bits / 8,
+        "down_per_round": 18 + _PROTOCOL_FRAMING,
+        "down_per_token_cloud_only": 2 + math.ceil(bits / 8) + _PROTOCOL_FRAMING,
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class HardwareProfile:
+    """A target on its servers and a drafter on its device, in the units people quote."""
+
+    name: str
+    description: str
+    target: str  # the target model and its servers, in words
+    drafter: str  # the drafter model and its device, in words
+    verify_fixed_ms: float  # target forward: fixed + per_token * tokens
+    verify_per_token_ms: float
+    draft_ms_per_token: float  # drafter, Python included
+    alpha: list[float]  # [positions] conditional acceptance; the last value extends
+    vocab_size: int
+    up_bytes_fixed: float
+    up_bytes_per_draft: float
+    down_bytes_per_round: float
+    down_bytes_per_token_cloud_only: float
+    prefill_ms: float = 0.0
+    draft_prefill_ms: float = 0.0
+    open_bytes: float = 0.0
+
+    def to_timings(self) -> Timings:
+        return Timings(
+            draft_s_per_token=self.draft_ms_per_token / 1e3,
+            verify_fixed_s=self.verify_fixed_ms / 1e3,
+            verify_per_token_s=self.verify_per_token_ms / 1e3,
+            alpha_per_position=list(self.alpha),
+            up_bytes_fixed=self.up_bytes_fixed,
+            up_bytes_per_draft=self.up_bytes_per_draft,
+            down_bytes_per_round=self.down_bytes_per_round,
+            down_bytes_per_token_cloud_only=self.down_bytes_per_token_cloud_only,
+            prefill_s=self.prefill_ms / 1e3,
+            draft_prefill_s=self.draft_prefill_ms / 1e3,
+            open_up_bytes=self.open_bytes,
+        )
+
+
+_KEYS = {
+    "": {"name", "description", "target", "drafter", "acceptance", "bytes"},
+    "target": {"model", "verify_fixed_ms", "verify_per_token_ms", "prefill_ms", "vocab_size"},
+    "drafter": {"model", "draft_ms_per_token", "draft_prefill_ms"},
+    "acceptance": {"alpha"},
+    "bytes": {"up_fixed", "up_per_draft", "down_per_round", "down_per_token_cloud_only", "open"},
+}
+
+
+def _hardware_dir() -> Any:
+    try:
+        return importlib.resources.files("sim") / "hardware"
+    except (ModuleNotFoundError, TypeError):  # pragma: no cover - unusual installs
+        return Path(__file__).resolve().parent / "hardware"
+
+
+def list_hardware() -> list[str]:
+    """Names of the shipped hardware profiles, sorted."""
+    return sorted(p.name[: -len(".toml")] for p in _hardware_dir().iterdir() if p.name.endswith(".toml"))
+
+
+def load_hardware(name_or_path: str | Path) -> HardwareProfile:
+    """Load a shipped profile by bare name, or a user file by path (anything with a separator or `.toml`).
+
+    File layout: `name`, `description`; `[target]` model, verify_fixed_ms,
+    verify_per_token_ms, prefill_ms, vocab_size; `[drafter]` model,
+    draft_ms_per_token, draft_prefill_ms; `[acceptance]` alpha (a number or a
+    list per position); optional `[bytes]` up_fixed, up_per_draft,
+    down_per_round, down_per_token_cloud_only, open, defaulting to
+    `protocol_bytes(vocab_size)`. Unknown keys are errors. ValueError on any problem.
+    """
+    text = str(name_or_path)
+    if isinstance(name_or_path, Path) or "/" in text or "\\" in text or text.endswith(".toml"):
+        path = Path(text)
+        if not path.is_file():
+            raise ValueError(f"hardware profile not found: {path}")
+        source, raw, default_name = str(path), path.read_bytes(), path.stem
+    else:
+        res = _hardware_dir() / f"{text}.toml"
+        if not res.is_file():
+            raise ValueError(f"unknown hardware profile {text!r}; shipped: {', '.join(list_hardware())}"
+                             " (or pass a path to a .toml file)")
+        source, raw, default_name = f"hardware {text!r}", res.read_bytes(), text
+    try:
+        return _profile_from_dict(tomllib.loads(raw.decode("utf-8")), default_name)
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{source}: invalid TOML: {e}") from e
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{source}: {e}") from e
+
+
+def _profile_from_dict(data: dict[str, Any], default_name: str) -> HardwareProfile:
+    for section, allowed in _KEYS.items():
+        table = data.get(section, {}) if section else data
+        if not isinstance(table, dict):
+            raise ValueError(f"[{section}] must be a table")
+        unknown = sorted(set(table) - allowed)
+        if unknown:
+            raise ValueError(f"unknown key(s) in {f'[{section}]' if section else 'top level'}: "
+                             f"{', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
+    target, drafter = data.get("target", {}), data.get("drafter", {})
+    alpha = data.get("acceptance", {}).get("alpha")
+    if alpha is None:
+        raise ValueError("[acceptance] alpha is required (a number or a list per position)")
+    alpha = [float(a) for a in (alpha if isinstance(alpha, list) else [alpha])]
+    if not alpha or any(not 0.0 <= a <= 1.0 for a in alpha):
+        raise ValueError(f"[acceptance] alpha must be in [0, 1], got {alpha}")
+    vocab_size = int(target.get("vocab_size", 262144))
+    byte_defaults = protocol_bytes(vocab_size)
+    given = data.get("bytes", {})
+
+    def number(table: dict[str, Any], key: str, where: str, default: float | None = None) -> float:
+        value = table.get(key, default)
+        if value is None:
+            raise ValueError(f"[{where}] {key} is required")
+        value = float(value)
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"[{where}] {key} must be finite and >= 0, got {value}")
+        return value
+
+    return HardwareProfile(
+        name=str(data.get("name", default_name)),
+        description=str(data.get("description", "")),
+        target=str(target.get("model", "")),
+        drafter=str(drafter.get("model", "")),
+        verify_fixed_ms=number(target, "verify_fixed_ms", "target"),
+        verify_per_token_ms=number(target, "verify_per_token_ms", "target"),
+        draft_ms_per_token=number(drafter, "draft_ms_per_token", "drafter"),
+        alpha=alpha,
+        vocab_size=vocab_size,
+        up_bytes_fixed=number(given, "up_fixed", "bytes", byte_defaults["up_fixed"]),
+        up_bytes_per_draft=number(given, "up_per_draft", "bytes", byte_defaults["up_per_draft"]),
+        down_bytes_per_round=number(given, "down_per_round", "bytes", byte_defaults["down_per_round"]),
+        down_bytes_per_token_cloud_only=number(
+            given, "down_per_token_cloud_only", "bytes", byte_defaults["down_per_token_cloud_only"]),
+        prefill_ms=number(target, "prefill_ms", "target", 0.0),
+        draft_prefill_ms=number(drafter, "draft_prefill_ms", "drafter", 0.0),
+        open_bytes=number(given, "open", "bytes", 0.0),
+    )

@@ -1,0 +1,167 @@
+"""Real processes for the simulation: the cloud service and edge clients,
+each pinned to its own cores when the machine has them, and the link
+emulator on a background event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+from sim.link import LinkConfig, LinkEmulator
+
+__all__ = ["core_split", "CloudProcess", "run_edge_process", "BackgroundLink", "process_cpu_s"]
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def core_split() -> tuple[set[int] | None, set[int] | None]:
+    """(edge cores, cloud cores): disjoint halves of the usable cores, or (None, None) on one core."""
+    try:
+        cores = sorted(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return None, None
+    if len(cores) < 2:
+        return None, None
+    half = len(cores) // 2
+    return set(cores[:half]), set(cores[half:])
+
+
+def _pinned(cores: set[int] | None):
+    if not cores:
+        return None
+    return lambda: os.sched_setaffinity(0, cores)
+
+
+def _env(threads: int | None) -> dict:
+    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", PYTHONUNBUFFERED="1")
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    return env
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds the process has used (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+
+
+class CloudProcess:
+    """``splitspec cloud serve`` as a child process; a context manager."""
+
+    def __init__(self, target: str, cores: set[int] | None, startup_timeout_s: float = 600.0) -> None:
+        self.target = target
+        self.cores = cores
+        self.startup_timeout_s = startup_timeout_s
+        self.proc: subprocess.Popen | None = None
+        self.port = 0
+        self.metrics_port = 0
+        self._log = tempfile.NamedTemporaryFile(prefix="splitspec-cloud-", suffix=".log", delete=False)
+
+    def __enter__(self) -> CloudProcess:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.metrics_port = s.getsockname()[1]
+        cmd = [sys.executable, "-m", "sim.cli", "cloud", "serve", "--target", self.target, "--port", "0",
+               "--metrics-port", str(self.metrics_port), "--grace", "2"]
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=self._log, text=True,
+            env=_env(len(self.cores) if self.cores else None), preexec_fn=_pinned(self.cores),
+        )
+        deadline = time.monotonic() + self.startup_timeout_s
+        line = ""
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            if line.startswith("splitspec cloud: serving"):
+                self.port = int(line.rsplit(":", 1)[1])
+                return self
+        self.__exit__()
+        raise RuntimeError(f"the cloud service did not start; its log: {self._log.name}\n{Path(self._log.name).read_text()[-2000:]}")
+
+    def cpu_s(self) -> float:
+        return process_cpu_s(self.proc.pid)
+
+    def metric(self, name: str) -> float:
+        """Current value of a counter from the service's Prometheus endpoint (0 if absent)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        text = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10).read().decode()
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name and not sample.labels:
+                    return float(sample.value)
+        return 0.0
+
+    def __exit__(self, *exc) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self._log.close()
+
+
+def run_edge_process(args: list[str], cores: set[int] | None, stream_to=None, timeout_s: float = 1800.0) -> dict:
+    """Run ``splitspec edge ...`` with ``args``; returns its JSON result.
+
+    The child's streamed text goes to ``stream_to`` (a text file) when given.
+    """
+    with tempfile.TemporaryDirectory(prefix="splitspec-edge-") as tmp:
+        out = Path(tmp) / "result.json"
+        cmd = [sys.executable, "-m", "sim.cli", "edge", *args, "--json-file", str(out)]
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=_env(len(cores) if cores else None), preexec_fn=_pinned(cores),
+        )
+        errors: list[str] = []
+        reader = threading.Thread(target=lambda: errors.append(proc.stderr.read()), daemon=True)
+        reader.start()
+        for chunk in iter(lambda: proc.stdout.read(1), ""):
+            if stream_to is not None:
+                stream_to.write(chunk)
+                stream_to.flush()
+        proc.wait(timeout=timeout_s)
+        reader.join(timeout=5)
+        if proc.returncode != 0 or not out.exists():
+            raise RuntimeError(f"edge process failed ({proc.returncode}): {''.join(errors)[-2000:]}")
+        return json.loads(out.read_text())
+
+
+class BackgroundLink:
+    """A ``LinkEmulator`` on its own thread; counters readable from any thread."""
+
+    def __init__(self, config: LinkConfig, upstream_port: int) -> None:
+        self.emulator = LinkEmulator(config, "127.0.0.1", 0, "127.0.0.1", upstream_port)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="link-emulator", daemon=True)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.emulator.port}"
+
+    def counters(self) -> tuple[int, int]:
+        """(bytes up, bytes down) so far, all connections."""
+        return self.emulator.bytes_up, self.emulator.bytes_down
+
+    def __enter__(self) -> BackgroundLink:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self.emulator.start(), self._loop).result(timeout=10)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        asyncio.run_coroutine_threadsafe(self.emulator.stop(), self._loop).result(timeout=30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)

@@ -1,0 +1,158 @@
+"""Reports of a simulation result: a markdown table, PNG plots, a terminal table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = ["markdown_report", "write_plots", "terminal_table"]
+
+_COLUMNS = [
+    ("config", "config"),
+    ("tok/s", "tokens_per_s"),
+    ("× cloud-only", "ratio_tokens_per_s"),
+    ("predicted tok/s (err)", "predicted"),
+    ("TTFT s", "ttft_s"),
+    ("AL", "acceptance_length"),
+    ("up B/tok", "up_bytes_per_token"),
+    ("down B/tok", "down_bytes_per_token"),
+    ("fwd/tok", "cloud_forwards_per_token"),
+    ("cloud CPU s/tok", "cloud_cpu_s_per_token"),
+    ("× cloud-only CPU", "ratio_cloud_cpu_s_per_token"),
+    ("identical", "identical_to_baseline"),
+]
+
+
+def _label(run: dict) -> str:
+    return "cloud-only" if run["mode"] == "cloud-only" else f"{run['mode']} D={run['draft_len']}"
+
+
+def _cell(run: dict, key: str) -> str:
+    if key == "config":
+        return _label(run)
+    if key.startswith("ratio_"):
+        value = run["ratios"][key.removeprefix("ratio_")]
+        return "—" if value is None else f"{value:.2f}×"
+    if key == "predicted":
+        err = run.get("prediction_error")
+        return f"{run['predicted_tokens_per_s']:.2f} ({err:+.0%})" if err is not None else "—"
+    value = run.get(key)
+    if value is None:
+        return "n/a"
+    if isinstance(value, bool):
+        return "yes" if value else "NO"
+    if key == "cloud_cpu_s_per_token":
+        return f"{value:.4f}"
+    return f"{value:.2f}" if isinstance(value, float) else str(value)
+
+
+def _rows(result: dict) -> list[dict]:
+    baselines = result.get("baselines") or {"sampled": result["baseline"]}
+    return [*baselines.values(), *result["runs"]]
+
+
+def terminal_table(result: dict) -> str:
+    rows = [[title for title, _ in _COLUMNS]] + [[_cell(r, key) for _, key in _COLUMNS] for r in _rows(result)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
+    lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _headline(result: dict) -> list[str]:
+    base = result["baseline"]
+    lines = []
+    sampled = [r for r in result["runs"] if r["mode"] != "greedy"] or result["runs"]
+    best = max(sampled, key=lambda r: r["tokens_per_s"])
+    cheapest = min(sampled, key=lambda r: r["cloud_cpu_s_per_token"])
+    lines.append(
+        f"- Fastest split configuration: **{_label(best)}** at {best['tokens_per_s']:.2f} tok/s vs "
+        f"{base['tokens_per_s']:.2f} tok/s cloud-only ({best['ratios']['tokens_per_s']:.2f}×)."
+    )
+    lines.append(
+        f"- Cheapest cloud: **{_label(cheapest)}** at {cheapest['cloud_cpu_s_per_token']:.4f} cloud CPU s/token vs "
+        f"{base['cloud_cpu_s_per_token']:.4f} cloud-only ({cheapest['ratios']['cloud_cpu_s_per_token']:.2f}×; target ≤ 0.33×)."
+    )
+    checked = [r for r in result["runs"] if r["identical_to_baseline"] is not None]
+    if checked:
+        same = all(r["identical_to_baseline"] for r in checked)
+        lines.append(
+            f"- Token identity with cloud-only decoding (greedy and coupled, same seed): "
+            f"**{'yes, every run' if same else 'NO: ' + ', '.join(_label(r) for r in checked if not r['identical_to_baseline'])}**."
+        )
+    off = [r for r in [*result["runs"], base] if r.get("prediction_error") is not None and abs(r["prediction_error"]) > 0.2]
+    lines.append(
+        "- Performance model: every prediction within 20% of measured."
+        if not off
+        else "- Performance model off by more than 20% for: "
+        + ", ".join(f"{_label(r)} ({r['prediction_error']:+.0%}, limited by {r.get('limited_by', '?')})" for r in off)
+        + "."
+    )
+    return lines
+
+
+def markdown_report(result: dict) -> str:
+    link = result["link"]
+    header = "| " + " | ".join(title for title, _ in _COLUMNS) + " |"
+    rule = "|" + "|".join("---" for _ in _COLUMNS) + "|"
+    body = ["| " + " | ".join(_cell(r, key) for _, key in _COLUMNS) + " |" for r in _rows(result)]
+    fit = result.get("model_fit", {})
+    return "\n".join(
+        [
+            f"# splitspec simulation: {result['scenario']}",
+            "",
+            f"{result.get('description', '')}",
+            "",
+            f"Link: {link['up_bps'] / 1e3:g} kbit/s up, {link['down_bps'] / 1e3:g} kbit/s down, RTT {link['rtt_ms']:g} ms. "
+            f"{len(result['prompts'])} prompt(s), {result['max_new_tokens']} new tokens each, temperature "
+            f"{result['temperature']} (greedy runs use 0), seed {result['seed']}.",
+            "",
+            "All numbers below were measured in this run with real processes (edge and cloud pinned to separate cores) "
+            "through the emulated link, except the *predicted* column, which is the performance model fitted on the "
+            "same run's timings. Bytes are what crossed the emulated TCP link (HTTP/2 and gRPC framing and the "
+            "session's setup included).",
+            "",
+            *_headline(result),
+            "",
+            header,
+            rule,
+            *body,
+            "",
+            "## Model fit",
+            "",
+            *[f"- {k}: {v}" for k, v in fit.items()],
+            "",
+        ]
+    )
+
+
+def write_plots(result: dict, out_dir: Path) -> list[Path]:
+    """One PNG per metric, bars per configuration with cloud-only first."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = _rows(result)
+    labels = [_label(r) for r in rows]
+    metrics = [
+        ("tokens_per_s", "edge tokens/s (measured; ◆ predicted)", "tokens_per_s.png"),
+        ("acceptance_length", "acceptance length (tokens per round)", "acceptance_length.png"),
+        ("up_bytes_per_token", "uplink bytes per generated token", "uplink_bytes_per_token.png"),
+        ("cloud_cpu_s_per_token", "cloud CPU seconds per generated token", "cloud_compute_per_token.png"),
+    ]
+    paths = []
+    for key, title, name in metrics:
+        fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(rows)), 4))
+        colors = ["#888888" if r["mode"] == "cloud-only" else {"greedy": "#1f77b4", "coupled": "#2ca02c", "rejection": "#d62728"}.get(r["mode"], "#9467bd") for r in rows]
+        ax.bar(range(len(rows)), [r[key] for r in rows], color=colors)
+        if key == "tokens_per_s":
+            ax.scatter(range(len(rows)), [r.get("predicted_tokens_per_s", 0) for r in rows], marker="D", color="black", zorder=3)
+        ax.set_xticks(range(len(rows)), labels, rotation=30, ha="right")
+        ax.set_title(f"{result['scenario']}: {title}")
+        ax.grid(axis="y", alpha=0.3)
+        fig.tight_layout()
+        path = out_dir / name
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths

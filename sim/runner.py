@@ -1,0 +1,196 @@
+"""``splitspec sim run``: real edge and cloud processes through the emulated link.
+
+For each prompt, the cloud-only baseline (the service's ``Generate``: the
+cloud decodes every token and streams it down) and split decoding in every
+requested mode and draft length run against the same cloud process, through
+the same link. Everything in the result is measured in that one run: edge
+wall time and TTFT, bytes on the emulated link, the cloud's forward count
+(its Prometheus counter) and its CPU time (``/proc``). The performance model
+is fitted on the same measurements and its prediction stands beside each.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sim import model_fit, perf_model
+from sim.processes import BackgroundLink, CloudProcess, core_split, run_edge_process
+from sim.scenario import Scenario
+
+__all__ = ["SimConfig", "run_simulation", "DEFAULT_PROMPTS"]
+
+DEFAULT_PROMPTS = [
+    "Explain in a few sentences why the sky is blue.",
+    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "List five tips for writing clear technical documentation.",
+]
+# Modes whose output must equal the baseline token for token.
+_IDENTICAL_MODES = {"greedy", "coupled"}
+
+
+@dataclass
+class SimConfig:
+    scenario: Scenario
+    target: str  # a loadable target folder (already resolved)
+    drafter: str  # drafter GGUF path
+    prompts: list[str] = field(default_factory=lambda: list(DEFAULT_PROMPTS))
+    modes: list[str] = field(default_factory=lambda: ["greedy", "coupled", "rejection"])
+    draft_lens: list[int] = field(default_factory=lambda: [2, 4, 8])
+    max_new_tokens: int = 128
+    temperature: float = 0.7
+    seed: int = 0
+    stream_first: bool = False  # echo the first split run's text as it streams
+
+
+def _sampling_args(cfg: SimConfig, prompt: str, mode: str) -> list[str]:
+    temperature = 0.0 if mode == "greedy" else cfg.temperature
+    return ["--prompt", prompt, "--max-new-tokens", str(cfg.max_new_tokens), "--temperature", str(temperature),
+            "--seed", str(cfg.seed), "--mode", mode]
+
+
+class _Meter:
+    """Deltas of the cloud's and the link's counters around one edge process."""
+
+    def __init__(self, cloud: CloudProcess, link: BackgroundLink) -> None:
+        self.cloud, self.link = cloud, link
+
+    def __enter__(self):
+        self._start = (self.cloud.cpu_s(), self.cloud.metric("splitspec_target_forwards_total"), *self.link.counters())
+        return self
+
+    def __exit__(self, *exc) -> None:
+        end = (self.cloud.cpu_s(), self.cloud.metric("splitspec_target_forwards_total"), *self.link.counters())
+        self.cpu_s, self.forwards, self.up, self.down = (b - a for a, b in zip(self._start, end))
+
+
+def _aggregate(mode: str, draft_len: int, outputs: list[dict], meters: list[_Meter]) -> dict:
+    tokens = sum(len(o["tokens"]) for o in outputs) or 1
+    wall = sum(o["stats"]["wall_s"] for o in outputs)
+    rounds = sum(o["stats"].get("rounds", len(o["tokens"])) for o in outputs)
+    drafted = sum(o["stats"].get("drafted", 0) for o in outputs)
+    accepted = sum(o["stats"].get("accepted", 0) for o in outputs)
+    return {
+        "mode": mode,
+        "draft_len": draft_len,
+        "tokens": tokens,
+        "tokens_per_s": tokens / wall if wall else 0.0,
+        "ttft_s": sum(o["stats"]["ttft_s"] for o in outputs) / len(outputs),
+        "acceptance_length": tokens / rounds if rounds else 0.0,
+        "acceptance_rate": accepted / drafted if drafted else 0.0,
+        "up_bytes_per_token": sum(m.up for m in meters) / tokens,
+        "down_bytes_per_token": sum(m.down for m in meters) / tokens,
+        "cloud_forwards_per_token": sum(m.forwards for m in meters) / tokens,
+        "cloud_cpu_s_per_token": sum(m.cpu_s for m in meters) / tokens,
+        "wall_s": wall,
+        "outputs": [o["tokens"] for o in outputs],
+    }
+
+
+def run_simulation(cfg: SimConfig, progress=lambda line: print(line, file=sys.stderr, flush=True)) -> dict:
+    edge_cores, cloud_cores = core_split()
+    progress(
+        f"scenario {cfg.scenario.name}: {cfg.scenario.description}\n"
+        f"cores: edge {sorted(edge_cores) if edge_cores else 'shared'}, cloud {sorted(cloud_cores) if cloud_cores else 'shared'}"
+    )
+    configs = [(mode, d) for mode in cfg.modes for d in cfg.draft_lens]
+    # Greedy runs are checked against a greedy baseline, sampled modes against a sampled one.
+    kinds = sorted({_baseline_kind(mode) for mode in cfg.modes}, key=lambda k: k != "sampled")
+    total = (len(kinds) + len(configs)) * len(cfg.prompts)
+    step = 0
+    with CloudProcess(cfg.target, cloud_cores) as cloud, BackgroundLink(cfg.scenario.link, cloud.port) as link:
+        progress(f"cloud ready on port {cloud.port}; link emulator on {link.address}")
+        common = ["--cloud", link.address, "--drafter", cfg.drafter, "--verdict-timeout", "600"]
+        baselines, baseline_raw = {}, []
+        for kind in kinds:
+            outputs, meters = [], []
+            for prompt in cfg.prompts:
+                step += 1
+                progress(f"[{step}/{total}] cloud-only ({kind}): {prompt[:48]!r}")
+                with _Meter(cloud, link) as meter:
+                    args = ["baseline", *common, *_sampling_args(cfg, prompt, "greedy" if kind == "greedy" else "coupled")]
+                    outputs.append(run_edge_process(args, edge_cores))
+                meters.append(meter)
+            baselines[kind] = _aggregate("cloud-only", 0, outputs, meters)
+            baseline_raw.append((outputs, meters))
+            progress(f"    cloud-only ({kind}): {baselines[kind]['tokens_per_s']:.2f} tok/s")
+        runs = []
+        for mode, draft_len in configs:
+            outputs, meters = [], []
+            for i, prompt in enumerate(cfg.prompts):
+                step += 1
+                progress(f"[{step}/{total}] {mode} D={draft_len}: {prompt[:48]!r}")
+                stream = sys.stdout if cfg.stream_first and not runs and i == 0 else None
+                with _Meter(cloud, link) as meter:
+                    args = ["run", *common, "--drafter-threads", str(len(edge_cores) if edge_cores else 1),
+                            *_sampling_args(cfg, prompt, mode), "--draft-len", str(draft_len), "--timings"]
+                    outputs.append(run_edge_process(args, edge_cores, stream_to=stream))
+                meters.append(meter)
+                if stream is not None:
+                    print(flush=True)
+            run = _aggregate(mode, draft_len, outputs, meters)
+            reference = baselines[_baseline_kind(mode)]
+            # Rejection mode is lossless in distribution, not token for token: no identity to check.
+            run["identical_to_baseline"] = run["outputs"] == reference["outputs"] if mode in _IDENTICAL_MODES else None
+            run["_timings"] = model_fit.timings_from_outputs(outputs)
+            run["_baseline"] = _baseline_kind(mode)
+            runs.append(run)
+            progress(
+                f"    {mode} D={draft_len}: {run['tokens_per_s']:.2f} tok/s, AL {run['acceptance_length']:.2f}, "
+                f"identical={run['identical_to_baseline']}"
+            )
+    return _finish(cfg, baselines, baseline_raw, runs)
+
+
+def _baseline_kind(mode: str) -> str:
+    return "greedy" if mode == "greedy" else "sampled"
+
+
+def _finish(cfg, baselines, baseline_raw, runs) -> dict:
+    link = perf_model.LinkModel.from_link_config(cfg.scenario.link)
+    fitted = model_fit.fit_timings(
+        [r.pop("_timings") for r in runs],
+        [o for outputs, _ in baseline_raw for o in outputs],
+        [m for _, meters in baseline_raw for m in meters],
+        rtt_s=link.rtt_s,
+    )
+    per_prompt = lambda run: run["tokens"] / len(cfg.prompts)  # noqa: E731
+    for i, run in enumerate(runs):
+        predicted = perf_model.predict_split(fitted.for_run(i), link, run["draft_len"])
+        _attach_prediction(run, predicted, per_prompt(run))
+        run["ratios"] = _ratios(run, baselines[run.pop("_baseline")])
+    predicted = perf_model.predict_cloud_only(fitted.base, link)
+    for baseline in baselines.values():
+        _attach_prediction(baseline, predicted, per_prompt(baseline))
+        baseline["identical_to_baseline"] = True
+        baseline["ratios"] = _ratios(baseline, baseline)
+    return {
+        "scenario": cfg.scenario.name,
+        "description": cfg.scenario.description,
+        "link": {"up_bps": link.up_bps, "down_bps": link.down_bps, "rtt_ms": round(link.rtt_s * 1e3, 3)},
+        "models": {"target": cfg.target, "drafter": cfg.drafter},
+        "prompts": cfg.prompts,
+        "max_new_tokens": cfg.max_new_tokens,
+        "temperature": cfg.temperature,
+        "seed": cfg.seed,
+        "baseline": baselines.get("sampled") or baselines["greedy"],
+        "baselines": baselines,
+        "runs": runs,
+        "model_fit": fitted.describe(),
+    }
+
+
+def _attach_prediction(run: dict, predicted: perf_model.Prediction, n_tokens: int) -> None:
+    """Predicted tokens/s over the same span the edge measured: first token, then the rest in rounds."""
+    wall = predicted.ttft_s + max(n_tokens - predicted.acceptance_length, 0) / predicted.acceptance_length * predicted.round_s
+    run["predicted_tokens_per_s"] = n_tokens / wall if wall > 0 else 0.0
+    run["prediction_error"] = run["predicted_tokens_per_s"] / run["tokens_per_s"] - 1 if run["tokens_per_s"] else None
+    run["limited_by"] = predicted.limit
+
+
+_RATIO_KEYS = ["tokens_per_s", "ttft_s", "up_bytes_per_token", "down_bytes_per_token", "cloud_forwards_per_token", "cloud_cpu_s_per_token"]
+
+
+def _ratios(run: dict, baseline: dict) -> dict:
+    return {k: (run[k] / baseline[k] if baseline[k] else None) for k in _RATIO_KEYS}

@@ -1,0 +1,271 @@
+"""The performance model: hand-computed cases, monotonicity, fitting, hardware profiles, the CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sim.link import DirectionConfig, LinkConfig
+from sim.perf_model import (
+    LinkModel,
+    Timings,
+    best_draft_len,
+    expected_acceptance_length,
+    fit_linear,
+    list_hardware,
+    load_hardware,
+    predict_cloud_only,
+    predict_split,
+    protocol_bytes,
+)
+from sim.scenario import list_scenarios, load_scenario
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _timings(**over) -> Timings:
+    base = dict(
+        draft_s_per_token=0.010,
+        verify_fixed_s=0.050,
+        verify_per_token_s=0.001,
+        alpha_per_position=[0.5],
+        up_bytes_fixed=20.0,
+        up_bytes_per_draft=2.0,
+        down_bytes_per_round=30.0,
+        down_bytes_per_token_cloud_only=20.0,
+    )
+    base.update(over)
+    return Timings(**base)
+
+
+# ---------------------------------------------------------------- hand-computed cases
+
+
+def test_round_time_by_hand():
+    t = _timings()
+    link = LinkModel(up_bps=8000, down_bps=16000, rtt_s=0.1)
+    p = predict_split(t, link, 4)
+    # draft 4 * 10 ms; up (20 + 4*2 + 52) B * 8 / 8000; rtt; verify 50 + 5*1 ms; down (30 + 52) * 8 / 16000
+    expected = {"draft": 0.040, "uplink": 0.080, "rtt": 0.100, "verify": 0.055, "downlink": 0.041}
+    assert p.breakdown == pytest.approx(expected)
+    assert p.round_s == pytest.approx(0.316)
+    al = 1 + 0.5 + 0.25 + 0.125 + 0.0625
+    assert p.acceptance_length == pytest.approx(al)
+    assert p.tokens_per_s == pytest.approx(al / 0.316)
+    assert p.cloud_s_per_token == pytest.approx(0.055 / al)
+    assert p.up_bytes_per_token == pytest.approx(28 / al)
+    assert p.down_bytes_per_token == pytest.approx(30 / al)
+    assert p.limit == "rtt"
+
+
+def test_loss_stall_and_segments_by_hand():
+    link = LinkModel(up_bps=80_000, down_bps=0, rtt_s=0.0, loss=0.1, rto_s=0.2, down_loss=0.0)
+    # 3000 B = 3 segments of <= 1448: (3000 + 3*52) * 8 / 80000 + 0.1 * 3 * 0.2
+    assert link.up_s(3000) == pytest.approx(3156 * 8 / 80_000 + 0.06)
+    assert link.down_s(3000) == 0.0  # unlimited and lossless
+    assert link.segments(0) == 0 and link.segments(1448) == 1 and link.segments(1449) == 2
+
+
+def test_cloud_only_by_hand():
+    t = _timings(prefill_s=0.2, open_up_bytes=100.0)
+    fast = LinkModel(up_bps=0, down_bps=0, rtt_s=0.1)
+    p = predict_cloud_only(t, fast)
+    assert p.tokens_per_s == pytest.approx(1 / 0.051)
+    assert p.ttft_s == pytest.approx(0.1 + 0.2 + 0.051)
+    assert p.cloud_s_per_token == pytest.approx(0.051) and p.limit == "verify"
+    # 20 + 52 bytes at 8 kbit/s = 72 ms per chunk > 51 ms per forward: the downlink limits.
+    slow = LinkModel(up_bps=8000, down_bps=8000, rtt_s=0.1)
+    p = predict_cloud_only(t, slow)
+    assert p.tokens_per_s == pytest.approx(1 / 0.072)
+    assert p.limit == "downlink"
+    assert p.cloud_s_per_token == pytest.approx(0.051)  # the cloud's work does not change
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.3, 0.8, 0.95])
+@pytest.mark.parametrize("d", [0, 1, 2, 5, 16])
+def test_acceptance_length_constant_alpha(alpha, d):
+    closed = 1 + alpha * (1 - alpha**d) / (1 - alpha)
+    assert expected_acceptance_length([alpha], d) == pytest.approx(closed)
+
+
+def test_acceptance_length_extends_last_alpha():
+    assert expected_acceptance_length([1.0], 7) == 8.0
+    # [0.9, 0.5] then 0.5, 0.5: 1 + .9 + .45 + .225 + .1125
+    assert expected_acceptance_length([0.9, 0.5], 4) == pytest.approx(2.6875)
+    assert expected_acceptance_length([0.9, 0.5, 0.1], 2) == pytest.approx(1 + 0.9 + 0.45)
+    with pytest.raises(ValueError):
+        expected_acceptance_length([], 3)
+    with pytest.raises(ValueError):
+        expected_acceptance_length([0.5], -1)
+
+
+# ---------------------------------------------------------------- monotonicity
+
+
+def test_more_bandwidth_never_predicts_fewer_tokens():
+    t = _timings(alpha_per_position=[0.8])
+    rates = [2_000, 10_000, 50_000, 1_000_000, 0]  # 0 = unlimited, the most
+    for d in range(0, 17):
+        speeds = [predict_split(t, LinkModel(r, r, 0.05), d).tokens_per_s for r in rates]
+        assert speeds == sorted(speeds), (d, speeds)
+    speeds = [predict_cloud_only(t, LinkModel(r, r, 0.05)).tokens_per_s for r in rates]
+    assert speeds == sorted(speeds)
+    for up_only in ([(r, 50_000) for r in rates], [(50_000, r) for r in rates]):
+        speeds = [predict_split(t, LinkModel(u, dn, 0.05), 6).tokens_per_s for u, dn in up_only]
+        assert speeds == sorted(speeds)
+
+
+def test_higher_alpha_never_predicts_fewer_tokens():
+    link = LinkModel(50_000, 50_000, 0.1)
+    alphas = [0.0, 0.2, 0.5, 0.8, 0.9, 1.0]
+    for d in range(0, 17):
+        speeds = [predict_split(_timings(alpha_per_position=[a]), link, d).tokens_per_s for a in alphas]
+        assert speeds == sorted(speeds), (d, speeds)
+
+
+def test_best_draft_len_is_the_argmax():
+    t = _timings(alpha_per_position=[0.8])
+    link = LinkModel(50_000, 50_000, 0.1)
+    best = best_draft_len(t, link, 16)
+    speeds = {d: predict_split(t, link, d).tokens_per_s for d in range(1, 17)}
+    assert speeds[best] == max(speeds.values())
+    assert best_draft_len(_timings(alpha_per_position=[1.0], draft_s_per_token=0.0), link, 5) == 5
+    assert best_draft_len(_timings(alpha_per_position=[0.0]), link, 16) == 1
+
+
+# ---------------------------------------------------------------- fitting and link config
+
+
+def test_fit_linear_recovers_a_line():
+    samples = [(n, 0.05 + 0.003 * n) for n in (1, 2, 5, 9, 17)]
+    intercept, slope = fit_linear(samples)
+    assert intercept == pytest.approx(0.05) and slope == pytest.approx(0.003)
+    noisy = [(x, 3.0 + 2.0 * x + (0.01 if i % 2 else -0.01)) for i, x in enumerate(range(20))]
+    intercept, slope = fit_linear(noisy)
+    assert intercept == pytest.approx(3.0, abs=0.02) and slope == pytest.approx(2.0, abs=0.002)
+
+
+def test_fit_linear_single_x_is_intercept_only():
+    assert fit_linear([(9, 0.2), (9, 0.4)]) == pytest.approx((0.3, 0.0))
+    assert fit_linear([(4, 1.0)]) == (1.0, 0.0)
+    with pytest.raises(ValueError):
+        fit_linear([])
+
+
+def test_link_model_from_link_config():
+    cfg = LinkConfig(up=DirectionConfig(rate_bps=5_000_000, delay_s=0.03, loss=0.01, rto_s=0.3),
+                     down=DirectionConfig(rate_bps=10_000_000, delay_s=0.02, loss=0.0))
+    link = LinkModel.from_link_config(cfg)
+    assert (link.up_bps, link.down_bps, link.rtt_s) == (5_000_000, 10_000_000, pytest.approx(0.05))
+    assert link.up_s(100) == pytest.approx(152 * 8 / 5e6 + 0.01 * 0.3)
+    assert link.down_s(100) == pytest.approx(152 * 8 / 1e7)
+    acespec = LinkModel.from_link_config(load_scenario("acespec-50k").link)
+    assert (acespec.up_bps, acespec.rtt_s) == (50_000, pytest.approx(0.1))
+
+
+def test_protocol_bytes_match_the_real_frames():
+    """The defaults agree with real protobuf frames within a byte (epoch 3, position 700)."""
+    import numpy as np
+
+    from protos import splitspec_pb2 as pb
+    from shared import codec
+
+    for vocab in (262_144, 128_256):
+        b = protocol_bytes(vocab)
+        rng = np.random.default_rng(0)
+        for d in (1, 2, 4, 8, 16):
+            payload = codec.encode_tokens(rng.integers(0, vocab, d), vocab)
+            frame = pb.EdgeFrame(draft=pb.Draft(epoch=3, start_position=700, payload=payload.data))
+            real = codec.http2_framed_size(frame.ByteSize())
+            assert abs(b["up_fixed"] + b["up_per_draft"] * d - real) <= 1, (vocab, d, real)
+        verdict = pb.CloudFrame(verdict=pb.Verdict(epoch=3, start_position=700, accepted=4,
+                                                   token=vocab - 1, server_us=60_000))
+        assert abs(b["down_per_round"] - codec.http2_framed_size(verdict.ByteSize())) <= 1
+        chunk = pb.GenerateChunk(tokens=codec.encode_tokens([vocab - 1], vocab).data)
+        assert b["down_per_token_cloud_only"] == codec.http2_framed_size(chunk.ByteSize())
+
+
+# ---------------------------------------------------------------- hardware profiles
+
+
+def test_shipped_hardware_profiles_load():
+    assert {"llama70b-8xh100-mac", "gemma270m-cpu"} <= set(list_hardware())
+    for name in list_hardware():
+        profile = load_hardware(name)
+        t = profile.to_timings()
+        assert profile.name == name and profile.description
+        assert t.verify_s(1) > 0 and t.draft_s_per_token > 0 and t.alpha_per_position
+        for scenario in list_scenarios():
+            link = LinkModel.from_link_config(load_scenario(scenario).link)
+            assert math.isfinite(predict_split(t, link, best_draft_len(t, link)).tokens_per_s)
+
+
+def test_gemma_cpu_profile_matches_the_measured_forwards():
+    t = load_hardware("gemma270m-cpu").to_timings()
+    assert t.verify_s(1) == pytest.approx(0.1) and t.verify_s(9) == pytest.approx(0.2)
+    assert t.draft_s_per_token == pytest.approx(0.028)
+
+
+def test_llama70b_cloud_only_is_15_to_20_tokens_per_s():
+    t = load_hardware("llama70b-8xh100-mac").to_timings()
+    for scenario in list_scenarios():
+        link = LinkModel.from_link_config(load_scenario(scenario).link)
+        assert 15.0 <= predict_cloud_only(t, link).tokens_per_s <= 20.0, scenario
+    # Memory-bound decode: a 9-token verify costs nearly what a 1-token step does.
+    assert t.verify_s(9) / t.verify_s(1) < 1.1
+
+
+def test_hardware_file_errors(tmp_path):
+    with pytest.raises(ValueError, match="shipped"):
+        load_hardware("no-such-profile")
+    with pytest.raises(ValueError, match="not found"):
+        load_hardware(tmp_path / "missing.toml")
+    good = (REPO / "sim" / "hardware" / "gemma270m-cpu.toml").read_text()
+    typo = tmp_path / "typo.toml"
+    typo.write_text(good.replace("verify_per_token_ms", "verify_per_tokn_ms"))
+    with pytest.raises(ValueError, match="verify_per_tokn_ms"):
+        load_hardware(typo)
+    listed = tmp_path / "listed.toml"
+    listed.write_text(good.replace("alpha = 0.85", "alpha = [0.9, 0.7]"))
+    assert load_hardware(str(listed)).alpha == [0.9, 0.7]
+    bad = tmp_path / "bad.toml"
+    bad.write_text(good.replace("alpha = 0.85", "alpha = 1.5"))
+    with pytest.raises(ValueError, match="alpha"):
+        load_hardware(bad)
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def test_sim_model_cli_json_is_labelled_modelled():
+    result = subprocess.run(
+        [sys.executable, "-m", "sim.cli", "sim", "model", "--hardware", "llama70b-8xh100-mac", "--json"],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["kind"] == "modelled" and "MODELLED, not measured" in report["label"]
+    assert report["scenario"]["name"] == "acespec-50k"
+    rows = report["rows"]
+    assert [r["draft_len"] for r in rows] == list(range(17))
+    assert rows[0]["config"] == "cloud-only" and 15 <= rows[0]["tokens_per_s"] <= 20
+    assert all(r["config"] == "split" for r in rows[1:])
+    best = max(rows[1:], key=lambda r: r["tokens_per_s"])
+    assert report["best_draft_len"] == best["draft_len"]
+    assert {"draft", "uplink", "rtt", "verify", "downlink"} == set(rows[3]["breakdown"])
+
+
+def test_sim_model_cli_table_and_errors(capsys):
+    from sim.cli import main
+
+    assert main(["sim", "model", "--hardware", "gemma270m-cpu", "--scenario", "wan", "--max-draft-len", "4"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("MODELLED, not measured: gemma270m-cpu on wan")
+    assert "0 (cloud-only)" in out and "best D = " in out
+    assert main(["sim", "model", "--hardware", "no-such-profile"]) == 2
+    assert "unknown hardware profile" in capsys.readouterr().err
