@@ -30,8 +30,10 @@ $(STAMP): pyproject.toml Makefile
 test: install
 	$(PY) -m pytest -q
 
+# The main job: real cloud and edge processes over an emulated 50 kbit/s, 100 ms link,
+# split decoding against cloud-only decoding (a few minutes on 2 cores after setup).
 demo: install
-	$(VENV)/bin/splitspec generate --prompt "The three most important things about speculative decoding are" --max-new-tokens 128 --draft-len 8
+	$(VENV)/bin/splitspec sim run acespec-50k --quick --out out/demo
 
 protos: install
 	$(PY) -m protos.generate

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -57,6 +58,8 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         self.limits = limits
         self.metrics = metrics or ServiceMetrics()
         self.table = SessionTable(limits.max_sessions, limits.session_ttl_s)
+        # The latest per-verify service times outside the forward, seconds (for benchmarks and debugging).
+        self.recent_overheads_s: deque[float] = deque(maxlen=10_000)
         # One thread: forwards are serialised; torch parallelises inside each.
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="target")
 
@@ -170,7 +173,9 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         self.table.touch(entry)
         m = self.metrics
         m.verify_latency.observe(elapsed)
-        m.service_overhead.observe(max(elapsed - (session.seq.forward_s - forward_before), 0.0))
+        overhead = max(elapsed - (session.seq.forward_s - forward_before), 0.0)
+        m.service_overhead.observe(overhead)
+        self.recent_overheads_s.append(overhead)
         m.forwards.inc()
         m.drafted.inc(len(tokens))
         m.accepted.inc(verdict.accepted)
@@ -189,7 +194,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                 return
             self._count_in(first)
             if first.WhichOneof("kind") != "open":
-                raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"the first frame must be Open, got {first.WhichOneof('kind')}")
+                raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"the first frame must be Open, got {first.WhichOneof('kind') or 'an empty frame'}")
             entry = await self._open(first.open)
             session = entry.session
             yield self._count_out(
@@ -213,7 +218,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                     finished = True
                     break
                 if kind != "draft":
-                    raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"unexpected {kind} frame in an open session")
+                    raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"unexpected {kind or 'empty'} frame in an open session")
                 verdict, server_us = await self._verify(entry, frame.draft)
                 if verdict is None:
                     continue

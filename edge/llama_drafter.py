@@ -82,7 +82,7 @@ class LlamaDrafter:
         n = min(n, self.context_size - len(self._seq) - 1)
         tokens, q = [], []
         for _ in range(max(n, 0)):
-            logits = self._logits_after_sync()
+            logits = self.next_logits()
             token, q_tilde = propose(logits, self._params, position=len(self._seq))
             self._seq.append(token)
             tokens.append(token)
@@ -106,8 +106,11 @@ class LlamaDrafter:
         self.llm.close()
 
     # -- internals ---------------------------------------------------------
-    def _logits_after_sync(self) -> np.ndarray:
-        """Evaluate every token of _seq not yet in the KV cache; return the last logits [V]."""
+    def next_logits(self) -> np.ndarray:
+        """Logits [V] for the position after the current sequence (evaluates what is pending).
+
+        The array is llama.cpp's buffer: valid until the next eval; copy to keep it.
+        """
         if self.llm.n_tokens >= len(self._seq):
             self.llm.n_tokens = len(self._seq) - 1  # re-evaluate the last token to get its logits
         started = time.perf_counter()

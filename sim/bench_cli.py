@@ -23,17 +23,61 @@ def add_bench_commands(subparsers: argparse._SubParsersAction) -> None:
     wire.add_argument("--prob-bits", type=int, default=8, help="q̃ weights sum to 2**B (rejection)")
     wire.add_argument("--blocks", type=int, default=200, help="blocks to encode")
     wire.add_argument("--seed", type=int, default=0)
+    wire.add_argument("--drafter", default=None,
+                      help="take q from this GGUF drafter (or 'default' for Gemma 3 270M) instead of synthetic Zipf blocks")
+    wire.add_argument("--temperature", type=float, default=0.7, help="with --drafter: sampling temperature for q")
     wire.add_argument("--json", action="store_true", help="print the result as JSON")
     wire.set_defaults(func=_run_wire)
 
+    from sim.bench_service import add_service_bench_command
     from sim.bench_split import add_split_bench_command
 
     add_split_bench_command(subparsers)
+    add_service_bench_command(subparsers)
+
+
+def _recorded_drafter(path: str | None, temperature: float, positions: int = 512):
+    """Run a real drafter over a text once; replay its processed q per position (cyclically).
+
+    Returns (vocab_size, hook). q is kept as its top 256 candidates, which is
+    all that q̃ (top-k <= 256) and the coupled proposal ever look at.
+    """
+    import numpy as np
+
+    from edge.drafter import propose
+    from edge.loading import open_llama_drafter
+    from shared.logits import top_candidates
+    from shared.params import SamplingParams
+
+    drafter = open_llama_drafter(None if path == "default" else path, n_threads=None)
+    params = SamplingParams(temperature=temperature)
+    prompt = drafter.vocab.tokenize("Write a detailed essay about the history of the printing press and its effects on Europe.")
+    drafter.begin(prompt, params)
+    recorded = []
+    for i in range(positions):
+        logits = drafter.next_logits()
+        recorded.append(top_candidates(logits, params, limit=256))
+        token, _ = propose(logits, params, len(prompt) + i)
+        drafter.commit([token])
+    vocab_size = drafter.vocab_size
+    drafter.close()
+
+    def hook(position: int) -> np.ndarray:
+        ids, probs = recorded[position % len(recorded)]
+        q = np.zeros(vocab_size)
+        q[ids] = probs
+        return q
+
+    return vocab_size, hook
 
 
 def _run_wire(args: argparse.Namespace) -> int:
+    vocab_size, drafter = args.vocab, None
+    if args.drafter is not None:
+        vocab_size, drafter = _recorded_drafter(args.drafter, args.temperature)
     result = run_wire_bench(
-        vocab_size=args.vocab,
+        drafter=drafter,
+        vocab_size=vocab_size,
         draft_len=args.draft_len,
         draft_top_k=args.draft_top_k,
         prob_bits=args.prob_bits,

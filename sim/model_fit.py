@@ -1,9 +1,10 @@
 """Fitting ``sim.perf_model.Timings`` on what a simulation run measured.
 
-Inputs are the edge processes' JSON results (``edge run --json --timings``
-and ``edge baseline --json``). Shared across runs: the verify-time line
-t_verify(n) (from every block's cloud time), the byte costs, the prefill.
-Per run: its drafter speed and its acceptance per position.
+Inputs are the edge processes' JSON results (``edge run/baseline --json
+--timings``). Shared across runs: the verify-time line t_verify(n), fitted
+on every block's and every cloud-only token's cloud time, and the prefill.
+Per run: its drafter speed, its acceptance per position and its bytes per
+block (q̃ makes rejection blocks much larger than coupled ones).
 """
 
 from __future__ import annotations
@@ -63,10 +64,14 @@ class FittedTimings:
     def for_run(self, index: int) -> Timings:
         """The pooled timings with run ``index``'s drafter speed and acceptance."""
         measured = self.runs[index]
+        up_fixed, up_per_draft = fit_linear(measured.up_samples)
         return dataclasses.replace(
             self.base,
             draft_s_per_token=measured.draft_s / max(measured.drafted, 1),
             alpha_per_position=_alpha(measured.accepted_at, measured.drafted_at),
+            up_bytes_fixed=up_fixed,
+            up_bytes_per_draft=up_per_draft,
+            down_bytes_per_round=sum(measured.down_samples) / max(len(measured.down_samples), 1),
         )
 
     def describe(self) -> dict:
@@ -95,7 +100,8 @@ def _alpha(accepted_at: list[int], drafted_at: list[int]) -> list[float]:
 
 
 def fit_timings(runs: list[RunTimings], baseline_outputs: list[dict], baseline_meters, rtt_s: float = 0.0) -> FittedTimings:
-    verify_fixed, verify_per_token = fit_linear([s for r in runs for s in r.verify_samples])
+    cloud_only = [(1, b["cloud_s"]) for o in baseline_outputs for b in o.get("blocks", [])]
+    verify_fixed, verify_per_token = fit_linear([s for r in runs for s in r.verify_samples] + cloud_only)
     up_fixed, up_per_draft = fit_linear([s for r in runs for s in r.up_samples])
     downs = [d for r in runs for d in r.down_samples]
     base_tokens = sum(len(o["tokens"]) for o in baseline_outputs) or 1

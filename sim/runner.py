@@ -101,7 +101,10 @@ def run_simulation(cfg: SimConfig, progress=lambda line: print(line, file=sys.st
     step = 0
     with CloudProcess(cfg.target, cloud_cores) as cloud, BackgroundLink(cfg.scenario.link, cloud.port) as link:
         progress(f"cloud ready on port {cloud.port}; link emulator on {link.address}")
-        common = ["--cloud", link.address, "--drafter", cfg.drafter, "--verdict-timeout", "600"]
+        common = ["--cloud", link.address, "--drafter", cfg.drafter, "--verdict-timeout", "600", "--timings"]
+        # Warm the cloud up (first forwards allocate and load lazily) so no configuration pays for it.
+        run_edge_process(["baseline", "--cloud", f"127.0.0.1:{cloud.port}", "--drafter", cfg.drafter,
+                          "--prompt", "Hello", "--max-new-tokens", "4", "--temperature", "0"], edge_cores)
         baselines, baseline_raw = {}, []
         for kind in kinds:
             outputs, meters = [], []
@@ -124,7 +127,7 @@ def run_simulation(cfg: SimConfig, progress=lambda line: print(line, file=sys.st
                 stream = sys.stdout if cfg.stream_first and not runs and i == 0 else None
                 with _Meter(cloud, link) as meter:
                     args = ["run", *common, "--drafter-threads", str(len(edge_cores) if edge_cores else 1),
-                            *_sampling_args(cfg, prompt, mode), "--draft-len", str(draft_len), "--timings"]
+                            *_sampling_args(cfg, prompt, mode), "--draft-len", str(draft_len)]
                     outputs.append(run_edge_process(args, edge_cores, stream_to=stream))
                 meters.append(meter)
                 if stream is not None:

@@ -218,7 +218,9 @@ def write_tiny_models(out_dir: str | Path, seed: int = 0) -> dict[str, str]:
     {"target": DIR/target (HF folder), "drafter_f32": DIR/drafter-f32.gguf,
      "drafter_q8_0": DIR/drafter-q8_0.gguf, "drafter_noisy": DIR/drafter-noisy.gguf}"""
     from transformers import LlamaForCausalLM
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {
