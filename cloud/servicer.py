@@ -79,10 +79,10 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         if vocab_size != engine.vocab_size or bytes(fingerprint) != engine.fingerprint:
             raise _Abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
-                "vocabulary mismatch: edge has "
-                + describe_vocab("edge", vocab_size, bytes(fingerprint))
-                + ", cloud target has "
-                + describe_vocab(engine.model_name, engine.vocab_size, engine.fingerprint),
+                "vocabulary mismatch: "
+                + describe_vocab("the edge drafter", vocab_size, bytes(fingerprint))
+                + " vs "
+                + describe_vocab(f"the cloud target {engine.model_name}", engine.vocab_size, engine.fingerprint),
             )
 
     def _parse_request(self, request) -> tuple[SamplingParams, list[int]]:
@@ -259,7 +259,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             session = entry.session
             while not session.done:
                 position = len(session.tokens)
-                verdict, _ = await self._verify_empty(entry, position)
+                verdict, server_us = await self._verify_empty(entry, position)
                 encoded = codec.encode_tokens([verdict.token] if verdict.token is not None else [], self.engine.vocab_size)
                 yield self._count_out(
                     pb.GenerateChunk(
@@ -267,6 +267,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                         compressed=encoded.compressed,
                         done=verdict.done,
                         stop_reason=stop_reason_to_proto(verdict.stop_reason),
+                        server_us=server_us,
                     )
                 )
         except _Abort as exc:
@@ -279,7 +280,8 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         session = entry.session
         started = time.perf_counter()
         verdict = await self._in_engine(session.verify, session.epoch, position, [], None)
-        self.metrics.verify_latency.observe(time.perf_counter() - started)
+        elapsed = time.perf_counter() - started
+        self.metrics.verify_latency.observe(elapsed)
         self.metrics.forwards.inc()
         self.metrics.generated.inc(verdict.token is not None)
-        return verdict, 0
+        return verdict, min(int(elapsed * 1e6), 2**32 - 1)

@@ -27,7 +27,6 @@ def add_edge_commands(commands) -> None:
     _add_cloud_args(run)
     add_drafter_args(run)
     add_sampling_args(run)
-    run.add_argument("--timings", action="store_true", help="with --json: add per-block cloud times and bytes")
     run.set_defaults(func=run_edge)
 
     baseline = commands.add_parser(
@@ -49,6 +48,7 @@ def _add_cloud_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--connect-timeout", type=float, default=10.0, help="seconds to reach the cloud (default 10)")
     group.add_argument("--verdict-timeout", type=float, default=120.0, help="seconds to wait for any one answer (default 120)")
     parser.add_argument("--json", action="store_true", help="print tokens, text and stats (with bytes and RTT) as JSON")
+    parser.add_argument("--timings", action="store_true", help="in the JSON: per-block cloud times and bytes")
     parser.add_argument("--json-file", type=Path, default=None, help="also write that JSON to this file (text still streams)")
 
 
@@ -179,7 +179,10 @@ def run_baseline(args: argparse.Namespace) -> int:
         "bytes_down": result.bytes_down,
         "prompt_tokens": len(prompt),
     }
-    if _emit_json(args, {"tokens": result.tokens, "text": vocab.detokenize(result.tokens), "stats": stats}):
+    out = {"tokens": result.tokens, "text": vocab.detokenize(result.tokens), "stats": stats}
+    if args.timings:
+        out["blocks"] = [{"forward_tokens": 1, "cloud_s": round(s, 6), "down_bytes": b} for s, b in result.chunk_log]
+    if _emit_json(args, out):
         return 0
     _summary(len(result.tokens), result.wall_s, f"cloud-only, stop={result.stop_reason.value}, ttft {result.ttft_s:.2f}s")
     return 0

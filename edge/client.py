@@ -218,6 +218,7 @@ class CloudOnlyResult:
     ttft_s: float
     bytes_up: int
     bytes_down: int
+    chunk_log: list[tuple[float, int]]  # per chunk: (cloud seconds, message bytes)
 
 
 def cloud_only_generate(
@@ -248,11 +249,13 @@ def cloud_only_generate(
         max_new_tokens=max_new_tokens,
     )
     tokens: list[int] = []
+    chunk_log: list[tuple[float, int]] = []
     bytes_down, ttft, stop = 0, 0.0, StopReason.NONE
     started = time.perf_counter()
     try:
         for chunk in pb_grpc.VerifierStub(channel).Generate(request, timeout=timeout_s, metadata=metadata):
             bytes_down += message_wire_bytes(chunk)
+            chunk_log.append((chunk.server_us * 1e-6, message_wire_bytes(chunk)))
             new = codec.decode_tokens(chunk.tokens, chunk.compressed, vocab_size, max_tokens=max_new_tokens).tolist()
             if new and not ttft:
                 ttft = time.perf_counter() - started
@@ -268,4 +271,6 @@ def cloud_only_generate(
         raise LinkError(f"malformed chunk from the cloud: {exc}") from exc
     finally:
         channel.close()
-    return CloudOnlyResult(tokens, stop, time.perf_counter() - started, ttft, message_wire_bytes(request), bytes_down)
+    return CloudOnlyResult(
+        tokens, stop, time.perf_counter() - started, ttft, message_wire_bytes(request), bytes_down, chunk_log
+    )

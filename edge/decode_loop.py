@@ -62,12 +62,12 @@ def run_decode(
     started = time.perf_counter()
     stats = DecodeStats()
     prompt = [int(t) for t in prompt]
-    draft_len = link.open(prompt, params, max_new_tokens, draft_len)
-    drafter.begin(prompt, params)
     generated: list[int] = []
     epoch = 0
     ttft = 0.0
     try:
+        draft_len = link.open(prompt, params, max_new_tokens, draft_len)
+        drafter.begin(prompt, params)
         while True:
             position = len(prompt) + len(generated)
             # Leave room for the correction/bonus token inside the limit.

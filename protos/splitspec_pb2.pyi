@@ -157,13 +157,15 @@ class GenerateRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ..., vocab_fingerprint: _Optional[bytes] = ..., vocab_size: _Optional[int] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., prompt: _Optional[bytes] = ..., prompt_compressed: _Optional[bool] = ..., max_new_tokens: _Optional[int] = ...) -> None: ...
 
 class GenerateChunk(_message.Message):
-    __slots__ = ("tokens", "compressed", "done", "stop_reason")
+    __slots__ = ("tokens", "compressed", "done", "stop_reason", "server_us")
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPRESSED_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
     STOP_REASON_FIELD_NUMBER: _ClassVar[int]
+    SERVER_US_FIELD_NUMBER: _ClassVar[int]
     tokens: bytes
     compressed: bool
     done: bool
     stop_reason: StopReason
-    def __init__(self, tokens: _Optional[bytes] = ..., compressed: _Optional[bool] = ..., done: _Optional[bool] = ..., stop_reason: _Optional[_Union[StopReason, str]] = ...) -> None: ...
+    server_us: int
+    def __init__(self, tokens: _Optional[bytes] = ..., compressed: _Optional[bool] = ..., done: _Optional[bool] = ..., stop_reason: _Optional[_Union[StopReason, str]] = ..., server_us: _Optional[int] = ...) -> None: ...

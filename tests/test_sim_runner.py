@@ -1,0 +1,57 @@
+"""``splitspec sim run`` end to end: real cloud and edge processes through the link emulator."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+RUN_KEYS = {
+    "mode", "draft_len", "tokens_per_s", "ttft_s", "acceptance_length", "up_bytes_per_token", "down_bytes_per_token",
+    "cloud_forwards_per_token", "cloud_cpu_s_per_token", "identical_to_baseline", "predicted_tokens_per_s",
+}
+
+
+@pytest.fixture(scope="module")
+def sim_result(tiny_models, tmp_path_factory):
+    out = tmp_path_factory.mktemp("sim")
+    proc = subprocess.run(
+        [sys.executable, "-m", "sim.cli", "sim", "run", "acespec-50k", "--quick", "--modes", "greedy", "coupled",
+         "--draft-lens", "3", "--max-new-tokens", "24", "--target", tiny_models["target"],
+         "--drafter", tiny_models["drafter_noisy"], "--out", str(out), "--json"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout), out, proc.stderr
+
+
+def test_result_schema_and_files(sim_result):
+    result, out, _ = sim_result
+    assert result["scenario"] == "acespec-50k"
+    assert RUN_KEYS <= set(result["baseline"])
+    assert [(r["mode"], r["draft_len"]) for r in result["runs"]] == [("greedy", 3), ("coupled", 3)]
+    for run in result["runs"]:
+        assert RUN_KEYS <= set(run)
+    assert json.loads((out / "result.json").read_text()) == result
+    assert "Token identity" in (out / "report.md").read_text()
+    for name in ("tokens_per_s.png", "acceptance_length.png", "uplink_bytes_per_token.png", "cloud_compute_per_token.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_split_is_identical_to_cloud_only_and_cheaper(sim_result):
+    result, _, _ = sim_result
+    base = result["baseline"]
+    assert base["cloud_forwards_per_token"] >= 1.0
+    for run in result["runs"]:
+        assert run["identical_to_baseline"] is True
+        assert run["acceptance_length"] > 1.0
+        assert run["cloud_forwards_per_token"] < base["cloud_forwards_per_token"]
+        assert run["up_bytes_per_token"] > 0 and run["down_bytes_per_token"] > 0
+        assert run["predicted_tokens_per_s"] > 0
+
+
+def test_progress_is_shown(sim_result):
+    _, _, stderr = sim_result
+    assert "[1/" in stderr and "cloud ready" in stderr
