@@ -77,7 +77,9 @@ class GrpcLink:
         root_certificates: bytes | None = None,
         connect_timeout_s: float = 10.0,
         verdict_timeout_s: float = 120.0,
+        channel: grpc.Channel | None = None,
     ) -> None:
+        """``channel``: an open channel to reuse across sessions (the caller closes it); default: our own."""
         self.address = address
         self.vocab_size = vocab_size
         self.fingerprint = fingerprint
@@ -85,7 +87,8 @@ class GrpcLink:
         self.connect_timeout_s = connect_timeout_s
         self.verdict_timeout_s = verdict_timeout_s
         self._metadata = (("authorization", f"Bearer {auth_token}"),) if auth_token else ()
-        self._channel = make_channel(address, root_certificates)
+        self._owns_channel = channel is None
+        self._channel = channel if channel is not None else make_channel(address, root_certificates)
         self._requests: queue.Queue = queue.Queue()
         self._responses: queue.Queue = queue.Queue()
         self._call = None
@@ -171,7 +174,8 @@ class GrpcLink:
                 self._reader.join(timeout=5)
             self._call.cancel()
             self._call = None
-        self._channel.close()
+        if self._owns_channel:
+            self._channel.close()
 
     # -- measurements ------------------------------------------------------
     @property

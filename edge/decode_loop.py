@@ -93,8 +93,8 @@ def run_decode(
                 break
             if len(generated) >= max_new_tokens:
                 raise ProtocolError(f"verifier did not stop at the token limit of {max_new_tokens}")
+        stats.wall_s = time.perf_counter() - started  # tearing the link down is not generation time
     finally:
         link.close()
     stats.target_forwards = stats.rounds + (1 if len(prompt) > 1 else 0)  # one per block, plus the prefill
-    stats.wall_s = time.perf_counter() - started
     return GenerationResult(generated, verdict.stop_reason, stats, ttft)

@@ -301,7 +301,7 @@ BAD_OPENS = {
                           INVALID, "the first frame must be Open, got draft"),
     "close-before-open": (lambda c: CLOSE, INVALID, "the first frame must be Open, got close"),
     "wrong-vocab-size": (lambda c: open_frame(c.vocab, c.prompt, vocab_size=c.V - 1),
-                         PRECONDITION, "vocabulary mismatch: edge"),
+                         PRECONDITION, "vocabulary mismatch"),
     "wrong-fingerprint": (lambda c: open_frame(c.vocab, c.prompt, vocab_fingerprint=_WRONG_FP),
                           PRECONDITION, f"fingerprint {_WRONG_FP.hex()[:12]}"),
     "no-fingerprint": (lambda c: open_frame(c.vocab, c.prompt, vocab_fingerprint=b""),
