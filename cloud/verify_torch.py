@@ -74,12 +74,38 @@ def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
     return probs
 
 
-def race(weights: torch.Tensor, seed: int, position: int, purpose: int) -> int:
-    """argmin_x E(x)/w(x) over w > 0, as ``shared.verify.race``."""
-    tokens = torch.arange(weights.shape[-1], device=weights.device)
+def candidate_probs(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+    """p on its candidate tokens: (ids [R, n] int64, probs [R, n] float64) for logits [R, V].
+
+    With top-k the candidates are the k best tokens (n = k), so sampling work
+    scales with k instead of V; otherwise every token (n = V). Same
+    distribution as ``process_logits``; where the k-th logit is tied, falls
+    back to the dense path, which keeps every tie as the reference does.
+    """
+    vocab = logits.shape[-1]
+    if 0 < params.top_k < vocab - 1 and not params.is_greedy:
+        # Select on the raw logits (dividing by T > 0 keeps the order); only k values go to float64.
+        k = params.top_k
+        values, ids = torch.topk(logits, k + 1, dim=-1)  # sorted, best first; one extra to see ties
+        if bool((values[..., k] < values[..., k - 1]).all()):
+            values, ids = values[..., :k], ids[..., :k]
+            probs = torch.softmax(values.to(torch.float64) / params.temperature, dim=-1)
+            if params.top_p < 1.0:
+                before = torch.cumsum(probs, dim=-1) - probs
+                probs = torch.where(before < params.top_p, probs, 0.0)
+                probs = probs / probs.sum(dim=-1, keepdim=True)
+            return ids, probs
+    ids = torch.arange(vocab, device=logits.device).expand(logits.shape[0], vocab)
+    return ids, process_logits(logits, params)
+
+
+def race(weights: torch.Tensor, seed: int, position: int, purpose: int, ids: torch.Tensor | None = None) -> int:
+    """argmin_x E(x)/w(x) over w > 0, as ``shared.verify.race``; ``ids`` [n] names the
+    token of each weight when ``weights`` [n] covers only candidates (default: all ids)."""
+    tokens = torch.arange(weights.shape[-1], device=weights.device) if ids is None else ids
     keys = exponential(seed, position, tokens, purpose, weights.device) / weights
     keys = torch.where(weights > 0, keys, torch.inf)
-    return int(torch.argmin(keys))
+    return int(tokens[torch.argmin(keys)])
 
 
 def verify_block(
@@ -101,7 +127,7 @@ def verify_block(
             if x != best[i]:
                 return VerifyResult(i, best[i], bonus=False)
         return VerifyResult(n, best[n], bonus=True)
-    p = process_logits(logits, params)
+    ids, p = candidate_probs(logits, params)  # [D+1, n] each
     seed = params.seed
     if params.mode is Mode.REJECTION:
         if n and (q is None or len(q) != n):
@@ -111,17 +137,18 @@ def verify_block(
             q_x = q[i].prob(int(x))
             if q_x <= 0:
                 raise ValueError(f"draft {int(x)} at position {start_position + i} is outside its q̃ support")
-            if accept_u[i] * q_x < float(p[i, x]):
+            p_x = float(p[i][ids[i] == x].sum())
+            if accept_u[i] * q_x < p_x:
                 continue
-            q_dense = torch.zeros_like(p[i])
+            q_dense = torch.zeros(logits.shape[-1], dtype=torch.float64, device=p.device)
             q_dense[torch.as_tensor(q[i].support, device=p.device)] = torch.as_tensor(
                 q[i].weights / float(1 << q[i].prob_bits), dtype=torch.float64, device=p.device
             )
-            residual = torch.clamp(p[i] - q_dense, min=0.0)
-            return VerifyResult(i, race(residual, seed, start_position + i, ref.Purpose.RESIDUAL), bonus=False)
+            residual = torch.clamp(p[i] - q_dense[ids[i]], min=0.0)  # zero outside p's candidates anyway
+            return VerifyResult(i, race(residual, seed, start_position + i, ref.Purpose.RESIDUAL, ids[i]), bonus=False)
     else:
         for i, x in enumerate(drafts):
-            y = race(p[i], seed, start_position + i, ref.Purpose.SAMPLE)
+            y = race(p[i], seed, start_position + i, ref.Purpose.SAMPLE, ids[i])
             if x != y:
                 return VerifyResult(i, y, bonus=False)
-    return VerifyResult(n, race(p[n], seed, start_position + n, ref.Purpose.SAMPLE), bonus=True)
+    return VerifyResult(n, race(p[n], seed, start_position + n, ref.Purpose.SAMPLE, ids[n]), bonus=True)

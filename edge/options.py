@@ -41,8 +41,9 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> None:
         help="verification mode; default: coupled when temperature > 0, else greedy",
     )
     group.add_argument("--temperature", type=float, default=0.7, help="0 means greedy (default 0.7)")
-    group.add_argument("--top-k", type=non_negative_int, default=0, help="keep the k most likely tokens (0 = off)")
-    group.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1.0 = off)")
+    group.add_argument("--top-k", type=non_negative_int, default=64,
+                       help="keep the k most likely tokens (default 64, Gemma 3's recommendation; 0 = off)")
+    group.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling mass (default 0.95; 1.0 = off)")
     group.add_argument("--seed", type=non_negative_int, default=0, help="session seed; all randomness derives from it")
     group.add_argument("--draft-len", type=non_negative_int, default=8, help="drafts per block D; 0 = target-only (default 8)")
     group.add_argument("--draft-top-k", type=positive_int, default=16, help="rejection mode: support of q̃ (default 16)")

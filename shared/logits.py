@@ -12,7 +12,9 @@ import numpy as np
 
 from shared.params import SamplingParams
 
-__all__ = ["process_logits", "top_candidates"]
+__all__ = ["process_logits", "top_candidates", "CANDIDATE_GAP"]
+
+CANDIDATE_GAP = 16.0  # drafter candidates lie within this many temperatures of the best logit
 
 
 def _filter_top_p(probs: np.ndarray, top_p: float) -> np.ndarray:
@@ -51,20 +53,24 @@ def process_logits(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
 
 
 def top_candidates(logits: np.ndarray, params: SamplingParams, limit: int = 256) -> tuple[np.ndarray, np.ndarray]:
-    """The drafter's q restricted to its ``limit`` highest logits.
+    """The drafter's q restricted to at most ``limit`` of its highest logits.
 
     logits: [V] -> (ids [n] int64, probs [n] float64 summing to 1), ordered by
-    decreasing probability. O(V) for the selection plus O(limit log limit).
+    decreasing probability. Tokens more than ``CANDIDATE_GAP`` (in units of
+    temperature) below the best logit are never candidates: their q relative
+    to the best is below e^-16. That makes the usual case one pass over V
+    instead of a partial sort.
     """
     logits = np.asarray(logits)
-    vocab = logits.shape[-1]
-    n = min(limit, vocab)
+    if params.is_greedy:
+        return np.array([int(np.argmax(logits))], dtype=np.int64), np.ones(1)
+    n = min(limit, logits.shape[-1])
     if params.top_k:
         n = min(n, params.top_k)
-    ids = np.argpartition(-logits, n - 1)[:n] if n < vocab else np.arange(vocab)
+    ids = np.flatnonzero(logits >= logits.max() - CANDIDATE_GAP * params.temperature)
+    if ids.size > n:
+        ids = ids[np.argpartition(-logits[ids], n - 1)[:n]]
     ids = ids[np.argsort(-logits[ids], kind="stable")]
-    if params.is_greedy:
-        return ids[:1].astype(np.int64), np.ones(1)
     probs = process_logits(logits[ids], SamplingParams(temperature=params.temperature, top_p=params.top_p))
     keep = probs > 0
     return ids[keep].astype(np.int64), probs[keep]

@@ -25,6 +25,8 @@ def add_split_bench_command(commands) -> None:
     parser.add_argument("--modes", nargs="+", default=["greedy", "coupled", "rejection"])
     parser.add_argument("--draft-lens", nargs="+", type=int, default=[4, 8])
     parser.add_argument("--temperature", type=float, default=0.7, help="for coupled and rejection (greedy uses 0)")
+    parser.add_argument("--top-k", type=int, default=64, help="as in generate (default 64; 0 = off)")
+    parser.add_argument("--top-p", type=float, default=0.95, help="as in generate (default 0.95; 1.0 = off)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true")
     parser.set_defaults(func=run_split_bench)
@@ -42,7 +44,13 @@ def run_split_bench(args: argparse.Namespace) -> int:
     prompt = drafter.vocab.tokenize(args.prompt)
     rows = []
     for mode in args.modes:
-        params = SamplingParams(mode=Mode(mode), temperature=0.0 if mode == "greedy" else args.temperature, seed=args.seed)
+        params = SamplingParams(
+            mode=Mode(mode),
+            temperature=0.0 if mode == "greedy" else args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            seed=args.seed,
+        )
         baseline = None
         for draft_len in [0, *args.draft_lens]:
             drafter.draft_s = drafter.eval_s = 0.0

@@ -53,6 +53,25 @@ def test_logit_processing_matches(params):
 
 
 @pytest.mark.parametrize("params", PARAMS, ids=str)
+def test_candidate_probs_equal_the_dense_distribution(params):
+    logits = torch.from_numpy(np.random.default_rng(4).normal(size=(4, 300)).astype(np.float32) * 3)
+    ids, probs = verify_torch.candidate_probs(logits, params)
+    dense = torch.zeros(4, 300, dtype=torch.float64).scatter_(-1, ids, probs)
+    np.testing.assert_allclose(dense.numpy(), process_logits(logits.numpy(), params), atol=1e-12)
+    if 0 < params.top_k and not params.is_greedy:
+        assert ids.shape[-1] == params.top_k  # sampling work scales with k, not V
+
+
+def test_candidate_probs_fall_back_on_ties():
+    logits = torch.zeros(1, 50)
+    logits[0, :3] = 5.0  # three-way tie at k = 2
+    ids, probs = verify_torch.candidate_probs(logits, SamplingParams(temperature=1.0, top_k=2))
+    dense = torch.zeros(1, 50, dtype=torch.float64).scatter_(-1, ids, probs)
+    np.testing.assert_allclose(dense.numpy(), process_logits(logits.numpy(), SamplingParams(temperature=1.0, top_k=2)))
+    assert (dense[0, :3] > 0).all()
+
+
+@pytest.mark.parametrize("params", PARAMS, ids=str)
 @pytest.mark.parametrize("mode", [Mode.COUPLED, Mode.REJECTION])
 def test_verification_picks_identical_tokens(params, mode):
     params = SamplingParams(mode=mode, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, seed=11)
