@@ -93,6 +93,9 @@ class VerifierServer:
                 ("grpc.keepalive_time_ms", 30_000),
                 ("grpc.http2.max_pings_without_data", 0),
                 ("grpc.keepalive_permit_without_calls", 1),
+                # No bandwidth-delay-product probing: its PINGs and their ACKs cost more bytes per
+                # round than a draft block on a 50 kbit/s link; our messages are tiny anyway.
+                ("grpc.http2.bdp_probe", 0),
             ],
         )
         pb_grpc.add_VerifierServicer_to_server(self.servicer, server)

@@ -43,6 +43,7 @@ def make_channel(address: str, root_certificates: bytes | None = None) -> grpc.C
         ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
         ("grpc.keepalive_time_ms", 30_000),
+        ("grpc.http2.bdp_probe", 0),
     ]
     if root_certificates is not None:
         return grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates), options=options)
