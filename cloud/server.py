@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-import threading
 from dataclasses import dataclass
 
 import grpc
@@ -22,6 +21,7 @@ from cloud.servicer import ServiceLimits, VerifierServicer
 from protos import splitspec_pb2 as pb
 from protos import splitspec_pb2_grpc as pb_grpc
 from shared import codec
+from shared.loop_thread import LoopThread
 
 __all__ = ["ServerConfig", "VerifierServer", "BackgroundServer", "SERVICE_NAME"]
 
@@ -145,8 +145,7 @@ class BackgroundServer:
 
     def __init__(self, engine: TargetEngine, config: ServerConfig) -> None:
         self.server = VerifierServer(engine, config)
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="verifier-server", daemon=True)
+        self._loop = LoopThread("verifier-server")
 
     @property
     def port(self) -> int:
@@ -157,14 +156,13 @@ class BackgroundServer:
         return f"{self.server.config.host}:{self.server.port}"
 
     def start(self) -> BackgroundServer:
-        self._thread.start()
-        asyncio.run_coroutine_threadsafe(self.server.start(), self._loop).result(timeout=30)
+        self._loop.start()
+        self._loop.run(self.server.start(), timeout=30)
         return self
 
     def stop(self, grace: float = 1.0) -> None:
-        asyncio.run_coroutine_threadsafe(self.server.stop(grace), self._loop).result(timeout=grace + 30)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
+        self._loop.run(self.server.stop(grace), timeout=grace + 30)
+        self._loop.stop()
 
     def __enter__(self) -> BackgroundServer:
         return self.start()

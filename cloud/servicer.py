@@ -164,9 +164,14 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             )
         except ValueError as exc:
             raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad draft block: {exc}") from exc
+        return await self._run_verify(entry, draft.epoch, draft.start_position, tokens.tolist(), q, received)
+
+    async def _run_verify(self, entry: SessionEntry, epoch, start_position, tokens, q, received: float):
+        """One verify on the engine thread, counted; returns (verdict, cloud microseconds)."""
+        session = entry.session
         forward_before = session.seq.forward_s
         try:
-            verdict = await self._in_engine(session.verify, draft.epoch, draft.start_position, tokens.tolist(), q)
+            verdict = await self._in_engine(session.verify, epoch, start_position, tokens, q)
         except BlockRejected as exc:
             raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
         elapsed = time.perf_counter() - received
@@ -182,7 +187,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         m.generated.inc(verdict.accepted + (verdict.token is not None))
         for i in range(verdict.accepted):
             m.accepted_at.labels(position=str(i)).inc()
-        return verdict, int(elapsed * 1e6)
+        return verdict, min(int(elapsed * 1e6), 2**32 - 1)
 
     # -- RPCs --------------------------------------------------------------
     async def Decode(self, request_iterator, context):
@@ -258,8 +263,9 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             entry = await self._new_session(params, prompt, request.max_new_tokens, 0)
             session = entry.session
             while not session.done:
-                position = len(session.tokens)
-                verdict, server_us = await self._verify_empty(entry, position)
+                verdict, server_us = await self._run_verify(
+                    entry, session.epoch, len(session.tokens), [], None, time.perf_counter()
+                )
                 encoded = codec.encode_tokens([verdict.token] if verdict.token is not None else [], self.engine.vocab_size)
                 yield self._count_out(
                     pb.GenerateChunk(
@@ -275,13 +281,3 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             await context.abort(exc.code, str(exc))
         finally:
             self._end(entry, True)
-
-    async def _verify_empty(self, entry: SessionEntry, position: int):
-        session = entry.session
-        started = time.perf_counter()
-        verdict = await self._in_engine(session.verify, session.epoch, position, [], None)
-        elapsed = time.perf_counter() - started
-        self.metrics.verify_latency.observe(elapsed)
-        self.metrics.forwards.inc()
-        self.metrics.generated.inc(verdict.token is not None)
-        return verdict, min(int(elapsed * 1e6), 2**32 - 1)

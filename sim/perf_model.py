@@ -32,13 +32,13 @@ PING) are not in the protocol defaults; fit them from measured runs instead.
 from __future__ import annotations
 
 import dataclasses
-import importlib.resources
 import math
-import tomllib
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from sim.shipped import list_shipped, load_toml
 
 __all__ = [
     "HardwareProfile",
@@ -335,16 +335,9 @@ _KEYS = {
 }
 
 
-def _hardware_dir() -> Any:
-    try:
-        return importlib.resources.files("sim") / "hardware"
-    except (ModuleNotFoundError, TypeError):  # pragma: no cover - unusual installs
-        return Path(__file__).resolve().parent / "hardware"
-
-
 def list_hardware() -> list[str]:
     """Names of the shipped hardware profiles, sorted."""
-    return sorted(p.name[: -len(".toml")] for p in _hardware_dir().iterdir() if p.name.endswith(".toml"))
+    return list_shipped("hardware")
 
 
 def load_hardware(name_or_path: str | Path) -> HardwareProfile:
@@ -357,22 +350,9 @@ def load_hardware(name_or_path: str | Path) -> HardwareProfile:
     down_per_round, down_per_token_cloud_only, open, defaulting to
     `protocol_bytes(vocab_size)`. Unknown keys are errors. ValueError on any problem.
     """
-    text = str(name_or_path)
-    if isinstance(name_or_path, Path) or "/" in text or "\\" in text or text.endswith(".toml"):
-        path = Path(text)
-        if not path.is_file():
-            raise ValueError(f"hardware profile not found: {path}")
-        source, raw, default_name = str(path), path.read_bytes(), path.stem
-    else:
-        res = _hardware_dir() / f"{text}.toml"
-        if not res.is_file():
-            raise ValueError(f"unknown hardware profile {text!r}; shipped: {', '.join(list_hardware())}"
-                             " (or pass a path to a .toml file)")
-        source, raw, default_name = f"hardware {text!r}", res.read_bytes(), text
+    data, source, default_name = load_toml(name_or_path, "hardware", "hardware profile")
     try:
-        return _profile_from_dict(tomllib.loads(raw.decode("utf-8")), default_name)
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{source}: invalid TOML: {e}") from e
+        return _profile_from_dict(data, default_name)
     except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"{source}: {e}") from e
 

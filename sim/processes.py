@@ -5,7 +5,6 @@ emulator on a background event loop.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
@@ -16,6 +15,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from shared.loop_thread import LoopThread
 from sim.link import LinkConfig, LinkEmulator
 
 __all__ = ["core_split", "CloudProcess", "run_edge_process", "BackgroundLink", "process_cpu_s"]
@@ -145,8 +145,7 @@ class BackgroundLink:
 
     def __init__(self, config: LinkConfig, upstream_port: int) -> None:
         self.emulator = LinkEmulator(config, "127.0.0.1", 0, "127.0.0.1", upstream_port)
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="link-emulator", daemon=True)
+        self._loop = LoopThread("link-emulator")
 
     @property
     def address(self) -> str:
@@ -157,11 +156,10 @@ class BackgroundLink:
         return self.emulator.bytes_up, self.emulator.bytes_down
 
     def __enter__(self) -> BackgroundLink:
-        self._thread.start()
-        asyncio.run_coroutine_threadsafe(self.emulator.start(), self._loop).result(timeout=10)
+        self._loop.start()
+        self._loop.run(self.emulator.start(), timeout=10)
         return self
 
     def __exit__(self, *exc) -> None:
-        asyncio.run_coroutine_threadsafe(self.emulator.stop(), self._loop).result(timeout=30)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
+        self._loop.run(self.emulator.stop(), timeout=30)
+        self._loop.stop()

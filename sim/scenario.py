@@ -26,12 +26,11 @@ package); `load_scenario("lte")` finds them by bare name.
 from __future__ import annotations
 
 import dataclasses
-import importlib.resources
-import tomllib
 from pathlib import Path
 from typing import Any
 
 from sim.link import DirectionConfig, LinkConfig, parse_duration, parse_rate
+from sim.shipped import list_shipped, load_toml
 
 __all__ = ["Scenario", "list_scenarios", "load_scenario", "scenario_from_dict"]
 
@@ -57,19 +56,9 @@ class Scenario:
     link: LinkConfig
 
 
-def _scenario_dir() -> Any:
-    """The shipped scenarios folder (a Traversable)."""
-    try:
-        return importlib.resources.files("sim") / "scenarios"
-    except (ModuleNotFoundError, TypeError):  # pragma: no cover - unusual installs
-        return Path(__file__).resolve().parent / "scenarios"
-
-
 def list_scenarios() -> list[str]:
     """Names of the shipped scenarios, sorted."""
-    return sorted(
-        p.name[: -len(".toml")] for p in _scenario_dir().iterdir() if p.name.endswith(".toml")
-    )
+    return list_shipped("scenarios")
 
 
 def load_scenario(name_or_path: str | Path) -> Scenario:
@@ -79,24 +68,7 @@ def load_scenario(name_or_path: str | Path) -> Scenario:
     Raises ValueError for an unknown name (listing the shipped ones), a
     missing file, bad TOML, or bad values.
     """
-    text = str(name_or_path)
-    if isinstance(name_or_path, Path) or "/" in text or "\\" in text or text.endswith(".toml"):
-        path = Path(text)
-        if not path.is_file():
-            raise ValueError(f"scenario file not found: {path}")
-        source, raw, default_name = str(path), path.read_bytes(), path.stem
-    else:
-        res = _scenario_dir() / f"{text}.toml"
-        if not res.is_file():
-            raise ValueError(
-                f"unknown scenario {text!r}; shipped scenarios: {', '.join(list_scenarios())}"
-                " (or pass a path to a .toml file)"
-            )
-        source, raw, default_name = f"scenario {text!r}", res.read_bytes(), text
-    try:
-        data = tomllib.loads(raw.decode("utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{source}: invalid TOML: {e}") from e
+    data, source, default_name = load_toml(name_or_path, "scenarios", "scenario")
     try:
         return scenario_from_dict(data, default_name=default_name)
     except ValueError as e:
