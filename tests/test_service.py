@@ -180,3 +180,25 @@ def test_gemma_pair_over_the_network_is_token_identical(gemma_engine):
                 assert got.stats.acceptance_rate > 0.5
     finally:
         drafter.close()
+
+
+def test_a_dropped_stream_fails_fast_with_a_clear_error(tiny_models, tiny_engine, tiny_vocab, verifier):
+    import time
+
+    from edge.client import LinkError
+    from sim.link import LinkConfig
+    from sim.processes import BackgroundLink
+
+    drafter = tiny_drafter(tiny_models)
+    params = SamplingParams(mode=Mode.GREEDY)
+    try:
+        # The link dies after ~1 kB: mid-session, after Open and a few blocks.
+        with BackgroundLink(LinkConfig(cut_after_bytes=1000), verifier.port) as link:
+            size, fingerprint = tiny_vocab
+            grpc_link = GrpcLink(link.address, vocab_size=size, fingerprint=fingerprint, verdict_timeout_s=20)
+            started = time.monotonic()
+            with pytest.raises(LinkError, match="lost the cloud|cloud ended the session|closed the stream"):
+                run_decode(drafter, grpc_link, tiny_prompt(tiny_engine, "The cat sat"), params, max_new_tokens=200, draft_len=2)
+            assert time.monotonic() - started < 15
+    finally:
+        drafter.close()
