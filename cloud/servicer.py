@@ -111,15 +111,15 @@ class VerifierServicer(pb_grpc.VerifierServicer):
 
     async def _new_session(self, params, prompt, max_new_tokens, max_draft_len) -> SessionEntry:
         try:
-            self.table.reserve()
+            self.table.reserve()  # refuse before spending a prefill on a session that cannot be kept
+            session = await self._in_engine(
+                lambda: VerifierSession(
+                    self.engine, prompt, params, max_new_tokens=max_new_tokens, max_draft_len=max_draft_len
+                )
+            )
+            entry = self.table.add(session)  # checks again: others may have opened during the prefill
         except TableFull as exc:
             raise _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)) from exc
-        session = await self._in_engine(
-            lambda: VerifierSession(
-                self.engine, prompt, params, max_new_tokens=max_new_tokens, max_draft_len=max_draft_len
-            )
-        )
-        entry = self.table.add(session)
         self.metrics.sessions_opened.inc()
         self.metrics.sessions_active.set(len(self.table))
         self.metrics.forwards.inc(session.stats.target_forwards)

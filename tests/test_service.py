@@ -202,3 +202,29 @@ def test_a_dropped_stream_fails_fast_with_a_clear_error(tiny_models, tiny_engine
             assert time.monotonic() - started < 15
     finally:
         drafter.close()
+
+
+def test_a_full_session_table_refuses_with_resource_exhausted(tiny_models, tiny_engine, tiny_vocab):
+    from cloud.server import BackgroundServer, ServerConfig
+    from cloud.servicer import ServiceLimits
+    from edge.client import LinkError
+
+    params = SamplingParams(mode=Mode.GREEDY)
+    prompt = tiny_prompt(tiny_engine, "Hello")
+    with BackgroundServer(tiny_engine, ServerConfig(port=0, limits=ServiceLimits(max_sessions=1))) as server:
+        holder = link_for(server, tiny_vocab)
+        holder.open(prompt, params, 10, 4)  # holds the only slot
+        try:
+            refused = link_for(server, tiny_vocab)
+            with pytest.raises(LinkError, match="RESOURCE_EXHAUSTED"):
+                refused.open(prompt, params, 10, 4)
+            refused.close()
+        finally:
+            holder.close()
+        # The slot is free again once the holder closed its session.
+        drafter = tiny_drafter(tiny_models)
+        try:
+            got, _ = remote(server, tiny_vocab, drafter, prompt, params, 4, max_new_tokens=8)
+        finally:
+            drafter.close()
+        assert len(got.tokens) == 8
