@@ -228,3 +228,18 @@ def test_a_full_session_table_refuses_with_resource_exhausted(tiny_models, tiny_
         finally:
             drafter.close()
         assert len(got.tokens) == 8
+
+
+def test_health_and_reflection_describe_the_service(verifier):
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    with grpc.insecure_channel(verifier.address) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        status = health.Check(health_pb2.HealthCheckRequest(service="splitspec.v1.Verifier"), timeout=5).status
+        assert status == health_pb2.HealthCheckResponse.SERVING
+        replies = reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(
+            iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5
+        )
+        names = {s.name for reply in replies for s in reply.list_services_response.service}
+    assert "splitspec.v1.Verifier" in names and "grpc.health.v1.Health" in names
