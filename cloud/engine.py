@@ -32,6 +32,34 @@ class Sequence:
     forward_s: float = field(default=0.0)  # time inside those forwards
 
 
+class RowPaddedHead(torch.nn.Module):
+    """The output projection, run on at least ``min_rows`` rows.
+
+    CPU BLAS takes a slow path for 2-3 row products against a large weight:
+    measured here on Gemma's 262144 x 640 head, 1 row 56 ms, 2 rows 126 ms,
+    3 rows 191 ms, 4 rows 112 ms. Verify blocks of 2-3 tokens are padded
+    with zero rows and the padding's outputs dropped; rows are independent,
+    so the real rows' logits are what an unpadded product gives (up to
+    kernel rounding, as between any two batch shapes).
+    """
+
+    def __init__(self, head: torch.nn.Module, min_rows: int = 4) -> None:
+        super().__init__()
+        self.head = head
+        self.min_rows = min_rows
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.head.weight
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        rows = hidden.shape[-2]
+        if not 1 < rows < self.min_rows:
+            return self.head(hidden)
+        pad = hidden.new_zeros(*hidden.shape[:-2], self.min_rows - rows, hidden.shape[-1])
+        return self.head(torch.cat([hidden, pad], dim=-2))[..., :rows, :]
+
+
 def pick_device(device: str | None) -> torch.device:
     if device:
         return torch.device(device)
@@ -65,6 +93,8 @@ class TargetEngine:
         self.model = AutoModelForCausalLM.from_pretrained(folder, **kwargs).to(self.device).eval()
         self.tokenizer = AutoTokenizer.from_pretrained(folder, **({"gguf_file": path.name} if path.is_file() else {}))
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
+        if self.device.type == "cpu":
+            self.model.set_output_embeddings(RowPaddedHead(self.model.get_output_embeddings()))
         self.model_name = path.name
         self.eos_token_ids = self._eos_ids()
         self.pieces = self._pieces()

@@ -61,10 +61,6 @@ class LlamaDrafter:
         self.prompt_eval_s = 0.0  # the part of eval_s spent reading prompts
         log.info("drafter %s loaded in %.2fs (vocab %d)", path.name, time.perf_counter() - started, self.vocab_size)
 
-    @property
-    def eos_token_ids(self) -> set[int]:
-        return {self.llm.token_eos()}
-
     # -- lifecycle ---------------------------------------------------------
     def begin(self, prompt: Sequence[int], params: SamplingParams) -> None:
         if not prompt:
@@ -79,7 +75,7 @@ class LlamaDrafter:
 
     def draft(self, n: int) -> DraftBlock:
         started = time.perf_counter()
-        n = min(n, self.context_size - len(self._seq) - 1)
+        n = min(n, self.context_size - len(self._seq) - 1)  # near a full context: fewer drafts, then none
         tokens, q = [], []
         for _ in range(max(n, 0)):
             logits = self.next_logits()
@@ -105,7 +101,7 @@ class LlamaDrafter:
     def close(self) -> None:
         self.llm.close()
 
-    # -- internals ---------------------------------------------------------
+    # -- logits ------------------------------------------------------------
     def next_logits(self) -> np.ndarray:
         """Logits [V] for the position after the current sequence (evaluates what is pending).
 

@@ -77,7 +77,9 @@ class FittedTimings:
     def describe(self) -> dict:
         b = self.base
         return {
-            "t_verify(n)": f"{b.verify_fixed_s * 1e3:.1f} ms + {b.verify_per_token_s * 1e3:.2f} ms x n (cloud time per block)",
+            "t_verify(n)": f"{b.verify_fixed_s * 1e3:.1f} ms + {b.verify_per_token_s * 1e3:.2f} ms x n for n >= 2, "
+            + (f"t_verify(1) = {b.verify_one_s * 1e3:.1f} ms" if b.verify_one_s is not None else "t_verify(1) on the line")
+            + " (cloud time per block)",
             "drafter": f"{b.draft_s_per_token * 1e3:.1f} ms per drafted token (pooled; per run in predictions)",
             "uplink per block": f"{b.up_bytes_fixed:.1f} B + {b.up_bytes_per_draft:.2f} B x D (gRPC + HTTP/2 DATA framing)",
             "downlink": f"{b.down_bytes_per_round:.1f} B per verdict, {b.down_bytes_per_token_cloud_only:.1f} B per cloud-only token",
@@ -100,8 +102,9 @@ def _alpha(accepted_at: list[int], drafted_at: list[int]) -> list[float]:
 
 
 def fit_timings(runs: list[RunTimings], baseline_outputs: list[dict], baseline_meters, rtt_s: float = 0.0) -> FittedTimings:
-    cloud_only = [(1, b["cloud_s"]) for o in baseline_outputs for b in o.get("blocks", [])]
-    verify_fixed, verify_per_token = fit_linear([s for r in runs for s in r.verify_samples] + cloud_only)
+    one_token = [b["cloud_s"] for o in baseline_outputs for b in o.get("blocks", [])]
+    one_token += [s for r in runs for n, s in r.verify_samples if n == 1]
+    verify_fixed, verify_per_token = fit_linear([(n, s) for r in runs for n, s in r.verify_samples if n > 1])
     up_fixed, up_per_draft = fit_linear([s for r in runs for s in r.up_samples])
     downs = [d for r in runs for d in r.down_samples]
     base_tokens = sum(len(o["tokens"]) for o in baseline_outputs) or 1
@@ -115,6 +118,7 @@ def fit_timings(runs: list[RunTimings], baseline_outputs: list[dict], baseline_m
         draft_s_per_token=sum(r.draft_s for r in runs) / max(drafted, 1),
         verify_fixed_s=verify_fixed,
         verify_per_token_s=verify_per_token,
+        verify_one_s=sum(one_token) / len(one_token) if one_token else None,
         alpha_per_position=_alpha(accepted_at, drafted_at),
         up_bytes_fixed=up_fixed,
         up_bytes_per_draft=up_per_draft,

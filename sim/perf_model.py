@@ -126,9 +126,14 @@ class Timings:
     prefill_s: float = 0.0  # cloud forward over the prompt at session open (TTFT only)
     draft_prefill_s: float = 0.0  # edge drafter reading the prompt (TTFT only, split only)
     open_up_bytes: float = 0.0  # Open / GenerateRequest frame, prompt included (TTFT only)
+    # One-token forward when measured apart: CPU BLAS runs 1-row products on another
+    # kernel (matrix-vector), so t_verify(1) need not lie on the line through n >= 2.
+    verify_one_s: float | None = None
 
     def verify_s(self, n_tokens: int) -> float:
         """Target forward time over `n_tokens` new tokens (D drafts + the pending token)."""
+        if n_tokens == 1 and self.verify_one_s is not None:
+            return self.verify_one_s
         return self.verify_fixed_s + self.verify_per_token_s * n_tokens
 
     def up_bytes(self, draft_len: int) -> float:
