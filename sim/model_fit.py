@@ -81,7 +81,8 @@ class FittedTimings:
             + (f"t_verify(1) = {b.verify_one_s * 1e3:.1f} ms" if b.verify_one_s is not None else "t_verify(1) on the line")
             + " (cloud time per block)",
             "drafter": f"{b.draft_s_per_token * 1e3:.1f} ms per drafted token (pooled; per run in predictions)",
-            "uplink per block": f"{b.up_bytes_fixed:.1f} B + {b.up_bytes_per_draft:.2f} B x D (gRPC + HTTP/2 DATA framing)",
+            "uplink per block": f"{b.up_bytes_fixed:.1f} B + {b.up_bytes_per_draft:.2f} B x D, pooled over modes; "
+            "each prediction uses its own run's bytes (gRPC + HTTP/2 DATA framing)",
             "downlink": f"{b.down_bytes_per_round:.1f} B per verdict, {b.down_bytes_per_token_cloud_only:.1f} B per cloud-only token",
             "prefill": f"{b.prefill_s * 1e3:.0f} ms (Open round trip minus the RTT)",
             "not modelled": "HTTP/2 control frames (WINDOW_UPDATE, PING) and headers, jitter, Python start-up",
