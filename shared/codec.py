@@ -161,6 +161,15 @@ class _BitReader:
         self.pos = end
         return _bits_to_int(chunk)
 
+    def read_zeros(self, limit: int) -> int:
+        """Count the 0 bits before the next 1 and consume both; ValueError past ``limit`` zeros."""
+        window = self.bits[self.pos : self.pos + limit + 1]
+        ones = np.flatnonzero(window)
+        if ones.size == 0:
+            raise ValueError("truncated payload" if window.size <= limit else "exp-Golomb prefix too long")
+        self.pos += int(ones[0]) + 1
+        return int(ones[0])
+
     def check_padding(self) -> None:
         if self.left >= 8:
             raise ValueError(f"payload has {self.left // 8} trailing bytes")
@@ -319,10 +328,40 @@ def _check_rejection_params(vocab_size: int, draft_top_k: int, prob_bits: int | 
         raise ValueError(f"prob_bits must be in [1, {MAX_PROB_BITS}], got {prob_bits}")
 
 
+# Support ids in rejection records may be exp-Golomb coded with this order:
+# tokenizer vocabularies put frequent pieces at low ids, so a drafter's likely
+# tokens cost ~14 bits instead of 18 for V = 262144 (measured on Gemma 3).
+ID_GOLOMB_ORDER = 10
+
+
+def _golomb_bits(ids: np.ndarray, order: int = ID_GOLOMB_ORDER) -> np.ndarray:
+    """Exp-Golomb code length of each id: 2 * bitlen(id + 2**order) - order - 1."""
+    y = np.asarray(ids, dtype=np.int64) + (1 << order)
+    return 2 * (np.floor(np.log2(y)).astype(np.int64) + 1) - order - 1
+
+
+def _golomb_fields(ids: np.ndarray, order: int = ID_GOLOMB_ORDER) -> tuple[np.ndarray, np.ndarray]:
+    """(values, widths) of each id's code: a run of zeros, then id + 2**order in full."""
+    y = np.asarray(ids, dtype=np.int64) + (1 << order)
+    length = np.floor(np.log2(y)).astype(np.int64) + 1
+    values = np.stack([np.zeros_like(y), y], axis=1).reshape(-1)
+    widths = np.stack([length - order - 1, length], axis=1).reshape(-1)
+    return values, widths
+
+
+def _read_golomb(reader: _BitReader, count: int, id_bits: int, order: int = ID_GOLOMB_ORDER) -> np.ndarray:
+    out = np.empty(count, dtype=np.int64)
+    for i in range(count):
+        zeros = reader.read_zeros(max(id_bits - order, 0))
+        out[i] = ((1 << (zeros + order)) | reader.read(zeros + order)) - (1 << order)
+    return out
+
+
 def draft_record_bits(vocab_size: int, draft_top_k: int, prob_bits: int) -> int:
     """Largest record of one drafted token in rejection mode, in bits (for the size cap)."""
-    k = draft_top_k
-    return _width(k) + _width(k) + k * token_bits(vocab_size) + (k - 1) * prob_bits
+    k, b = draft_top_k, token_bits(vocab_size)
+    longest_id = max(b, 2 * b + 1 - ID_GOLOMB_ORDER)  # fixed width, or exp-Golomb of an id < 2**b
+    return _width(k) + _width(k) + k * longest_id + (k - 1) * prob_bits + 1
 
 
 def encode_draft(
@@ -332,13 +371,16 @@ def encode_draft(
 
     Without ``q`` the block is ``encode_tokens(tokens)``. With ``q`` (one q̃
     per drafted token, support ordered by decreasing weight as ``quantize``
-    makes it, every token inside its own support) the block is one record per
-    token, MSB-first, back to back, zero-padded to a byte:
+    makes it, every token inside its own support) the block is one flag bit,
+    then one record per token, MSB-first, back to back, zero-padded to a byte.
+    The flag says how support ids are written: 0 = token_bits(V) bits each,
+    1 = exp-Golomb of order ``ID_GOLOMB_ORDER`` (cheaper for the low ids of
+    frequent pieces); the encoder picks whichever block is shorter.
 
     ====================  =========================================================
     n - 1                 ceil(log2 K) bits; K = ``draft_top_k`` (0 bits when K = 1)
     index of the token    ceil(log2 n) bits, its place in the support
-    support ids           n × token_bits(V) bits, in q̃ order
+    support ids           n ids, in q̃ order, as the flag says
     weights w_0..w_{n-2}  field i is w_i - lo_i in ceil(log2(hi_i - lo_i + 1)) bits
     ====================  =========================================================
 
@@ -347,8 +389,9 @@ def encode_draft(
     R_{n-1}. The order makes the bounds tight (a peaked q̃ spends few bits on
     its tail), and every decodable value is a valid q̃: the weights are >= 1,
     non-increasing and sum to 2**B by construction. Each record holds at least
-    token_bits >= 8 bits, so the token count follows from the length: records
-    are read while 8 or more bits remain.
+    8 bits (an id costs token_bits >= 8 or at least ORDER + 1 = 11 bits), so the
+    token count follows from the length: records are read while 8 or more bits
+    remain after the flag.
     """
     t = _as_tokens(tokens, vocab_size)
     if q is None:
@@ -362,8 +405,10 @@ def encode_draft(
     prob_bits = q[0].prob_bits
     _check_rejection_params(vocab_size, draft_top_k, prob_bits)
     b = token_bits(vocab_size)
-    values: list[np.ndarray] = []
-    widths: list[np.ndarray] = []
+    all_ids = np.concatenate([dist.support for dist in q])
+    golomb = int(_golomb_bits(all_ids).sum()) < all_ids.size * b
+    values: list[np.ndarray] = [np.array([int(golomb)])]
+    widths: list[np.ndarray] = [np.array([1])]
     for i, (token, dist) in enumerate(zip(t.tolist(), q)):
         support, weights = dist.support, dist.weights
         n = support.size
@@ -389,8 +434,9 @@ def encode_draft(
             w_vals.append(w - lo)  # lo <= w <= hi holds for any valid ordered q̃
             w_widths.append(_width(hi - lo + 1))
             remaining, previous = remaining - w, w
-        values += [np.array(head), support, np.array(w_vals, dtype=np.int64)]
-        widths += [np.array(head_w), np.full(n, b), np.array(w_widths, dtype=np.int64)]
+        id_values, id_widths = _golomb_fields(support) if golomb else (support, np.full(n, b))
+        values += [np.array(head), id_values, np.array(w_vals, dtype=np.int64)]
+        widths += [np.array(head_w), id_widths, np.array(w_widths, dtype=np.int64)]
     raw = _pack_fields(np.concatenate(values), np.concatenate(widths))
     return _maybe_compress(raw)
 
@@ -419,6 +465,7 @@ def decode_draft(
     tokens: list[int] = []
     q: list[SparseDist] = []
     total = 1 << prob_bits
+    golomb = bool(reader.read(1)) if raw else False
     while reader.left >= 8:
         if len(tokens) == max_tokens:
             raise ValueError(
@@ -433,7 +480,7 @@ def decode_draft(
         index = reader.read(_width(n))
         if index >= n:
             raise ValueError(f"drafted token index {index} outside its q̃ support of {n}")
-        support = reader.read_many(n, b)
+        support = _read_golomb(reader, n, b) if golomb else reader.read_many(n, b)
         _check_ids(support, vocab_size)
         if np.unique(support).size != n:
             raise ValueError(f"q̃ at offset {offset} has repeated support ids")

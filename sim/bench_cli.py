@@ -26,6 +26,8 @@ def add_bench_commands(subparsers: argparse._SubParsersAction) -> None:
     wire.add_argument("--drafter", default=None,
                       help="take q from this GGUF drafter (or 'default' for Gemma 3 270M) instead of synthetic Zipf blocks")
     wire.add_argument("--temperature", type=float, default=0.7, help="with --drafter: sampling temperature for q")
+    wire.add_argument("--top-k", type=int, default=64, help="with --drafter: top-k for q, as in edge run (default 64)")
+    wire.add_argument("--top-p", type=float, default=0.95, help="with --drafter: top-p for q, as in edge run (default 0.95)")
     wire.add_argument("--json", action="store_true", help="print the result as JSON")
     wire.set_defaults(func=_run_wire)
 
@@ -36,7 +38,7 @@ def add_bench_commands(subparsers: argparse._SubParsersAction) -> None:
     add_service_bench_command(subparsers)
 
 
-def _recorded_drafter(path: str | None, temperature: float, positions: int = 512):
+def _recorded_drafter(path: str | None, temperature: float, top_k: int, top_p: float, positions: int = 512):
     """Run a real drafter over a text once; replay its processed q per position (cyclically).
 
     Returns (vocab_size, hook). q is kept as its top 256 candidates, which is
@@ -50,7 +52,7 @@ def _recorded_drafter(path: str | None, temperature: float, positions: int = 512
     from shared.params import SamplingParams
 
     drafter = open_llama_drafter(None if path == "default" else path, n_threads=None)
-    params = SamplingParams(temperature=temperature)
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
     prompt = drafter.vocab.tokenize("Write a detailed essay about the history of the printing press and its effects on Europe.")
     drafter.begin(prompt, params)
     recorded = []
@@ -74,7 +76,7 @@ def _recorded_drafter(path: str | None, temperature: float, positions: int = 512
 def _run_wire(args: argparse.Namespace) -> int:
     vocab_size, drafter = args.vocab, None
     if args.drafter is not None:
-        vocab_size, drafter = _recorded_drafter(args.drafter, args.temperature)
+        vocab_size, drafter = _recorded_drafter(args.drafter, args.temperature, args.top_k, args.top_p)
     result = run_wire_bench(
         drafter=drafter,
         vocab_size=vocab_size,

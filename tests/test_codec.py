@@ -43,13 +43,22 @@ def ref_draft_bits(tokens, q: list[SparseDist], vocab_size: int, draft_top_k: in
     def ceil_log2(x: int) -> int:
         return math.ceil(math.log2(x)) if x > 1 else 0
 
+    def golomb(value: int, order: int = codec.ID_GOLOMB_ORDER) -> str:
+        y = value + (1 << order)
+        return "0" * (y.bit_length() - order - 1) + format(y, "b")
+
+    if len(tokens) == 0:
+        return b""  # an empty block has no flag either
     b = codec.token_bits(vocab_size)
-    out = ""
+    ids = [int(s) for dist in q for s in dist.support]
+    use_golomb = sum(len(golomb(i)) for i in ids) < len(ids) * b
+    write_id = golomb if use_golomb else (lambda i: field(i, b))
+    out = "1" if use_golomb else "0"
     for token, dist in zip(tokens, q):
         n, total = dist.support.size, 1 << dist.prob_bits
         out += field(n - 1, ceil_log2(draft_top_k))
         out += field(list(dist.support).index(token), ceil_log2(n))
-        out += "".join(field(int(s), b) for s in dist.support)
+        out += "".join(write_id(int(s)) for s in dist.support)
         remaining, previous = total, total
         for i in range(n - 1):
             lo = math.ceil(remaining / (n - i))
@@ -242,11 +251,35 @@ def test_encoder_refusals():
 
 
 def _rejection_record(n_minus_1, index, ids, weight_fields, k_width=2, b=9):
-    """Raw bits of one hand-made record for V=300 (b = 9) and draft_top_k = 3 or 4."""
+    """Raw bits of a one-record block (flag 0: fixed-width ids) for V=300 (b = 9), draft_top_k 3 or 4."""
     index_width = math.ceil(math.log2(n_minus_1 + 1)) if n_minus_1 else 0
-    values = [n_minus_1, index, *ids, *[v for v, _ in weight_fields]]
-    widths = [k_width, index_width, *[b] * len(ids), *[w for _, w in weight_fields]]
+    values = [0, n_minus_1, index, *ids, *[v for v, _ in weight_fields]]
+    widths = [1, k_width, index_width, *[b] * len(ids), *[w for _, w in weight_fields]]
     return codec._pack_fields(np.array(values), np.array(widths))
+
+
+def test_low_ids_are_exp_golomb_coded_and_round_trip():
+    # Frequent pieces sit at low ids in real vocabularies: the encoder switches to exp-Golomb.
+    q = [SparseDist(np.array([17, 230, 1500]), np.array([200, 40, 16]), 8), SparseDist(np.array([3]), np.array([256]), 8)]
+    tokens = [230, 3]
+    enc = codec.encode_draft(tokens, BIG_V, q, draft_top_k=16)
+    assert enc.data[0] >> 7 == 1  # the flag bit
+    assert enc.data == ref_draft_bits(tokens, q, BIG_V, 16)
+    high = [SparseDist(d.support + 200_000, d.weights, 8) for d in q]  # same block, high ids: fixed width
+    fixed = ref_draft_bits([t + 200_000 for t in tokens], high, BIG_V, 16)
+    assert fixed[0] >> 7 == 0
+    assert len(enc.data) < len(fixed)
+    out, q_out = codec.decode_draft(enc.data, False, BIG_V, max_tokens=2, draft_top_k=16, prob_bits=8)
+    assert out.tolist() == tokens
+    assert_same_q(q, q_out)
+
+
+def test_exp_golomb_prefix_is_bounded():
+    # flag 1, n-1 = 0 (4 bits), then a run of 40 zeros where an id's prefix should end by 18 - 10 = 8.
+    bits = "1" + "0000" + "0" * 40 + "1" + "0" * 10
+    raw = bytes(int((bits + "0" * (-len(bits) % 8))[i : i + 8], 2) for i in range(0, len(bits) + (-len(bits) % 8), 8))
+    with pytest.raises(ValueError, match="exp-Golomb prefix too long"):
+        codec.decode_draft(raw, False, BIG_V, max_tokens=4, draft_top_k=16, prob_bits=8)
 
 
 def test_decode_rejects_id_out_of_vocab():
@@ -304,7 +337,7 @@ def test_decode_rejects_truncated_and_trailing():
         codec.decode_draft(enc.data[:-3], False, BIG_V, **kwargs)
     with pytest.raises(ValueError, match="truncated payload"):  # 8+ bits left: read as a record
         codec.decode_draft(enc.data + b"\x80", False, BIG_V, **kwargs)
-    one_record = _rejection_record(0, 0, [299], [])  # 11 bits: 5 padding bits
+    one_record = _rejection_record(0, 0, [299], [])  # 12 bits: 4 padding bits
     assert codec.decode_draft(one_record, False, 300, max_tokens=1, draft_top_k=4, prob_bits=8)[
         0
     ].tolist() == [299]
