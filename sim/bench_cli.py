@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from shared.wire_bench import MODES, run_wire_bench
+from sim.wire_bench import MODES, run_wire_bench
 
 __all__ = ["add_bench_commands", "format_wire_report"]
 

@@ -17,7 +17,7 @@ from protos import splitspec_pb2 as pb
 from shared import codec
 from shared.codec import Encoded
 from shared.sparse import SparseDist, quantize, sample_sparse
-from shared.wire_bench import naive_draft_frame, run_wire_bench
+from sim.wire_bench import naive_draft_frame, run_wire_bench
 
 ROOT = Path(__file__).resolve().parents[1]
 BIG_V = 262144

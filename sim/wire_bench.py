@@ -27,8 +27,9 @@ import numpy as np
 
 from protos import splitspec_pb2 as pb
 from shared import codec
-from shared.noise import Purpose, exponential
-from shared.sparse import quantize, sample_sparse
+from edge.drafter import propose
+from shared.logits import top_candidates
+from shared.params import SamplingParams
 
 __all__ = ["MODES", "naive_draft_frame", "run_wire_bench", "zipf_drafter"]
 
@@ -128,23 +129,6 @@ def naive_draft_frame(
 # -------------------------------------------------------- the benchmark
 
 
-def _candidates(q: np.ndarray) -> np.ndarray:
-    """Ids of q's largest ``_HEAD`` entries (and ties), by decreasing q then increasing id."""
-    if q.size > _HEAD:
-        threshold = -np.partition(-q, _HEAD - 1)[_HEAD - 1]
-        ids = np.flatnonzero(q >= threshold)
-    else:
-        ids = np.arange(q.size)
-    return ids[np.argsort(-q[ids], kind="stable")]
-
-
-def _coupled_draft(q: np.ndarray, candidates: np.ndarray, seed: int, position: int) -> int:
-    """The drafter's side of the coupled race, argmin E(x)/q(x), over q's top candidates."""
-    top = candidates[q[candidates] > 0]
-    race = exponential(seed, position, top, Purpose.SAMPLE) / q[top]
-    return int(top[np.argmin(race)])
-
-
 def _positions(rng: np.random.Generator, blocks: int, draft_len: int) -> list[tuple[int, int]]:
     """(epoch, start_position) per block: sessions of BLOCKS_PER_SESSION blocks."""
     out = []
@@ -180,6 +164,12 @@ def run_wire_bench(
         raise ValueError("blocks and draft_len must be >= 1")
     rng = np.random.default_rng(seed)
     drafter = drafter or zipf_drafter(vocab_size, seed)
+    # The drafter's own proposal rule, on log q as logits (temperature 1 keeps q as it is).
+    params = {
+        mode: SamplingParams(mode=mode, temperature=0.0 if mode == "greedy" else 1.0, seed=seed,
+                             draft_top_k=draft_top_k, prob_bits=prob_bits)
+        for mode in MODES
+    }
     totals = {name: np.zeros(3) for name in (*MODES, "naive", "naive_tokens")}
 
     def add(name: str, payload: int, message: int) -> None:
@@ -191,13 +181,13 @@ def run_wire_bench(
         for offset in range(draft_len):
             position = start + offset
             q = np.asarray(drafter(position), dtype=np.float64)
-            dist = quantize(q, draft_top_k, prob_bits)
-            q_tilde.append(dist)
-            candidates = _candidates(q)
-            drafted["greedy"].append(int(candidates[0]))
-            drafted["coupled"].append(_coupled_draft(q, candidates, seed, position))
-            drafted["rejection"].append(sample_sparse(dist, seed, position))
-            top = candidates[:draft_top_k]
+            with np.errstate(divide="ignore"):
+                logits = np.log(q)
+            proposals = {mode: propose(logits, params[mode], position) for mode in MODES}
+            for mode in MODES:
+                drafted[mode].append(proposals[mode][0])
+            q_tilde.append(proposals["rejection"][1])
+            top, _ = top_candidates(logits, params["coupled"], limit=draft_top_k)
             naive_ids.append(top)
             naive_probs.append(q[top].astype(np.float32))
         for mode in MODES:
