@@ -50,7 +50,7 @@ def read_secret(path: Path | None, what: str) -> str | None:
 def run_serve(args: argparse.Namespace) -> int:
     from cloud.engine import TargetEngine
     from cloud.models import resolve_target
-    from cloud.server import ServerConfig, VerifierServer
+    from cloud.server import ServerConfig
     from cloud.servicer import ServiceLimits
 
     if bool(args.tls_cert) != bool(args.tls_key):

@@ -78,7 +78,6 @@ class VerifierSession:
             raise BlockRejected(f"block of {len(drafts)} drafts exceeds the limit of {self.max_draft_len}")
         started = time.perf_counter()
         drafts = [int(t) for t in drafts]
-        base = len(self.tokens)
         logits = self.engine.forward(self.seq, [self.tokens[-1], *drafts])  # [D+1, V]
         self.stats.target_forwards += 1
         result = verify_block(self.params, drafts, logits, start_position, q)

@@ -34,7 +34,7 @@ class RunTimings:
     prompt_s: list[float]  # drafter reading the prompt
 
 
-def timings_from_outputs(outputs: list[dict], meters=None) -> RunTimings:
+def timings_from_outputs(outputs: list[dict]) -> RunTimings:
     width = max(len(o["stats"]["drafted_at"]) for o in outputs)
     accepted_at, drafted_at = [0] * width, [0] * width
     for o in outputs:
@@ -102,7 +102,7 @@ def _alpha(accepted_at: list[int], drafted_at: list[int]) -> list[float]:
     return conditional
 
 
-def fit_timings(runs: list[RunTimings], baseline_outputs: list[dict], baseline_meters, rtt_s: float = 0.0) -> FittedTimings:
+def fit_timings(runs: list[RunTimings], baseline_outputs: list[dict], rtt_s: float = 0.0) -> FittedTimings:
     one_token = [b["cloud_s"] for o in baseline_outputs for b in o.get("blocks", [])]
     one_token += [s for r in runs for n, s in r.verify_samples if n == 1]
     verify_fixed, verify_per_token = fit_linear([(n, s) for r in runs for n, s in r.verify_samples if n > 1])

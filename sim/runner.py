@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from sim import model_fit, perf_model
 from sim.processes import BackgroundLink, CloudProcess, core_split, run_edge_process
@@ -105,7 +104,7 @@ def run_simulation(cfg: SimConfig, progress=lambda line: print(line, file=sys.st
         # Warm the cloud up (first forwards allocate and load lazily) so no configuration pays for it.
         run_edge_process(["baseline", "--cloud", f"127.0.0.1:{cloud.port}", "--drafter", cfg.drafter,
                           "--prompt", "Hello", "--max-new-tokens", "4", "--temperature", "0"], edge_cores)
-        baselines, baseline_raw = {}, []
+        baselines, baseline_outputs = {}, []
         for kind in kinds:
             outputs, meters = [], []
             for prompt in cfg.prompts:
@@ -116,7 +115,7 @@ def run_simulation(cfg: SimConfig, progress=lambda line: print(line, file=sys.st
                     outputs.append(run_edge_process(args, edge_cores))
                 meters.append(meter)
             baselines[kind] = _aggregate("cloud-only", 0, outputs, meters)
-            baseline_raw.append((outputs, meters))
+            baseline_outputs.extend(outputs)
             progress(f"    cloud-only ({kind}): {baselines[kind]['tokens_per_s']:.2f} tok/s")
         runs = []
         for mode, draft_len in configs:
@@ -143,20 +142,17 @@ def run_simulation(cfg: SimConfig, progress=lambda line: print(line, file=sys.st
                 f"    {mode} D={draft_len}: {run['tokens_per_s']:.2f} tok/s, AL {run['acceptance_length']:.2f}, "
                 f"identical={run['identical_to_baseline']}"
             )
-    return _finish(cfg, baselines, baseline_raw, runs)
+    return _finish(cfg, baselines, baseline_outputs, runs)
 
 
 def _baseline_kind(mode: str) -> str:
     return "greedy" if mode == "greedy" else "sampled"
 
 
-def _finish(cfg, baselines, baseline_raw, runs) -> dict:
+def _finish(cfg, baselines, baseline_outputs, runs) -> dict:
     link = perf_model.LinkModel.from_link_config(cfg.scenario.link)
     fitted = model_fit.fit_timings(
-        [r.pop("_timings") for r in runs],
-        [o for outputs, _ in baseline_raw for o in outputs],
-        [m for _, meters in baseline_raw for m in meters],
-        rtt_s=link.rtt_s,
+        [r.pop("_timings") for r in runs], baseline_outputs, rtt_s=link.rtt_s
     )
     per_prompt = lambda run: run["tokens"] / len(cfg.prompts)  # noqa: E731
     for i, run in enumerate(runs):
