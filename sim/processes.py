@@ -87,8 +87,9 @@ class CloudProcess:
             if line.startswith("splitspec cloud: serving"):
                 self.port = int(line.rsplit(":", 1)[1])
                 return self
-        self.__exit__()
-        raise RuntimeError(f"the cloud service did not start; its log: {self._log.name}\n{Path(self._log.name).read_text()[-2000:]}")
+        self._stop()
+        tail = Path(self._log.name).read_text()[-2000:]
+        raise RuntimeError(f"the cloud service did not start; its log is {self._log.name}:\n{tail}")
 
     def cpu_s(self) -> float:
         return process_cpu_s(self.proc.pid)
@@ -104,7 +105,7 @@ class CloudProcess:
                     return float(sample.value)
         return 0.0
 
-    def __exit__(self, *exc) -> None:
+    def _stop(self) -> None:
         if self.proc and self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -112,6 +113,13 @@ class CloudProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
         self._log.close()
+
+    def __exit__(self, exc_type, *exc) -> None:
+        self._stop()
+        if exc_type is None:  # keep the service's log only when something went wrong
+            Path(self._log.name).unlink(missing_ok=True)
+        else:
+            print(f"the cloud service's log is {self._log.name}", file=sys.stderr)
 
 
 def run_edge_process(args: list[str], cores: set[int] | None, stream_to=None, timeout_s: float = 1800.0) -> dict:
