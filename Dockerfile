@@ -1,5 +1,6 @@
 # One image for all three roles (cloud verifier, link emulator, edge client);
-# docker-compose.yml picks the command. CPU build; see README for GPU notes.
+# docker-compose.yml picks the entry point (splitspec-cloud, splitspec-edge,
+# or the umbrella splitspec) and the command. CPU build; see README for GPU notes.
 FROM python:3.11-slim
 
 RUN apt-get update && apt-get install -y --no-install-recommends build-essential cmake git \

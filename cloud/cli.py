@@ -1,4 +1,7 @@
-"""``splitspec cloud serve``: run the verifier service."""
+"""``splitspec-cloud serve`` (also ``splitspec cloud serve``): run the verifier service.
+
+Exit codes: ``shared.cli``.
+"""
 
 from __future__ import annotations
 
@@ -6,33 +9,61 @@ import argparse
 import asyncio
 import logging
 import signal
+import sys
 from pathlib import Path
 
-__all__ = ["add_cloud_commands"]
+from cloud.limits import ServiceLimits
+from shared.cli import add_verbosity, non_negative_float, port_number, positive_float, positive_int, run_command
+
+__all__ = ["add_cloud_commands", "build_parser", "main"]
 
 log = logging.getLogger("splitspec.cloud")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="splitspec-cloud",
+        description="The splitspec verifier service: checks edge drafts with the target model over gRPC.",
+    )
+    add_verbosity(parser)
+    add_cloud_commands(parser.add_subparsers(dest="subcommand", metavar="SUBCOMMAND", required=True))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_command(build_parser(), argv)
 
 
 def add_cloud_commands(commands) -> None:
     serve = commands.add_parser(
         "serve",
         help="serve the target model as a verifier over gRPC",
-        description="Verify draft blocks from edge clients with the target model. Without --auth-token-file the "
-        "server listens on loopback only, unless --host is given. SIGTERM drains in-flight verdicts, then exits.",
+        description="Verify draft blocks from edge clients with the target model. The server listens on loopback "
+        "only unless --host is given (or a token with TLS, then 0.0.0.0). A bearer token on a non-loopback "
+        "address needs TLS (--tls-cert/--tls-key) or an explicit --insecure. SIGTERM drains in-flight verdicts, "
+        "then exits.",
     )
     serve.add_argument("--target", default=None, help="Hugging Face folder or GGUF file (default: Gemma 3 270M)")
     serve.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
-    serve.add_argument("--host", default=None, help="listen address (default: 127.0.0.1, or 0.0.0.0 with --auth-token-file)")
-    serve.add_argument("--port", type=int, default=50051, help="listen port; 0 picks a free one (default 50051)")
-    serve.add_argument("--max-sessions", type=int, default=64, help="concurrent sessions (default 64)")
-    serve.add_argument("--max-draft-len", type=int, default=32, help="largest block D accepted (default 32)")
-    serve.add_argument("--max-new-tokens", type=int, default=4096, help="largest generation per session (default 4096)")
-    serve.add_argument("--session-ttl", type=float, default=120.0, help="seconds a broken or idle session is kept (default 120)")
+    serve.add_argument("--host", default=None, help="listen address (default: 127.0.0.1, or 0.0.0.0 with --auth-token-file and TLS)")
+    serve.add_argument("--port", type=port_number, default=50051, help="listen port; 0 picks a free one (default 50051)")
+    limits = ServiceLimits()
+    serve.add_argument("--max-sessions", type=positive_int, default=limits.max_sessions,
+                       help=f"concurrent sessions (default {limits.max_sessions})")
+    serve.add_argument("--max-draft-len", type=positive_int, default=limits.max_draft_len,
+                       help=f"largest block D accepted (default {limits.max_draft_len})")
+    serve.add_argument("--max-new-tokens", type=positive_int, default=limits.max_new_tokens,
+                       help=f"largest generation per session (default {limits.max_new_tokens})")
+    serve.add_argument("--session-ttl", type=positive_float, default=limits.session_ttl_s,
+                       help=f"seconds a broken or idle session is kept (default {limits.session_ttl_s:g})")
     serve.add_argument("--auth-token-file", type=Path, default=None, help="require 'authorization: Bearer <token>' from this file")
     serve.add_argument("--tls-cert", type=Path, default=None, help="PEM certificate (with --tls-key)")
     serve.add_argument("--tls-key", type=Path, default=None, help="PEM private key (with --tls-cert)")
-    serve.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
-    serve.add_argument("--grace", type=float, default=10.0, help="seconds in-flight calls get on shutdown (default 10)")
+    serve.add_argument("--insecure", action="store_true",
+                       help="accept --auth-token-file without TLS on a non-loopback --host: the token then crosses "
+                       "the network in cleartext, readable by anyone on the path")
+    serve.add_argument("--metrics-port", type=port_number, default=None, help="serve Prometheus metrics on this port")
+    serve.add_argument("--grace", type=non_negative_float, default=10.0, help="seconds in-flight calls get on shutdown (default 10)")
     serve.set_defaults(func=run_serve)
 
 
@@ -51,15 +82,9 @@ def run_serve(args: argparse.Namespace) -> int:
     from cloud.engine import TargetEngine
     from cloud.models import resolve_target
     from cloud.server import ServerConfig
-    from cloud.servicer import ServiceLimits
 
-    if bool(args.tls_cert) != bool(args.tls_key):
-        raise ValueError("--tls-cert and --tls-key go together")
     token = read_secret(args.auth_token_file, "auth token file")
-    for flag, value in (("--max-sessions", args.max_sessions), ("--max-draft-len", args.max_draft_len), ("--max-new-tokens", args.max_new_tokens)):
-        if value < 1:
-            raise ValueError(f"{flag} must be >= 1, got {value}")
-    host = args.host or ("0.0.0.0" if token else "127.0.0.1")
+    host = args.host or ("0.0.0.0" if token and args.tls_cert else "127.0.0.1")
     config = ServerConfig(
         host=host,
         port=args.port,
@@ -74,6 +99,7 @@ def run_serve(args: argparse.Namespace) -> int:
         tls_key=args.tls_key.read_bytes() if args.tls_key else None,
         metrics_port=args.metrics_port,
         grace_s=args.grace,
+        insecure=args.insecure,
     )
     engine = TargetEngine(resolve_target(args.target), device=args.device)
     asyncio.run(_serve(engine, config))
@@ -95,3 +121,7 @@ async def _serve(engine, config) -> None:
     log.warning("shutting down: draining in-flight calls for up to %.0fs", config.grace_s)
     await server.stop()
     print("splitspec cloud: stopped", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -17,14 +17,14 @@ import torch
 
 from shared.vocab import vocab_fingerprint
 
-__all__ = ["TargetEngine", "Sequence"]
+__all__ = ["TargetEngine", "CachedSequence"]
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
-class Sequence:
-    """A sequence's KV cache and how many tokens it holds."""
+class CachedSequence:
+    """One sequence's KV cache, how many tokens it holds, and the forwards run on it (counted here only)."""
 
     cache: object  # transformers DynamicCache
     length: int = 0  # tokens in the cache
@@ -118,15 +118,15 @@ class TargetEngine:
         # Embedding rows past the tokenizer (padding) get a stable placeholder.
         return [p if p is not None else "" for p in pieces] + [f"<pad_{i}>" for i in range(len(pieces), self.vocab_size)]
 
-    def new_sequence(self) -> Sequence:
+    def new_sequence(self) -> CachedSequence:
         from transformers import DynamicCache
 
         # A plain (non-sliding) cache: every layer keeps every token, so crop()
         # is exact; sliding-window layers still see the right window via masks.
-        return Sequence(cache=DynamicCache())
+        return CachedSequence(cache=DynamicCache())
 
     @torch.inference_mode()
-    def forward(self, seq: Sequence, tokens: list[int]) -> torch.Tensor:
+    def forward(self, seq: CachedSequence, tokens: list[int]) -> torch.Tensor:
         """Append ``tokens`` to the sequence; return their next-token logits [n, V] float32."""
         if not tokens:
             raise ValueError("forward needs at least one token")
@@ -140,7 +140,7 @@ class TargetEngine:
         seq.forward_s += time.perf_counter() - started
         return logits
 
-    def crop(self, seq: Sequence, length: int) -> None:
+    def crop(self, seq: CachedSequence, length: int) -> None:
         """Keep the first ``length`` tokens of the cache."""
         if not 0 <= length <= seq.length:
             raise ValueError(f"cannot crop a {seq.length}-token cache to {length}")

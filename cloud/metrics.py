@@ -1,12 +1,16 @@
 """Prometheus metrics of the verifier service, in their own registry.
 
 The same counters that ``shared.stats.DecodeStats`` keeps per generation,
-summed over the service, plus bytes on the wire and verify latency.
+summed over the service, plus bytes on the wire and verify latency. Rounds
+are fed through one observer, ``observe_round`` (vLLM's
+``SpecDecodingProm.observe`` shape); nothing else increments those counters.
 """
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from shared.stats import RoundRecord
 
 __all__ = ["ServiceMetrics"]
 
@@ -38,6 +42,17 @@ class ServiceMetrics:
             buckets=(0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05),
             registry=r,
         )
+
+    def observe_round(self, record: RoundRecord, *, latency_s: float, overhead_s: float) -> None:
+        """One verify round: its counters, its wall time and the service time outside the forward."""
+        self.verify_latency.observe(latency_s)
+        self.service_overhead.observe(overhead_s)
+        self.forwards.inc(record.forwards)
+        self.drafted.inc(record.drafted)
+        self.accepted.inc(record.accepted)
+        self.generated.inc(record.committed)
+        for i in range(record.accepted):
+            self.accepted_at.labels(position=str(i)).inc()
 
     def serve(self, port: int, host: str = "127.0.0.1") -> None:
         start_http_server(port, addr=host, registry=self.registry)

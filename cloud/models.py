@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import shutil
 import sys
 import time
@@ -52,10 +53,17 @@ def _converted(gguf: Path) -> Path:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    staging = folder.with_name(folder.name + ".partial")
+    # A staging folder per process: two processes converting at once (parallel tests, a
+    # cloud and a benchmark) must not write into one folder; the first rename wins.
+    staging = folder.with_name(f"{folder.name}.partial-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     model.save_pretrained(staging, safe_serialization=True)
     tokenizer.save_pretrained(staging)
-    staging.rename(folder)
+    try:
+        staging.rename(folder)
+    except OSError:
+        if not (folder / "config.json").exists():
+            raise
+        shutil.rmtree(staging, ignore_errors=True)  # another process finished first
     print(f"splitspec: target cached at {folder} ({time.perf_counter() - started:.0f}s)", file=sys.stderr, flush=True)
     return folder

@@ -20,7 +20,7 @@ from cloud.metrics import ServiceMetrics
 from cloud.servicer import ServiceLimits, VerifierServicer
 from protos import splitspec_pb2 as pb
 from protos import splitspec_pb2_grpc as pb_grpc
-from shared import codec
+from shared.wire import SERVER_OPTIONS, is_loopback
 from shared.loop_thread import LoopThread
 
 __all__ = ["ServerConfig", "VerifierServer", "BackgroundServer", "SERVICE_NAME"]
@@ -28,7 +28,6 @@ __all__ = ["ServerConfig", "VerifierServer", "BackgroundServer", "SERVICE_NAME"]
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Verifier"].full_name
-_MAX_MESSAGE_BYTES = codec.MAX_PAYLOAD_BYTES + (64 << 10)
 
 
 @dataclass(frozen=True)
@@ -41,6 +40,16 @@ class ServerConfig:
     tls_key: bytes | None = None  # PEM
     metrics_port: int | None = None
     grace_s: float = 10.0  # in-flight verdicts get this long on shutdown
+    insecure: bool = False  # accept a bearer token in cleartext on a non-loopback address
+
+    def __post_init__(self) -> None:
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ValueError("--tls-cert and --tls-key go together")
+        if self.auth_token and not self.tls_cert and not self.insecure and not is_loopback(self.host):
+            raise ValueError(
+                f"refusing to take a bearer token in cleartext on {self.host}: give --tls-cert and --tls-key, "
+                "listen on a loopback address, or pass --insecure (anyone on the path can read the token)"
+            )
 
 
 class _BearerAuth(grpc.aio.ServerInterceptor):
@@ -87,16 +96,7 @@ class VerifierServer:
         interceptors = [_BearerAuth(cfg.auth_token)] if cfg.auth_token else []
         server = grpc.aio.server(
             interceptors=interceptors,
-            options=[
-                ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
-                ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
-                ("grpc.keepalive_time_ms", 30_000),
-                ("grpc.http2.max_pings_without_data", 0),
-                ("grpc.keepalive_permit_without_calls", 1),
-                # No bandwidth-delay-product probing: its PINGs and their ACKs cost more bytes per
-                # round than a draft block on a 50 kbit/s link; our messages are tiny anyway.
-                ("grpc.http2.bdp_probe", 0),
-            ],
+            options=SERVER_OPTIONS,
         )
         pb_grpc.add_VerifierServicer_to_server(self.servicer, server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
@@ -105,6 +105,8 @@ class VerifierServer:
         if cfg.tls_cert and cfg.tls_key:
             self.port = server.add_secure_port(address, grpc.ssl_server_credentials([(cfg.tls_key, cfg.tls_cert)]))
         else:
+            # Loopback without TLS: edges send their token over local credentials
+            # (gRPC sends call credentials only over a secure channel).
             self.port = server.add_insecure_port(address)
         if not self.port:
             raise OSError(f"cannot listen on {address}")

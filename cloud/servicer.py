@@ -15,35 +15,32 @@ import logging
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 import grpc
 
 from cloud.engine import TargetEngine
+from cloud.limits import ServiceLimits
 from cloud.metrics import ServiceMetrics
 from cloud.session import BlockRejected, VerifierSession
 from cloud.session_table import SessionEntry, SessionTable, TableFull
 from protos import splitspec_pb2 as pb
 from protos import splitspec_pb2_grpc as pb_grpc
 from shared import codec
-from shared.params import SamplingParams
+from shared.stats import RoundRecord
 from shared.verdict import Verdict
 from shared.vocab import describe_vocab
-from shared.wire import message_wire_bytes, sampling_from_proto, stop_reason_to_proto, verdict_to_proto
+from shared.wire import (
+    OpenRequest,
+    message_wire_bytes,
+    parse_open_request,
+    server_us,
+    stop_reason_to_proto,
+    verdict_to_proto,
+)
 
 __all__ = ["ServiceLimits", "VerifierServicer"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ServiceLimits:
-    max_sessions: int = 64
-    max_draft_len: int = 32  # drafts per block
-    session_ttl_s: float = 120.0  # how long a broken session stays resumable; also the idle limit
-    max_new_tokens: int = 4096
-    max_prompt_tokens: int = 16384
-    open_timeout_s: float = 30.0  # the first frame must arrive within this
 
 
 class _Abort(Exception):
@@ -85,31 +82,21 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                 + describe_vocab(f"the cloud target {engine.model_name}", engine.vocab_size, engine.fingerprint),
             )
 
-    def _parse_request(self, request) -> tuple[SamplingParams, list[int]]:
-        """Validate what Open and GenerateRequest share; returns (params, prompt)."""
+    def _parse_request(self, request) -> OpenRequest:
+        """Validate what Open and GenerateRequest share (``shared.wire``) and the vocabulary."""
         self._check_vocab(request.vocab_size, request.vocab_fingerprint)
         try:
-            params = sampling_from_proto(request.sampling)
-            if params.sends_q and params.draft_top_k > codec.MAX_DRAFT_TOP_K:
-                raise ValueError(f"draft_top_k {params.draft_top_k} exceeds {codec.MAX_DRAFT_TOP_K}")
+            return parse_open_request(
+                request,
+                vocab_size=self.engine.vocab_size,
+                max_prompt_tokens=self.limits.max_prompt_tokens,
+                max_new_tokens=self.limits.max_new_tokens,
+            )
         except ValueError as exc:
             raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
-        try:
-            prompt = codec.decode_tokens(
-                request.prompt, request.prompt_compressed, self.engine.vocab_size, max_tokens=self.limits.max_prompt_tokens
-            ).tolist()
-        except ValueError as exc:
-            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad prompt: {exc}") from exc
-        if not prompt:
-            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, "prompt is empty")
-        if not 1 <= request.max_new_tokens <= self.limits.max_new_tokens:
-            raise _Abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"max_new_tokens must be in [1, {self.limits.max_new_tokens}], got {request.max_new_tokens}",
-            )
-        return params, prompt
 
-    async def _new_session(self, params, prompt, max_new_tokens, max_draft_len) -> SessionEntry:
+    async def _new_session(self, opened: OpenRequest, max_draft_len: int) -> SessionEntry:
+        params, prompt, max_new_tokens = opened.params, opened.prompt, opened.max_new_tokens
         try:
             self.table.reserve()  # refuse before spending a prefill on a session that cannot be kept
             session = await self._in_engine(
@@ -122,7 +109,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             raise _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)) from exc
         self.metrics.sessions_opened.inc()
         self.metrics.sessions_active.set(len(self.table))
-        self.metrics.forwards.inc(session.stats.target_forwards)
+        self.metrics.forwards.inc(session.forwards)
         return entry
 
     def _end(self, entry: SessionEntry | None, finished: bool) -> None:
@@ -167,27 +154,28 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         return await self._run_verify(entry, draft.epoch, draft.start_position, tokens.tolist(), q, received)
 
     async def _run_verify(self, entry: SessionEntry, epoch, start_position, tokens, q, received: float):
-        """One verify on the engine thread, counted; returns (verdict, cloud microseconds)."""
+        """One verify on the engine thread, observed once; returns (verdict, cloud seconds)."""
         session = entry.session
-        forward_before = session.seq.forward_s
+        forward_before, forwards_before = session.seq.forward_s, session.forwards
         try:
             verdict = await self._in_engine(session.verify, epoch, start_position, tokens, q)
         except BlockRejected as exc:
             raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
         elapsed = time.perf_counter() - received
         self.table.touch(entry)
-        m = self.metrics
-        m.verify_latency.observe(elapsed)
         overhead = max(elapsed - (session.seq.forward_s - forward_before), 0.0)
-        m.service_overhead.observe(overhead)
         self.recent_overheads_s.append(overhead)
-        m.forwards.inc()
-        m.drafted.inc(len(tokens))
-        m.accepted.inc(verdict.accepted)
-        m.generated.inc(verdict.accepted + (verdict.token is not None))
-        for i in range(verdict.accepted):
-            m.accepted_at.labels(position=str(i)).inc()
-        return verdict, min(int(elapsed * 1e6), 2**32 - 1)
+        self.metrics.observe_round(
+            RoundRecord(
+                drafted=len(tokens),
+                accepted=verdict.accepted,
+                committed=len(verdict.committed(tokens)),
+                forwards=session.forwards - forwards_before,
+            ),
+            latency_s=elapsed,
+            overhead_s=overhead,
+        )
+        return verdict, elapsed
 
     # -- RPCs --------------------------------------------------------------
     async def Decode(self, request_iterator, context):
@@ -210,6 +198,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                         vocab_size=self.engine.vocab_size,
                         committed_length=len(session.tokens),
                         max_draft_len=session.max_draft_len,
+                        forwards=session.forwards,
                     )
                 )
             )
@@ -224,10 +213,11 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                     break
                 if kind != "draft":
                     raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"unexpected {kind or 'empty'} frame in an open session")
-                verdict, server_us = await self._verify(entry, frame.draft)
+                verdict, seconds = await self._verify(entry, frame.draft)
                 if verdict is None:
                     continue
-                yield self._count_out(pb.CloudFrame(verdict=verdict_to_proto(verdict, server_us)))
+                message = verdict_to_proto(verdict, seconds=seconds, forwards=session.forwards)
+                yield self._count_out(pb.CloudFrame(verdict=message))
                 if verdict.done:
                     finished = True
                     break
@@ -245,12 +235,14 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             if entry is None:
                 raise _Abort(grpc.StatusCode.NOT_FOUND, "no resumable session for that ticket; reopen with the committed tokens as the prompt")
             return entry
-        params, prompt = self._parse_request(request)
+        opened = self._parse_request(request)
         max_draft_len = min(request.max_draft_len or self.limits.max_draft_len, self.limits.max_draft_len)
-        entry = await self._new_session(params, prompt, request.max_new_tokens, max_draft_len)
+        entry = await self._new_session(opened, max_draft_len)
+        params = opened.params
         log.info(
             "session %s opened: %d prompt tokens, mode %s, T=%.2f, D<=%d, max %d new",
-            entry.session_id, len(prompt), params.mode.value, params.temperature, max_draft_len, request.max_new_tokens,
+            entry.session_id, len(opened.prompt), params.mode.value, params.temperature, max_draft_len,
+            opened.max_new_tokens,
         )
         return entry
 
@@ -259,11 +251,10 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         entry = None
         try:
             self._count_in(request)
-            params, prompt = self._parse_request(request)
-            entry = await self._new_session(params, prompt, request.max_new_tokens, 0)
+            entry = await self._new_session(self._parse_request(request), 0)
             session = entry.session
             while not session.done:
-                verdict, server_us = await self._run_verify(
+                verdict, seconds = await self._run_verify(
                     entry, session.epoch, len(session.tokens), [], None, time.perf_counter()
                 )
                 encoded = codec.encode_tokens([verdict.token] if verdict.token is not None else [], self.engine.vocab_size)
@@ -273,7 +264,8 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                         compressed=encoded.compressed,
                         done=verdict.done,
                         stop_reason=stop_reason_to_proto(verdict.stop_reason),
-                        server_us=server_us,
+                        server_us=server_us(seconds),
+                        forwards=session.forwards,
                     )
                 )
         except _Abort as exc:

@@ -17,6 +17,7 @@ from shared.params import SamplingParams
 from shared.sparse import SparseDist
 from shared.stats import DecodeStats
 from shared.verdict import StopReason, Verdict
+from shared.wire import next_epoch
 
 __all__ = ["VerifierSession", "BlockRejected"]
 
@@ -58,11 +59,16 @@ class VerifierSession:
         self.verify_s = 0.0  # wall time inside verify(), forward included
         if len(self.tokens) > 1:  # the last prompt token stays pending, fed with the first block
             engine.forward(self.seq, self.tokens[:-1])
-            self.stats.target_forwards += 1
+        self.stats.target_forwards = self.forwards
 
     @property
     def generated(self) -> int:
         return len(self.tokens) - self.prompt_len
+
+    @property
+    def forwards(self) -> int:
+        """Target forwards run for this session, prefill included (the engine counts them)."""
+        return self.seq.forwards
 
     def verify(
         self, epoch: int, start_position: int, drafts: Sequence[int], q: Sequence[SparseDist] | None = None
@@ -79,7 +85,6 @@ class VerifierSession:
         started = time.perf_counter()
         drafts = [int(t) for t in drafts]
         logits = self.engine.forward(self.seq, [self.tokens[-1], *drafts])  # [D+1, V]
-        self.stats.target_forwards += 1
         result = verify_block(self.params, drafts, logits, start_position, q)
         committed = [*drafts[: result.accepted], result.token]
         # An EOS or the token limit may end the generation inside the block.
@@ -97,13 +102,7 @@ class VerifierSession:
         self.tokens.extend(committed)
         self.engine.crop(self.seq, len(self.tokens) - 1)  # everything but the new pending token
         self.done = self.stop_reason is not StopReason.NONE
-        if not result.bonus:
-            self.epoch += 1
-        self.stats.record_round(len(drafts), accepted, len(committed))
-        elapsed = time.perf_counter() - started
-        self.verify_s += elapsed
-        self.stats.wall_s += elapsed
-        return Verdict(
+        verdict = Verdict(
             epoch=epoch,
             start_position=start_position,
             accepted=accepted,
@@ -112,3 +111,10 @@ class VerifierSession:
             done=self.done,
             stop_reason=self.stop_reason,
         )
+        self.epoch = next_epoch(self.epoch, verdict)
+        self.stats.record_round(len(drafts), accepted, len(committed))
+        self.stats.target_forwards = self.forwards
+        elapsed = time.perf_counter() - started
+        self.verify_s += elapsed
+        self.stats.wall_s += elapsed
+        return verdict

@@ -1,7 +1,8 @@
-"""``splitspec edge ...``: generate on the device against a cloud verifier.
+"""``splitspec-edge`` (also ``splitspec edge``): generate on the device against a cloud verifier.
 
-``edge run`` is split decoding; ``edge baseline`` asks the cloud to decode
-every token itself (what split decoding is measured against).
+``run`` is split decoding; ``baseline`` asks the cloud to decode every token
+itself (what split decoding is measured against). Never imports ``sim`` or
+torch: a device installs only the ``edge`` extra. Exit codes: ``shared.cli``.
 """
 
 from __future__ import annotations
@@ -11,11 +12,28 @@ import json
 import sys
 from pathlib import Path
 
-__all__ = ["add_edge_commands"]
+from shared.cli import add_verbosity, positive_float, run_command
+
+__all__ = ["add_edge_commands", "build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="splitspec-edge",
+        description="The splitspec client device: draft with llama.cpp, verify in the cloud, output identical "
+        "to the target model alone.",
+    )
+    add_verbosity(parser)
+    add_edge_commands(parser.add_subparsers(dest="subcommand", metavar="SUBCOMMAND", required=True))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_command(build_parser(), argv)
 
 
 def add_edge_commands(commands) -> None:
-    from edge.options import add_drafter_args, add_sampling_args
+    from edge.cli_options import add_drafter_args, add_sampling_args
 
     run = commands.add_parser(
         "run",
@@ -44,15 +62,15 @@ def _add_cloud_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--cloud", default="127.0.0.1:50051", help="verifier address HOST:PORT (default 127.0.0.1:50051)")
     group.add_argument("--auth-token-file", type=Path, default=None, help="bearer token for the verifier")
     group.add_argument("--tls-ca", type=Path, default=None, help="PEM CA certificate: connect with TLS and trust this CA")
-    group.add_argument("--connect-timeout", type=float, default=10.0, help="seconds to reach the cloud (default 10)")
-    group.add_argument("--verdict-timeout", type=float, default=120.0, help="seconds to wait for any one answer (default 120)")
+    group.add_argument("--connect-timeout", type=positive_float, default=10.0, help="seconds to reach the cloud (default 10)")
+    group.add_argument("--verdict-timeout", type=positive_float, default=120.0, help="seconds to wait for any one answer (default 120)")
     parser.add_argument("--json", action="store_true", help="print tokens, text and stats (with bytes and RTT) as JSON")
     parser.add_argument("--timings", action="store_true", help="in the JSON: per-block cloud times and bytes")
     parser.add_argument("--json-file", type=Path, default=None, help="also write that JSON to this file (text still streams)")
 
 
 def _cloud_options(args: argparse.Namespace) -> dict:
-    from edge.loading import NGRAM
+    from edge.drafter_choice import NGRAM
 
     if args.drafter == NGRAM:
         raise ValueError("the edge needs a GGUF drafter (it also tokenizes the prompt); 'ngram' is for generate")
@@ -66,12 +84,14 @@ def _cloud_options(args: argparse.Namespace) -> dict:
     }
 
 
-def _emit_json(args: argparse.Namespace, out: dict) -> bool:
-    """Write the result where asked; True when stdout got the JSON (no human summary then)."""
+def _emit(args: argparse.Namespace, report) -> bool:
+    """Write the report where asked; True when stdout got the JSON (no human summary then)."""
+    if not args.timings:
+        report.blocks = []
     if args.json_file is not None:
-        args.json_file.write_text(json.dumps(out))
+        args.json_file.write_text(json.dumps(report.to_json()))
     if args.json:
-        print(json.dumps(out))
+        print(json.dumps(report.to_json()))
     return args.json
 
 
@@ -80,77 +100,82 @@ def _summary(n_tokens: int, wall: float, extra: str) -> None:
 
 
 def run_edge(args: argparse.Namespace) -> int:
-    from edge.client import GrpcLink, LinkError
+    from edge.cli_options import sampling_from_args
+    from edge.client import GrpcVerifier, VerifierError
     from edge.decode_loop import run_decode
-    from edge.loading import open_llama_drafter
-    from edge.options import TextStream, sampling_from_args
-    from shared.errors import CliError
+    from edge.drafter_choice import open_llama_drafter
+    from edge.report import SPLIT, EdgeReport
+    from edge.text_stream import TextStream
+    from shared.cli import CliError
 
     options = _cloud_options(args)
     params = sampling_from_args(args)
     drafter = open_llama_drafter(args.drafter, n_threads=args.drafter_threads, n_ctx=args.drafter_ctx)
     vocab = drafter.vocab
     prompt = vocab.tokenize(args.prompt)
-    link = GrpcLink(
-        args.cloud,
-        vocab_size=vocab.size,
-        fingerprint=vocab.fingerprint,
-        model_name=drafter.model_name,
-        verdict_timeout_s=args.verdict_timeout,
-        **options,
-    )
     try:
-        link.connect()  # connection setup is not part of the generation's time, as for the baseline
+        verifier = GrpcVerifier(
+            args.cloud,
+            vocab_size=vocab.size,
+            fingerprint=vocab.fingerprint,
+            model_name=drafter.model_name,
+            verdict_timeout_s=args.verdict_timeout,
+            **options,
+        )
+        verifier.connect()  # connection setup is not part of the generation's time, as for the baseline
         result = run_decode(
             drafter,
-            link,
+            verifier,
             prompt,
             params,
             max_new_tokens=args.max_new_tokens,
             draft_len=args.draft_len,
-                on_tokens=None if args.json else TextStream(vocab.detokenize),
+            on_tokens=None if args.json else TextStream(vocab.detokenize),
         )
-    except LinkError as exc:
+    except VerifierError as exc:
         raise CliError(str(exc)) from exc
     finally:
         drafter.close()
-    stats = result.stats.to_dict()
-    stats.update(
-        bytes_up=link.bytes_up,
-        bytes_down=link.bytes_down,
-        rtt_ms=round(link.rtt_ms, 3),
-        ttft_s=round(result.ttft_s, 4),
+    report = EdgeReport(
+        kind=SPLIT,
+        tokens=result.tokens,
+        text=vocab.detokenize(result.tokens),
+        stop_reason=result.stop_reason.value,
         prompt_tokens=len(prompt),
-        drafter_s=round(drafter.draft_s, 4),
-        drafter_eval_s=round(drafter.eval_s, 4),
-        drafter_prompt_s=round(drafter.prompt_eval_s, 4),
-        open_s=round(link.open_s, 4),
+        wall_s=result.stats.wall_s,
+        ttft_s=result.ttft_s,
+        open_s=verifier.open_s,
+        bytes_up=verifier.bytes_up,
+        bytes_down=verifier.bytes_down,
+        rtt_ms=verifier.rtt_ms,
+        cloud_forwards=verifier.forwards,
+        decode=result.stats,
+        drafter=drafter.stats,
+        blocks=verifier.block_log,
     )
-    out = {"tokens": result.tokens, "text": vocab.detokenize(result.tokens), "stats": stats}
-    if args.timings:
-        out["blocks"] = [
-            {"forward_tokens": n, "cloud_s": round(s, 6), "up_bytes": up, "down_bytes": down}
-            for n, s, up, down in link.block_log
-        ]
-    if _emit_json(args, out):
+    if _emit(args, report):
         return 0
-    n = max(len(result.tokens), 1)
+    stats, n = result.stats, max(len(result.tokens), 1)
     _summary(
         len(result.tokens),
-        result.stats.wall_s,
+        stats.wall_s,
         f"stop={result.stop_reason.value}, mode={params.mode.value}, D={args.draft_len}, "
-        f"acceptance rate {stats['acceptance_rate']:.2f}, acceptance length {stats['acceptance_length']:.2f}, "
-        f"up {link.bytes_up / n:.1f} B/tok, down {link.bytes_down / n:.1f} B/tok, rtt {link.rtt_ms:.1f} ms",
+        f"acceptance rate {stats.acceptance_rate:.2f}, acceptance length {stats.acceptance_length:.2f}, "
+        f"up {verifier.bytes_up / n:.1f} B/tok, down {verifier.bytes_down / n:.1f} B/tok, rtt {verifier.rtt_ms:.1f} ms, "
+        f"cloud forwards {verifier.forwards}",
     )
     return 0
 
 
 def run_baseline(args: argparse.Namespace) -> int:
-    from edge.client import LinkError, cloud_only_generate
+    from edge.cli_options import sampling_from_args
+    from edge.client import VerifierError, cloud_only_generate
     from edge.gguf_vocab import GgufVocab
-    from edge.options import TextStream, sampling_from_args
-    from shared.errors import CliError
+    from edge.report import CLOUD_ONLY, EdgeReport
+    from edge.text_stream import TextStream
+    from shared.cli import CliError
     from shared.models import default_gguf_path
+    from shared.stats import DecodeStats
 
     options = _cloud_options(args)
     params = sampling_from_args(args)
@@ -168,20 +193,31 @@ def run_baseline(args: argparse.Namespace) -> int:
             on_tokens=None if args.json else TextStream(vocab.detokenize),
             **options,
         )
-    except LinkError as exc:
+    except VerifierError as exc:
         raise CliError(str(exc)) from exc
-    stats = {
-        "generated": len(result.tokens),
-        "wall_s": round(result.wall_s, 4),
-        "ttft_s": round(result.ttft_s, 4),
-        "bytes_up": result.bytes_up,
-        "bytes_down": result.bytes_down,
-        "prompt_tokens": len(prompt),
-    }
-    out = {"tokens": result.tokens, "text": vocab.detokenize(result.tokens), "stats": stats}
-    if args.timings:
-        out["blocks"] = [{"forward_tokens": 1, "cloud_s": round(s, 6), "down_bytes": b} for s, b in result.chunk_log]
-    if _emit_json(args, out):
+    decode = DecodeStats(wall_s=result.wall_s, target_forwards=result.forwards)
+    for _ in result.tokens:
+        decode.record_round(drafted=0, accepted=0, committed=1)
+    report = EdgeReport(
+        kind=CLOUD_ONLY,
+        tokens=result.tokens,
+        text=vocab.detokenize(result.tokens),
+        stop_reason=result.stop_reason.value,
+        prompt_tokens=len(prompt),
+        wall_s=result.wall_s,
+        ttft_s=result.ttft_s,
+        open_s=0.0,
+        bytes_up=result.bytes_up,
+        bytes_down=result.bytes_down,
+        rtt_ms=0.0,
+        cloud_forwards=result.forwards,
+        decode=decode,
+        blocks=result.chunk_log,
+    )
+    if _emit(args, report):
         return 0
     _summary(len(result.tokens), result.wall_s, f"cloud-only, stop={result.stop_reason.value}, ttft {result.ttft_s:.2f}s")
     return 0
+
+if __name__ == "__main__":
+    sys.exit(main())

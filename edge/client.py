@@ -1,9 +1,11 @@
-"""The edge's side of the wire: ``VerifierLink`` over one gRPC ``Decode`` stream.
+"""The edge's side of the wire: ``VerifierConnection`` over one gRPC ``Decode`` stream.
 
 Synchronous to the decode loop; a reader thread moves cloud frames into a
 queue so that every wait has a deadline. Counts every byte of every gRPC
-message each way (5-byte prefix included) and the round-trip time net of
-the cloud's own processing (the verdict's ``server_us``).
+message each way (``shared.wire.framed_size``), the round-trip time net of
+the cloud's own processing (the verdict's ``server_us``), and keeps the
+forward count the cloud reports. A bearer token travels as call credentials,
+only over TLS or to a loopback address.
 """
 
 from __future__ import annotations
@@ -18,36 +20,56 @@ from dataclasses import dataclass
 
 import grpc
 
+from edge.report import BlockTiming
+
 from edge.drafter import DraftBlock
 from protos import splitspec_pb2 as pb
 from protos import splitspec_pb2_grpc as pb_grpc
 from shared import codec
 from shared.params import SamplingParams
 from shared.verdict import StopReason, Verdict
-from shared.wire import message_wire_bytes, sampling_to_proto, stop_reason_from_proto, verdict_from_proto
+from shared.wire import (
+    CHANNEL_OPTIONS,
+    is_loopback,
+    message_wire_bytes,
+    sampling_to_proto,
+    stop_reason_from_proto,
+    verdict_from_proto,
+)
 
-__all__ = ["GrpcLink", "LinkError", "make_channel", "CloudOnlyResult", "cloud_only_generate"]
+__all__ = ["GrpcVerifier", "VerifierError", "make_channel", "CloudOnlyResult", "cloud_only_generate"]
 
 log = logging.getLogger(__name__)
 
 _END = object()
-_MAX_MESSAGE_BYTES = codec.MAX_PAYLOAD_BYTES + (64 << 10)
 
 
-class LinkError(RuntimeError):
+class VerifierError(RuntimeError):
     """The cloud could not be reached, refused us, or went away."""
 
 
-def make_channel(address: str, root_certificates: bytes | None = None) -> grpc.Channel:
-    options = [
-        ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
-        ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
-        ("grpc.keepalive_time_ms", 30_000),
-        ("grpc.http2.bdp_probe", 0),
-    ]
+def make_channel(address: str, root_certificates: bytes | None = None, auth_token: str | None = None) -> grpc.Channel:
+    """A channel to the verifier; with ``auth_token``, every call carries it as a bearer token.
+
+    gRPC sends call credentials only over a secure channel: TLS when
+    ``root_certificates`` is given, else local credentials, which hold only for
+    a loopback address. A token for a remote address without TLS is refused
+    (``ValueError``) rather than sent in cleartext.
+    """
     if root_certificates is not None:
-        return grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates), options=options)
-    return grpc.insecure_channel(address, options=options)
+        credentials = grpc.ssl_channel_credentials(root_certificates)
+    elif auth_token:
+        if not is_loopback(address):
+            raise ValueError(
+                f"refusing to send the bearer token in cleartext to {address}: connect with TLS (--tls-ca) "
+                "or to a loopback address"
+            )
+        credentials = grpc.local_channel_credentials(grpc.LocalConnectionType.LOCAL_TCP)
+    else:
+        return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+    if auth_token:
+        credentials = grpc.composite_channel_credentials(credentials, grpc.access_token_call_credentials(auth_token))
+    return grpc.secure_channel(address, credentials, options=CHANNEL_OPTIONS)
 
 
 def _wait_ready(channel: grpc.Channel, address: str, timeout_s: float) -> None:
@@ -55,7 +77,7 @@ def _wait_ready(channel: grpc.Channel, address: str, timeout_s: float) -> None:
         grpc.channel_ready_future(channel).result(timeout=timeout_s)
     except grpc.FutureTimeoutError as exc:
         channel.close()
-        raise LinkError(f"cloud unreachable at {address} (no connection within {timeout_s:.0f}s)") from exc
+        raise VerifierError(f"cloud unreachable at {address} (no connection within {timeout_s:.0f}s)") from exc
 
 
 def describe_rpc_error(error: grpc.RpcError) -> str:
@@ -64,7 +86,7 @@ def describe_rpc_error(error: grpc.RpcError) -> str:
     return f"{code.name if code else 'ERROR'}: {details}"
 
 
-class GrpcLink:
+class GrpcVerifier:
     """One generation session with a remote verifier. Use once: open, verify..., close."""
 
     def __init__(
@@ -87,9 +109,8 @@ class GrpcLink:
         self.model_name = model_name
         self.connect_timeout_s = connect_timeout_s
         self.verdict_timeout_s = verdict_timeout_s
-        self._metadata = (("authorization", f"Bearer {auth_token}"),) if auth_token else ()
         self._owns_channel = channel is None
-        self._channel = channel if channel is not None else make_channel(address, root_certificates)
+        self._channel = channel if channel is not None else make_channel(address, root_certificates, auth_token)
         self._requests: queue.Queue = queue.Queue()
         self._responses: queue.Queue = queue.Queue()
         self._call = None
@@ -98,15 +119,15 @@ class GrpcLink:
         self.bytes_up = 0
         self.bytes_down = 0
         self.rtt_samples_s: list[float] = []
-        # Per block: (tokens in the cloud's forward = drafts + 1, cloud seconds, Draft bytes, Verdict bytes).
-        self.block_log: list[tuple[int, float, int, int]] = []
+        self.block_log: list[BlockTiming] = []  # [blocks verified]
+        self.forwards = 0  # target forwards the cloud reports for this session, prefill included
         self.open_s = 0.0  # Open sent -> Opened received (prefill included)
         self._connected = False
         self.session_id = ""
         self.resume_ticket = b""
         self._finished = False  # the cloud ended the session with a final verdict
 
-    # -- VerifierLink ------------------------------------------------------
+    # -- VerifierConnection ------------------------------------------------------
     def connect(self) -> None:
         """Establish the channel (TCP and HTTP/2 setup) now rather than on ``open``."""
         if not self._connected:
@@ -118,7 +139,7 @@ class GrpcLink:
         self._params = params
         started = time.perf_counter()
         stub = pb_grpc.VerifierStub(self._channel)
-        self._call = stub.Decode(iter(self._requests.get, _END), metadata=self._metadata)
+        self._call = stub.Decode(iter(self._requests.get, _END))
         self._reader = threading.Thread(target=self._read_forever, name="edge-link-reader", daemon=True)
         self._reader.start()
         encoded = codec.encode_tokens(prompt, self.vocab_size)
@@ -139,8 +160,9 @@ class GrpcLink:
         opened = self._receive("opened").opened
         self.open_s = time.perf_counter() - started
         self.session_id, self.resume_ticket = opened.session_id, opened.resume_ticket
+        self.forwards = opened.forwards
         if opened.vocab_size != self.vocab_size:
-            raise LinkError(f"cloud vocabulary has {opened.vocab_size} tokens, ours {self.vocab_size}")
+            raise VerifierError(f"cloud vocabulary has {opened.vocab_size} tokens, ours {self.vocab_size}")
         log.info("session %s opened at %s (blocks up to %d)", opened.session_id, self.address, opened.max_draft_len)
         return min(max_draft_len, opened.max_draft_len)
 
@@ -158,13 +180,19 @@ class GrpcLink:
         message = reply.verdict
         self._finished = message.done
         self.rtt_samples_s.append(max(time.perf_counter() - sent - message.server_us * 1e-6, 0.0))
+        self.forwards = message.forwards
         self.block_log.append(
-            (len(block.tokens) + 1, message.server_us * 1e-6, message_wire_bytes(frame), message_wire_bytes(reply))
+            BlockTiming(
+                forward_tokens=len(block.tokens) + 1,
+                cloud_s=message.server_us * 1e-6,
+                up_bytes=message_wire_bytes(frame),
+                down_bytes=message_wire_bytes(reply),
+            )
         )
         try:
             return verdict_from_proto(message)
         except ValueError as exc:
-            raise LinkError(f"malformed verdict from the cloud: {exc}") from exc
+            raise VerifierError(f"malformed verdict from the cloud: {exc}") from exc
 
     def close(self) -> None:
         if self._call is not None:
@@ -202,16 +230,16 @@ class GrpcLink:
             item = self._responses.get(timeout=self.verdict_timeout_s)
         except queue.Empty:
             self._call.cancel()
-            raise LinkError(f"no {kind} from the cloud within {self.verdict_timeout_s:.0f}s") from None
+            raise VerifierError(f"no {kind} from the cloud within {self.verdict_timeout_s:.0f}s") from None
         if isinstance(item, grpc.RpcError):
             if item.code() == grpc.StatusCode.UNAVAILABLE:
-                raise LinkError(f"lost the cloud at {self.address}: {describe_rpc_error(item)}")
-            raise LinkError(f"cloud ended the session: {describe_rpc_error(item)}")
+                raise VerifierError(f"lost the cloud at {self.address}: {describe_rpc_error(item)}")
+            raise VerifierError(f"cloud ended the session: {describe_rpc_error(item)}")
         if item is _END:
-            raise LinkError(f"cloud closed the stream before sending the {kind}")
+            raise VerifierError(f"cloud closed the stream before sending the {kind}")
         self.bytes_down += message_wire_bytes(item)
         if item.WhichOneof("kind") != kind:
-            raise LinkError(f"expected {kind} from the cloud, got {item.WhichOneof('kind')}")
+            raise VerifierError(f"expected {kind} from the cloud, got {item.WhichOneof('kind')}")
         return item
 
 
@@ -223,7 +251,8 @@ class CloudOnlyResult:
     ttft_s: float
     bytes_up: int
     bytes_down: int
-    chunk_log: list[tuple[float, int]]  # per chunk: (cloud seconds, message bytes)
+    forwards: int  # target forwards the cloud reported, prefill included
+    chunk_log: list[BlockTiming]  # [chunks], one token each
 
 
 def cloud_only_generate(
@@ -241,8 +270,7 @@ def cloud_only_generate(
     on_tokens=None,
 ) -> CloudOnlyResult:
     """The baseline: the cloud decodes every token (``Generate``) and streams each one down."""
-    channel = make_channel(address, root_certificates)
-    metadata = (("authorization", f"Bearer {auth_token}"),) if auth_token else ()
+    channel = make_channel(address, root_certificates, auth_token)
     _wait_ready(channel, address, connect_timeout_s)
     encoded = codec.encode_tokens(prompt, vocab_size)
     request = pb.GenerateRequest(
@@ -254,13 +282,14 @@ def cloud_only_generate(
         max_new_tokens=max_new_tokens,
     )
     tokens: list[int] = []
-    chunk_log: list[tuple[float, int]] = []
-    bytes_down, ttft, stop = 0, 0.0, StopReason.NONE
+    chunk_log: list[BlockTiming] = []
+    bytes_down, ttft, stop, forwards = 0, 0.0, StopReason.NONE, 0
     started = time.perf_counter()
     try:
-        for chunk in pb_grpc.VerifierStub(channel).Generate(request, timeout=timeout_s, metadata=metadata):
+        for chunk in pb_grpc.VerifierStub(channel).Generate(request, timeout=timeout_s):
             bytes_down += message_wire_bytes(chunk)
-            chunk_log.append((chunk.server_us * 1e-6, message_wire_bytes(chunk)))
+            forwards = chunk.forwards
+            chunk_log.append(BlockTiming(1, chunk.server_us * 1e-6, 0, message_wire_bytes(chunk)))
             new = codec.decode_tokens(chunk.tokens, chunk.compressed, vocab_size, max_tokens=max_new_tokens).tolist()
             if new and not ttft:
                 ttft = time.perf_counter() - started
@@ -271,11 +300,11 @@ def cloud_only_generate(
                 stop = stop_reason_from_proto(chunk.stop_reason)
                 break
     except grpc.RpcError as error:
-        raise LinkError(f"cloud-only generation failed: {describe_rpc_error(error)}") from error
+        raise VerifierError(f"cloud-only generation failed: {describe_rpc_error(error)}") from error
     except ValueError as exc:
-        raise LinkError(f"malformed chunk from the cloud: {exc}") from exc
+        raise VerifierError(f"malformed chunk from the cloud: {exc}") from exc
     finally:
         channel.close()
     return CloudOnlyResult(
-        tokens, stop, time.perf_counter() - started, ttft, message_wire_bytes(request), bytes_down, chunk_log
+        tokens, stop, time.perf_counter() - started, ttft, message_wire_bytes(request), bytes_down, forwards, chunk_log
     )

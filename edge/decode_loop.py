@@ -1,7 +1,7 @@
 """The edge's lossless loop: draft a block, have it verified, commit, repeat.
 
-Transport-agnostic: ``VerifierLink`` is answered in-process (``sim.inprocess``)
-or over gRPC (``edge.client``). The loop trusts only verdicts that answer
+Transport-agnostic: a ``VerifierConnection`` is answered in-process
+(``sim.inprocess``) or over gRPC (``edge.client``). The loop trusts only verdicts that answer
 the block it sent, and stops at the verifier's ``done``.
 """
 
@@ -16,15 +16,20 @@ from edge.drafter import DraftBlock, Drafter
 from shared.params import SamplingParams
 from shared.stats import DecodeStats
 from shared.verdict import StopReason, Verdict
+from shared.wire import next_epoch
 
-__all__ = ["VerifierLink", "GenerationResult", "run_decode", "ProtocolError"]
+__all__ = ["VerifierConnection", "GenerationResult", "run_decode", "ProtocolError"]
 
 
 class ProtocolError(RuntimeError):
     """The verifier answered something that does not fit the block we sent."""
 
 
-class VerifierLink(Protocol):
+class VerifierConnection(Protocol):
+    """One generation session with a verifier, wherever it runs."""
+
+    forwards: int  # target forwards the verifier reports for this session so far, prefill included
+
     def open(self, prompt: Sequence[int], params: SamplingParams, max_new_tokens: int, max_draft_len: int) -> int:
         """Start a session for ``prompt``; returns the block length the verifier allows (<= max_draft_len)."""
 
@@ -45,7 +50,7 @@ class GenerationResult:
 
 def run_decode(
     drafter: Drafter,
-    link: VerifierLink,
+    link: VerifierConnection,
     prompt: Sequence[int],
     params: SamplingParams,
     *,
@@ -80,8 +85,7 @@ def run_decode(
                     f"({verdict.accepted} accepted) does not answer the block sent at epoch {epoch} position {position}"
                 )
             committed = verdict.committed(block.tokens)
-            if not verdict.bonus:
-                epoch += 1
+            epoch = next_epoch(epoch, verdict)
             drafter.commit(committed)
             generated.extend(committed)
             stats.record_round(len(block.tokens), verdict.accepted, len(committed))
@@ -96,5 +100,5 @@ def run_decode(
         stats.wall_s = time.perf_counter() - started  # tearing the link down is not generation time
     finally:
         link.close()
-    stats.target_forwards = stats.rounds + (1 if len(prompt) > 1 else 0)  # one per block, plus the prefill
+    stats.target_forwards = link.forwards
     return GenerationResult(generated, verdict.stop_reason, stats, ttft)

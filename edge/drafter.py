@@ -4,13 +4,15 @@ A drafter is driven as ``begin(prompt, params)``, then rounds of
 ``draft(n)`` and ``commit(tokens)``, then ``close()`` (llama.cpp's
 ``begin / draft / accept`` shape). ``commit`` receives the tokens the
 verifier committed; the drafter rolls back whatever it speculated past them.
+Each drafter keeps its own ``DrafterStats`` (llama.cpp's per-proposer
+``n_drafted`` / ``t_draft_us``), which every sink reads.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -19,7 +21,7 @@ from shared.noise import Purpose, exponential
 from shared.params import SamplingParams
 from shared.sparse import SparseDist, quantize, sample_sparse
 
-__all__ = ["DraftBlock", "Drafter", "propose", "one_hot_block"]
+__all__ = ["DraftBlock", "Drafter", "DrafterStats", "propose", "one_hot_block"]
 
 # How many of the drafter's highest logits a proposal looks at. The choice
 # never affects losslessness, only acceptance; q̃ keeps at most draft_top_k.
@@ -32,10 +34,59 @@ class DraftBlock:
     q: list[SparseDist] | None = None  # [n] q̃ per token, rejection mode only
 
 
+@dataclass
+class DrafterStats:
+    """A drafter's counters, cumulative from construction or the last ``reset()``.
+
+    ``draft_s - eval_s`` is the drafter's own overhead (proposal rule, Python);
+    ``eval_s - prompt_eval_s`` is the model's per-token decoding. Model-free
+    drafters keep both eval counters at 0. Each counter is written only by
+    ``record_draft`` / ``record_eval``.
+    """
+
+    drafted: int = 0  # tokens returned by draft()
+    draft_s: float = 0.0  # seconds inside draft(), eval included
+    eval_s: float = 0.0  # seconds inside the model's eval
+    prompt_eval_s: float = 0.0  # the part of eval_s spent reading prompts
+
+    def record_draft(self, tokens: int, seconds: float) -> None:
+        """One draft() call that returned ``tokens`` tokens in ``seconds``."""
+        self.drafted += tokens
+        self.draft_s += seconds
+
+    def record_eval(self, seconds: float, *, prompt: bool) -> None:
+        """One model eval; ``prompt`` when it read (the rest of) a prompt."""
+        self.eval_s += seconds
+        if prompt:
+            self.prompt_eval_s += seconds
+
+    def reset(self) -> None:
+        for f in fields(self):
+            setattr(self, f.name, f.default)
+
+    def to_json(self) -> dict[str, int | float]:
+        """A JSON object with exactly the field names as keys (stable), values unrounded."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> DrafterStats:
+        """The inverse of ``to_json``; missing or unknown keys are a ``ValueError``."""
+        names = [f.name for f in fields(cls)]
+        if set(data) != set(names):
+            raise ValueError(f"drafter stats need exactly the keys {names}, got {sorted(data)}")
+        return cls(
+            drafted=int(data["drafted"]),
+            draft_s=float(data["draft_s"]),
+            eval_s=float(data["eval_s"]),
+            prompt_eval_s=float(data["prompt_eval_s"]),
+        )
+
+
 class Drafter(Protocol):
     """What the decode loop needs from a proposer."""
 
     vocab_size: int
+    stats: DrafterStats
 
     def begin(self, prompt: Sequence[int], params: SamplingParams) -> None:
         """Start a sequence; ``prompt`` is the committed prefix."""

@@ -55,7 +55,7 @@ class GgufVocab:
 
     def pieces(self) -> list[str]:
         """The id -> piece table, as the GGUF stores it."""
-        vocab = self.llm._model.vocab
+        vocab = self._lib.llama_model_get_vocab(self.llm.model)
         return [self._lib.llama_vocab_get_text(vocab, i).decode("utf-8", "surrogateescape") for i in range(self.size)]
 
     @property

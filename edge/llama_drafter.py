@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edge.drafter import DraftBlock, propose
+from edge.drafter import DraftBlock, DrafterStats, propose
 from edge.gguf_vocab import GgufVocab, load_llama
 from shared.params import SamplingParams
 
@@ -56,9 +56,7 @@ class LlamaDrafter:
         self._committed = 0  # len of the committed prefix of _seq
         self._params = SamplingParams()
         self._prompt_pending = False
-        self.eval_s = 0.0  # time inside llama.cpp's eval
-        self.draft_s = 0.0  # time inside draft(), eval included: draft_s - eval_s is our overhead
-        self.prompt_eval_s = 0.0  # the part of eval_s spent reading prompts
+        self.stats = DrafterStats()
         log.info("drafter %s loaded in %.2fs (vocab %d)", path.name, time.perf_counter() - started, self.vocab_size)
 
     # -- lifecycle ---------------------------------------------------------
@@ -83,7 +81,7 @@ class LlamaDrafter:
             self._seq.append(token)
             tokens.append(token)
             q.append(q_tilde)
-        self.draft_s += time.perf_counter() - started
+        self.stats.record_draft(len(tokens), time.perf_counter() - started)
         return DraftBlock(tokens, q if q and q[0] is not None else None)
 
     def commit(self, tokens: Sequence[int]) -> None:
@@ -111,10 +109,7 @@ class LlamaDrafter:
             self.llm.n_tokens = len(self._seq) - 1  # re-evaluate the last token to get its logits
         started = time.perf_counter()
         self.llm.eval(self._seq[self.llm.n_tokens :])
-        elapsed = time.perf_counter() - started
-        self.eval_s += elapsed
-        if self._prompt_pending:
-            self.prompt_eval_s += elapsed
-            self._prompt_pending = False
-        ptr = self._llama_cpp.llama_get_logits_ith(self.llm._ctx.ctx, -1)
+        self.stats.record_eval(time.perf_counter() - started, prompt=self._prompt_pending)
+        self._prompt_pending = False
+        ptr = self._llama_cpp.llama_get_logits_ith(self.llm.ctx, -1)
         return np.ctypeslib.as_array(ptr, shape=(self.vocab_size,))

@@ -5,9 +5,10 @@ inputs that repeat (code edits, extraction, summaries quoting the prompt).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
-from edge.drafter import DraftBlock, one_hot_block
+from edge.drafter import DraftBlock, DrafterStats, one_hot_block
 from shared.params import SamplingParams
 
 __all__ = ["NgramDrafter"]
@@ -29,13 +30,17 @@ class NgramDrafter:
         self.min_ngram = min_ngram
         self._tokens: list[int] = []
         self._params = SamplingParams()
+        self.stats = DrafterStats()  # no model: the eval counters stay 0
 
     def begin(self, prompt: Sequence[int], params: SamplingParams) -> None:
         self._tokens = [int(t) for t in prompt]
         self._params = params
 
     def draft(self, n: int) -> DraftBlock:
-        return one_hot_block(self._lookup(n), self._params)
+        started = time.perf_counter()
+        block = one_hot_block(self._lookup(n), self._params)
+        self.stats.record_draft(len(block.tokens), time.perf_counter() - started)
+        return block
 
     def commit(self, tokens: Sequence[int]) -> None:
         self._tokens.extend(int(t) for t in tokens)

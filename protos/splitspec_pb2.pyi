@@ -97,21 +97,23 @@ class EdgeFrame(_message.Message):
     def __init__(self, open: _Optional[_Union[Open, _Mapping]] = ..., draft: _Optional[_Union[Draft, _Mapping]] = ..., close: _Optional[_Union[Close, _Mapping]] = ...) -> None: ...
 
 class Opened(_message.Message):
-    __slots__ = ("session_id", "resume_ticket", "vocab_size", "committed_length", "max_draft_len")
+    __slots__ = ("session_id", "resume_ticket", "vocab_size", "committed_length", "max_draft_len", "forwards")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     RESUME_TICKET_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_LENGTH_FIELD_NUMBER: _ClassVar[int]
     MAX_DRAFT_LEN_FIELD_NUMBER: _ClassVar[int]
+    FORWARDS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     resume_ticket: bytes
     vocab_size: int
     committed_length: int
     max_draft_len: int
-    def __init__(self, session_id: _Optional[str] = ..., resume_ticket: _Optional[bytes] = ..., vocab_size: _Optional[int] = ..., committed_length: _Optional[int] = ..., max_draft_len: _Optional[int] = ...) -> None: ...
+    forwards: int
+    def __init__(self, session_id: _Optional[str] = ..., resume_ticket: _Optional[bytes] = ..., vocab_size: _Optional[int] = ..., committed_length: _Optional[int] = ..., max_draft_len: _Optional[int] = ..., forwards: _Optional[int] = ...) -> None: ...
 
 class Verdict(_message.Message):
-    __slots__ = ("epoch", "start_position", "accepted", "token", "bonus", "done", "stop_reason", "server_us")
+    __slots__ = ("epoch", "start_position", "accepted", "token", "bonus", "done", "stop_reason", "server_us", "forwards")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     START_POSITION_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
@@ -120,6 +122,7 @@ class Verdict(_message.Message):
     DONE_FIELD_NUMBER: _ClassVar[int]
     STOP_REASON_FIELD_NUMBER: _ClassVar[int]
     SERVER_US_FIELD_NUMBER: _ClassVar[int]
+    FORWARDS_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     start_position: int
     accepted: int
@@ -128,7 +131,8 @@ class Verdict(_message.Message):
     done: bool
     stop_reason: StopReason
     server_us: int
-    def __init__(self, epoch: _Optional[int] = ..., start_position: _Optional[int] = ..., accepted: _Optional[int] = ..., token: _Optional[int] = ..., bonus: _Optional[bool] = ..., done: _Optional[bool] = ..., stop_reason: _Optional[_Union[StopReason, str]] = ..., server_us: _Optional[int] = ...) -> None: ...
+    forwards: int
+    def __init__(self, epoch: _Optional[int] = ..., start_position: _Optional[int] = ..., accepted: _Optional[int] = ..., token: _Optional[int] = ..., bonus: _Optional[bool] = ..., done: _Optional[bool] = ..., stop_reason: _Optional[_Union[StopReason, str]] = ..., server_us: _Optional[int] = ..., forwards: _Optional[int] = ...) -> None: ...
 
 class CloudFrame(_message.Message):
     __slots__ = ("opened", "verdict")
@@ -157,15 +161,17 @@ class GenerateRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ..., vocab_fingerprint: _Optional[bytes] = ..., vocab_size: _Optional[int] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., prompt: _Optional[bytes] = ..., prompt_compressed: _Optional[bool] = ..., max_new_tokens: _Optional[int] = ...) -> None: ...
 
 class GenerateChunk(_message.Message):
-    __slots__ = ("tokens", "compressed", "done", "stop_reason", "server_us")
+    __slots__ = ("tokens", "compressed", "done", "stop_reason", "server_us", "forwards")
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPRESSED_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
     STOP_REASON_FIELD_NUMBER: _ClassVar[int]
     SERVER_US_FIELD_NUMBER: _ClassVar[int]
+    FORWARDS_FIELD_NUMBER: _ClassVar[int]
     tokens: bytes
     compressed: bool
     done: bool
     stop_reason: StopReason
     server_us: int
-    def __init__(self, tokens: _Optional[bytes] = ..., compressed: _Optional[bool] = ..., done: _Optional[bool] = ..., stop_reason: _Optional[_Union[StopReason, str]] = ..., server_us: _Optional[int] = ...) -> None: ...
+    forwards: int
+    def __init__(self, tokens: _Optional[bytes] = ..., compressed: _Optional[bool] = ..., done: _Optional[bool] = ..., stop_reason: _Optional[_Union[StopReason, str]] = ..., server_us: _Optional[int] = ..., forwards: _Optional[int] = ...) -> None: ...

@@ -19,8 +19,8 @@ Promises:
   raises ``ValueError`` with a message that says what was wrong; no other
   exception escapes on arbitrary bytes.
 
-The codec knows nothing about gRPC beyond the framing-size helpers used by the
-wire benchmark.
+The codec knows payload bits only; framing sizes and message caps are the
+wire contract's (``shared.wire``).
 """
 
 from __future__ import annotations
@@ -34,8 +34,6 @@ import zstandard
 from shared.sparse import MAX_PROB_BITS, SparseDist
 
 __all__ = [
-    "GRPC_PREFIX_BYTES",
-    "HTTP2_FRAME_HEADER_BYTES",
     "MAX_DECODED_BYTES",
     "MAX_DRAFT_TOP_K",
     "MAX_PAYLOAD_BYTES",
@@ -46,8 +44,6 @@ __all__ = [
     "draft_record_bits",
     "encode_draft",
     "encode_tokens",
-    "grpc_framed_size",
-    "http2_framed_size",
     "pack_bits",
     "token_bits",
     "unpack_bits",
@@ -57,8 +53,6 @@ MAX_PAYLOAD_BYTES = 1 << 20  # largest payload accepted on the wire, compressed 
 MAX_DECODED_BYTES = 8 << 20  # hard ceiling on decompressed size, whatever max_tokens says
 MAX_DRAFT_TOP_K = 1024  # largest q̃ support a session may configure
 MAX_VOCAB_SIZE = 1 << 31  # ids must fit a uint32 field on the wire
-GRPC_PREFIX_BYTES = 5  # gRPC length-prefixed message: 1 flag byte + 4 length bytes
-HTTP2_FRAME_HEADER_BYTES = 9  # one HTTP/2 DATA frame header per message (reported apart)
 ZSTD_LEVEL = 3
 
 _MIN_WINDOW_LOG = 10  # zstd's smallest window, 1 KiB
@@ -498,16 +492,3 @@ def decode_draft(
         tokens.append(int(support[index]))
     reader.check_padding()
     return np.array(tokens, dtype=np.int64), q
-
-
-# ---------------------------------------------------------------- framing
-
-
-def grpc_framed_size(message_bytes: int) -> int:
-    """Bytes of one gRPC message on the stream: the serialized size plus its 5-byte prefix."""
-    return message_bytes + GRPC_PREFIX_BYTES
-
-
-def http2_framed_size(message_bytes: int) -> int:
-    """``grpc_framed_size`` plus one 9-byte HTTP/2 DATA frame header (one frame per message)."""
-    return grpc_framed_size(message_bytes) + HTTP2_FRAME_HEADER_BYTES

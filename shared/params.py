@@ -1,13 +1,46 @@
-"""Sampling parameters of one generation session, shared by edge and cloud."""
+"""Sampling parameters of one generation session, shared by edge and cloud,
+and the product's defaults: every command line and benchmark reads them here.
+
+``temperature`` and ``top_p`` cross the wire as 32-bit floats, so a
+``SamplingParams`` holds them rounded through float32 once: the edge, the
+in-process reference and the networked cloud all compute ``p`` and ``q`` with
+the very same number.
+"""
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
 
-from shared.sparse import DEFAULT_PROB_BITS, DEFAULT_TOP_K, MAX_PROB_BITS
+import numpy as np
 
-__all__ = ["Mode", "SamplingParams"]
+from shared.sparse import DEFAULT_PROB_BITS as SPARSE_DEFAULT_PROB_BITS
+from shared.sparse import DEFAULT_TOP_K as SPARSE_DEFAULT_TOP_K
+from shared.sparse import MAX_PROB_BITS
+
+__all__ = [
+    "Mode",
+    "SamplingParams",
+    "DEFAULT_TEMPERATURE",
+    "DEFAULT_TOP_K",
+    "DEFAULT_TOP_P",
+    "DEFAULT_DRAFT_LEN",
+    "DEFAULT_DRAFT_TOP_K",
+    "DEFAULT_PROB_BITS",
+    "as_float32",
+]
+
+DEFAULT_TEMPERATURE = 0.7
+DEFAULT_TOP_K = 64  # Gemma 3's recommendation; 0 = off
+DEFAULT_TOP_P = 0.95  # 1.0 = off
+DEFAULT_DRAFT_LEN = 8  # drafts per block D (0 = target-only)
+DEFAULT_DRAFT_TOP_K = SPARSE_DEFAULT_TOP_K  # rejection: support of q̃
+DEFAULT_PROB_BITS = SPARSE_DEFAULT_PROB_BITS  # rejection: q̃ weights sum to 2**bits
+
+
+def as_float32(value: float) -> float:
+    """``value`` as the wire's 32-bit float carries it (NaN and inf pass through)."""
+    return float(np.float32(value))
 
 
 class Mode(str, enum.Enum):
@@ -22,20 +55,24 @@ class Mode(str, enum.Enum):
 class SamplingParams:
     """How tokens are chosen. ``p`` and ``q`` are both processed with these.
 
-    ``top_k == 0`` and ``top_p == 1.0`` switch those filters off. Greedy mode
-    forces temperature 0; temperature 0 in another mode behaves as greedy.
+    The defaults are the product's. ``top_k == 0`` and ``top_p == 1.0``
+    switch those filters off. Greedy mode forces temperature 0; temperature 0
+    in another mode behaves as greedy. ``temperature`` and ``top_p`` are held
+    rounded through float32 (what the wire carries).
     """
 
     mode: Mode = Mode.COUPLED
-    temperature: float = 0.7
-    top_k: int = 0
-    top_p: float = 1.0
+    temperature: float = DEFAULT_TEMPERATURE
+    top_k: int = DEFAULT_TOP_K
+    top_p: float = DEFAULT_TOP_P
     seed: int = 0
-    draft_top_k: int = DEFAULT_TOP_K  # rejection: max support of q̃
+    draft_top_k: int = DEFAULT_DRAFT_TOP_K  # rejection: max support of q̃
     prob_bits: int = DEFAULT_PROB_BITS  # rejection: q̃ weights sum to 2**prob_bits
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", Mode(self.mode))
+        object.__setattr__(self, "temperature", as_float32(self.temperature))
+        object.__setattr__(self, "top_p", as_float32(self.top_p))
         if self.mode is Mode.GREEDY:
             object.__setattr__(self, "temperature", 0.0)
         if not (self.temperature >= 0.0 and self.temperature < float("inf")):

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["DecodeStats"]
+__all__ = ["DecodeStats", "RoundRecord"]
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    """One verification round, as every sink (stats, Prometheus, reports) observes it."""
+
+    drafted: int  # drafts in the block
+    accepted: int  # drafts accepted
+    committed: int  # tokens the round appended (accepted + correction/bonus, fewer at EOS or the limit)
+    forwards: int = 1  # target forwards the round cost
 
 
 @dataclass
@@ -51,7 +61,8 @@ class DecodeStats:
         """P(draft i accepted | draft i was sent), per position in the block."""
         return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)]
 
-    def to_dict(self) -> dict:
+    def to_json(self) -> dict:
+        """The counters plus the derived rates (rounded); ``from_json`` reads the counters back."""
         return {
             "rounds": self.rounds,
             "drafted": self.drafted,
@@ -65,3 +76,7 @@ class DecodeStats:
             "accepted_at": list(self.accepted_at),
             "drafted_at": list(self.drafted_at),
         }
+
+    @classmethod
+    def from_json(cls, data: dict) -> DecodeStats:
+        return cls(**{name: data[name] for name in cls.__dataclass_fields__})

@@ -1,36 +1,160 @@
-"""Conversions between the wire schema (``protos``) and the domain types.
+"""The wire contract: what both sides of a ``Decode`` stream agree on, in one place.
 
-Both sides use these, so a field means the same thing on the edge and in the
-cloud. Parsing functions treat their input as untrusted and raise
-``ValueError`` with a message fit for an ``INVALID_ARGUMENT`` status.
+- Framing sizes: every gRPC message costs its serialized size plus a 5-byte
+  prefix (``framed_size``), and rides in at least one HTTP/2 DATA frame with
+  a 9-byte header (``http2_framed_size``). The performance model, the fit,
+  the benchmarks and both sides' byte counters use these and nothing else.
+- The message cap and the channel options, shared by the edge's channel and
+  the cloud's server.
+- The epoch rule (``next_epoch``), applied by the edge and by the cloud.
+- ``server_us`` clamping, and conversions between the schema (``protos``)
+  and the domain types, so a field means the same thing on both sides.
+- Validation of an ``Open``/``GenerateRequest`` body: parsing treats its input
+  as untrusted and raises ``ValueError`` with a message fit for an
+  ``INVALID_ARGUMENT`` status; the servicer maps it once.
 """
 
 from __future__ import annotations
 
+import ipaddress
+from dataclasses import dataclass
+
 from protos import splitspec_pb2 as pb
+from shared import codec
 from shared.params import Mode, SamplingParams
 from shared.verdict import StopReason, Verdict
 
 __all__ = [
+    "GRPC_PREFIX_BYTES",
+    "HTTP2_FRAME_HEADER_BYTES",
+    "MAX_MESSAGE_BYTES",
+    "CHANNEL_OPTIONS",
+    "SERVER_OPTIONS",
+    "OpenRequest",
+    "framed_size",
+    "is_loopback",
+    "http2_framed_size",
+    "message_wire_bytes",
+    "next_epoch",
+    "server_us",
+    "parse_open_request",
     "sampling_to_proto",
     "sampling_from_proto",
     "verdict_to_proto",
     "verdict_from_proto",
     "stop_reason_to_proto",
     "stop_reason_from_proto",
-    "message_wire_bytes",
 ]
+
+GRPC_PREFIX_BYTES = 5  # gRPC length-prefixed message: 1 flag byte + 4 length bytes
+HTTP2_FRAME_HEADER_BYTES = 9  # each message rides in (at least) one HTTP/2 DATA frame
+# Largest gRPC message either side sends or accepts: a full codec payload plus the frame around it.
+MAX_MESSAGE_BYTES = codec.MAX_PAYLOAD_BYTES + (64 << 10)
+_MAX_SERVER_US = 2**32 - 1  # a uint32 field
+
+CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.keepalive_time_ms", 30_000),
+    # No bandwidth-delay-product probing: its PINGs and their ACKs cost more bytes per
+    # round than a draft block on a 50 kbit/s link; our messages are tiny anyway.
+    ("grpc.http2.bdp_probe", 0),
+)
+SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
+    *CHANNEL_OPTIONS,
+    ("grpc.http2.max_pings_without_data", 0),  # accept the edges' keepalive pings on idle streams
+    ("grpc.keepalive_permit_without_calls", 1),
+)
 
 _MODES = {Mode.GREEDY: pb.MODE_GREEDY, Mode.COUPLED: pb.MODE_COUPLED, Mode.REJECTION: pb.MODE_REJECTION}
 _MODES_BACK = {v: k for k, v in _MODES.items()}
 _STOPS = {StopReason.NONE: pb.STOP_REASON_UNSPECIFIED, StopReason.EOS: pb.STOP_REASON_EOS, StopReason.LENGTH: pb.STOP_REASON_LENGTH}
 _STOPS_BACK = {v: k for k, v in _STOPS.items()}
-GRPC_PREFIX_BYTES = 5
+
+
+# ---------------------------------------------------------------- framing
+
+
+def framed_size(message_bytes: int) -> int:
+    """Bytes of one gRPC message on the stream: the serialized size plus its 5-byte prefix."""
+    return message_bytes + GRPC_PREFIX_BYTES
+
+
+def http2_framed_size(message_bytes: int) -> int:
+    """``framed_size`` plus one 9-byte HTTP/2 DATA frame header (one frame per message)."""
+    return framed_size(message_bytes) + HTTP2_FRAME_HEADER_BYTES
 
 
 def message_wire_bytes(message) -> int:
-    """Bytes a gRPC message occupies on the stream: payload plus the 5-byte prefix."""
-    return message.ByteSize() + GRPC_PREFIX_BYTES
+    """``framed_size`` of a protobuf message: what both sides' byte counters count."""
+    return framed_size(message.ByteSize())
+
+
+def is_loopback(address: str) -> bool:
+    """Whether ``address`` (HOST or HOST:PORT) names this machine: localhost, 127.0.0.0/8, ::1.
+
+    A bearer token may cross a connection without TLS only to such an address.
+    """
+    host = address.strip()
+    if host.startswith("["):  # [::1]:port
+        host = host[1 : host.find("]")]
+    elif host.count(":") == 1:
+        host = host.rsplit(":", 1)[0]
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+# ---------------------------------------------------------------- session rules
+
+
+def next_epoch(epoch: int, verdict: Verdict) -> int:
+    """The epoch after ``verdict``: unchanged when every draft was accepted and the
+    bonus committed, else one more (the block's speculation past it is void)."""
+    return epoch if verdict.bonus else epoch + 1
+
+
+def server_us(seconds: float) -> int:
+    """Cloud time for a ``server_us`` field: microseconds, clamped to the uint32 range."""
+    return min(max(int(seconds * 1e6), 0), _MAX_SERVER_US)
+
+
+@dataclass(frozen=True)
+class OpenRequest:
+    """What an ``Open`` or a ``GenerateRequest`` asks for, validated."""
+
+    params: SamplingParams
+    prompt: list[int]  # [prompt tokens]
+    max_new_tokens: int
+
+
+def parse_open_request(request, *, vocab_size: int, max_prompt_tokens: int, max_new_tokens: int) -> OpenRequest:
+    """Validate the body ``Open`` and ``GenerateRequest`` share (not the vocabulary check).
+
+    Raises ``ValueError`` naming what is wrong: bad sampling, a q̃ support over
+    the codec's limit, a malformed, empty or too long prompt, or
+    ``max_new_tokens`` outside [1, ``max_new_tokens``].
+    """
+    params = sampling_from_proto(request.sampling)
+    if params.sends_q and params.draft_top_k > codec.MAX_DRAFT_TOP_K:
+        raise ValueError(f"draft_top_k {params.draft_top_k} exceeds {codec.MAX_DRAFT_TOP_K}")
+    try:
+        prompt = codec.decode_tokens(
+            request.prompt, request.prompt_compressed, vocab_size, max_tokens=max_prompt_tokens
+        ).tolist()
+    except ValueError as exc:
+        raise ValueError(f"bad prompt: {exc}") from exc
+    if not prompt:
+        raise ValueError("prompt is empty")
+    if not 1 <= request.max_new_tokens <= max_new_tokens:
+        raise ValueError(f"max_new_tokens must be in [1, {max_new_tokens}], got {request.max_new_tokens}")
+    return OpenRequest(params, prompt, request.max_new_tokens)
+
+
+# ---------------------------------------------------------------- conversions
 
 
 def sampling_to_proto(params: SamplingParams) -> pb.Sampling:
@@ -46,13 +170,14 @@ def sampling_to_proto(params: SamplingParams) -> pb.Sampling:
 
 
 def sampling_from_proto(message: pb.Sampling) -> SamplingParams:
+    """Proto3 zeros mean "not set": top_p 0 is 1.0 (off), draft_top_k/prob_bits 0 the defaults."""
     if message.mode not in _MODES_BACK:
         raise ValueError(f"unknown verification mode {message.mode}")
     return SamplingParams(
         mode=_MODES_BACK[message.mode],
         temperature=message.temperature,
         top_k=message.top_k,
-        top_p=message.top_p if message.top_p > 0 else 1.0,
+        top_p=message.top_p if message.top_p != 0 else 1.0,
         seed=message.seed,
         draft_top_k=message.draft_top_k or SamplingParams.draft_top_k,
         prob_bits=message.prob_bits or SamplingParams.prob_bits,
@@ -69,7 +194,8 @@ def stop_reason_from_proto(value: int) -> StopReason:
     return _STOPS_BACK[value]
 
 
-def verdict_to_proto(verdict: Verdict, server_us: int = 0) -> pb.Verdict:
+def verdict_to_proto(verdict: Verdict, *, seconds: float = 0.0, forwards: int = 0) -> pb.Verdict:
+    """``seconds``: cloud time on the block; ``forwards``: the session's forwards so far."""
     message = pb.Verdict(
         epoch=verdict.epoch,
         start_position=verdict.start_position,
@@ -77,7 +203,8 @@ def verdict_to_proto(verdict: Verdict, server_us: int = 0) -> pb.Verdict:
         bonus=verdict.bonus,
         done=verdict.done,
         stop_reason=stop_reason_to_proto(verdict.stop_reason),
-        server_us=min(server_us, 2**32 - 1),
+        server_us=server_us(seconds),
+        forwards=forwards,
     )
     if verdict.token is not None:
         message.token = verdict.token

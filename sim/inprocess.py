@@ -1,6 +1,6 @@
 """The split decoder with no network: an edge drafter and a cloud verifier in one process.
 
-``LocalLink`` answers the edge loop's ``VerifierLink`` by calling a
+``LocalVerifier`` answers the edge loop's ``VerifierConnection`` by calling a
 ``cloud.session.VerifierSession`` directly, so ``generate`` runs exactly the
 code the networked path runs, minus the wire.
 """
@@ -16,15 +16,19 @@ from edge.drafter import DraftBlock, Drafter
 from shared.params import SamplingParams
 from shared.verdict import Verdict
 
-__all__ = ["LocalLink", "generate"]
+__all__ = ["LocalVerifier", "generate"]
 
 
-class LocalLink:
-    """``VerifierLink`` over an in-process ``VerifierSession``."""
+class LocalVerifier:
+    """``VerifierConnection`` over an in-process ``VerifierSession``."""
 
     def __init__(self, engine: TargetEngine) -> None:
         self.engine = engine
         self.session: VerifierSession | None = None
+
+    @property
+    def forwards(self) -> int:
+        return self.session.forwards if self.session is not None else 0
 
     def open(self, prompt: Sequence[int], params: SamplingParams, max_new_tokens: int, max_draft_len: int) -> int:
         self.session = VerifierSession(
@@ -50,13 +54,8 @@ def generate(
     draft_len: int,
     on_tokens: Callable[[list[int]], None] | None = None,
 ) -> GenerationResult:
-    """Split decoding in one process; ``draft_len`` 0 is target-only decoding.
-
-    The result's ``target_forwards`` is the session's real forward count.
-    """
-    link = LocalLink(engine)
-    result = run_decode(
-        drafter, link, prompt, params, max_new_tokens=max_new_tokens, draft_len=draft_len, on_tokens=on_tokens
+    """Split decoding in one process; ``draft_len`` 0 is target-only decoding."""
+    return run_decode(
+        drafter, LocalVerifier(engine), prompt, params, max_new_tokens=max_new_tokens, draft_len=draft_len,
+        on_tokens=on_tokens,
     )
-    result.stats.target_forwards = link.session.stats.target_forwards
-    return result

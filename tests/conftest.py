@@ -14,7 +14,7 @@ import pytest  # noqa: E402
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory) -> dict[str, str]:
     """Paths of the tiny target folder and its F32 / Q8_0 / noisy GGUF drafters."""
-    from sim.tiny_models import write_tiny_models
+    from sim.fixtures.tiny_models import write_tiny_models
 
     return write_tiny_models(tmp_path_factory.mktemp("tiny_models"), seed=0)
 

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from protos import splitspec_pb2 as pb
-from shared import codec
+from shared import codec, wire
 from shared.codec import Encoded
 from shared.sparse import SparseDist, quantize, sample_sparse
-from sim.wire_bench import naive_draft_frame, run_wire_bench
+from sim.bench.wire import naive_draft_frame, run_wire_bench
 
 ROOT = Path(__file__).resolve().parents[1]
 BIG_V = 262144
@@ -493,17 +493,17 @@ def test_fuzz_only_value_error():
 
 
 def test_framing_helpers():
-    assert codec.grpc_framed_size(27) == 32
-    assert codec.http2_framed_size(27) == 41
+    assert wire.framed_size(27) == 32
+    assert wire.http2_framed_size(27) == 41
 
 
 def test_coupled_frame_byte_accounting():
     enc = codec.encode_draft(np.arange(8) * 30000, BIG_V)
     assert len(enc.data) == 18 and not enc.compressed
     frame = pb.EdgeFrame(draft=pb.Draft(epoch=127, start_position=16383, payload=enc.data))
-    assert codec.grpc_framed_size(frame.ByteSize()) == 32  # 4.0 bytes per drafted token
+    assert wire.framed_size(frame.ByteSize()) == 32  # 4.0 bytes per drafted token
     frame = pb.EdgeFrame(draft=pb.Draft(epoch=128, start_position=16384, payload=enc.data))
-    assert codec.grpc_framed_size(frame.ByteSize()) == 34  # one more varint byte each
+    assert wire.framed_size(frame.ByteSize()) == 34  # one more varint byte each
 
 
 def test_naive_frame_is_valid_protobuf():
@@ -586,7 +586,7 @@ def test_wire_bench_drafter_hook():
 
 
 def test_bench_cli():
-    from sim.bench_cli import add_bench_commands
+    from sim.commands.bench import add_bench_commands
 
     parser = argparse.ArgumentParser()
     add_bench_commands(parser.add_subparsers(dest="command", required=True))
@@ -596,3 +596,43 @@ def test_bench_cli():
     assert args.func(args) == 0
     args = parser.parse_args(["wire", "--vocab", "4096", "--blocks", "2"])
     assert args.func(args) == 0
+
+
+def test_bench_cli_defaults_are_the_products():
+    from shared import params
+    from sim.commands.bench import add_bench_commands
+
+    parser = argparse.ArgumentParser()
+    add_bench_commands(parser.add_subparsers(dest="command", required=True))
+    wire = parser.parse_args(["wire"])
+    assert (wire.draft_len, wire.draft_top_k, wire.prob_bits) == (
+        params.DEFAULT_DRAFT_LEN, params.DEFAULT_DRAFT_TOP_K, params.DEFAULT_PROB_BITS)
+    for args in (wire, parser.parse_args(["split"])):
+        assert (args.temperature, args.top_k, args.top_p) == (
+            params.DEFAULT_TEMPERATURE, params.DEFAULT_TOP_K, params.DEFAULT_TOP_P)
+    assert parser.parse_args(["service"]).sessions >= 1
+    with pytest.raises(SystemExit):
+        parser.parse_args(["split", "--modes", "beam"])
+
+
+def test_wire_report_table():
+    import re
+
+    from sim.bench.wire import format_wire_report
+
+    result = run_wire_bench(blocks=4)
+    lines = format_wire_report(result).splitlines()
+    assert lines[0].startswith(f"V={BIG_V}  D=8  floor=2.250")
+    assert re.split(r"\s{2,}", lines[1].strip()) == ["mode", "payload", "framed", "+http2", "vs floor", "naive/ours"]
+    assert set(lines[2]) == {"-", " "}
+    rows = {cells[0]: cells for cells in (re.split(r"\s{2,}", line.strip()) for line in lines[3:8])}
+    assert list(rows) == ["greedy", "coupled", "rejection", "naive q", "naive ids"]
+    keys = ("payload_bytes_per_token", "framed_bytes_per_token", "http2_framed_bytes_per_token")
+    rejection, naive = result["modes"]["rejection"], result["naive"]
+    assert rows["rejection"][1:4] == [f"{rejection[k]:.3f}" for k in keys]
+    assert rows["rejection"][4] == f"{rejection['framed_bytes_per_token'] / 2.25:.2f}x"
+    assert rows["rejection"][5] == f"{naive['framed_bytes_per_token'] / rejection['framed_bytes_per_token']:.2f}x"
+    assert rows["naive ids"][1:4] == [f"{naive['tokens_only_' + k]:.3f}" for k in keys]
+    assert len(rows["naive q"]) == 5  # the references have no naive/ours
+    markdown = format_wire_report(result, tablefmt="pipe").splitlines()
+    assert markdown[1].startswith("| mode") and markdown[2].startswith("|:-")

@@ -1,30 +1,67 @@
-"""docker-compose.yml and the Dockerfile stay in step with the code and the CLI."""
+"""docker-compose.yml and the Dockerfile stay in step with the code, the CLI and the packaging."""
 
 from __future__ import annotations
 
+import json
+import shlex
+import tomllib
 from pathlib import Path
 
 import yaml
 
-from sim.cli import build_parser
+import cloud.cli
+import edge.cli
+import sim.cli
 
 ROOT = Path(__file__).resolve().parents[1]
+# Each console script of pyproject.toml and the parser behind it.
+PARSERS = {"splitspec": sim.cli.build_parser, "splitspec-cloud": cloud.cli.build_parser, "splitspec-edge": edge.cli.build_parser}
+
+
+def _dockerfile_instructions() -> list[tuple[str, list[str]]]:
+    """(INSTRUCTION, arguments) per Dockerfile instruction, continuation lines joined, comments dropped;
+    exec-form (JSON array) arguments are parsed as JSON."""
+    text = "\n".join(line for line in (ROOT / "Dockerfile").read_text().splitlines() if not line.lstrip().startswith("#"))
+    out = []
+    for instruction in text.replace("\\\n", " ").splitlines():
+        if instruction.strip():
+            word, _, rest = instruction.strip().partition(" ")
+            rest = rest.strip()
+            out.append((word.upper(), json.loads(rest) if rest.startswith("[") else shlex.split(rest)))
+    return out
+
+
+def test_console_scripts_are_the_parsers_the_tests_use():
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert set(scripts) == set(PARSERS)
+    for name, target in scripts.items():
+        module, function = target.split(":")
+        assert function == "main" and PARSERS[name].__module__ == module, name
 
 
 def test_compose_commands_parse_with_the_real_cli():
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     services = compose["services"]
     assert {"cloud", "link", "edge"} <= set(services)
-    parser = build_parser()
+    entrypoint = dict(_dockerfile_instructions())["ENTRYPOINT"]
     for name, service in services.items():
-        args = parser.parse_args(service["command"])  # exits (SystemExit) on any flag the CLI does not know
+        script = (service.get("entrypoint") or entrypoint)[0]
+        args = PARSERS[script]().parse_args(service["command"])  # SystemExit on any flag the CLI does not know
         assert callable(args.func), name
-    assert "cloud:50051" in services["link"]["command"]
-    assert "link:50052" in services["edge"]["command"]
+    assert services["cloud"]["entrypoint"] == ["splitspec-cloud"]
+    assert services["edge"]["entrypoint"] == ["splitspec-edge"]
+    link_args = PARSERS["splitspec"]().parse_args(services["link"]["command"])
+    assert link_args.upstream == "cloud:50051"
+    edge_args = PARSERS["splitspec-edge"]().parse_args(services["edge"]["command"])
+    assert edge_args.cloud == "link:50052"
 
 
-def test_dockerfile_copies_every_package():
-    dockerfile = (ROOT / "Dockerfile").read_text()
-    for package in ("edge", "cloud", "shared", "sim", "protos"):
-        assert f"COPY {package} {package}" in dockerfile
-    assert "torch==2.13.0" in dockerfile
+def test_dockerfile_copies_every_package_and_pins_torch_as_the_makefile_does():
+    packaged = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    copies = {tuple(args) for word, args in _dockerfile_instructions() if word == "COPY"}
+    for pattern in packaged:
+        package = pattern.rstrip("*")
+        assert (package, package) in copies, f"the Dockerfile does not COPY {package}"
+    runs = " ".join(" ".join(args) for word, args in _dockerfile_instructions() if word == "RUN")
+    makefile_pin = next(word for word in (ROOT / "Makefile").read_text().split() if word.startswith("torch=="))
+    assert makefile_pin in runs.split()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.link import (
+from sim.link.emulator import (
     DirectionConfig,
     LinkConfig,
     LinkEmulator,
@@ -24,9 +24,9 @@ from sim.link import (
     parse_rate,
     schedule_segment,
 )
-from sim.link_check import link_check
-from sim.link_cli import add_link_commands
-from sim.scenario import list_scenarios, load_scenario
+from sim.link.check import link_check
+from sim.commands.link import add_link_commands
+from sim.link.scenario import list_scenarios, load_scenario
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = {"acespec-50k", "lte", "wan", "satellite"}
@@ -424,7 +424,7 @@ def test_cli_bad_flags_exit_2(capsys):
 
 def test_cli_link_runs_until_sigterm():
     code = ("import argparse, sys\n"
-            "from sim.link_cli import add_link_commands\n"
+            "from sim.commands.link import add_link_commands\n"
             "p = argparse.ArgumentParser()\n"
             "add_link_commands(p.add_subparsers(dest='c', required=True))\n"
             "a = p.parse_args(sys.argv[1:])\n"
@@ -451,7 +451,7 @@ def test_cli_link_runs_until_sigterm():
 
 def test_scenario_override_keeps_other_fields():
     args = _parser().parse_args(["link-check", "--scenario", "lte", "--delay", "1ms"])
-    from sim.link_cli import config_from_args
+    from sim.commands.link import config_from_args
     cfg = config_from_args(args)
     lte = load_scenario("lte").link
     assert cfg.up.delay_s == cfg.down.delay_s == 0.001

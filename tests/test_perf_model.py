@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from sim.link import DirectionConfig, LinkConfig
-from sim.perf_model import (
-    LinkModel,
+from sim.link.emulator import DirectionConfig, LinkConfig
+from sim.perf.model import (
+    NetworkModel,
     Timings,
     best_draft_len,
     expected_acceptance_length,
@@ -23,7 +23,7 @@ from sim.perf_model import (
     predict_split,
     protocol_bytes,
 )
-from sim.scenario import list_scenarios, load_scenario
+from sim.link.scenario import list_scenarios, load_scenario
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -48,7 +48,7 @@ def _timings(**over) -> Timings:
 
 def test_round_time_by_hand():
     t = _timings()
-    link = LinkModel(up_bps=8000, down_bps=16000, rtt_s=0.1)
+    link = NetworkModel(up_bps=8000, down_bps=16000, rtt_s=0.1)
     p = predict_split(t, link, 4)
     # draft 4 * 10 ms; up (20 + 4*2 + 52) B * 8 / 8000; rtt; verify 50 + 5*1 ms; down (30 + 52) * 8 / 16000
     expected = {"draft": 0.040, "uplink": 0.080, "rtt": 0.100, "verify": 0.055, "downlink": 0.041}
@@ -64,7 +64,7 @@ def test_round_time_by_hand():
 
 
 def test_loss_stall_and_segments_by_hand():
-    link = LinkModel(up_bps=80_000, down_bps=0, rtt_s=0.0, loss=0.1, rto_s=0.2, down_loss=0.0)
+    link = NetworkModel(up_bps=80_000, down_bps=0, rtt_s=0.0, loss=0.1, rto_s=0.2, down_loss=0.0)
     # 3000 B = 3 segments of <= 1448: (3000 + 3*52) * 8 / 80000 + 0.1 * 3 * 0.2
     assert link.up_s(3000) == pytest.approx(3156 * 8 / 80_000 + 0.06)
     assert link.down_s(3000) == 0.0  # unlimited and lossless
@@ -73,13 +73,13 @@ def test_loss_stall_and_segments_by_hand():
 
 def test_cloud_only_by_hand():
     t = _timings(prefill_s=0.2, open_up_bytes=100.0)
-    fast = LinkModel(up_bps=0, down_bps=0, rtt_s=0.1)
+    fast = NetworkModel(up_bps=0, down_bps=0, rtt_s=0.1)
     p = predict_cloud_only(t, fast)
     assert p.tokens_per_s == pytest.approx(1 / 0.051)
     assert p.ttft_s == pytest.approx(0.1 + 0.2 + 0.051)
     assert p.cloud_s_per_token == pytest.approx(0.051) and p.limit == "verify"
     # 20 + 52 bytes at 8 kbit/s = 72 ms per chunk > 51 ms per forward: the downlink limits.
-    slow = LinkModel(up_bps=8000, down_bps=8000, rtt_s=0.1)
+    slow = NetworkModel(up_bps=8000, down_bps=8000, rtt_s=0.1)
     p = predict_cloud_only(t, slow)
     assert p.tokens_per_s == pytest.approx(1 / 0.072)
     assert p.limit == "downlink"
@@ -111,17 +111,17 @@ def test_more_bandwidth_never_predicts_fewer_tokens():
     t = _timings(alpha_per_position=[0.8])
     rates = [2_000, 10_000, 50_000, 1_000_000, 0]  # 0 = unlimited, the most
     for d in range(0, 17):
-        speeds = [predict_split(t, LinkModel(r, r, 0.05), d).tokens_per_s for r in rates]
+        speeds = [predict_split(t, NetworkModel(r, r, 0.05), d).tokens_per_s for r in rates]
         assert speeds == sorted(speeds), (d, speeds)
-    speeds = [predict_cloud_only(t, LinkModel(r, r, 0.05)).tokens_per_s for r in rates]
+    speeds = [predict_cloud_only(t, NetworkModel(r, r, 0.05)).tokens_per_s for r in rates]
     assert speeds == sorted(speeds)
     for up_only in ([(r, 50_000) for r in rates], [(50_000, r) for r in rates]):
-        speeds = [predict_split(t, LinkModel(u, dn, 0.05), 6).tokens_per_s for u, dn in up_only]
+        speeds = [predict_split(t, NetworkModel(u, dn, 0.05), 6).tokens_per_s for u, dn in up_only]
         assert speeds == sorted(speeds)
 
 
 def test_higher_alpha_never_predicts_fewer_tokens():
-    link = LinkModel(50_000, 50_000, 0.1)
+    link = NetworkModel(50_000, 50_000, 0.1)
     alphas = [0.0, 0.2, 0.5, 0.8, 0.9, 1.0]
     for d in range(0, 17):
         speeds = [predict_split(_timings(alpha_per_position=[a]), link, d).tokens_per_s for a in alphas]
@@ -130,7 +130,7 @@ def test_higher_alpha_never_predicts_fewer_tokens():
 
 def test_best_draft_len_is_the_argmax():
     t = _timings(alpha_per_position=[0.8])
-    link = LinkModel(50_000, 50_000, 0.1)
+    link = NetworkModel(50_000, 50_000, 0.1)
     best = best_draft_len(t, link, 16)
     speeds = {d: predict_split(t, link, d).tokens_per_s for d in range(1, 17)}
     assert speeds[best] == max(speeds.values())
@@ -160,20 +160,21 @@ def test_fit_linear_single_x_is_intercept_only():
 def test_link_model_from_link_config():
     cfg = LinkConfig(up=DirectionConfig(rate_bps=5_000_000, delay_s=0.03, loss=0.01, rto_s=0.3),
                      down=DirectionConfig(rate_bps=10_000_000, delay_s=0.02, loss=0.0))
-    link = LinkModel.from_link_config(cfg)
+    link = NetworkModel.from_link_config(cfg)
     assert (link.up_bps, link.down_bps, link.rtt_s) == (5_000_000, 10_000_000, pytest.approx(0.05))
     assert link.up_s(100) == pytest.approx(152 * 8 / 5e6 + 0.01 * 0.3)
     assert link.down_s(100) == pytest.approx(152 * 8 / 1e7)
-    acespec = LinkModel.from_link_config(load_scenario("acespec-50k").link)
+    acespec = NetworkModel.from_link_config(load_scenario("acespec-50k").link)
     assert (acespec.up_bps, acespec.rtt_s) == (50_000, pytest.approx(0.1))
 
 
 def test_protocol_bytes_match_the_real_frames():
-    """The defaults agree with real protobuf frames within a byte (epoch 3, position 700)."""
+    """The defaults agree with real protobuf frames within a byte (epoch 3, position 700, 200 forwards)."""
     import numpy as np
 
     from protos import splitspec_pb2 as pb
     from shared import codec
+    from shared.wire import http2_framed_size
 
     for vocab in (262_144, 128_256):
         b = protocol_bytes(vocab)
@@ -181,13 +182,13 @@ def test_protocol_bytes_match_the_real_frames():
         for d in (1, 2, 4, 8, 16):
             payload = codec.encode_tokens(rng.integers(0, vocab, d), vocab)
             frame = pb.EdgeFrame(draft=pb.Draft(epoch=3, start_position=700, payload=payload.data))
-            real = codec.http2_framed_size(frame.ByteSize())
+            real = http2_framed_size(frame.ByteSize())
             assert abs(b["up_fixed"] + b["up_per_draft"] * d - real) <= 1, (vocab, d, real)
         verdict = pb.CloudFrame(verdict=pb.Verdict(epoch=3, start_position=700, accepted=4,
-                                                   token=vocab - 1, server_us=60_000))
-        assert abs(b["down_per_round"] - codec.http2_framed_size(verdict.ByteSize())) <= 1
-        chunk = pb.GenerateChunk(tokens=codec.encode_tokens([vocab - 1], vocab).data)
-        assert b["down_per_token_cloud_only"] == codec.http2_framed_size(chunk.ByteSize())
+                                                   token=vocab - 1, server_us=60_000, forwards=200))
+        assert abs(b["down_per_round"] - http2_framed_size(verdict.ByteSize())) <= 1
+        chunk = pb.GenerateChunk(tokens=codec.encode_tokens([vocab - 1], vocab).data, forwards=200)
+        assert b["down_per_token_cloud_only"] == http2_framed_size(chunk.ByteSize())
 
 
 # ---------------------------------------------------------------- hardware profiles
@@ -201,7 +202,7 @@ def test_shipped_hardware_profiles_load():
         assert profile.name == name and profile.description
         assert t.verify_s(1) > 0 and t.draft_s_per_token > 0 and t.alpha_per_position
         for scenario in list_scenarios():
-            link = LinkModel.from_link_config(load_scenario(scenario).link)
+            link = NetworkModel.from_link_config(load_scenario(scenario).link)
             assert math.isfinite(predict_split(t, link, best_draft_len(t, link)).tokens_per_s)
 
 
@@ -214,7 +215,7 @@ def test_gemma_cpu_profile_matches_the_measured_forwards():
 def test_llama70b_cloud_only_is_15_to_20_tokens_per_s():
     t = load_hardware("llama70b-8xh100-mac").to_timings()
     for scenario in list_scenarios():
-        link = LinkModel.from_link_config(load_scenario(scenario).link)
+        link = NetworkModel.from_link_config(load_scenario(scenario).link)
         assert 15.0 <= predict_cloud_only(t, link).tokens_per_s <= 20.0, scenario
     # Memory-bound decode: a 9-token verify costs nearly what a 1-token step does.
     assert t.verify_s(9) / t.verify_s(1) < 1.1
@@ -225,7 +226,7 @@ def test_hardware_file_errors(tmp_path):
         load_hardware("no-such-profile")
     with pytest.raises(ValueError, match="not found"):
         load_hardware(tmp_path / "missing.toml")
-    good = (REPO / "sim" / "hardware" / "gemma270m-cpu.toml").read_text()
+    good = (REPO / "sim" / "perf" / "hardware" / "gemma270m-cpu.toml").read_text()
     typo = tmp_path / "typo.toml"
     typo.write_text(good.replace("verify_per_token_ms", "verify_per_tokn_ms"))
     with pytest.raises(ValueError, match="verify_per_tokn_ms"):
@@ -267,5 +268,18 @@ def test_sim_model_cli_table_and_errors(capsys):
     out = capsys.readouterr().out
     assert out.startswith("MODELLED, not measured: gemma270m-cpu on wan")
     assert "0 (cloud-only)" in out and "best D = " in out
+    lines = out.splitlines()
+    top = lines.index("") + 1  # the table follows the header block
+    assert lines[top].startswith("D ") and set(lines[top + 1]) == {"-", " "}
+    import re
+
+    from sim.perf.report import model_report
+
+    report = model_report("gemma270m-cpu", "wan", 4)
+    table = [re.split(r"\s{2,}", line.strip()) for line in lines[top + 2: top + 7]]
+    assert [cells[0] for cells in table] == ["0 (cloud-only)", "1", "2", "3", "4"]
+    assert [cells[1] for cells in table] == [f"{r['tokens_per_s']:.2f}" for r in report["rows"]]
+    assert [cells[-1] for cells in table] == [f"{r['limit']} ({r['limit_share']:.0%})" for r in report["rows"]]
+    assert lines[top + 7] == ""
     assert main(["sim", "model", "--hardware", "no-such-profile"]) == 2
     assert "unknown hardware profile" in capsys.readouterr().err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import grpc
+import pytest
 
 from protos import generate
 from protos import splitspec_pb2 as pb
@@ -137,3 +138,31 @@ def test_generate_messages_roundtrip():
         tokens=b"\x01\x02", compressed=True, done=True, stop_reason=pb.STOP_REASON_LENGTH
     )
     _roundtrip(chunk)
+
+
+def test_sampling_holds_the_number_the_wire_carries():
+    """temperature and top_p cross the wire as float32: every side must compute p with the same value."""
+    import numpy as np
+
+    from shared.params import Mode, SamplingParams
+    from shared.wire import sampling_from_proto, sampling_to_proto
+
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        params = SamplingParams(
+            mode=Mode.COUPLED, temperature=float(rng.uniform(0.01, 2.0)), top_p=float(rng.uniform(0.05, 1.0)),
+            top_k=int(rng.integers(0, 100)), seed=int(rng.integers(0, 2**63)),
+        )
+        message = pb.Sampling()
+        message.ParseFromString(sampling_to_proto(params).SerializeToString())
+        assert sampling_from_proto(message) == params  # bit-for-bit equal floats
+    assert SamplingParams(temperature=0.7).temperature == float(np.float32(0.7)) != 0.7
+
+
+@pytest.mark.parametrize("top_p", [-0.5, float("nan"), 1.5])
+def test_out_of_range_top_p_on_the_wire_is_refused(top_p):
+    from shared.wire import sampling_from_proto
+
+    with pytest.raises(ValueError, match="top_p"):
+        sampling_from_proto(pb.Sampling(mode=pb.MODE_COUPLED, temperature=0.7, top_p=top_p))
+

@@ -11,9 +11,10 @@ from collections import Counter
 import grpc
 import pytest
 
-from edge.client import GrpcLink
+from edge.client import GrpcVerifier
 from edge.decode_loop import run_decode
 from edge.llama_drafter import LlamaDrafter
+from edge.report import SPLIT, EdgeReport
 from protos import splitspec_pb2 as pb
 from protos import splitspec_pb2_grpc as pb_grpc
 from shared import codec
@@ -30,7 +31,7 @@ def tiny_drafter(tiny_models, name="drafter_noisy"):
 
 def link_for(server, vocab, **kwargs):
     size, fingerprint = vocab
-    return GrpcLink(server.address, vocab_size=size, fingerprint=fingerprint, **kwargs)
+    return GrpcVerifier(server.address, vocab_size=size, fingerprint=fingerprint, **kwargs)
 
 
 def remote(server, vocab, drafter, prompt, params, draft_len, max_new_tokens=32, channel=None):
@@ -56,7 +57,11 @@ def test_edge_run_is_token_identical_to_target_only(tiny_models, tiny_engine, ti
             for draft_len in (3, 8):
                 got, link = remote(verifier, tiny_vocab, drafter, prompt, params, draft_len)
                 assert got.tokens == want.tokens
-                assert link.bytes_up > 0 and link.bytes_down > 0 and link.rtt_samples_s
+                assert link.bytes_up > 0 and link.bytes_down > 0
+                # One round trip per verify() call, each net of the cloud's time and inside the generation.
+                assert len(link.rtt_samples_s) == got.stats.rounds and min(link.rtt_samples_s) > 0
+                cloud_s = sum(block.cloud_s for block in link.block_log)
+                assert sum(link.rtt_samples_s) + cloud_s < got.stats.wall_s
                 assert got.stats.rounds < len(want.tokens)  # drafts were accepted
     finally:
         drafter.close()
@@ -151,21 +156,25 @@ def test_metrics_count_what_happened(tiny_models, tiny_engine, tiny_vocab, verif
 def test_edge_run_cli_json(tiny_models, verifier):
     result = subprocess.run(
         [sys.executable, "-m", "sim.cli", "edge", "run", "--cloud", verifier.address, "--drafter", tiny_models["drafter_f32"],
-         "--prompt", "The cat sat", "--max-new-tokens", "20", "--temperature", "0", "--json"],
+         "--prompt", "The cat sat", "--max-new-tokens", "20", "--temperature", "0", "--json", "--timings"],
         capture_output=True, text=True, timeout=120,
     )
     assert result.returncode == 0, result.stderr
-    out = json.loads(result.stdout)
-    assert len(out["tokens"]) == 20
-    for key in ("rounds", "drafted", "accepted", "acceptance_rate", "acceptance_length", "target_forwards", "wall_s",
-                "bytes_up", "bytes_down", "rtt_ms"):
-        assert key in out["stats"], key
-    assert out["stats"]["bytes_up"] > 0 and out["stats"]["rtt_ms"] >= 0
+    report = EdgeReport.from_json(json.loads(result.stdout))
+    assert report.kind == SPLIT and len(report.tokens) == 20
+    assert report.bytes_up > 0 and report.bytes_down > 0
+    assert len(report.blocks) == report.decode.rounds and report.drafter.drafted == report.decode.drafted
+    # Each round trip is its verify() call's time less the cloud's, and the calls lie inside
+    # wall_s; at least half the rounds are >= the median, so median <= 2 * (their sum) / rounds.
+    # Over loopback the serialisation and the hops still take time: the median is > 0.
+    cloud_s = sum(block.cloud_s for block in report.blocks)
+    bound_ms = 2e3 * (report.wall_s - cloud_s) / report.decode.rounds
+    assert 0 < report.rtt_ms < bound_ms, (report.rtt_ms, report.wall_s, cloud_s)
 
 
 def test_gemma_pair_over_the_network_is_token_identical(gemma_engine):
     from cloud.server import BackgroundServer, ServerConfig
-    from edge.loading import open_llama_drafter
+    from edge.drafter_choice import open_llama_drafter
 
     drafter = open_llama_drafter(None, n_threads=1)
     vocab = (drafter.vocab.size, drafter.vocab.fingerprint)
@@ -185,9 +194,9 @@ def test_gemma_pair_over_the_network_is_token_identical(gemma_engine):
 def test_a_dropped_stream_fails_fast_with_a_clear_error(tiny_models, tiny_engine, tiny_vocab, verifier):
     import time
 
-    from edge.client import LinkError
-    from sim.link import LinkConfig
-    from sim.processes import BackgroundLink
+    from edge.client import VerifierError
+    from sim.link.emulator import LinkConfig
+    from sim.experiment.processes import BackgroundLink
 
     drafter = tiny_drafter(tiny_models)
     params = SamplingParams(mode=Mode.GREEDY)
@@ -195,9 +204,9 @@ def test_a_dropped_stream_fails_fast_with_a_clear_error(tiny_models, tiny_engine
         # The link dies after ~1 kB: mid-session, after Open and a few blocks.
         with BackgroundLink(LinkConfig(cut_after_bytes=1000), verifier.port) as link:
             size, fingerprint = tiny_vocab
-            grpc_link = GrpcLink(link.address, vocab_size=size, fingerprint=fingerprint, verdict_timeout_s=20)
+            grpc_link = GrpcVerifier(link.address, vocab_size=size, fingerprint=fingerprint, verdict_timeout_s=20)
             started = time.monotonic()
-            with pytest.raises(LinkError, match="lost the cloud|cloud ended the session|closed the stream"):
+            with pytest.raises(VerifierError, match="lost the cloud|cloud ended the session|closed the stream"):
                 run_decode(drafter, grpc_link, tiny_prompt(tiny_engine, "The cat sat"), params, max_new_tokens=200, draft_len=2)
             assert time.monotonic() - started < 15
     finally:
@@ -207,7 +216,7 @@ def test_a_dropped_stream_fails_fast_with_a_clear_error(tiny_models, tiny_engine
 def test_a_full_session_table_refuses_with_resource_exhausted(tiny_models, tiny_engine, tiny_vocab):
     from cloud.server import BackgroundServer, ServerConfig
     from cloud.servicer import ServiceLimits
-    from edge.client import LinkError
+    from edge.client import VerifierError
 
     params = SamplingParams(mode=Mode.GREEDY)
     prompt = tiny_prompt(tiny_engine, "Hello")
@@ -216,7 +225,7 @@ def test_a_full_session_table_refuses_with_resource_exhausted(tiny_models, tiny_
         holder.open(prompt, params, 10, 4)  # holds the only slot
         try:
             refused = link_for(server, tiny_vocab)
-            with pytest.raises(LinkError, match="RESOURCE_EXHAUSTED"):
+            with pytest.raises(VerifierError, match="RESOURCE_EXHAUSTED"):
                 refused.open(prompt, params, 10, 4)
             refused.close()
         finally:

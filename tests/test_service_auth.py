@@ -1,6 +1,6 @@
 """The verifier's doors: bearer-token auth, TLS, and the edge and cloud command lines.
 
-Real servers on loopback, real ``GrpcLink``s; the CLI runs as subprocesses.
+Real servers on loopback, real ``GrpcVerifier``s; the CLI runs as subprocesses.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cloud.server import SERVICE_NAME, BackgroundServer, ServerConfig
-from edge.client import GrpcLink, LinkError
+from edge.client import GrpcVerifier, VerifierError
 from edge.decode_loop import run_decode
 from edge.llama_drafter import LlamaDrafter
 from protos import splitspec_pb2 as pb
@@ -56,7 +56,7 @@ def want(tiny_engine, drafter, prompt):
 
 
 def decode(address, tiny_vocab, drafter, prompt, **link_args) -> list[int]:
-    link = GrpcLink(address, vocab_size=tiny_vocab[0], fingerprint=tiny_vocab[1], **link_args)
+    link = GrpcVerifier(address, vocab_size=tiny_vocab[0], fingerprint=tiny_vocab[1], **link_args)
     return run_decode(drafter, link, prompt, GREEDY, max_new_tokens=NEW_TOKENS, draft_len=4).tokens
 
 
@@ -77,7 +77,7 @@ def auth_server(tiny_engine):
 @pytest.mark.parametrize("token", [None, "wrong", TOKEN + "x", TOKEN.upper()], ids=["none", "wrong", "longer", "case"])
 def test_missing_or_wrong_token_is_unauthenticated(auth_server, tiny_vocab, drafter, prompt, token):
     started = time.perf_counter()
-    with pytest.raises(LinkError, match="UNAUTHENTICATED") as error:
+    with pytest.raises(VerifierError, match="UNAUTHENTICATED") as error:
         decode(auth_server.address, tiny_vocab, drafter, prompt, auth_token=token, connect_timeout_s=5)
     assert "bearer token" in str(error.value)
     assert time.perf_counter() - started < 5
@@ -101,6 +101,44 @@ def test_cloud_only_generate_needs_the_token_too(auth_server, tiny_vocab, prompt
         assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED
         chunks = list(stub.Generate(request, timeout=10, metadata=(("authorization", f"Bearer {TOKEN}"),)))
         assert chunks[-1].done and len(chunks) == 3
+
+
+@pytest.mark.parametrize("address", ["10.1.2.3:50051", "example.com:443", "0.0.0.0:50051"])
+def test_edge_refuses_to_send_a_token_in_cleartext_off_loopback(address):
+    from edge.client import make_channel
+
+    with pytest.raises(ValueError, match="cleartext.*--tls-ca"):
+        make_channel(address, auth_token=TOKEN)
+    make_channel(address).close()  # no token: a plaintext channel is fine
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:1", "localhost:1", "[::1]:1", "127.8.9.10:1"])
+def test_loopback_addresses_are_recognised(address):
+    from shared.wire import is_loopback
+
+    assert is_loopback(address)
+    assert not is_loopback(address.replace("127.", "128.").replace("localhost", "localhost.example").replace("::1", "::2"))
+
+
+def test_server_refuses_a_cleartext_token_off_loopback_unless_insecure():
+    with pytest.raises(ValueError, match="--tls-cert and --tls-key.*--insecure"):
+        ServerConfig(host="0.0.0.0", auth_token=TOKEN)
+    assert ServerConfig(host="0.0.0.0", auth_token=TOKEN, insecure=True).insecure
+    assert ServerConfig(host="127.0.0.1", auth_token=TOKEN).auth_token == TOKEN
+    assert ServerConfig(host="0.0.0.0", auth_token=TOKEN, tls_cert=b"c", tls_key=b"k").tls_cert == b"c"
+
+
+def test_cloud_cli_refuses_a_cleartext_token_with_one_line_and_exit_2(tiny_models, tmp_path):
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    result = subprocess.run(
+        [sys.executable, "-m", "cloud.cli", "serve", "--target", tiny_models["target"], "--host", "0.0.0.0",
+         "--port", "0", "--auth-token-file", str(token_file)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "--insecure" in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
 
 
 def test_health_check_needs_no_token(auth_server):
@@ -138,6 +176,16 @@ def tls_server(tiny_engine, certificate):
         yield server
 
 
+def test_token_travels_over_tls_as_call_credentials(tiny_engine, certificate, tiny_vocab, drafter, prompt, want):
+    cert, key = certificate
+    config = ServerConfig(host="127.0.0.1", port=0, tls_cert=cert, tls_key=key, auth_token=TOKEN)
+    with BackgroundServer(tiny_engine, config) as server:
+        address = f"localhost:{server.port}"  # the certificate names localhost
+        assert decode(address, tiny_vocab, drafter, prompt, root_certificates=cert, auth_token=TOKEN) == want
+        with pytest.raises(VerifierError, match="UNAUTHENTICATED"):
+            decode(address, tiny_vocab, drafter, prompt, root_certificates=cert, auth_token="wrong")
+
+
 def test_tls_link_decodes_exactly(tls_server, certificate, tiny_vocab, drafter, prompt, want):
     address = f"localhost:{tls_server.port}"
     assert decode(address, tiny_vocab, drafter, prompt, root_certificates=certificate[0]) == want
@@ -145,7 +193,7 @@ def test_tls_link_decodes_exactly(tls_server, certificate, tiny_vocab, drafter, 
 
 def test_plaintext_link_to_a_tls_server_fails_within_the_connect_timeout(tls_server, tiny_vocab, drafter, prompt):
     started = time.perf_counter()
-    with pytest.raises(LinkError, match="unreachable") as error:
+    with pytest.raises(VerifierError, match="unreachable") as error:
         decode(f"localhost:{tls_server.port}", tiny_vocab, drafter, prompt, connect_timeout_s=3)
     elapsed = time.perf_counter() - started
     assert f"localhost:{tls_server.port}" in str(error.value)
@@ -155,7 +203,7 @@ def test_plaintext_link_to_a_tls_server_fails_within_the_connect_timeout(tls_ser
 def test_tls_link_refuses_a_server_it_does_not_trust(tls_server, tmp_path, tiny_vocab, drafter, prompt):
     stranger, _ = make_certificate(tmp_path / "other")
     started = time.perf_counter()
-    with pytest.raises(LinkError, match="unreachable"):
+    with pytest.raises(VerifierError, match="unreachable"):
         decode(f"localhost:{tls_server.port}", tiny_vocab, drafter, prompt, root_certificates=stranger,
                connect_timeout_s=1.5)
     assert time.perf_counter() - started < 4

@@ -3,7 +3,7 @@
 Hand-crafted ``EdgeFrame``s go through a raw stub to a real server on loopback.
 Each hostile stream must end with the right status and a message that says
 what was wrong, and nothing else: no verdict, no hang, no leaked session, no
-unbounded memory. All the while an honest edge (``GrpcLink`` + ``run_decode``
+unbounded memory. All the while an honest edge (``GrpcVerifier`` + ``run_decode``
 with the tiny F32 drafter) decodes against the same server, session after
 session, and must keep producing exactly the target-only tokens.
 """
@@ -27,7 +27,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cloud.server import SERVICE_NAME, BackgroundServer, ServerConfig
 from cloud.servicer import ServiceLimits
-from edge.client import GrpcLink
+from edge.client import GrpcVerifier
 from edge.decode_loop import run_decode
 from edge.llama_drafter import LlamaDrafter
 from protos import splitspec_pb2 as pb
@@ -107,7 +107,7 @@ class HonestTraffic:
 
     def _run(self) -> None:
         while self.completed == 0 or not self._stop.is_set():
-            link = GrpcLink(self.address, vocab_size=self.vocab[0], fingerprint=self.vocab[1],
+            link = GrpcVerifier(self.address, vocab_size=self.vocab[0], fingerprint=self.vocab[1],
                             connect_timeout_s=10, verdict_timeout_s=30)
             try:
                 result = run_decode(self.drafter, link, self.prompt, GREEDY,

@@ -55,3 +55,19 @@ def test_split_is_identical_to_cloud_only_and_cheaper(sim_result):
 def test_progress_is_shown(sim_result):
     _, _, stderr = sim_result
     assert "[1/" in stderr and "cloud ready" in stderr
+
+
+def test_terminal_and_markdown_tables_hold_the_same_rows(sim_result):
+    from sim.experiment.report import markdown_report, terminal_table
+
+    result, out, _ = sim_result
+    markdown = (out / "report.md").read_text()
+    assert markdown == markdown_report(result)
+    md_rows = [line for line in markdown.splitlines() if line.startswith("|")]
+    assert md_rows[0].startswith("| config") and md_rows[1].startswith("|:-")
+    md_cells = [[cell.strip() for cell in row.strip("|").split("|")] for row in md_rows[2:]]
+    labels = [cells[0] for cells in md_cells]
+    assert labels[-2:] == ["greedy D=3", "coupled D=3"] and set(labels[:-2]) == {"cloud-only"}
+    lines = terminal_table(result).splitlines()
+    assert lines[0].split()[0] == "config" and set(lines[1]) == {"-", " "}
+    assert [line.split() for line in lines[2:]] == [" ".join(cells).split() for cells in md_cells]

@@ -11,9 +11,11 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from edge.drafter import DrafterStats
 from edge.llama_drafter import LlamaDrafter
 from edge.ngram_drafter import NgramDrafter
 from shared.params import Mode, SamplingParams
+from shared.stats import DecodeStats
 from shared.verdict import StopReason
 from sim.inprocess import generate
 
@@ -106,6 +108,29 @@ def test_token_limit_is_exact(engine, drafters, prompts):
         assert len(got.tokens) == limit and got.stop_reason is StopReason.LENGTH
 
 
+@pytest.mark.parametrize("drafter_name", ["drafter_f32", "ngram"])
+def test_drafter_stats_count_what_the_drafter_did(engine, drafters, prompts, drafter_name):
+    drafter = drafters[drafter_name]
+    drafter.stats.reset()
+    assert drafter.stats == DrafterStats()
+    got = run(engine, drafter, prompts[1], SamplingParams(mode=Mode.GREEDY), draft_len=4)
+    stats = drafter.stats
+    assert stats.drafted == got.stats.drafted > 0
+    assert 0 < stats.draft_s < got.stats.wall_s
+    if drafter_name == "ngram":
+        assert stats.eval_s == stats.prompt_eval_s == 0.0
+    else:
+        # The prompt is read inside the first draft(), then one eval per drafted token.
+        assert 0 < stats.prompt_eval_s < stats.eval_s <= stats.draft_s
+    record = json.loads(json.dumps(stats.to_json()))
+    assert list(record) == ["drafted", "draft_s", "eval_s", "prompt_eval_s"]
+    assert DrafterStats.from_json(record) == stats
+    with pytest.raises(ValueError, match="keys"):
+        DrafterStats.from_json({**record, "extra": 1})
+    with pytest.raises(ValueError, match="keys"):
+        DrafterStats.from_json({k: v for k, v in record.items() if k != "eval_s"})
+
+
 # -- rejection mode: the output distribution is the target's ---------------------------
 
 TOP_K = 4  # keeps the exact distribution of 3 tokens enumerable: 4**3 sequences
@@ -157,8 +182,10 @@ def test_generate_json_matches_target_only(tiny_models):
     assert split.returncode == 0, split.stderr
     a, b = json.loads(split.stdout), json.loads(alone.stdout)
     assert a["tokens"] == b["tokens"] and len(a["tokens"]) == 24
-    assert set(a["stats"]) >= {"rounds", "drafted", "accepted", "acceptance_rate", "acceptance_length", "target_forwards", "wall_s"}
-    assert a["stats"]["target_forwards"] < b["stats"]["target_forwards"]
+    split_stats, alone_stats = DecodeStats.from_json(a["stats"]), DecodeStats.from_json(b["stats"])
+    assert split_stats.target_forwards < alone_stats.target_forwards
+    assert DrafterStats.from_json(a["drafter"]).drafted == split_stats.drafted > 0
+    assert DrafterStats.from_json(b["drafter"]).drafted == alone_stats.drafted == 0
     assert isinstance(a["text"], str) and a["text"]
 
 
@@ -181,7 +208,7 @@ def test_bad_input_exits_2_without_traceback(tiny_models, extra, message):
 
 
 def test_vocabulary_mismatch_is_refused(tiny_models, tmp_path):
-    from sim.tiny_models import write_tiny_models
+    from sim.fixtures.tiny_models import write_tiny_models
 
     # Same architecture, a vocabulary with one piece spelled differently.
     other = write_tiny_models(tmp_path / "other", seed=0)

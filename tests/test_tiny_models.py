@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 llama_cpp = pytest.importorskip("llama_cpp")
 
-from sim.tiny_models import write_tiny_models  # noqa: E402
+from sim.fixtures.tiny_models import write_tiny_models  # noqa: E402
 
 SENTENCES = [
     "The cat sat on the mat.",
@@ -49,7 +49,7 @@ def _cpp_logits(llm, ids: list[int]) -> np.ndarray:
     rows = []
     for t in ids:
         llm.eval([t])
-        ptr = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
+        ptr = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
         rows.append(np.ctypeslib.as_array(ptr, shape=(n_vocab,)).copy())
     return np.stack(rows)
 
@@ -147,7 +147,7 @@ def test_noisy_drafter_agrees_partially(tiny_models, target):
 
 def test_tokenizers_agree(tiny_models, hf_tokenizer):
     llm = _llama(tiny_models["drafter_f32"])
-    vocab = llm._model.vocab
+    vocab = llama_cpp.llama_model_get_vocab(llm.model)
     cpp_pieces = [llama_cpp.llama_vocab_get_text(vocab, i).decode() for i in range(llm.n_vocab())]
     assert len(hf_tokenizer) == len(cpp_pieces) == 512
     assert hf_tokenizer.convert_ids_to_tokens(list(range(512))) == cpp_pieces

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from shared.logits import process_logits
+from shared.noise import Purpose, uniform
 from shared.params import Mode, SamplingParams
 from shared.sparse import SparseDist, quantize
 from shared.verify import race, verify_coupled, verify_greedy, verify_rejection
@@ -62,18 +63,22 @@ def _run(verify, drafts, p, seed=5, start=100):
 
 
 def test_rejection_residual_excludes_q_mass():
-    # p uniform over {0, 1}; q̃ point mass on 0. Accept 0 w.p. 1/2; on rejection
-    # the residual max(0, p - q̃) is all on token 1.
+    # p uniform over {0, 1}; q̃ point mass on 0. The noise fixes every outcome:
+    # accept 0 iff the coin U(seed, 10, 0, ACCEPT) is below p(0) / q̃(0) = 1/2, then
+    # the bonus at position 11 is the race on (1/2, 1/2), won by the token with the
+    # larger SAMPLE uniform; on rejection the residual max(0, p - q̃) is all on token 1.
     p = np.zeros((2, V))
     p[:, :2] = 0.5
-    outcomes = {verify_rejection([0], [point(0)], p, seed, 10).token for seed in range(200)}
-    accepted = sum(verify_rejection([0], [point(0)], p, seed, 10).accepted for seed in range(200))
-    assert 60 < accepted < 140
-    rejected_tokens = {
-        r.token for seed in range(200) if not (r := verify_rejection([0], [point(0)], p, seed, 10)).accepted
-    }
-    assert rejected_tokens == {1}
-    assert outcomes <= {0, 1}
+    want = []
+    for seed in range(200):
+        if uniform(seed, 10, 0, Purpose.ACCEPT) < 0.5:
+            want.append((1, int(np.argmax(uniform(seed, 11, np.arange(2), Purpose.SAMPLE))), True))
+        else:
+            want.append((0, 1, False))
+    got = [verify_rejection([0], [point(0)], p, seed, 10) for seed in range(200)]
+    assert [(r.accepted, r.token, r.bonus) for r in got] == want
+    assert sum(r.accepted for r in got) == sum(accepted for accepted, _, _ in want)
+    assert set(want) == {(0, 1, False), (1, 0, True), (1, 1, True)}  # every branch is exercised
 
 
 def test_rejection_refuses_draft_outside_support():

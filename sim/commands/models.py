@@ -21,7 +21,7 @@ def add_models_commands(commands) -> None:
 
 
 def run_tiny(args: argparse.Namespace) -> int:
-    from sim.tiny_models import write_tiny_models
+    from sim.fixtures.tiny_models import write_tiny_models
 
     print(json.dumps(write_tiny_models(args.out, seed=args.seed), indent=2))
     return 0

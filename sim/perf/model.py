@@ -1,6 +1,6 @@
 """Performance model of split decoding: predicted tokens/s, TTFT, bytes and cloud work.
 
-Contract. Pure arithmetic on explicit inputs (`Timings`, `LinkModel`, a draft
+Contract. Pure arithmetic on explicit inputs (`Timings`, `NetworkModel`, a draft
 length); the only I/O is reading a hardware profile TOML in `load_hardware`.
 It models the loop as it is today, **not pipelined**: one round is
 
@@ -15,7 +15,7 @@ tokens/s = AL / round. Cloud-only decoding runs one forward per token and
 streams each token down in its own message; the link limits it only when the
 downlink cannot carry one chunk per forward.
 
-Link arithmetic follows the emulator (`sim.link`): a message of n payload
+Link arithmetic follows the emulator (`sim.link.emulator`): a message of n payload
 bytes occupies ceil(n / segment) segments, each charged `overhead_bytes` of
 TCP/IP headers; TCP ACKs are not charged (the emulator relays bytes, it does
 not carry the acks); a lost segment costs an `rto_s` stall. Jitter is taken
@@ -38,11 +38,12 @@ from typing import Any
 
 import numpy as np
 
-from sim.shipped import list_shipped, load_toml
+from shared.wire import http2_framed_size
+from sim.package_data import list_shipped, load_toml
 
 __all__ = [
     "HardwareProfile",
-    "LinkModel",
+    "NetworkModel",
     "Prediction",
     "Timings",
     "best_draft_len",
@@ -55,11 +56,13 @@ __all__ = [
     "protocol_bytes",
 ]
 
+HARDWARE_FOLDER = "perf/hardware"  # package data under sim/
+
 # ---------------------------------------------------------------- link
 
 
 @dataclasses.dataclass(frozen=True)
-class LinkModel:
+class NetworkModel:
     """The link as the model sees it. Rates in bits/s on the wire; 0 = unlimited."""
 
     up_bps: float  # edge -> cloud
@@ -73,7 +76,7 @@ class LinkModel:
     down_rto_s: float | None = None  # downlink stall when it differs from `rto_s`
 
     @classmethod
-    def from_link_config(cls, cfg: Any) -> LinkModel:
+    def from_link_config(cls, cfg: Any) -> NetworkModel:
         """From a `sim.link.LinkConfig` (segment size and overhead taken from the up direction)."""
         return cls(
             up_bps=cfg.up.rate_bps,
@@ -210,7 +213,7 @@ class Prediction:
         return d
 
 
-def predict_split(timings: Timings, link: LinkModel, draft_len: int) -> Prediction:
+def predict_split(timings: Timings, link: NetworkModel, draft_len: int) -> Prediction:
     """Non-pipelined split decoding with blocks of `draft_len` drafts (0 = target-only over the split protocol)."""
     if draft_len < 0:
         raise ValueError(f"draft length must be >= 0, got {draft_len}")
@@ -238,7 +241,7 @@ def predict_split(timings: Timings, link: LinkModel, draft_len: int) -> Predicti
     )
 
 
-def predict_cloud_only(timings: Timings, link: LinkModel) -> Prediction:
+def predict_cloud_only(timings: Timings, link: NetworkModel) -> Prediction:
     """The target generates every token and streams each one down in its own message.
 
     Steady state: one token per max(t_verify(1), downlink serialization of one
@@ -262,7 +265,7 @@ def predict_cloud_only(timings: Timings, link: LinkModel) -> Prediction:
     )
 
 
-def best_draft_len(timings: Timings, link: LinkModel, max_d: int = 16) -> int:
+def best_draft_len(timings: Timings, link: NetworkModel, max_d: int = 16) -> int:
     """The D in 1..max_d with the highest predicted tokens/s (the smallest on ties)."""
     if max_d < 1:
         raise ValueError(f"max_d must be >= 1, got {max_d}")
@@ -271,7 +274,7 @@ def best_draft_len(timings: Timings, link: LinkModel, max_d: int = 16) -> int:
 
 # ---------------------------------------------------------------- hardware profiles
 
-_PROTOCOL_FRAMING = 5 + 9  # gRPC length prefix + HTTP/2 DATA frame header, bytes per message
+_PROTOCOL_FRAMING = http2_framed_size(0)  # gRPC length prefix + HTTP/2 DATA frame header, bytes per message
 
 
 def protocol_bytes(vocab_size: int) -> dict[str, float]:
@@ -279,18 +282,19 @@ def protocol_bytes(vocab_size: int) -> dict[str, float]:
 
     Draft: EdgeFrame tag+length (2) + epoch (2) + start_position (3, positions
     128..16383) + payload tag+length (2) + ceil(D * bits / 8) packed ids, where
-    bits = ceil(log2 V); the ceil adds half a byte on average. Verdict: 18
-    bytes of protobuf (epoch, position, accepted, token, server_us). Chunk: 5
-    bytes of protobuf around one packed id. Each message adds 14 bytes of
-    framing. Rejection mode's q̃ adds to the per-draft bytes; set them from
+    bits = ceil(log2 V); the ceil adds half a byte on average. Verdict: 21
+    bytes of protobuf (epoch, position, accepted, token, server_us, the
+    session's forward count 128..16383). Chunk: 5 bytes of protobuf around one
+    packed id plus the forward count (3). Each message adds
+    ``shared.wire.http2_framed_size(0)`` = 14 bytes of framing. Rejection mode's q̃ adds to the per-draft bytes; set them from
     `splitspec bench wire` or a measured run.
     """
     bits = max(1, (vocab_size - 1).bit_length())
     return {
         "up_fixed": 9 + _PROTOCOL_FRAMING + 0.5,
         "up_per_draft": bits / 8,
-        "down_per_round": 18 + _PROTOCOL_FRAMING,
-        "down_per_token_cloud_only": 2 + math.ceil(bits / 8) + _PROTOCOL_FRAMING,
+        "down_per_round": 21 + _PROTOCOL_FRAMING,
+        "down_per_token_cloud_only": 5 + math.ceil(bits / 8) + _PROTOCOL_FRAMING,
     }
 
 
@@ -342,7 +346,7 @@ _KEYS = {
 
 def list_hardware() -> list[str]:
     """Names of the shipped hardware profiles, sorted."""
-    return list_shipped("hardware")
+    return list_shipped(HARDWARE_FOLDER)
 
 
 def load_hardware(name_or_path: str | Path) -> HardwareProfile:
@@ -355,7 +359,7 @@ def load_hardware(name_or_path: str | Path) -> HardwareProfile:
     down_per_round, down_per_token_cloud_only, open, defaulting to
     `protocol_bytes(vocab_size)`. Unknown keys are errors. ValueError on any problem.
     """
-    data, source, default_name = load_toml(name_or_path, "hardware", "hardware profile")
+    data, source, default_name = load_toml(name_or_path, HARDWARE_FOLDER, "hardware profile")
     try:
         return _profile_from_dict(data, default_name)
     except (KeyError, TypeError, ValueError) as e:

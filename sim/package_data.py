@@ -15,8 +15,9 @@ __all__ = ["list_shipped", "load_toml"]
 
 
 def _folder(folder: str) -> Any:
+    """``folder`` is a /-separated path under the ``sim`` package."""
     try:
-        return importlib.resources.files("sim") / folder
+        return importlib.resources.files("sim").joinpath(*folder.split("/"))
     except (ModuleNotFoundError, TypeError):  # pragma: no cover - unusual installs
         return Path(__file__).resolve().parent / folder
 

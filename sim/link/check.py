@@ -26,7 +26,7 @@ import asyncio
 import statistics
 from typing import Any
 
-from sim.link import LinkConfig, LinkEmulator
+from sim.link.emulator import LinkConfig, LinkEmulator
 
 __all__ = ["link_check"]
 

@@ -65,8 +65,8 @@ def config_from_args(args: argparse.Namespace):
     """LinkConfig from the shared flags; ValueError on bad values."""
     import dataclasses
 
-    from sim.link import LinkConfig, parse_duration, parse_rate
-    from sim.scenario import load_scenario
+    from sim.link.emulator import LinkConfig, parse_duration, parse_rate
+    from sim.link.scenario import load_scenario
 
     cfg = load_scenario(args.scenario).link if args.scenario else LinkConfig()
     both: dict[str, Any] = {}
@@ -126,7 +126,7 @@ def run_link(args: argparse.Namespace) -> int:
         return _error("link", e)
     if not logging.getLogger().handlers:
         logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    link_log = logging.getLogger("sim.link")
+    link_log = logging.getLogger("sim.link.emulator")
     if link_log.getEffectiveLevel() > logging.INFO:
         link_log.setLevel(logging.INFO)  # connection logs are this command's output
     try:
@@ -139,7 +139,7 @@ async def _serve(cfg, listen_host: str, listen_port: int, up_host: str, up_port:
     import asyncio
     import signal
 
-    from sim.link import LinkEmulator
+    from sim.link.emulator import LinkEmulator
 
     emu = LinkEmulator(cfg, listen_host, listen_port, up_host, up_port)
     await emu.start()
@@ -166,7 +166,7 @@ def run_link_check(args: argparse.Namespace) -> int:
     """`link-check`: print the measurement as a table or JSON; 0 on success, 2 on bad flags."""
     import asyncio
 
-    from sim.link_check import link_check
+    from sim.link.check import link_check
 
     try:
         cfg = config_from_args(args)

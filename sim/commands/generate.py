@@ -11,7 +11,7 @@ __all__ = ["add_generate_command"]
 
 
 def add_generate_command(commands) -> None:
-    from edge.options import add_drafter_args, add_sampling_args
+    from edge.cli_options import add_drafter_args, add_sampling_args
 
     parser = commands.add_parser(
         "generate",
@@ -30,8 +30,9 @@ def add_generate_command(commands) -> None:
 def run_generate(args: argparse.Namespace) -> int:
     from cloud.engine import TargetEngine
     from cloud.models import resolve_target
-    from edge.loading import NGRAM, open_drafter
-    from edge.options import TextStream, sampling_from_args
+    from edge.drafter_choice import NGRAM, open_drafter
+    from edge.cli_options import sampling_from_args
+    from edge.text_stream import TextStream
     from sim.inprocess import generate
 
     params = sampling_from_args(args)
@@ -57,18 +58,17 @@ def run_generate(args: argparse.Namespace) -> int:
         )
     finally:
         drafter.close()
-    stats = result.stats.to_dict()
-    if hasattr(drafter, "eval_s"):
-        stats["drafter_eval_s"] = round(drafter.eval_s, 4)
+    stats = result.stats
     if args.json:
-        print(json.dumps({"tokens": result.tokens, "text": detokenize(result.tokens), "stats": stats}))
+        out = {"tokens": result.tokens, "text": detokenize(result.tokens)}
+        print(json.dumps({**out, "stats": stats.to_json(), "drafter": drafter.stats.to_json()}))
     else:
         wall = time.perf_counter() - started
         print(
             f"\n[{len(result.tokens)} tokens in {wall:.2f}s, {len(result.tokens) / max(wall, 1e-9):.1f} tok/s, "
             f"stop={result.stop_reason.value}, mode={params.mode.value}, D={args.draft_len}, "
-            f"acceptance rate {stats['acceptance_rate']:.2f}, acceptance length {stats['acceptance_length']:.2f}, "
-            f"target forwards {stats['target_forwards']}]",
+            f"acceptance rate {stats.acceptance_rate:.2f}, acceptance length {stats.acceptance_length:.2f}, "
+            f"target forwards {stats.target_forwards}]",
             file=sys.stderr,
         )
     return 0

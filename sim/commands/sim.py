@@ -7,11 +7,13 @@ import json
 import sys
 from pathlib import Path
 
+from shared.params import DEFAULT_TEMPERATURE
+
 __all__ = ["add_sim_commands"]
 
 
 def add_sim_commands(commands) -> None:
-    from sim.link_cli import add_link_commands
+    from sim.commands.link import add_link_commands
 
     add_link_commands(commands)
     run = commands.add_parser(
@@ -27,7 +29,8 @@ def add_sim_commands(commands) -> None:
                      help="split modes to run (default: all three; --quick: coupled and rejection)")
     run.add_argument("--draft-lens", nargs="+", type=int, default=None, help="draft lengths D (default: 2 4 8; --quick: 4 8)")
     run.add_argument("--max-new-tokens", type=int, default=None, help="tokens per prompt (default 128; --quick: 64)")
-    run.add_argument("--temperature", type=float, default=0.7, help="for coupled and rejection (default 0.7)")
+    run.add_argument("--temperature", type=float, default=DEFAULT_TEMPERATURE,
+                     help="for coupled and rejection (default %(default)s)")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--quick", action="store_true", help="one prompt, fewer configurations: a few minutes on 2 cores")
     run.add_argument("--target", default=None, help="target folder or GGUF (default: Gemma 3 270M)")
@@ -36,7 +39,7 @@ def add_sim_commands(commands) -> None:
     run.add_argument("--json", action="store_true", help="print result.json to stdout instead of the table")
     run.set_defaults(func=run_sim)
 
-    from sim.model_cli import add_model_command
+    from sim.commands.perf import add_model_command
 
     add_model_command(commands)
 
@@ -44,9 +47,9 @@ def add_sim_commands(commands) -> None:
 def run_sim(args: argparse.Namespace) -> int:
     from cloud.models import resolve_target
     from shared.models import default_gguf_path
-    from sim.report import markdown_report, terminal_table, write_plots
-    from sim.runner import DEFAULT_PROMPTS, SimConfig, run_simulation
-    from sim.scenario import load_scenario
+    from sim.experiment.report import markdown_report, terminal_table, write_plots
+    from sim.experiment.runner import DEFAULT_PROMPTS, SimConfig, run_simulation
+    from sim.link.scenario import load_scenario
 
     scenario = load_scenario(args.scenario)
     if args.prompts is not None:

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from edge.llama_drafter import LlamaDrafter
 from edge.ngram_drafter import NgramDrafter
-from edge.options import NGRAM
 from shared.models import default_gguf_path
 from shared.vocab import check_same_vocab
 
 __all__ = ["open_llama_drafter", "open_drafter", "NGRAM"]
+
+NGRAM = "ngram"  # the drafter choice that means prompt lookup instead of a GGUF
 
 
 def open_llama_drafter(path: str | None, *, n_threads: int | None = None, n_ctx: int = 4096) -> LlamaDrafter:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tabulate import tabulate
+
 __all__ = ["markdown_report", "write_plots", "terminal_table"]
 
 _COLUMNS = [
@@ -50,12 +52,20 @@ def _rows(result: dict) -> list[dict]:
     return [*baselines.values(), *result["runs"]]
 
 
+def _table(result: dict, tablefmt: str) -> str:
+    """Baselines then runs, one row each, in any tabulate format; config left, numbers right."""
+    return tabulate(
+        [[_cell(r, key) for _, key in _COLUMNS] for r in _rows(result)],
+        headers=[title for title, _ in _COLUMNS],
+        tablefmt=tablefmt,
+        colalign=["left"] + ["right"] * (len(_COLUMNS) - 1),
+        disable_numparse=True,  # cells are formatted already: keep "1.50×", "n/a", "—" as written
+    )
+
+
 def terminal_table(result: dict) -> str:
-    rows = [[title for title, _ in _COLUMNS]] + [[_cell(r, key) for _, key in _COLUMNS] for r in _rows(result)]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
-    lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    """The results table for a terminal; the same rows as `markdown_report`'s table."""
+    return _table(result, "simple")
 
 
 def _headline(result: dict) -> list[str]:
@@ -92,9 +102,6 @@ def _headline(result: dict) -> list[str]:
 
 def markdown_report(result: dict) -> str:
     link = result["link"]
-    header = "| " + " | ".join(title for title, _ in _COLUMNS) + " |"
-    rule = "|" + "|".join("---" for _ in _COLUMNS) + "|"
-    body = ["| " + " | ".join(_cell(r, key) for _, key in _COLUMNS) + " |" for r in _rows(result)]
     fit = result.get("model_fit", {})
     return "\n".join(
         [
@@ -113,9 +120,7 @@ def markdown_report(result: dict) -> str:
             "",
             *_headline(result),
             "",
-            header,
-            rule,
-            *body,
+            _table(result, "pipe"),
             "",
             "## Model fit",
             "",

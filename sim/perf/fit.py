@@ -1,7 +1,7 @@
 """Fitting ``sim.perf_model.Timings`` on what a simulation run measured.
 
-Inputs are the edge processes' JSON results (``edge run/baseline --json
---timings``). Shared across runs: the verify-time line t_verify(n), fitted
+Inputs are the edge processes' reports (``edge.report.EdgeReport`` from
+``splitspec-edge run|baseline --json --timings``). Shared across runs: the verify-time line t_verify(n), fitted
 on every block's and every cloud-only token's cloud time, and the prefill.
 Per run: its drafter speed, its acceptance per position and its bytes per
 block (q̃ makes rejection blocks much larger than coupled ones).
@@ -12,11 +12,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from sim.perf_model import Timings, fit_linear
+from edge.report import EdgeReport
+from shared.wire import HTTP2_FRAME_HEADER_BYTES
+from sim.perf.model import Timings, fit_linear
 
-__all__ = ["RunTimings", "FittedTimings", "timings_from_outputs", "fit_timings"]
-
-HTTP2_FRAME_HEADER = 9  # each gRPC message rides in (at least) one HTTP/2 DATA frame
+__all__ = ["RunTimings", "FittedTimings", "timings_from_reports", "fit_timings"]
 
 
 @dataclass
@@ -34,24 +34,24 @@ class RunTimings:
     prompt_s: list[float]  # drafter reading the prompt
 
 
-def timings_from_outputs(outputs: list[dict]) -> RunTimings:
-    width = max(len(o["stats"]["drafted_at"]) for o in outputs)
+def timings_from_reports(reports: list[EdgeReport]) -> RunTimings:
+    width = max(len(r.decode.drafted_at) for r in reports)
     accepted_at, drafted_at = [0] * width, [0] * width
-    for o in outputs:
-        for i, (a, d) in enumerate(zip(o["stats"]["accepted_at"], o["stats"]["drafted_at"])):
+    for r in reports:
+        for i, (a, d) in enumerate(zip(r.decode.accepted_at, r.decode.drafted_at)):
             accepted_at[i] += a
             drafted_at[i] += d
-    blocks = [b for o in outputs for b in o.get("blocks", [])]
+    blocks = [b for r in reports for b in r.blocks]
     return RunTimings(
-        drafted=sum(o["stats"]["drafted"] for o in outputs),
-        draft_s=sum(o["stats"]["drafter_s"] - o["stats"]["drafter_prompt_s"] for o in outputs),
+        drafted=sum(r.decode.drafted for r in reports),
+        draft_s=sum(r.drafter.draft_s - r.drafter.prompt_eval_s for r in reports),
         accepted_at=accepted_at,
         drafted_at=drafted_at,
-        verify_samples=[(b["forward_tokens"], b["cloud_s"]) for b in blocks],
-        up_samples=[(b["forward_tokens"] - 1, b["up_bytes"] + HTTP2_FRAME_HEADER) for b in blocks],
-        down_samples=[b["down_bytes"] + HTTP2_FRAME_HEADER for b in blocks],
-        open_s=[o["stats"]["open_s"] for o in outputs],
-        prompt_s=[o["stats"]["drafter_prompt_s"] for o in outputs],
+        verify_samples=[(b.forward_tokens, b.cloud_s) for b in blocks],
+        up_samples=[(b.drafts, b.up_bytes + HTTP2_FRAME_HEADER_BYTES) for b in blocks],
+        down_samples=[b.down_bytes + HTTP2_FRAME_HEADER_BYTES for b in blocks],
+        open_s=[r.open_s for r in reports],
+        prompt_s=[r.drafter.prompt_eval_s for r in reports],
     )
 
 
@@ -102,14 +102,14 @@ def _alpha(accepted_at: list[int], drafted_at: list[int]) -> list[float]:
     return conditional
 
 
-def fit_timings(runs: list[RunTimings], baseline_outputs: list[dict], rtt_s: float = 0.0) -> FittedTimings:
-    one_token = [b["cloud_s"] for o in baseline_outputs for b in o.get("blocks", [])]
+def fit_timings(runs: list[RunTimings], baseline_reports: list[EdgeReport], rtt_s: float = 0.0) -> FittedTimings:
+    one_token = [b.cloud_s for r in baseline_reports for b in r.blocks]
     one_token += [s for r in runs for n, s in r.verify_samples if n == 1]
     verify_fixed, verify_per_token = fit_linear([(n, s) for r in runs for n, s in r.verify_samples if n > 1])
     up_fixed, up_per_draft = fit_linear([s for r in runs for s in r.up_samples])
     downs = [d for r in runs for d in r.down_samples]
-    base_tokens = sum(len(o["tokens"]) for o in baseline_outputs) or 1
-    chunk = sum(o["stats"]["bytes_down"] for o in baseline_outputs) / base_tokens + HTTP2_FRAME_HEADER
+    base_tokens = sum(len(r.tokens) for r in baseline_reports) or 1
+    chunk = sum(r.bytes_down for r in baseline_reports) / base_tokens + HTTP2_FRAME_HEADER_BYTES
     opens = [s for r in runs for s in r.open_s]
     prompts = [s for r in runs for s in r.prompt_s]
     drafted = sum(r.drafted for r in runs)
@@ -127,6 +127,6 @@ def fit_timings(runs: list[RunTimings], baseline_outputs: list[dict], rtt_s: flo
         down_bytes_per_token_cloud_only=chunk,
         prefill_s=max(sum(opens) / max(len(opens), 1) - rtt_s, 0.0),
         draft_prefill_s=sum(prompts) / max(len(prompts), 1),
-        open_up_bytes=sum(o["stats"]["bytes_up"] for o in baseline_outputs) / max(len(baseline_outputs), 1),
+        open_up_bytes=sum(r.bytes_up for r in baseline_reports) / max(len(baseline_reports), 1),
     )
     return FittedTimings(base=base, runs=runs, rtt_s=rtt_s)

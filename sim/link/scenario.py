@@ -19,7 +19,7 @@ Contract. A scenario file holds `name`, `description`, optional `seed`, an
     cut_after_bytes = 100000  # optional
 
 Unknown keys are errors, so a typo cannot silently fall back to a default.
-Shipped scenarios live in `sim/scenarios/*.toml` (package data, not a Python
+Shipped scenarios live in `sim/link/scenarios/*.toml` (package data, not a Python
 package); `load_scenario("lte")` finds them by bare name.
 """
 
@@ -29,10 +29,12 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from sim.link import DirectionConfig, LinkConfig, parse_duration, parse_rate
-from sim.shipped import list_shipped, load_toml
+from sim.link.emulator import DirectionConfig, LinkConfig, parse_duration, parse_rate
+from sim.package_data import list_shipped, load_toml
 
 __all__ = ["Scenario", "list_scenarios", "load_scenario", "scenario_from_dict"]
+
+SCENARIO_FOLDER = "link/scenarios"  # package data under sim/
 
 _DIRECTION_KEYS = {  # TOML key -> (DirectionConfig field, converter)
     "rate": ("rate_bps", parse_rate),
@@ -58,7 +60,7 @@ class Scenario:
 
 def list_scenarios() -> list[str]:
     """Names of the shipped scenarios, sorted."""
-    return list_shipped("scenarios")
+    return list_shipped(SCENARIO_FOLDER)
 
 
 def load_scenario(name_or_path: str | Path) -> Scenario:
@@ -68,7 +70,7 @@ def load_scenario(name_or_path: str | Path) -> Scenario:
     Raises ValueError for an unknown name (listing the shipped ones), a
     missing file, bad TOML, or bad values.
     """
-    data, source, default_name = load_toml(name_or_path, "scenarios", "scenario")
+    data, source, default_name = load_toml(name_or_path, SCENARIO_FOLDER, "scenario")
     try:
         return scenario_from_dict(data, default_name=default_name)
     except ValueError as e:

@@ -15,8 +15,9 @@ import time
 import urllib.request
 from pathlib import Path
 
+from edge.report import EdgeReport
 from shared.loop_thread import LoopThread
-from sim.link import LinkConfig, LinkEmulator
+from sim.link.emulator import LinkConfig, LinkEmulator
 
 __all__ = ["core_split", "CloudProcess", "run_edge_process", "BackgroundLink", "process_cpu_s"]
 
@@ -33,6 +34,12 @@ def core_split() -> tuple[set[int] | None, set[int] | None]:
         return None, None
     half = len(cores) // 2
     return set(cores[:half]), set(cores[half:])
+
+
+def side_command(script: str, module: str) -> list[str]:
+    """How to start one side: its console script beside this interpreter, else ``python -m module``."""
+    installed = Path(sys.executable).with_name(script)
+    return [str(installed)] if installed.is_file() else [sys.executable, "-m", module]
 
 
 def _pinned(cores: set[int] | None):
@@ -55,7 +62,7 @@ def process_cpu_s(pid: int) -> float:
 
 
 class CloudProcess:
-    """``splitspec cloud serve`` as a child process; a context manager."""
+    """``splitspec-cloud serve`` as a child process; a context manager."""
 
     def __init__(self, target: str, cores: set[int] | None, startup_timeout_s: float = 600.0) -> None:
         self.target = target
@@ -72,7 +79,7 @@ class CloudProcess:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.metrics_port = s.getsockname()[1]
-        cmd = [sys.executable, "-m", "sim.cli", "cloud", "serve", "--target", self.target, "--port", "0",
+        cmd = [*side_command("splitspec-cloud", "cloud.cli"), "serve", "--target", self.target, "--port", "0",
                "--metrics-port", str(self.metrics_port), "--grace", "2"]
         self.proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=self._log, text=True,
@@ -122,14 +129,14 @@ class CloudProcess:
             print(f"the cloud service's log is {self._log.name}", file=sys.stderr)
 
 
-def run_edge_process(args: list[str], cores: set[int] | None, stream_to=None, timeout_s: float = 1800.0) -> dict:
-    """Run ``splitspec edge ...`` with ``args``; returns its JSON result.
+def run_edge_process(args: list[str], cores: set[int] | None, stream_to=None, timeout_s: float = 1800.0) -> EdgeReport:
+    """Run ``splitspec-edge ...`` with ``args``; returns its report.
 
     The child's streamed text goes to ``stream_to`` (a text file) when given.
     """
     with tempfile.TemporaryDirectory(prefix="splitspec-edge-") as tmp:
         out = Path(tmp) / "result.json"
-        cmd = [sys.executable, "-m", "sim.cli", "edge", *args, "--json-file", str(out)]
+        cmd = [*side_command("splitspec-edge", "edge.cli"), *args, "--json-file", str(out)]
         proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env=_env(len(cores) if cores else None), preexec_fn=_pinned(cores),
@@ -145,7 +152,7 @@ def run_edge_process(args: list[str], cores: set[int] | None, stream_to=None, ti
         reader.join(timeout=5)
         if proc.returncode != 0 or not out.exists():
             raise RuntimeError(f"edge process failed ({proc.returncode}): {''.join(errors)[-2000:]}")
-        return json.loads(out.read_text())
+        return EdgeReport.from_json(json.loads(out.read_text()))
 
 
 class BackgroundLink:

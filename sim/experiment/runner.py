@@ -14,9 +14,11 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 
-from sim import model_fit, perf_model
-from sim.processes import BackgroundLink, CloudProcess, core_split, run_edge_process
-from sim.scenario import Scenario
+from edge.report import EdgeReport
+from sim.experiment.processes import BackgroundLink, CloudProcess, core_split, run_edge_process
+from sim.link.scenario import Scenario
+from sim.perf import fit as model_fit
+from sim.perf import model as perf_model
 
 __all__ = ["SimConfig", "run_simulation", "DEFAULT_PROMPTS"]
 
@@ -64,18 +66,27 @@ class _Meter:
         self.cpu_s, self.forwards, self.up, self.down = (b - a for a, b in zip(self._start, end))
 
 
-def _aggregate(mode: str, draft_len: int, outputs: list[dict], meters: list[_Meter]) -> dict:
-    tokens = sum(len(o["tokens"]) for o in outputs) or 1
-    wall = sum(o["stats"]["wall_s"] for o in outputs)
-    rounds = sum(o["stats"].get("rounds", len(o["tokens"])) for o in outputs)
-    drafted = sum(o["stats"].get("drafted", 0) for o in outputs)
-    accepted = sum(o["stats"].get("accepted", 0) for o in outputs)
+@dataclass
+class _Measured:
+    """One split configuration's row of the result, with what the model fit needs beside it."""
+
+    row: dict  # the JSON row of result["runs"]
+    timings: model_fit.RunTimings
+    baseline_kind: str  # which cloud-only baseline it is compared with ("greedy" or "sampled")
+
+
+def _aggregate(mode: str, draft_len: int, reports: list[EdgeReport], meters: list[_Meter]) -> dict:
+    tokens = sum(len(r.tokens) for r in reports) or 1
+    wall = sum(r.wall_s for r in reports)
+    rounds = sum(r.decode.rounds for r in reports)
+    drafted = sum(r.decode.drafted for r in reports)
+    accepted = sum(r.decode.accepted for r in reports)
     return {
         "mode": mode,
         "draft_len": draft_len,
         "tokens": tokens,
         "tokens_per_s": tokens / wall if wall else 0.0,
-        "ttft_s": sum(o["stats"]["ttft_s"] for o in outputs) / len(outputs),
+        "ttft_s": sum(r.ttft_s for r in reports) / len(reports),
         "acceptance_length": tokens / rounds if rounds else 0.0,
         "acceptance_rate": accepted / drafted if drafted else 0.0,
         "up_bytes_per_token": sum(m.up for m in meters) / tokens,
@@ -83,7 +94,7 @@ def _aggregate(mode: str, draft_len: int, outputs: list[dict], meters: list[_Met
         "cloud_forwards_per_token": sum(m.forwards for m in meters) / tokens,
         "cloud_cpu_s_per_token": sum(m.cpu_s for m in meters) / tokens,
         "wall_s": wall,
-        "outputs": [o["tokens"] for o in outputs],
+        "outputs": [r.tokens for r in reports],
     }
 
 
@@ -104,22 +115,22 @@ def run_simulation(cfg: SimConfig, progress=lambda line: print(line, file=sys.st
         # Warm the cloud up (first forwards allocate and load lazily) so no configuration pays for it.
         run_edge_process(["baseline", "--cloud", f"127.0.0.1:{cloud.port}", "--drafter", cfg.drafter,
                           "--prompt", "Hello", "--max-new-tokens", "4", "--temperature", "0"], edge_cores)
-        baselines, baseline_outputs = {}, []
+        baselines, baseline_reports = {}, []
         for kind in kinds:
-            outputs, meters = [], []
+            reports, meters = [], []
             for prompt in cfg.prompts:
                 step += 1
                 progress(f"[{step}/{total}] cloud-only ({kind}): {prompt[:48]!r}")
                 with _Meter(cloud, link) as meter:
                     args = ["baseline", *common, *_sampling_args(cfg, prompt, "greedy" if kind == "greedy" else "coupled")]
-                    outputs.append(run_edge_process(args, edge_cores))
+                    reports.append(run_edge_process(args, edge_cores))
                 meters.append(meter)
-            baselines[kind] = _aggregate("cloud-only", 0, outputs, meters)
-            baseline_outputs.extend(outputs)
+            baselines[kind] = _aggregate("cloud-only", 0, reports, meters)
+            baseline_reports.extend(reports)
             progress(f"    cloud-only ({kind}): {baselines[kind]['tokens_per_s']:.2f} tok/s")
         runs = []
         for mode, draft_len in configs:
-            outputs, meters = [], []
+            reports, meters = [], []
             for i, prompt in enumerate(cfg.prompts):
                 step += 1
                 progress(f"[{step}/{total}] {mode} D={draft_len}: {prompt[:48]!r}")
@@ -127,38 +138,35 @@ def run_simulation(cfg: SimConfig, progress=lambda line: print(line, file=sys.st
                 with _Meter(cloud, link) as meter:
                     args = ["run", *common, "--drafter-threads", str(len(edge_cores) if edge_cores else 1),
                             *_sampling_args(cfg, prompt, mode), "--draft-len", str(draft_len)]
-                    outputs.append(run_edge_process(args, edge_cores, stream_to=stream))
+                    reports.append(run_edge_process(args, edge_cores, stream_to=stream))
                 meters.append(meter)
                 if stream is not None:
                     print(flush=True)
-            run = _aggregate(mode, draft_len, outputs, meters)
+            run = _aggregate(mode, draft_len, reports, meters)
             reference = baselines[_baseline_kind(mode)]
             # Rejection mode is lossless in distribution, not token for token: no identity to check.
             run["identical_to_baseline"] = run["outputs"] == reference["outputs"] if mode in _IDENTICAL_MODES else None
-            run["_timings"] = model_fit.timings_from_outputs(outputs)
-            run["_baseline"] = _baseline_kind(mode)
-            runs.append(run)
+            runs.append(_Measured(run, model_fit.timings_from_reports(reports), _baseline_kind(mode)))
             progress(
                 f"    {mode} D={draft_len}: {run['tokens_per_s']:.2f} tok/s, AL {run['acceptance_length']:.2f}, "
                 f"identical={run['identical_to_baseline']}"
             )
-    return _finish(cfg, baselines, baseline_outputs, runs)
+    return _finish(cfg, baselines, baseline_reports, runs)
 
 
 def _baseline_kind(mode: str) -> str:
     return "greedy" if mode == "greedy" else "sampled"
 
 
-def _finish(cfg, baselines, baseline_outputs, runs) -> dict:
-    link = perf_model.LinkModel.from_link_config(cfg.scenario.link)
-    fitted = model_fit.fit_timings(
-        [r.pop("_timings") for r in runs], baseline_outputs, rtt_s=link.rtt_s
-    )
+def _finish(cfg, baselines: dict, baseline_reports: list[EdgeReport], measured: list[_Measured]) -> dict:
+    link = perf_model.NetworkModel.from_link_config(cfg.scenario.link)
+    fitted = model_fit.fit_timings([m.timings for m in measured], baseline_reports, rtt_s=link.rtt_s)
     per_prompt = lambda run: run["tokens"] / len(cfg.prompts)  # noqa: E731
-    for i, run in enumerate(runs):
-        predicted = perf_model.predict_split(fitted.for_run(i), link, run["draft_len"])
-        _attach_prediction(run, predicted, per_prompt(run))
-        run["ratios"] = _ratios(run, baselines[run.pop("_baseline")])
+    runs = [m.row for m in measured]
+    for i, m in enumerate(measured):
+        predicted = perf_model.predict_split(fitted.for_run(i), link, m.row["draft_len"])
+        _attach_prediction(m.row, predicted, per_prompt(m.row))
+        m.row["ratios"] = _ratios(m.row, baselines[m.baseline_kind])
     predicted = perf_model.predict_cloud_only(fitted.base, link)
     for baseline in baselines.values():
         _attach_prediction(baseline, predicted, per_prompt(baseline))

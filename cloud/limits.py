@@ -1,0 +1,26 @@
+"""The verifier service's limits: one dataclass, its defaults the command line's.
+
+Importable without torch, so ``splitspec-cloud --help`` shows the defaults.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+__all__ = ["ServiceLimits"]
+
+
+@dataclass(frozen=True)
+class ServiceLimits:
+    max_sessions: int = 64
+    max_draft_len: int = 32  # drafts per block
+    session_ttl_s: float = 120.0  # how long a broken session stays resumable; also the idle limit
+    max_new_tokens: int = 4096
+    max_prompt_tokens: int = 16384
+    open_timeout_s: float = 30.0  # the first frame must arrive within this
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not value > 0:
+                raise ValueError(f"{f.name} must be > 0, got {value}")

@@ -1,0 +1,68 @@
+"""What one edge generation measured, as typed records that cross process boundaries.
+
+``splitspec-edge run|baseline --json`` prints an ``EdgeReport``; the
+simulation runner and the performance-model fit read it back with
+``EdgeReport.from_json`` and use attributes, never string keys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from edge.drafter import DrafterStats
+from shared.stats import DecodeStats
+
+__all__ = ["BlockTiming", "EdgeReport", "SPLIT", "CLOUD_ONLY"]
+
+SPLIT = "split"  # drafted on the edge, verified in the cloud
+CLOUD_ONLY = "cloud-only"  # the cloud decoded every token (the baseline)
+
+
+@dataclass(frozen=True)
+class BlockTiming:
+    """One verify round as the edge saw it (a cloud-only token is a round of one)."""
+
+    forward_tokens: int  # tokens in the cloud's forward: drafts + 1
+    cloud_s: float  # the cloud's own time on it (``server_us``)
+    up_bytes: int  # framed bytes of the Draft frame (0 for a cloud-only token)
+    down_bytes: int  # framed bytes of the Verdict (or GenerateChunk)
+
+    @property
+    def drafts(self) -> int:
+        return self.forward_tokens - 1
+
+
+@dataclass
+class EdgeReport:
+    """One generation, measured on the edge. Byte counts are ``shared.wire.framed_size`` sums."""
+
+    kind: str  # SPLIT or CLOUD_ONLY
+    tokens: list[int]  # [generated] ids, prompt excluded
+    text: str
+    stop_reason: str
+    prompt_tokens: int
+    wall_s: float  # first request to last token, link setup and teardown excluded
+    ttft_s: float
+    open_s: float  # Open sent -> Opened received, the cloud's prefill included (0 for cloud-only)
+    bytes_up: int
+    bytes_down: int
+    rtt_ms: float  # median round trip net of the cloud's time (0 for cloud-only)
+    cloud_forwards: int  # as the cloud reported them, prefill included
+    decode: DecodeStats = field(default_factory=DecodeStats)
+    drafter: DrafterStats = field(default_factory=DrafterStats)
+    blocks: list[BlockTiming] = field(default_factory=list)  # [rounds], with --timings only
+
+    def to_json(self) -> dict:
+        out = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        out["decode"] = self.decode.to_json()
+        out["drafter"] = self.drafter.to_json()
+        out["blocks"] = [asdict(b) for b in self.blocks]
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict) -> EdgeReport:
+        fields = {name: data[name] for name in cls.__dataclass_fields__}
+        fields["decode"] = DecodeStats.from_json(data["decode"])
+        fields["drafter"] = DrafterStats.from_json(data["drafter"])
+        fields["blocks"] = [BlockTiming(**b) for b in data["blocks"]]
+        return cls(**fields)

@@ -1,0 +1,111 @@
+"""``splitspec bench service``: what the verifier service costs per verify, outside the forward.
+
+Runs the same split decoding twice with the same drafter and seeds: in
+process (the baseline: ``VerifierSession`` called directly) and through a
+real gRPC server on loopback. Reports the servicer's own time per verify
+outside the target forward (decode, checks, executor hand-off, metrics;
+p50/p90/p99) and the end-to-end extra per round over loopback against the
+in-process baseline measured in the same run.
+
+Contract. `run_service_bench(...)` returns the report dict;
+`format_service_report(report)` renders it. No argparse, no printing; flags
+are in ``sim.commands.bench``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+from typing import Any
+
+__all__ = ["format_service_report", "run_service_bench"]
+
+_TEMPERATURE = 0.8  # every session samples (coupled mode), one seed per session
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def run_service_bench(
+    *,
+    target: str | None = None,
+    drafter: str | None = None,
+    sessions: int = 20,
+    max_new_tokens: int = 64,
+    draft_len: int = 4,
+) -> dict[str, Any]:
+    """Service overhead per verify and per-round cost in process vs over loopback gRPC.
+
+    ``target`` None generates tiny models in a temporary folder (``drafter``
+    is then ignored); a ``target`` folder needs a matching ``drafter`` GGUF.
+    ValueError on a bad count or a target without a drafter.
+    """
+    if sessions < 1 or max_new_tokens < 1:
+        raise ValueError(f"sessions and max_new_tokens must be >= 1, got {sessions} and {max_new_tokens}")
+    if draft_len < 0:
+        raise ValueError(f"draft_len must be >= 0, got {draft_len}")
+    if target is not None and drafter is None:
+        raise ValueError("a target needs a matching drafter GGUF")
+
+    from cloud.engine import TargetEngine
+    from cloud.server import BackgroundServer, ServerConfig
+    from edge.client import GrpcVerifier
+    from edge.decode_loop import run_decode
+    from edge.llama_drafter import LlamaDrafter
+    from shared.params import Mode, SamplingParams
+    from sim.inprocess import generate
+
+    with tempfile.TemporaryDirectory(prefix="splitspec-bench-") as tmp:
+        if target is None:
+            from sim.fixtures.tiny_models import write_tiny_models
+
+            paths = write_tiny_models(tmp)
+            target, drafter = paths["target"], paths["drafter_noisy"]
+        engine = TargetEngine(target)
+        draft_model = LlamaDrafter(drafter, n_ctx=2048, n_threads=1)
+        try:
+            prompt = draft_model.vocab.tokenize("The quick brown fox")
+            runs = [SamplingParams(mode=Mode.COUPLED, temperature=_TEMPERATURE, seed=s) for s in range(sessions)]
+            local_rounds = local_wall = 0.0
+            for params in runs:
+                result = generate(engine, draft_model, prompt, params,
+                                  max_new_tokens=max_new_tokens, draft_len=draft_len)
+                local_rounds += result.stats.rounds
+                local_wall += result.stats.wall_s
+            remote_rounds = remote_wall = 0.0
+            with BackgroundServer(engine, ServerConfig(port=0)) as server:
+                for params in runs:
+                    verifier = GrpcVerifier(server.address, vocab_size=engine.vocab_size, fingerprint=engine.fingerprint)
+                    verifier.connect()
+                    result = run_decode(draft_model, verifier, prompt, params,
+                                        max_new_tokens=max_new_tokens, draft_len=draft_len)
+                    remote_rounds += result.stats.rounds
+                    remote_wall += result.stats.wall_s
+                overheads = list(server.server.servicer.recent_overheads_s)
+        finally:
+            draft_model.close()
+    return {
+        "verifies": len(overheads),
+        "service_overhead_ms": {
+            "p50": 1e3 * statistics.median(overheads),
+            "p90": 1e3 * _percentile(overheads, 0.9),
+            "p99": 1e3 * _percentile(overheads, 0.99),
+        },
+        "in_process_ms_per_round": 1e3 * local_wall / local_rounds,
+        "loopback_grpc_ms_per_round": 1e3 * remote_wall / remote_rounds,
+        "loopback_extra_ms_per_round": 1e3 * (remote_wall / remote_rounds - local_wall / local_rounds),
+    }
+
+
+def format_service_report(report: dict[str, Any]) -> str:
+    """The report as two lines of text."""
+    o = report["service_overhead_ms"]
+    return (
+        f"{report['verifies']} verifies: service overhead outside the forward p50 {o['p50']:.3f} ms, "
+        f"p90 {o['p90']:.3f} ms, p99 {o['p99']:.3f} ms\n"
+        f"per round: in-process {report['in_process_ms_per_round']:.3f} ms, over loopback gRPC "
+        f"{report['loopback_grpc_ms_per_round']:.3f} ms (+{report['loopback_extra_ms_per_round']:.3f} ms, "
+        f"x{report['loopback_grpc_ms_per_round'] / report['in_process_ms_per_round']:.2f})"
+    )

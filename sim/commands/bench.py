@@ -1,0 +1,162 @@
+"""``splitspec bench …`` subcommands: ``wire``, ``split``, ``service``.
+
+Flags only: each ``run_*`` turns its flags into keyword arguments of the
+matching ``sim.bench`` function and prints the result (text or JSON). The
+benches' heavy imports happen when a subcommand runs, so ``--help`` loads no
+model code.
+Sampling defaults are the product's, from ``shared.params``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from shared.cli import non_negative_int, positive_int
+from shared.params import (
+    DEFAULT_DRAFT_LEN,
+    DEFAULT_DRAFT_TOP_K,
+    DEFAULT_PROB_BITS,
+    DEFAULT_TEMPERATURE,
+    DEFAULT_TOP_K,
+    DEFAULT_TOP_P,
+    Mode,
+)
+from sim.bench.split import DEFAULT_PROMPT as SPLIT_PROMPT  # a constant; the bench itself loads lazily
+
+__all__ = ["add_bench_commands"]
+
+_MODES = [mode.value for mode in Mode]
+
+
+def add_bench_commands(subparsers: argparse._SubParsersAction) -> None:
+    """Add the bench subcommands to a ``bench`` subparsers object."""
+    _add_wire(subparsers)
+    _add_split(subparsers)
+    _add_service(subparsers)
+
+
+def _add_wire(subparsers: argparse._SubParsersAction) -> None:
+    wire = subparsers.add_parser(
+        "wire",
+        help="uplink bytes per drafted token for each mode vs the floor and a naive protobuf",
+        description="Encode synthetic draft blocks and count the bytes that cross the link.",
+    )
+    wire.add_argument("--vocab", type=positive_int, default=262144, help="vocabulary size V (default %(default)s)")
+    wire.add_argument("--draft-len", type=positive_int, default=DEFAULT_DRAFT_LEN,
+                      help="drafted tokens per block D (default %(default)s)")
+    wire.add_argument("--draft-top-k", type=positive_int, default=DEFAULT_DRAFT_TOP_K,
+                      help="max support of q̃, rejection (default %(default)s)")
+    wire.add_argument("--prob-bits", type=positive_int, default=DEFAULT_PROB_BITS,
+                      help="q̃ weights sum to 2**B, rejection (default %(default)s)")
+    wire.add_argument("--blocks", type=positive_int, default=200, help="blocks to encode (default %(default)s)")
+    wire.add_argument("--seed", type=int, default=0)
+    wire.add_argument("--drafter", default=None,
+                      help="take q from this GGUF drafter (or 'default' for Gemma 3 270M) instead of synthetic Zipf blocks")
+    wire.add_argument("--temperature", type=float, default=DEFAULT_TEMPERATURE,
+                      help="with --drafter: sampling temperature for q (default %(default)s)")
+    wire.add_argument("--top-k", type=non_negative_int, default=DEFAULT_TOP_K,
+                      help="with --drafter: top-k for q, as in edge run (default %(default)s; 0 = off)")
+    wire.add_argument("--top-p", type=float, default=DEFAULT_TOP_P,
+                      help="with --drafter: top-p for q, as in edge run (default %(default)s; 1.0 = off)")
+    wire.add_argument("--json", action="store_true", help="print the result as JSON")
+    wire.set_defaults(func=run_wire)
+
+
+def _add_split(subparsers: argparse._SubParsersAction) -> None:
+    split = subparsers.add_parser(
+        "split", help="split decoding vs target-only, in one process, on real models",
+        description="For each mode and draft length, the same prompt and seed in one process: acceptance, "
+                    "target forwards per token, wall time against D=0, drafter overhead, token identity.")
+    split.add_argument("--target", default=None, help="target folder or GGUF (default: Gemma 3 270M)")
+    split.add_argument("--drafter", default=None, help="drafter GGUF (default: Gemma 3 270M Q4_K_M)")
+    split.add_argument("--prompt", default=SPLIT_PROMPT, help="text to continue (default: a short-story prompt)")
+    split.add_argument("--max-new-tokens", type=positive_int, default=128,
+                       help="tokens per run (default %(default)s)")
+    split.add_argument("--modes", nargs="+", choices=_MODES, default=_MODES)
+    split.add_argument("--draft-lens", nargs="+", type=positive_int, default=[4, 8],
+                       help="draft lengths D besides the D=0 baseline (default 4 8)")
+    split.add_argument("--temperature", type=float, default=DEFAULT_TEMPERATURE,
+                       help="for coupled and rejection; greedy uses 0 (default %(default)s)")
+    split.add_argument("--top-k", type=non_negative_int, default=DEFAULT_TOP_K,
+                       help="as in generate (default %(default)s; 0 = off)")
+    split.add_argument("--top-p", type=float, default=DEFAULT_TOP_P,
+                       help="as in generate (default %(default)s; 1.0 = off)")
+    split.add_argument("--seed", type=int, default=0)
+    split.add_argument("--json", action="store_true", help="print the result as JSON")
+    split.set_defaults(func=run_split)
+
+
+def _add_service(subparsers: argparse._SubParsersAction) -> None:
+    service = subparsers.add_parser(
+        "service", help="verifier overhead per verify outside the forward (tiny models by default)",
+        description="The same split decoding in process and through a real gRPC server on loopback: the "
+                    "servicer's time per verify outside the forward (p50/p90/p99) and the extra per round.")
+    service.add_argument("--target", default=None, help="target folder (default: tiny generated models)")
+    service.add_argument("--drafter", default=None, help="drafter GGUF matching the target (needed with --target)")
+    service.add_argument("--sessions", type=positive_int, default=20,
+                         help="coupled-mode sessions, one seed each (default %(default)s)")
+    service.add_argument("--max-new-tokens", type=positive_int, default=64,
+                         help="tokens per session (default %(default)s)")
+    service.add_argument("--draft-len", type=non_negative_int, default=4,
+                         help="drafted tokens per block D (default %(default)s)")
+    service.add_argument("--json", action="store_true", help="print the result as JSON")
+    service.set_defaults(func=run_service)
+
+
+def run_wire(args: argparse.Namespace) -> int:
+    from sim.bench.wire import format_wire_report, recorded_drafter, run_wire_bench
+
+    vocab_size, drafter = args.vocab, None
+    if args.drafter is not None:
+        vocab_size, drafter = recorded_drafter(
+            args.drafter, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+    result = run_wire_bench(
+        drafter=drafter,
+        vocab_size=vocab_size,
+        draft_len=args.draft_len,
+        draft_top_k=args.draft_top_k,
+        prob_bits=args.prob_bits,
+        blocks=args.blocks,
+        seed=args.seed,
+    )
+    print(json.dumps(result, indent=2) if args.json else format_wire_report(result))
+    return 0
+
+
+def run_split(args: argparse.Namespace) -> int:
+    from sim.bench.split import format_split_row, run_split_bench
+
+    def show(row: dict) -> None:
+        print(format_split_row(row), flush=True)
+
+    result = run_split_bench(
+        target=args.target,
+        drafter=args.drafter,
+        prompt=args.prompt,
+        max_new_tokens=args.max_new_tokens,
+        modes=args.modes,
+        draft_lens=args.draft_lens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        on_row=None if args.json else show,
+    )
+    if args.json:
+        print(json.dumps(result, indent=2))
+    return 0
+
+
+def run_service(args: argparse.Namespace) -> int:
+    from sim.bench.service import format_service_report, run_service_bench
+
+    report = run_service_bench(
+        target=args.target,
+        drafter=args.drafter,
+        sessions=args.sessions,
+        max_new_tokens=args.max_new_tokens,
+        draft_len=args.draft_len,
+    )
+    print(json.dumps(report, indent=2) if args.json else format_service_report(report))
+    return 0

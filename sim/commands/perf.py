@@ -1,0 +1,37 @@
+"""`splitspec sim model`: the performance model's predictions for a hardware profile on a scenario.
+
+Contract. `add_model_command(subparsers)` adds `model` and sets
+`func=(args) -> int exit code`. Flags only; the report is `sim.perf.report`
+(labelled MODELLED, not measured).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+__all__ = ["add_model_command"]
+
+
+def add_model_command(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "model", help="predict tokens/s, bytes and cloud work for a hardware profile (modelled, not measured)",
+        description="Predict, with the performance model, cloud-only decoding and non-pipelined split "
+                    "decoding for D = 1..max on a network scenario. Nothing is run: the numbers are "
+                    "MODELLED, not measured.")
+    p.add_argument("--hardware", required=True, metavar="NAME|FILE",
+                   help="shipped profile (llama70b-8xh100-mac, gemma270m-cpu) or a .toml path")
+    p.add_argument("--scenario", default="acespec-50k", metavar="NAME|FILE",
+                   help="network scenario name or .toml path (default: acespec-50k)")
+    p.add_argument("--max-draft-len", type=int, default=16, metavar="D", help="largest D to model (default 16)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=run_model)
+
+
+def run_model(args: argparse.Namespace) -> int:
+    from sim.perf.report import format_report, model_report
+
+    report = model_report(args.hardware, args.scenario, args.max_draft_len)
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    return 0

@@ -1,0 +1,1 @@
+"""``splitspec sim run``: real cloud and edge processes through the emulated link, measured; reports and plots."""

@@ -1,0 +1,123 @@
+"""The performance model's predictions for a hardware profile on a scenario, as a report.
+
+Contract. `model_report(hardware, scenario, max_draft_len)` returns a
+JSON-ready dict; `format_report(report)` renders it as text. Everything is
+labelled MODELLED, not measured (the title, and `"kind": "modelled"`): these
+are `sim.perf.model` predictions for the non-pipelined loop, never run
+results. No argparse, no printing; the command line is `sim.commands.perf`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tabulate import tabulate
+
+__all__ = ["LABEL", "model_report", "format_report"]
+
+LABEL = "MODELLED, not measured"
+
+# (header, alignment) of the prediction table, in column order.
+_TABLE_COLUMNS = (
+    ("D", "left"),
+    ("tok/s", "right"),
+    ("x cloud", "right"),
+    ("AL", "right"),
+    ("cloud ms/tok", "right"),
+    ("x cloud", "right"),
+    ("up B/tok", "right"),
+    ("down B/tok", "right"),
+    ("TTFT ms", "right"),
+    ("limited by (share of round)", "left"),
+)
+
+
+def model_report(hardware: str, scenario: str, max_draft_len: int = 16) -> dict[str, Any]:
+    """The predictions as a JSON-ready dict; ValueError on a bad profile, scenario or D."""
+    from sim.link.scenario import load_scenario
+    from sim.perf.model import NetworkModel, best_draft_len, load_hardware, predict_cloud_only, predict_split
+
+    if max_draft_len < 1:
+        raise ValueError(f"--max-draft-len must be >= 1, got {max_draft_len}")
+    profile = load_hardware(hardware)
+    scen = load_scenario(scenario)
+    timings, link = profile.to_timings(), NetworkModel.from_link_config(scen.link)
+    base = predict_cloud_only(timings, link)
+    rows = [_row(base, base, "cloud-only")]
+    rows += [_row(predict_split(timings, link, d), base, "split") for d in range(1, max_draft_len + 1)]
+    best = best_draft_len(timings, link, max_draft_len)
+    return {
+        "kind": "modelled",
+        "label": LABEL,
+        "loop": "not pipelined: draft D, send, verify D+1, receive, repeat",
+        "hardware": {"name": profile.name, "description": profile.description,
+                     "target": profile.target, "drafter": profile.drafter},
+        "scenario": {"name": scen.name, "up": scen.link.up.describe(), "down": scen.link.down.describe()},
+        "timings": {
+            "draft_ms_per_token": profile.draft_ms_per_token,
+            "verify_fixed_ms": profile.verify_fixed_ms,
+            "verify_per_token_ms": profile.verify_per_token_ms,
+            "alpha_per_position": profile.alpha,
+        },
+        "rows": rows,
+        "best_draft_len": best,
+        "best": next(r for r in rows if r["draft_len"] == best and r["config"] == "split"),
+    }
+
+
+def _row(pred, base, config: str) -> dict[str, Any]:
+    d = pred.to_dict()
+    d["config"] = config
+    d["speedup_vs_cloud_only"] = pred.tokens_per_s / base.tokens_per_s
+    d["cloud_compute_vs_cloud_only"] = pred.cloud_s_per_token / base.cloud_s_per_token
+    d["limit_share"] = pred.breakdown[pred.limit] / pred.round_s if pred.round_s else 0.0
+    return d
+
+
+def _table_cells(row: dict[str, Any]) -> list[str]:
+    """One table row, cells in `_TABLE_COLUMNS` order, already formatted."""
+    return [
+        "0 (cloud-only)" if row["config"] == "cloud-only" else str(row["draft_len"]),
+        f"{row['tokens_per_s']:.2f}",
+        f"{row['speedup_vs_cloud_only']:.2f}",
+        f"{row['acceptance_length']:.2f}",
+        f"{row['cloud_s_per_token'] * 1e3:.1f}",
+        f"{row['cloud_compute_vs_cloud_only']:.2f}",
+        f"{row['up_bytes_per_token']:.1f}",
+        f"{row['down_bytes_per_token']:.1f}",
+        f"{row['ttft_s'] * 1e3:.0f}",
+        f"{row['limit']} ({row['limit_share']:.0%})",
+    ]
+
+
+def format_report(r: dict[str, Any], tablefmt: str = "simple") -> str:
+    """The report as text: a header, one table row per D (cloud-only first), the best D.
+
+    `tablefmt` is any tabulate format; "simple" for a terminal, "pipe" for Markdown.
+    """
+    hw, sc, t = r["hardware"], r["scenario"], r["timings"]
+    alpha = ", ".join(f"{a:g}" for a in t["alpha_per_position"])
+    table = tabulate(
+        [_table_cells(row) for row in r["rows"]],
+        headers=[title for title, _ in _TABLE_COLUMNS],
+        tablefmt=tablefmt,
+        colalign=[align for _, align in _TABLE_COLUMNS],
+        disable_numparse=True,  # cells are formatted already: keep "0.50" as written
+    )
+    b = r["best"]
+    return "\n".join([
+        f"{LABEL}: {hw['name']} on {sc['name']}",
+        f"  target : {hw['target']}",
+        f"  drafter: {hw['drafter']}",
+        f"  link   : up {sc['up']}, down {sc['down']}",
+        f"  t_verify(n) = {t['verify_fixed_ms']:g} + {t['verify_per_token_ms']:g}*n ms, "
+        f"t_draft = {t['draft_ms_per_token']:g} ms/token, alpha per position = [{alpha}] (last value extends)",
+        f"  loop   : {r['loop']}",
+        "",
+        table,
+        "",
+        f"best D = {r['best_draft_len']}: {b['tokens_per_s']:.2f} tok/s ({b['speedup_vs_cloud_only']:.2f}x cloud-only), "
+        f"cloud compute {b['cloud_compute_vs_cloud_only']:.2f}x cloud-only per token; "
+        "round = " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in b["breakdown"].items()),
+        f"({LABEL}: predictions of sim.perf.model; measure with `splitspec sim run`.)",
+    ])
