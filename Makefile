@@ -28,6 +28,7 @@ $(STAMP): pyproject.toml Makefile
 	@touch $@
 
 test: install
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q
 
 # The main job: real cloud and edge processes over an emulated 50 kbit/s, 100 ms link,

@@ -20,8 +20,8 @@ from cloud.metrics import ServiceMetrics
 from cloud.servicer import ServiceLimits, VerifierServicer
 from protos import splitspec_pb2 as pb
 from protos import splitspec_pb2_grpc as pb_grpc
-from shared.wire import SERVER_OPTIONS, is_loopback
 from shared.loop_thread import LoopThread
+from shared.wire import SERVER_OPTIONS, is_loopback
 
 __all__ = ["ServerConfig", "VerifierServer", "BackgroundServer", "SERVICE_NAME"]
 

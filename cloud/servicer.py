@@ -124,7 +124,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
     async def _read(self, context, timeout: float):
         try:
             return await asyncio.wait_for(context.read(), timeout)
-        except asyncio.TimeoutError as exc:
+        except TimeoutError as exc:
             raise _Abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"no frame from the edge for {timeout:.0f}s") from exc
 
     async def _verify(self, entry: SessionEntry, draft: pb.Draft) -> tuple[Verdict | None, int]:

@@ -20,9 +20,8 @@ from dataclasses import dataclass
 
 import grpc
 
-from edge.report import BlockTiming
-
 from edge.drafter import DraftBlock
+from edge.report import BlockTiming
 from protos import splitspec_pb2 as pb
 from protos import splitspec_pb2_grpc as pb_grpc
 from shared import codec

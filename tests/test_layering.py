@@ -1,4 +1,9 @@
-"""The package layering of DESIGN.md holds: edge and cloud meet only in shared and protos."""
+"""The architecture as tests: the package layering of DESIGN.md, and one home per concern.
+
+- edge and cloud meet only in shared and protos; the edge never imports sim or torch;
+- argparse lives only in the command-line modules;
+- the wire contract (framing sizes, message caps, channel options) is defined only in ``shared.wire``.
+"""
 
 from __future__ import annotations
 
@@ -14,10 +19,23 @@ ALLOWED = {
     "sim": {"sim", "edge", "cloud", "shared", "protos"},
 }
 NO_TORCH = {"protos", "shared", "edge"}  # the edge installs without torch
+# Command-line modules: the only ones that parse flags.
+CLI_NAMES = {"cli.py", "cli_options.py"}
+CLI_FOLDERS = {ROOT / "sim" / "commands"}
+CLI_SCRIPTS = {ROOT / "protos" / "generate.py"}  # `make protos`: the generator's own command line
+WIRE_HOME = ROOT / "shared" / "wire.py"
+WIRE_NAMES = ("PREFIX_BYTES", "FRAME_HEADER", "MAX_MESSAGE_BYTES", "FRAMING")
+GRPC_OPTION_PREFIX = "grpc."  # channel and server options ("grpc.max_receive_message_length", ...)
 
 
-def imported_top_levels(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text(), filename=str(path))
+def product_files():
+    for package in ALLOWED:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if not path.name.endswith(("_pb2.py", "_pb2_grpc.py")):
+                yield package, path
+
+
+def imported_top_levels(tree: ast.AST) -> set[str]:
     names = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -27,13 +45,55 @@ def imported_top_levels(path: Path) -> set[str]:
     return names
 
 
+def is_cli_module(path: Path) -> bool:
+    return path.name in CLI_NAMES or path.parent in CLI_FOLDERS or path in CLI_SCRIPTS
+
+
 def test_packages_import_only_what_the_design_allows():
     problems = []
-    for package, allowed in ALLOWED.items():
-        for path in sorted((ROOT / package).rglob("*.py")):
-            imports = imported_top_levels(path)
-            for other in (set(ALLOWED) & imports) - allowed:
-                problems.append(f"{path.relative_to(ROOT)} imports {other}")
-            if package in NO_TORCH and imports & {"torch", "transformers"}:
-                problems.append(f"{path.relative_to(ROOT)} imports torch/transformers")
+    for package, path in product_files():
+        imports = imported_top_levels(ast.parse(path.read_text(), filename=str(path)))
+        for other in (set(ALLOWED) & imports) - ALLOWED[package]:
+            problems.append(f"{path.relative_to(ROOT)} imports {other}")
+        if package in NO_TORCH and imports & {"torch", "transformers"}:
+            problems.append(f"{path.relative_to(ROOT)} imports torch/transformers")
     assert not problems, "\n".join(problems)
+
+
+def test_only_command_line_modules_import_argparse():
+    offenders = [
+        str(path.relative_to(ROOT))
+        for _, path in product_files()
+        if "argparse" in imported_top_levels(ast.parse(path.read_text())) and not is_cli_module(path)
+    ]
+    assert not offenders, f"argparse outside the command-line modules: {offenders}"
+
+
+def test_the_wire_contract_is_defined_only_in_shared_wire():
+    problems = []
+    for _, path in product_files():
+        if path == WIRE_HOME:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Assign | ast.AnnAssign):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for target in targets:
+                    if isinstance(target, ast.Name) and any(word in target.id for word in WIRE_NAMES):
+                        problems.append(f"{path.relative_to(ROOT)}:{node.lineno} defines {target.id}")
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith(GRPC_OPTION_PREFIX):
+                problems.append(f"{path.relative_to(ROOT)}:{node.lineno} sets gRPC option {node.value!r}")
+    assert not problems, "define these in shared/wire.py and import them:\n" + "\n".join(problems)
+
+
+def test_the_rule_checks_see_real_files():
+    """Guard against a vacuous pass: the walks above cover every package and find the known CLI modules."""
+    files = {path for _, path in product_files()}
+    assert {ROOT / "edge" / "cli.py", ROOT / "cloud" / "cli.py", ROOT / "sim" / "cli.py", WIRE_HOME} <= files
+    assert {package for package, _ in product_files()} == set(ALLOWED)
+    wire_tree = ast.parse(WIRE_HOME.read_text())
+    defined = set()
+    for node in ast.walk(wire_tree):
+        if isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            defined.update(t.id for t in targets if isinstance(t, ast.Name))
+    assert {"GRPC_PREFIX_BYTES", "HTTP2_FRAME_HEADER_BYTES", "MAX_MESSAGE_BYTES", "CHANNEL_OPTIONS"} <= defined

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from sim.commands.link import add_link_commands
+from sim.link.check import link_check
 from sim.link.emulator import (
     DirectionConfig,
     LinkConfig,
@@ -24,8 +26,6 @@ from sim.link.emulator import (
     parse_rate,
     schedule_segment,
 )
-from sim.link.check import link_check
-from sim.commands.link import add_link_commands
 from sim.link.scenario import list_scenarios, load_scenario
 
 REPO = Path(__file__).resolve().parents[1]

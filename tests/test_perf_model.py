@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from sim.link.emulator import DirectionConfig, LinkConfig
+from sim.link.scenario import list_scenarios, load_scenario
 from sim.perf.model import (
     NetworkModel,
     Timings,
@@ -23,7 +24,6 @@ from sim.perf.model import (
     predict_split,
     protocol_bytes,
 )
-from sim.link.scenario import list_scenarios, load_scenario
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -10,6 +10,7 @@ from collections import Counter
 
 import grpc
 import pytest
+from helpers import exact_distribution, tiny_prompt, total_variation
 
 from edge.client import GrpcVerifier
 from edge.decode_loop import run_decode
@@ -21,8 +22,6 @@ from shared import codec
 from shared.params import Mode, SamplingParams
 from shared.wire import sampling_to_proto
 from sim.inprocess import generate
-
-from helpers import exact_distribution, tiny_prompt, total_variation
 
 
 def tiny_drafter(tiny_models, name="drafter_noisy"):
@@ -195,8 +194,8 @@ def test_a_dropped_stream_fails_fast_with_a_clear_error(tiny_models, tiny_engine
     import time
 
     from edge.client import VerifierError
-    from sim.link.emulator import LinkConfig
     from sim.experiment.processes import BackgroundLink
+    from sim.link.emulator import LinkConfig
 
     drafter = tiny_drafter(tiny_models)
     params = SamplingParams(mode=Mode.GREEDY)

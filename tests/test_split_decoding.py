@@ -10,6 +10,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from helpers import exact_distribution, tiny_prompt, total_variation
 
 from edge.drafter import DrafterStats
 from edge.llama_drafter import LlamaDrafter
@@ -18,8 +19,6 @@ from shared.params import Mode, SamplingParams
 from shared.stats import DecodeStats
 from shared.verdict import StopReason
 from sim.inprocess import generate
-
-from helpers import exact_distribution, tiny_prompt, total_variation
 
 PROMPTS = ["The cat sat on the mat.", "We have 3 dogs and 12 cats!", "It was the best of times"]
 

@@ -90,6 +90,6 @@ def test_verification_picks_identical_tokens(params, mode):
         else:
             q = None
             drafts = [int(np.argmax(q_dense[i])) if trial % 2 else int(np.argmax(p[i])) for i in range(D)]
-            want = (verify_greedy if params.is_greedy else lambda d, pp: verify_coupled(d, pp, params.seed, start))(drafts, p)
+            want = verify_greedy(drafts, p) if params.is_greedy else verify_coupled(drafts, p, params.seed, start)
         got = verify_torch.verify_block(params, drafts, torch.from_numpy(p_logits), start, q)
         assert got == want

@@ -27,9 +27,9 @@ import numpy as np
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from tabulate import tabulate
 
+from edge.drafter import propose
 from protos import splitspec_pb2 as pb
 from shared import codec
-from edge.drafter import propose
 from shared.logits import top_candidates
 from shared.params import (
     DEFAULT_DRAFT_LEN,

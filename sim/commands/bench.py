@@ -53,14 +53,19 @@ def _add_wire(subparsers: argparse._SubParsersAction) -> None:
     wire.add_argument("--seed", type=int, default=0)
     wire.add_argument("--drafter", default=None,
                       help="take q from this GGUF drafter (or 'default' for Gemma 3 270M) instead of synthetic Zipf blocks")
-    wire.add_argument("--temperature", type=float, default=DEFAULT_TEMPERATURE,
-                      help="with --drafter: sampling temperature for q (default %(default)s)")
-    wire.add_argument("--top-k", type=non_negative_int, default=DEFAULT_TOP_K,
-                      help="with --drafter: top-k for q, as in edge run (default %(default)s; 0 = off)")
-    wire.add_argument("--top-p", type=float, default=DEFAULT_TOP_P,
-                      help="with --drafter: top-p for q, as in edge run (default %(default)s; 1.0 = off)")
+    _add_logit_processing(wire, "with --drafter: ")
     wire.add_argument("--json", action="store_true", help="print the result as JSON")
     wire.set_defaults(func=run_wire)
+
+
+def _add_logit_processing(parser: argparse.ArgumentParser, applies: str) -> None:
+    """--temperature/--top-k/--top-p with the product defaults; ``applies`` prefixes each help."""
+    parser.add_argument("--temperature", type=float, default=DEFAULT_TEMPERATURE,
+                        help=f"{applies}sampling temperature (default %(default)s)")
+    parser.add_argument("--top-k", type=non_negative_int, default=DEFAULT_TOP_K,
+                        help=f"{applies}top-k, as in edge run (default %(default)s; 0 = off)")
+    parser.add_argument("--top-p", type=float, default=DEFAULT_TOP_P,
+                        help=f"{applies}top-p, as in edge run (default %(default)s; 1.0 = off)")
 
 
 def _add_split(subparsers: argparse._SubParsersAction) -> None:
@@ -76,12 +81,7 @@ def _add_split(subparsers: argparse._SubParsersAction) -> None:
     split.add_argument("--modes", nargs="+", choices=_MODES, default=_MODES)
     split.add_argument("--draft-lens", nargs="+", type=positive_int, default=[4, 8],
                        help="draft lengths D besides the D=0 baseline (default 4 8)")
-    split.add_argument("--temperature", type=float, default=DEFAULT_TEMPERATURE,
-                       help="for coupled and rejection; greedy uses 0 (default %(default)s)")
-    split.add_argument("--top-k", type=non_negative_int, default=DEFAULT_TOP_K,
-                       help="as in generate (default %(default)s; 0 = off)")
-    split.add_argument("--top-p", type=float, default=DEFAULT_TOP_P,
-                       help="as in generate (default %(default)s; 1.0 = off)")
+    _add_logit_processing(split, "coupled and rejection (greedy uses temperature 0): ")
     split.add_argument("--seed", type=int, default=0)
     split.add_argument("--json", action="store_true", help="print the result as JSON")
     split.set_defaults(func=run_split)

@@ -30,8 +30,8 @@ def add_generate_command(commands) -> None:
 def run_generate(args: argparse.Namespace) -> int:
     from cloud.engine import TargetEngine
     from cloud.models import resolve_target
-    from edge.drafter_choice import NGRAM, open_drafter
     from edge.cli_options import sampling_from_args
+    from edge.drafter_choice import NGRAM, open_drafter
     from edge.text_stream import TextStream
     from sim.inprocess import generate
 

@@ -166,7 +166,7 @@ def run_link_check(args: argparse.Namespace) -> int:
     """`link-check`: print the measurement as a table or JSON; 0 on success, 2 on bad flags."""
     import asyncio
 
-    from sim.link.check import link_check
+    from sim.link.check import format_link_check, link_check
 
     try:
         cfg = config_from_args(args)
@@ -176,29 +176,5 @@ def run_link_check(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
-    print(_table(result))
+    print(format_link_check(result))
     return 0
-
-
-def _table(r: dict[str, Any]) -> str:
-    def rate(v: float | None) -> str:
-        return "unlimited" if v is None else f"{v / 1e3:,.1f} kbit/s"
-
-    def ratio(measured: float | None, expected: float | None) -> str:
-        if not measured or not expected:
-            return ""
-        return f"{(measured / expected - 1) * 100:+.1f}%"
-
-    rows = [
-        ("", "configured", "measured", "diff"),
-        ("rate up (raw)", rate(r["rate_bps_configured"]), "", ""),
-        ("rate up (payload)", rate(r["rate_bps_effective"]), rate(r["rate_bps_measured"]),
-         ratio(r["rate_bps_measured"], r["rate_bps_effective"])),
-        ("RTT (propagation)", f"{r['rtt_ms_configured']:.1f} ms", f"{r['rtt_ms_measured']:.1f} ms",
-         f"{r['rtt_ms_measured'] - r['rtt_ms_configured']:+.1f} ms"),
-        ("RTT (raw, with serialization)", "", f"{r['rtt_ms_raw']:.1f} ms", ""),
-    ]
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
-    lines.append(f"({r['bulk_bytes']} bulk bytes, {r['pings']} pings)")
-    return "\n".join(lines)

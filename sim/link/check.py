@@ -28,7 +28,7 @@ from typing import Any
 
 from sim.link.emulator import LinkConfig, LinkEmulator
 
-__all__ = ["link_check"]
+__all__ = ["link_check", "format_link_check"]
 
 _PING = b"P"  # first byte of a connection: echo mode
 _BULK = b"B"  # first byte of a connection: sink mode
@@ -165,3 +165,28 @@ async def link_check(config: LinkConfig, bulk_bytes: int | None = None,
         "bulk_bytes": bulk_bytes,
         "pings": pings,
     }
+
+
+def format_link_check(r: dict[str, Any]) -> str:
+    """The ``link_check`` result as a terminal table: configured vs measured."""
+    from tabulate import tabulate
+
+    def rate(v: float | None) -> str:
+        return "unlimited" if v is None else f"{v / 1e3:,.1f} kbit/s"
+
+    def ratio(measured: float | None, expected: float | None) -> str:
+        if not measured or not expected:
+            return ""
+        return f"{(measured / expected - 1) * 100:+.1f}%"
+
+    rows = [
+        ("rate up (raw)", rate(r["rate_bps_configured"]), "", ""),
+        ("rate up (payload)", rate(r["rate_bps_effective"]), rate(r["rate_bps_measured"]),
+         ratio(r["rate_bps_measured"], r["rate_bps_effective"])),
+        ("RTT (propagation)", f"{r['rtt_ms_configured']:.1f} ms", f"{r['rtt_ms_measured']:.1f} ms",
+         f"{r['rtt_ms_measured'] - r['rtt_ms_configured']:+.1f} ms"),
+        ("RTT (raw, with serialization)", "", f"{r['rtt_ms_raw']:.1f} ms", ""),
+    ]
+    table = tabulate(rows, headers=("", "configured", "measured", "diff"), tablefmt="simple", disable_numparse=True)
+    return f"{table}\n({r['bulk_bytes']} bulk bytes, {r['pings']} pings)"
+

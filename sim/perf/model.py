@@ -274,9 +274,6 @@ def best_draft_len(timings: Timings, link: NetworkModel, max_d: int = 16) -> int
 
 # ---------------------------------------------------------------- hardware profiles
 
-_PROTOCOL_FRAMING = http2_framed_size(0)  # gRPC length prefix + HTTP/2 DATA frame header, bytes per message
-
-
 def protocol_bytes(vocab_size: int) -> dict[str, float]:
     """Our protocol's TCP payload bytes per message (greedy/coupled), from `protos/splitspec.proto`.
 
@@ -291,10 +288,10 @@ def protocol_bytes(vocab_size: int) -> dict[str, float]:
     """
     bits = max(1, (vocab_size - 1).bit_length())
     return {
-        "up_fixed": 9 + _PROTOCOL_FRAMING + 0.5,
+        "up_fixed": http2_framed_size(9) + 0.5,
         "up_per_draft": bits / 8,
-        "down_per_round": 21 + _PROTOCOL_FRAMING,
-        "down_per_token_cloud_only": 5 + math.ceil(bits / 8) + _PROTOCOL_FRAMING,
+        "down_per_round": http2_framed_size(21),
+        "down_per_token_cloud_only": http2_framed_size(5 + math.ceil(bits / 8)),
     }
 
 
