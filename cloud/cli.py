@@ -61,7 +61,8 @@ def add_cloud_commands(commands) -> None:
     serve.add_argument("--tls-key", type=Path, default=None, help="PEM private key (with --tls-cert)")
     serve.add_argument("--insecure", action="store_true",
                        help="accept --auth-token-file without TLS on a non-loopback --host: the token then crosses "
-                       "the network in cleartext, readable by anyone on the path")
+                       "the network in cleartext, readable by anyone on the path (splitspec-edge itself refuses to send a "
+                       "token off loopback without TLS)")
     serve.add_argument("--metrics-port", type=port_number, default=None, help="serve Prometheus metrics on this port")
     serve.add_argument("--grace", type=non_negative_float, default=10.0, help="seconds in-flight calls get on shutdown (default 10)")
     serve.set_defaults(func=run_serve)

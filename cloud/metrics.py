@@ -1,9 +1,10 @@
 """Prometheus metrics of the verifier service, in their own registry.
 
 The same counters that ``shared.stats.DecodeStats`` keeps per generation,
-summed over the service, plus bytes on the wire and verify latency. Rounds
-are fed through one observer, ``observe_round`` (vLLM's
-``SpecDecodingProm.observe`` shape); nothing else increments those counters.
+summed over the service, plus bytes on the wire and verify latency. Sessions
+and rounds are fed through two observers, ``observe_open`` and
+``observe_round`` (vLLM's ``SpecDecodingProm.observe`` shape); nothing else
+increments those counters.
 """
 
 from __future__ import annotations
@@ -42,6 +43,10 @@ class ServiceMetrics:
             buckets=(0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05),
             registry=r,
         )
+
+    def observe_open(self, *, forwards: int) -> None:
+        """A session opened; its prefill ran ``forwards`` target forwards."""
+        self.forwards.inc(forwards)
 
     def observe_round(self, record: RoundRecord, *, latency_s: float, overhead_s: float) -> None:
         """One verify round: its counters, its wall time and the service time outside the forward."""

@@ -16,8 +16,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from cloud.engine import TargetEngine
+from cloud.limits import ServiceLimits
 from cloud.metrics import ServiceMetrics
-from cloud.servicer import ServiceLimits, VerifierServicer
+from cloud.servicer import VerifierServicer
 from protos import splitspec_pb2 as pb
 from protos import splitspec_pb2_grpc as pb_grpc
 from shared.loop_thread import LoopThread

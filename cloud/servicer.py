@@ -109,7 +109,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             raise _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)) from exc
         self.metrics.sessions_opened.inc()
         self.metrics.sessions_active.set(len(self.table))
-        self.metrics.forwards.inc(session.forwards)
+        self.metrics.observe_open(forwards=session.forwards)
         return entry
 
     def _end(self, entry: SessionEntry | None, finished: bool) -> None:
@@ -216,7 +216,8 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                 verdict, seconds = await self._verify(entry, frame.draft)
                 if verdict is None:
                     continue
-                message = verdict_to_proto(verdict, seconds=seconds, forwards=session.forwards)
+                # The forward count rides on the final verdict only: 0 is not sent, so rounds pay no bytes for it.
+                message = verdict_to_proto(verdict, seconds=seconds, forwards=session.forwards if verdict.done else 0)
                 yield self._count_out(pb.CloudFrame(verdict=message))
                 if verdict.done:
                     finished = True
@@ -265,7 +266,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                         done=verdict.done,
                         stop_reason=stop_reason_to_proto(verdict.stop_reason),
                         server_us=server_us(seconds),
-                        forwards=session.forwards,
+                        forwards=session.forwards if verdict.done else 0,
                     )
                 )
         except _Abort as exc:

@@ -148,7 +148,6 @@ def run_edge(args: argparse.Namespace) -> int:
         bytes_up=verifier.bytes_up,
         bytes_down=verifier.bytes_down,
         rtt_ms=verifier.rtt_ms,
-        cloud_forwards=verifier.forwards,
         decode=result.stats,
         drafter=drafter.stats,
         blocks=verifier.block_log,
@@ -210,7 +209,6 @@ def run_baseline(args: argparse.Namespace) -> int:
         bytes_up=result.bytes_up,
         bytes_down=result.bytes_down,
         rtt_ms=0.0,
-        cloud_forwards=result.forwards,
         decode=decode,
         blocks=result.chunk_log,
     )

@@ -101,7 +101,10 @@ class GrpcVerifier:
         verdict_timeout_s: float = 120.0,
         channel: grpc.Channel | None = None,
     ) -> None:
-        """``channel``: an open channel to reuse across sessions (the caller closes it); default: our own."""
+        """``channel``: an open channel to reuse across sessions (the caller closes it, and gives it
+        the credentials: ``make_channel``); default: our own, from the arguments here."""
+        if channel is not None and (auth_token or root_certificates):
+            raise ValueError("pass auth_token/root_certificates to make_channel for a shared channel, not here")
         self.address = address
         self.vocab_size = vocab_size
         self.fingerprint = fingerprint
@@ -179,7 +182,8 @@ class GrpcVerifier:
         message = reply.verdict
         self._finished = message.done
         self.rtt_samples_s.append(max(time.perf_counter() - sent - message.server_us * 1e-6, 0.0))
-        self.forwards = message.forwards
+        if message.done:  # the total rides on the final verdict only
+            self.forwards = message.forwards
         self.block_log.append(
             BlockTiming(
                 forward_tokens=len(block.tokens) + 1,
@@ -287,7 +291,6 @@ def cloud_only_generate(
     try:
         for chunk in pb_grpc.VerifierStub(channel).Generate(request, timeout=timeout_s):
             bytes_down += message_wire_bytes(chunk)
-            forwards = chunk.forwards
             chunk_log.append(BlockTiming(1, chunk.server_us * 1e-6, 0, message_wire_bytes(chunk)))
             new = codec.decode_tokens(chunk.tokens, chunk.compressed, vocab_size, max_tokens=max_new_tokens).tolist()
             if new and not ttft:
@@ -295,8 +298,8 @@ def cloud_only_generate(
             tokens.extend(new)
             if on_tokens and new:
                 on_tokens(new)
-            if chunk.done:
-                stop = stop_reason_from_proto(chunk.stop_reason)
+            if chunk.done:  # the total forward count rides on the final chunk only
+                stop, forwards = stop_reason_from_proto(chunk.stop_reason), chunk.forwards
                 break
     except grpc.RpcError as error:
         raise VerifierError(f"cloud-only generation failed: {describe_rpc_error(error)}") from error

@@ -47,8 +47,7 @@ class EdgeReport:
     bytes_up: int
     bytes_down: int
     rtt_ms: float  # median round trip net of the cloud's time (0 for cloud-only)
-    cloud_forwards: int  # as the cloud reported them, prefill included
-    decode: DecodeStats = field(default_factory=DecodeStats)
+    decode: DecodeStats = field(default_factory=DecodeStats)  # target_forwards: as the cloud reported them
     drafter: DrafterStats = field(default_factory=DrafterStats)
     blocks: list[BlockTiming] = field(default_factory=list)  # [rounds], with --timings only
 
@@ -61,8 +60,12 @@ class EdgeReport:
 
     @classmethod
     def from_json(cls, data: dict) -> EdgeReport:
-        fields = {name: data[name] for name in cls.__dataclass_fields__}
-        fields["decode"] = DecodeStats.from_json(data["decode"])
-        fields["drafter"] = DrafterStats.from_json(data["drafter"])
-        fields["blocks"] = [BlockTiming(**b) for b in data["blocks"]]
+        """The inverse of ``to_json``; ``ValueError`` names a missing or malformed field."""
+        try:
+            fields = {name: data[name] for name in cls.__dataclass_fields__}
+            fields["decode"] = DecodeStats.from_json(data["decode"])
+            fields["drafter"] = DrafterStats.from_json(data["drafter"])
+            fields["blocks"] = [BlockTiming(**b) for b in data["blocks"]]
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"not an edge report: {exc!r}") from exc
         return cls(**fields)

@@ -36,8 +36,8 @@ def tiny_vocab(tiny_engine):
 @pytest.fixture()
 def verifier(tiny_engine):
     """A real verifier gRPC server on a free loopback port, stopped after the test."""
+    from cloud.limits import ServiceLimits
     from cloud.server import BackgroundServer, ServerConfig
-    from cloud.servicer import ServiceLimits
 
     with BackgroundServer(tiny_engine, ServerConfig(port=0, limits=ServiceLimits(max_draft_len=16, session_ttl_s=30))) as server:
         yield server

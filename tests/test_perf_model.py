@@ -169,7 +169,7 @@ def test_link_model_from_link_config():
 
 
 def test_protocol_bytes_match_the_real_frames():
-    """The defaults agree with real protobuf frames within a byte (epoch 3, position 700, 200 forwards)."""
+    """The defaults agree with real protobuf frames within a byte (epoch 3, position 700)."""
     import numpy as np
 
     from protos import splitspec_pb2 as pb
@@ -185,9 +185,9 @@ def test_protocol_bytes_match_the_real_frames():
             real = http2_framed_size(frame.ByteSize())
             assert abs(b["up_fixed"] + b["up_per_draft"] * d - real) <= 1, (vocab, d, real)
         verdict = pb.CloudFrame(verdict=pb.Verdict(epoch=3, start_position=700, accepted=4,
-                                                   token=vocab - 1, server_us=60_000, forwards=200))
+                                                   token=vocab - 1, server_us=60_000))
         assert abs(b["down_per_round"] - http2_framed_size(verdict.ByteSize())) <= 1
-        chunk = pb.GenerateChunk(tokens=codec.encode_tokens([vocab - 1], vocab).data, forwards=200)
+        chunk = pb.GenerateChunk(tokens=codec.encode_tokens([vocab - 1], vocab).data)
         assert b["down_per_token_cloud_only"] == http2_framed_size(chunk.ByteSize())
 
 

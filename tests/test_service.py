@@ -146,6 +146,7 @@ def test_metrics_count_what_happened(tiny_models, tiny_engine, tiny_vocab, verif
     assert value("splitspec_drafted_tokens_total") == result.stats.drafted
     assert value("splitspec_accepted_tokens_total") == result.stats.accepted
     assert value("splitspec_target_forwards_total") == result.stats.target_forwards
+    assert result.stats.target_forwards == result.stats.rounds + 1  # one per block, plus the prefill
     assert value("splitspec_bytes_in_total") == link.bytes_up
     assert value("splitspec_bytes_out_total") == link.bytes_down
     assert metrics.registry.get_sample_value("splitspec_accepted_at_position_total", {"position": "0"}) >= 1
@@ -213,8 +214,8 @@ def test_a_dropped_stream_fails_fast_with_a_clear_error(tiny_models, tiny_engine
 
 
 def test_a_full_session_table_refuses_with_resource_exhausted(tiny_models, tiny_engine, tiny_vocab):
+    from cloud.limits import ServiceLimits
     from cloud.server import BackgroundServer, ServerConfig
-    from cloud.servicer import ServiceLimits
     from edge.client import VerifierError
 
     params = SamplingParams(mode=Mode.GREEDY)

@@ -25,8 +25,8 @@ import zstandard
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from cloud.limits import ServiceLimits
 from cloud.server import SERVICE_NAME, BackgroundServer, ServerConfig
-from cloud.servicer import ServiceLimits
 from edge.client import GrpcVerifier
 from edge.decode_loop import run_decode
 from edge.llama_drafter import LlamaDrafter

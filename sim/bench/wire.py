@@ -40,7 +40,8 @@ from shared.params import (
     DEFAULT_TOP_P,
     SamplingParams,
 )
-from shared.wire import framed_size, http2_framed_size
+from shared.verdict import Verdict
+from shared.wire import framed_size, http2_framed_size, next_epoch
 
 __all__ = [
     "MODES",
@@ -164,8 +165,9 @@ def _positions(rng: np.random.Generator, blocks: int, draft_len: int) -> list[tu
             epoch, position = 0, int(rng.integers(64, 512))
         out.append((epoch, position))
         accepted = int(rng.binomial(draft_len, 0.7))
+        verdict = Verdict(epoch, position, accepted, token=0, bonus=accepted == draft_len, done=False)
         position += accepted + 1
-        epoch += accepted < draft_len
+        epoch = next_epoch(epoch, verdict)
     return out
 
 

@@ -15,6 +15,7 @@ import sys
 from dataclasses import dataclass, field
 
 from edge.report import EdgeReport
+from shared.params import DEFAULT_TEMPERATURE
 from sim.experiment.processes import BackgroundLink, CloudProcess, core_split, run_edge_process
 from sim.link.scenario import Scenario
 from sim.perf import fit as model_fit
@@ -40,7 +41,7 @@ class SimConfig:
     modes: list[str] = field(default_factory=lambda: ["greedy", "coupled", "rejection"])
     draft_lens: list[int] = field(default_factory=lambda: [2, 4, 8])
     max_new_tokens: int = 128
-    temperature: float = 0.7
+    temperature: float = DEFAULT_TEMPERATURE
     seed: int = 0
     stream_first: bool = False  # echo the first split run's text as it streams
 

@@ -1,4 +1,4 @@
-"""Fitting ``sim.perf_model.Timings`` on what a simulation run measured.
+"""Fitting ``sim.perf.model.Timings`` on what a simulation run measured.
 
 Inputs are the edge processes' reports (``edge.report.EdgeReport`` from
 ``splitspec-edge run|baseline --json --timings``). Shared across runs: the verify-time line t_verify(n), fitted

@@ -77,7 +77,7 @@ class NetworkModel:
 
     @classmethod
     def from_link_config(cls, cfg: Any) -> NetworkModel:
-        """From a `sim.link.LinkConfig` (segment size and overhead taken from the up direction)."""
+        """From a `sim.link.emulator.LinkConfig` (segment size and overhead taken from the up direction)."""
         return cls(
             up_bps=cfg.up.rate_bps,
             down_bps=cfg.down.rate_bps,
@@ -279,10 +279,10 @@ def protocol_bytes(vocab_size: int) -> dict[str, float]:
 
     Draft: EdgeFrame tag+length (2) + epoch (2) + start_position (3, positions
     128..16383) + payload tag+length (2) + ceil(D * bits / 8) packed ids, where
-    bits = ceil(log2 V); the ceil adds half a byte on average. Verdict: 21
-    bytes of protobuf (epoch, position, accepted, token, server_us, the
-    session's forward count 128..16383). Chunk: 5 bytes of protobuf around one
-    packed id plus the forward count (3). Each message adds
+    bits = ceil(log2 V); the ceil adds half a byte on average. Verdict: 18
+    bytes of protobuf (epoch, position, accepted, token, server_us; the
+    forward count rides on the final verdict only). Chunk: 2 bytes of
+    protobuf around one packed id. Each message adds
     ``shared.wire.http2_framed_size(0)`` = 14 bytes of framing. Rejection mode's q̃ adds to the per-draft bytes; set them from
     `splitspec bench wire` or a measured run.
     """
@@ -290,8 +290,8 @@ def protocol_bytes(vocab_size: int) -> dict[str, float]:
     return {
         "up_fixed": http2_framed_size(9) + 0.5,
         "up_per_draft": bits / 8,
-        "down_per_round": http2_framed_size(21),
-        "down_per_token_cloud_only": http2_framed_size(5 + math.ceil(bits / 8)),
+        "down_per_round": http2_framed_size(18),
+        "down_per_token_cloud_only": http2_framed_size(2 + math.ceil(bits / 8)),
     }
 
 
