@@ -14,6 +14,7 @@ __all__ = ["ServiceLimits"]
 class ServiceLimits:
     max_sessions: int = 64
     max_draft_len: int = 32  # drafts per block
+    max_blocks_in_flight: int = 8  # blocks a session may have sent and not had answered
     session_ttl_s: float = 120.0  # how long a broken session stays resumable; also the idle limit
     max_new_tokens: int = 4096
     max_prompt_tokens: int = 16384

@@ -21,7 +21,7 @@ import grpc
 from cloud.engine import TargetEngine
 from cloud.limits import ServiceLimits
 from cloud.metrics import ServiceMetrics
-from cloud.session import BlockRejected, VerifierSession
+from cloud.session import BlockRejected, PendingBlock, VerifierSession
 from cloud.session_table import SessionEntry, SessionTable, TableFull
 from protos import splitspec_pb2 as pb
 from protos import splitspec_pb2_grpc as pb_grpc
@@ -41,6 +41,10 @@ from shared.wire import (
 __all__ = ["ServiceLimits", "VerifierServicer"]
 
 log = logging.getLogger(__name__)
+
+
+_EOF = object()  # the edge hung up without a Close: the session stays resumable
+_CLOSE = object()  # the edge sent Close
 
 
 class _Abort(Exception):
@@ -127,18 +131,12 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         except TimeoutError as exc:
             raise _Abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"no frame from the edge for {timeout:.0f}s") from exc
 
-    async def _verify(self, entry: SessionEntry, draft: pb.Draft) -> tuple[Verdict | None, int]:
-        """Decode and verify one block; None for a stale block (an older epoch), which is dropped."""
+    def _decode_draft(self, entry: SessionEntry, draft: pb.Draft) -> PendingBlock | None:
+        """A Draft frame as a pending block; None for a stale block (an older epoch), dropped undecoded."""
         session = entry.session
-        received = time.perf_counter()
         if draft.epoch < session.epoch:
             log.debug("session %s: dropped stale block of epoch %d", entry.session_id, draft.epoch)
-            return None, 0
-        if draft.epoch > session.epoch:
-            raise _Abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"block epoch {draft.epoch} is ahead of the session's epoch {session.epoch}",
-            )
+            return None
         params = session.params
         try:
             tokens, q = codec.decode_draft(
@@ -151,31 +149,45 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             )
         except ValueError as exc:
             raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad draft block: {exc}") from exc
-        return await self._run_verify(entry, draft.epoch, draft.start_position, tokens.tolist(), q, received)
+        return PendingBlock(draft.epoch, draft.start_position, tokens.tolist(), q, draft.more_follows)
 
-    async def _run_verify(self, entry: SessionEntry, epoch, start_position, tokens, q, received: float):
-        """One verify on the engine thread, observed once; returns (verdict, cloud seconds)."""
+    async def _verify_pending(
+        self, entry: SessionEntry, pending: list[PendingBlock], received: dict[tuple[int, int], tuple[float, int]]
+    ) -> list[tuple[Verdict, float]]:
+        """Verify the next chain of ``pending`` in one forward on the engine thread, observed once.
+
+        ``received`` maps (epoch, start position) of each pending block to (arrival time, drafts).
+        Returns (verdict, cloud seconds since its block arrived) per block answered.
+        """
         session = entry.session
         forward_before, forwards_before = session.seq.forward_s, session.forwards
         try:
-            verdict = await self._in_engine(session.verify, epoch, start_position, tokens, q)
+            verdicts = await self._in_engine(session.verify_chain, pending)
         except BlockRejected as exc:
             raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
-        elapsed = time.perf_counter() - received
+        now = time.perf_counter()
         self.table.touch(entry)
-        overhead = max(elapsed - (session.seq.forward_s - forward_before), 0.0)
-        self.recent_overheads_s.append(overhead)
-        self.metrics.observe_round(
-            RoundRecord(
-                drafted=len(tokens),
-                accepted=verdict.accepted,
-                committed=len(verdict.committed(tokens)),
-                forwards=session.forwards - forwards_before,
-            ),
-            latency_s=elapsed,
-            overhead_s=overhead,
-        )
-        return verdict, elapsed
+        out = []
+        forwards = session.forwards - forwards_before
+        overhead = 0.0
+        for i, verdict in enumerate(verdicts):
+            arrived, drafted = received.pop((verdict.epoch, verdict.start_position))
+            seconds = now - arrived
+            out.append((verdict, seconds))
+            if i == 0:  # the chain shared one forward: its cost and overhead go to its first block
+                overhead = max(seconds - (session.seq.forward_s - forward_before), 0.0)
+                self.recent_overheads_s.append(overhead)
+            self.metrics.observe_round(
+                RoundRecord(
+                    drafted=drafted,
+                    accepted=verdict.accepted,
+                    committed=verdict.accepted + (verdict.token is not None),
+                    forwards=forwards if i == 0 else 0,
+                ),
+                latency_s=seconds,
+                overhead_s=overhead if i == 0 else 0.0,
+            )
+        return out
 
     # -- RPCs --------------------------------------------------------------
     async def Decode(self, request_iterator, context):
@@ -199,29 +211,23 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                         committed_length=len(session.tokens),
                         max_draft_len=session.max_draft_len,
                         forwards=session.forwards,
+                        max_blocks_in_flight=self.limits.max_blocks_in_flight,
                     )
                 )
             )
-            while True:
-                frame = await self._read(context, self.limits.session_ttl_s)
-                if frame is grpc.aio.EOF:
-                    break
-                self._count_in(frame)
-                kind = frame.WhichOneof("kind")
-                if kind == "close":
-                    finished = True
-                    break
-                if kind != "draft":
-                    raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"unexpected {kind or 'empty'} frame in an open session")
-                verdict, seconds = await self._verify(entry, frame.draft)
-                if verdict is None:
-                    continue
-                # The forward count rides on the final verdict only: 0 is not sent, so rounds pay no bytes for it.
-                message = verdict_to_proto(verdict, seconds=seconds, forwards=session.forwards if verdict.done else 0)
-                yield self._count_out(pb.CloudFrame(verdict=message))
-                if verdict.done:
-                    finished = True
-                    break
+            frames: asyncio.Queue = asyncio.Queue()
+            ending: list = []  # _CLOSE or _EOF once the edge ends the stream
+            reader = asyncio.create_task(self._read_frames(context, frames))
+            try:
+                async for verdict, seconds in self._verdicts(entry, frames, ending):
+                    # The forward count rides on the final verdict only: 0 is not sent, so rounds pay no bytes for it.
+                    message = verdict_to_proto(verdict, seconds=seconds, forwards=session.forwards if verdict.done else 0)
+                    yield self._count_out(pb.CloudFrame(verdict=message))
+                    if verdict.done:
+                        break
+                finished = session.done or _CLOSE in ending
+            finally:
+                reader.cancel()
         except _Abort as exc:
             finished = True
             self.metrics.sessions_failed.labels(code=exc.code.name).inc()
@@ -229,6 +235,66 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             await context.abort(exc.code, str(exc))
         finally:
             self._end(entry, finished)
+
+    async def _read_frames(self, context, frames: asyncio.Queue) -> None:
+        """Move the edge's frames into ``frames`` as (Draft, arrival time); then ``_EOF`` when the
+        stream ends, ``_CLOSE`` on a Close, or the ``_Abort`` for a problem."""
+        try:
+            while True:
+                frame = await self._read(context, self.limits.session_ttl_s)
+                if frame is grpc.aio.EOF:
+                    frames.put_nowait(_EOF)
+                    return
+                self._count_in(frame)
+                kind = frame.WhichOneof("kind")
+                if kind == "close":
+                    frames.put_nowait(_CLOSE)
+                    return
+                if kind != "draft":
+                    raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"unexpected {kind or 'empty'} frame in an open session")
+                frames.put_nowait((frame.draft, time.perf_counter()))
+        except _Abort as exc:
+            frames.put_nowait(exc)
+        except Exception as exc:  # a frame that is not an EdgeFrame (gRPC's deserializer raised)
+            frames.put_nowait(_Abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed frame: {type(exc).__name__}"))
+
+    async def _verdicts(self, entry: SessionEntry, frames: asyncio.Queue, ending: list):
+        """Verdicts, with cloud seconds, for the blocks read from ``frames``: each forward takes
+        every block pending (``VerifierSession.verify_chain``).
+
+        Stops when the edge closes or hangs up (``ending`` gets ``_CLOSE`` or
+        ``_EOF``); refuses more than ``max_blocks_in_flight`` blocks waiting.
+        """
+        pending: list[PendingBlock] = []
+        received: dict[tuple[int, int], tuple[float, int]] = {}
+        while not ending:
+            items = [] if pending else [await frames.get()]
+            while not frames.empty():
+                items.append(frames.get_nowait())
+            for item in items:
+                if isinstance(item, _Abort):
+                    raise item
+                if item is _EOF or item is _CLOSE:
+                    ending.append(item)
+                    break
+                block = self._decode_draft(entry, item[0])
+                if block is None:
+                    continue
+                pending.append(block)
+                received[(block.epoch, block.start_position)] = (item[1], len(block.drafts))
+                if len(pending) > self.limits.max_blocks_in_flight:
+                    raise _Abort(
+                        grpc.StatusCode.INVALID_ARGUMENT,
+                        f"more than {self.limits.max_blocks_in_flight} blocks in flight",
+                    )
+            while pending and not ending:
+                answered = await self._verify_pending(entry, pending, received)
+                for verdict, seconds in answered:
+                    yield verdict, seconds
+                if not answered:
+                    break  # only stale blocks were left
+            for key in [k for k in received if k[0] < entry.session.epoch]:
+                del received[key]  # stale blocks a chain consumed without answering
 
     async def _open(self, request: pb.Open) -> SessionEntry:
         if request.resume_ticket:
@@ -255,8 +321,9 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             entry = await self._new_session(self._parse_request(request), 0)
             session = entry.session
             while not session.done:
-                verdict, seconds = await self._run_verify(
-                    entry, session.epoch, len(session.tokens), [], None, time.perf_counter()
+                key = (session.epoch, len(session.tokens))
+                (verdict, seconds), = await self._verify_pending(
+                    entry, [PendingBlock(*key, drafts=[])], {key: (time.perf_counter(), 0)}
                 )
                 encoded = codec.encode_tokens([verdict.token] if verdict.token is not None else [], self.engine.vocab_size)
                 yield self._count_out(

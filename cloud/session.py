@@ -1,15 +1,23 @@
 """One generation's verifier state: committed tokens, KV cache, epoch, counters.
 
 Transport-agnostic: the gRPC servicer and the in-process decoder both drive a
-``VerifierSession``. It refuses blocks that do not continue its committed
-state (wrong epoch or start position, too long, after the end) with
-``BlockRejected``; it never trusts the caller.
+``VerifierSession``. Blocks arrive in chains: a block sent with
+``more_follows`` is continued by the next one, so when all its drafts are
+accepted no bonus is sampled; the distribution the bonus would come from is
+kept and checks the next block's first draft. A chain of pending blocks is
+verified in one target forward. Blocks of an older epoch are stale and
+dropped before any forward. Blocks that do not continue the committed state
+(an epoch ahead, a wrong start position, too long, after the end) are refused
+with ``BlockRejected``; the session never trusts the caller.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
 
 from cloud.engine import TargetEngine
 from cloud.verify_torch import verify_block
@@ -19,11 +27,22 @@ from shared.stats import DecodeStats
 from shared.verdict import StopReason, Verdict
 from shared.wire import next_epoch
 
-__all__ = ["VerifierSession", "BlockRejected"]
+__all__ = ["VerifierSession", "BlockRejected", "PendingBlock"]
 
 
 class BlockRejected(ValueError):
     """A block that cannot be verified against this session's state."""
+
+
+@dataclass(frozen=True)
+class PendingBlock:
+    """A draft block waiting for verification, as the edge sent it."""
+
+    epoch: int
+    start_position: int
+    drafts: list[int]  # [n]
+    q: list[SparseDist] | None = None  # [n] rejection mode
+    more_follows: bool = False
 
 
 class VerifierSession:
@@ -56,6 +75,10 @@ class VerifierSession:
         self.stop_reason = StopReason.NONE
         self.stats = DecodeStats()
         self.seq = engine.new_sequence()
+        # The cache holds every committed token but the last, which is fed with the next block;
+        # after a deferred bonus it holds them all, and ``_deferred`` is the logits row [V] for
+        # the next position (what the bonus would have been sampled from).
+        self._deferred: torch.Tensor | None = None
         self.verify_s = 0.0  # wall time inside verify(), forward included
         if len(self.tokens) > 1:  # the last prompt token stays pending, fed with the first block
             engine.forward(self.seq, self.tokens[:-1])
@@ -73,20 +96,94 @@ class VerifierSession:
     def verify(
         self, epoch: int, start_position: int, drafts: Sequence[int], q: Sequence[SparseDist] | None = None
     ) -> Verdict:
-        """Verify one block in one target forward and commit its outcome."""
+        """Verify one block (no ``more_follows``) in one target forward and commit its outcome."""
+        verdicts = self.verify_chain([PendingBlock(epoch, start_position, [int(t) for t in drafts], q and list(q))])
+        if not verdicts:
+            raise BlockRejected(f"stale block: epoch {epoch}, session is at epoch {self.epoch}")
+        return verdicts[0]
+
+    def take_chain(self, pending: list[PendingBlock]) -> list[PendingBlock]:
+        """Remove from the front of ``pending`` the stale blocks and the chain to verify next.
+
+        The chain is the current-epoch blocks up to and including the first one
+        without ``more_follows``; blocks after it stay pending. Raises
+        ``BlockRejected`` for a block that cannot continue the committed state.
+        """
+        while pending and pending[0].epoch < self.epoch:
+            pending.pop(0)  # stale: drafted past a correction the edge had not seen yet
+        chain: list[PendingBlock] = []
+        position = len(self.tokens)
+        while pending:
+            block = pending[0]
+            if block.epoch < self.epoch:
+                break  # cannot happen within one epoch's chain; left for the next call
+            self._check(block, position)
+            chain.append(pending.pop(0))
+            position += len(block.drafts)
+            if not block.more_follows:
+                break
+        return chain
+
+    def verify_chain(self, pending: list[PendingBlock]) -> list[Verdict]:
+        """Verify the next chain of ``pending`` (``take_chain``, which removes it) in one forward.
+
+        Returns one verdict per block answered: verification walks the chain in
+        order and stops at the first correction, bonus or end; blocks after a
+        correction are stale (their epoch is now old) and get no verdict.
+        """
         if self.done:
             raise BlockRejected("session already finished")
-        if epoch != self.epoch:
-            raise BlockRejected(f"stale block: epoch {epoch}, session is at epoch {self.epoch}")
-        if start_position != len(self.tokens):
-            raise BlockRejected(f"block starts at position {start_position}, committed length is {len(self.tokens)}")
-        if len(drafts) > self.max_draft_len:
-            raise BlockRejected(f"block of {len(drafts)} drafts exceeds the limit of {self.max_draft_len}")
+        chain = self.take_chain(pending)
+        if not chain:
+            return []
         started = time.perf_counter()
-        drafts = [int(t) for t in drafts]
-        logits = self.engine.forward(self.seq, [self.tokens[-1], *drafts])  # [D+1, V]
-        result = verify_block(self.params, drafts, logits, start_position, q)
-        committed = [*drafts[: result.accepted], result.token]
+        drafts = [t for block in chain for t in block.drafts]
+        rows = self._distributions(drafts)  # [len(drafts) + 1, V]: one per drafted position, then one more
+        verdicts, offset = [], 0
+        for block in chain:
+            n = len(block.drafts)
+            verdict = self._verify_one(block, rows[offset : offset + n + 1])
+            verdicts.append(verdict)
+            offset += n
+            if not verdict.is_deferred:
+                break
+        self._settle(rows[offset] if verdicts[-1].is_deferred else None)
+        self.stats.target_forwards = self.forwards
+        elapsed = time.perf_counter() - started
+        self.verify_s += elapsed
+        self.stats.wall_s += elapsed
+        return verdicts
+
+    # -- internals ---------------------------------------------------------
+    def _check(self, block: PendingBlock, position: int) -> None:
+        if block.epoch > self.epoch:
+            raise BlockRejected(f"block epoch {block.epoch} is ahead of the session's epoch {self.epoch}")
+        if block.start_position != position:
+            raise BlockRejected(f"block starts at position {block.start_position}, expected {position}")
+        if len(block.drafts) > self.max_draft_len:
+            raise BlockRejected(f"block of {len(block.drafts)} drafts exceeds the limit of {self.max_draft_len}")
+        if block.more_follows and not block.drafts:
+            raise BlockRejected("an empty block cannot be continued (more_follows)")
+
+    def _distributions(self, drafts: list[int]) -> torch.Tensor:
+        """Logits [len(drafts) + 1, V] for the positions len(tokens) .. len(tokens) + len(drafts).
+
+        One forward over what the cache lacks (the last committed token unless a
+        bonus was deferred) and the drafts; a deferred row stands for the first
+        position. A deferred row and no drafts need no forward at all.
+        """
+        feed = drafts if self._deferred is not None else [self.tokens[-1], *drafts]
+        parts = [] if self._deferred is None else [self._deferred[None]]
+        if feed:
+            parts.append(self.engine.forward(self.seq, feed))
+        return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+    def _verify_one(self, block: PendingBlock, logits: torch.Tensor) -> Verdict:
+        """Verify one block against its rows [n+1, V] and commit what it decides."""
+        drafts = block.drafts
+        result = verify_block(self.params, drafts, logits, block.start_position, block.q)
+        deferred = result.bonus and block.more_follows
+        committed = [*drafts[: result.accepted]] + ([] if deferred else [result.token])
         # An EOS or the token limit may end the generation inside the block.
         end = len(committed)
         for i, token in enumerate(committed):
@@ -100,11 +197,10 @@ class VerifierSession:
         accepted = min(result.accepted, end)
         token = committed[-1] if end > accepted else None
         self.tokens.extend(committed)
-        self.engine.crop(self.seq, len(self.tokens) - 1)  # everything but the new pending token
         self.done = self.stop_reason is not StopReason.NONE
         verdict = Verdict(
-            epoch=epoch,
-            start_position=start_position,
+            epoch=block.epoch,
+            start_position=block.start_position,
             accepted=accepted,
             token=token,
             bonus=result.bonus and token is not None,
@@ -113,8 +209,13 @@ class VerifierSession:
         )
         self.epoch = next_epoch(self.epoch, verdict)
         self.stats.record_round(len(drafts), accepted, len(committed))
-        self.stats.target_forwards = self.forwards
-        elapsed = time.perf_counter() - started
-        self.verify_s += elapsed
-        self.stats.wall_s += elapsed
         return verdict
+
+    def _settle(self, deferred_row: torch.Tensor | None) -> None:
+        """Cut the cache back to the committed state after a chain."""
+        if deferred_row is not None:  # every committed token is in the cache; keep the next position's row
+            self._deferred = deferred_row.clone()
+            self.engine.crop(self.seq, len(self.tokens))
+        else:
+            self._deferred = None
+            self.engine.crop(self.seq, len(self.tokens) - 1)  # everything but the new pending token

@@ -100,7 +100,7 @@ def _summary(n_tokens: int, wall: float, extra: str) -> None:
 
 
 def run_edge(args: argparse.Namespace) -> int:
-    from edge.cli_options import sampling_from_args
+    from edge.cli_options import sampling_from_args, window_from_args
     from edge.client import GrpcVerifier, VerifierError
     from edge.decode_loop import run_decode
     from edge.drafter_choice import open_llama_drafter
@@ -130,6 +130,7 @@ def run_edge(args: argparse.Namespace) -> int:
             params,
             max_new_tokens=args.max_new_tokens,
             draft_len=args.draft_len,
+            window=window_from_args(args),
             on_tokens=None if args.json else TextStream(vocab.detokenize),
         )
     except VerifierError as exc:
@@ -158,7 +159,8 @@ def run_edge(args: argparse.Namespace) -> int:
     _summary(
         len(result.tokens),
         stats.wall_s,
-        f"stop={result.stop_reason.value}, mode={params.mode.value}, D={args.draft_len}, "
+        f"stop={result.stop_reason.value}, mode={params.mode.value}, D={args.draft_len}, {args.schedule} "
+        f"W={window_from_args(args)}, "
         f"acceptance rate {stats.acceptance_rate:.2f}, acceptance length {stats.acceptance_length:.2f}, "
         f"up {verifier.bytes_up / n:.1f} B/tok, down {verifier.bytes_down / n:.1f} B/tok, rtt {verifier.rtt_ms:.1f} ms, "
         f"cloud forwards {verifier.forwards}",

@@ -12,7 +12,7 @@ from shared import params as defaults
 from shared.cli import non_negative_int, positive_int
 from shared.params import Mode, SamplingParams
 
-__all__ = ["add_sampling_args", "sampling_from_args", "add_drafter_args", "NGRAM"]
+__all__ = ["add_sampling_args", "sampling_from_args", "window_from_args", "add_drafter_args", "NGRAM"]
 
 
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:
@@ -34,6 +34,11 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--seed", type=non_negative_int, default=0, help="session seed; all randomness derives from it")
     group.add_argument("--draft-len", type=non_negative_int, default=defaults.DEFAULT_DRAFT_LEN,
                        help=f"drafts per block D; 0 = target-only (default {defaults.DEFAULT_DRAFT_LEN})")
+    group.add_argument("--schedule", choices=defaults.SCHEDULES, default=defaults.DEFAULT_SCHEDULE,
+                       help="lockstep: one block at a time; pipelined: draft the next block while earlier ones are "
+                       f"verified (default {defaults.DEFAULT_SCHEDULE})")
+    group.add_argument("--window", type=positive_int, default=defaults.DEFAULT_WINDOW,
+                       help=f"pipelined: blocks in flight at most (default {defaults.DEFAULT_WINDOW}; the cloud may allow fewer)")
     group.add_argument("--draft-top-k", type=positive_int, default=defaults.DEFAULT_DRAFT_TOP_K,
                        help=f"rejection mode: support of q̃ (default {defaults.DEFAULT_DRAFT_TOP_K})")
     group.add_argument("--prob-bits", type=positive_int, default=defaults.DEFAULT_PROB_BITS,
@@ -51,6 +56,10 @@ def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
         draft_top_k=args.draft_top_k,
         prob_bits=args.prob_bits,
     )
+
+
+def window_from_args(args: argparse.Namespace) -> int:
+    return defaults.window_for(args.schedule, args.window)
 
 
 def add_drafter_args(parser: argparse.ArgumentParser) -> None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from edge.decode_loop import SessionTerms
 from edge.drafter import DraftBlock
 from edge.report import BlockTiming
 from protos import splitspec_pb2 as pb
@@ -128,6 +129,8 @@ class GrpcVerifier:
         self.session_id = ""
         self.resume_ticket = b""
         self._finished = False  # the cloud ended the session with a final verdict
+        # (epoch, start position) -> (sent at, drafts, Draft bytes), for blocks not yet answered.
+        self._in_flight: dict[tuple[int, int], tuple[float, int, int]] = {}
 
     # -- VerifierConnection ------------------------------------------------------
     def connect(self) -> None:
@@ -136,7 +139,7 @@ class GrpcVerifier:
             _wait_ready(self._channel, self.address, self.connect_timeout_s)
             self._connected = True
 
-    def open(self, prompt: Sequence[int], params: SamplingParams, max_new_tokens: int, max_draft_len: int) -> int:
+    def open(self, prompt: Sequence[int], params: SamplingParams, max_new_tokens: int, max_draft_len: int) -> SessionTerms:
         self.connect()
         self._params = params
         started = time.perf_counter()
@@ -165,30 +168,49 @@ class GrpcVerifier:
         self.forwards = opened.forwards
         if opened.vocab_size != self.vocab_size:
             raise VerifierError(f"cloud vocabulary has {opened.vocab_size} tokens, ours {self.vocab_size}")
-        log.info("session %s opened at %s (blocks up to %d)", opened.session_id, self.address, opened.max_draft_len)
-        return min(max_draft_len, opened.max_draft_len)
+        log.info(
+            "session %s opened at %s (blocks up to %d, %d in flight)",
+            opened.session_id, self.address, opened.max_draft_len, opened.max_blocks_in_flight,
+        )
+        # A verifier that predates pipelining sends no window: it takes one block at a time.
+        return SessionTerms(min(max_draft_len, opened.max_draft_len), max(opened.max_blocks_in_flight, 1))
 
-    def verify(self, epoch: int, start_position: int, block: DraftBlock) -> Verdict:
+    def send(self, epoch: int, start_position: int, block: DraftBlock, more_follows: bool) -> None:
         params = self._params
         encoded = codec.encode_draft(
             block.tokens, self.vocab_size, block.q, draft_top_k=params.draft_top_k if block.q is not None else None
         )
         frame = pb.EdgeFrame(
-            draft=pb.Draft(epoch=epoch, start_position=start_position, payload=encoded.data, compressed=encoded.compressed)
+            draft=pb.Draft(
+                epoch=epoch,
+                start_position=start_position,
+                payload=encoded.data,
+                compressed=encoded.compressed,
+                more_follows=more_follows,
+            )
         )
-        sent = time.perf_counter()
+        self._in_flight[(epoch, start_position)] = (time.perf_counter(), len(block.tokens), message_wire_bytes(frame))
         self._send(frame)
+
+    def receive(self) -> Verdict:
         reply = self._receive("verdict")
         message = reply.verdict
+        arrived = time.perf_counter()
         self._finished = message.done
-        self.rtt_samples_s.append(max(time.perf_counter() - sent - message.server_us * 1e-6, 0.0))
         if message.done:  # the total rides on the final verdict only
             self.forwards = message.forwards
+        sent = self._in_flight.pop((message.epoch, message.start_position), None)
+        if sent is None:
+            raise VerifierError(f"verdict for a block never sent (epoch {message.epoch}, position {message.start_position})")
+        for key in [k for k in self._in_flight if k[0] < message.epoch]:
+            del self._in_flight[key]  # drafted past a correction: the cloud dropped them
+        sent_at, drafts, up_bytes = sent
+        self.rtt_samples_s.append(max(arrived - sent_at - message.server_us * 1e-6, 0.0))
         self.block_log.append(
             BlockTiming(
-                forward_tokens=len(block.tokens) + 1,
+                forward_tokens=drafts + 1,
                 cloud_s=message.server_us * 1e-6,
-                up_bytes=message_wire_bytes(frame),
+                up_bytes=up_bytes,
                 down_bytes=message_wire_bytes(reply),
             )
         )

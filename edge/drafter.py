@@ -1,9 +1,11 @@
 """The drafter lifecycle shared by every proposer, and the per-mode proposal rule.
 
-A drafter is driven as ``begin(prompt, params)``, then rounds of
-``draft(n)`` and ``commit(tokens)``, then ``close()`` (llama.cpp's
-``begin / draft / accept`` shape). ``commit`` receives the tokens the
-verifier committed; the drafter rolls back whatever it speculated past them.
+A drafter is driven as ``begin(prompt, params)``, then ``draft(n)`` and
+``commit(tokens)`` calls, then ``close()`` (llama.cpp's ``begin / draft /
+accept`` shape). ``draft`` continues from the drafter's own speculation, so
+several blocks can be drafted before any is verified (blocks in flight).
+``commit`` receives the tokens the verifier committed: speculation they
+confirm is kept, the rest is rolled back (``Speculation``).
 Each drafter keeps its own ``DrafterStats`` (llama.cpp's per-proposer
 ``n_drafted`` / ``t_draft_us``), which every sink reads.
 """
@@ -21,7 +23,7 @@ from shared.noise import Purpose, exponential
 from shared.params import SamplingParams
 from shared.sparse import SparseDist, quantize, sample_sparse
 
-__all__ = ["DraftBlock", "Drafter", "DrafterStats", "propose", "one_hot_block"]
+__all__ = ["DraftBlock", "Drafter", "DrafterStats", "Speculation", "propose", "one_hot_block"]
 
 # How many of the drafter's highest logits a proposal looks at. The choice
 # never affects losslessness, only acceptance; q̃ keeps at most draft_top_k.
@@ -82,6 +84,45 @@ class DrafterStats:
         )
 
 
+@dataclass
+class Speculation:
+    """A drafter's sequence: the committed prefix, then its own unverified proposals."""
+
+    tokens: list[int]  # [committed + speculated]
+    committed: int  # length of the committed prefix
+
+    @classmethod
+    def start(cls, prompt: Sequence[int]) -> Speculation:
+        tokens = [int(t) for t in prompt]
+        return cls(tokens, len(tokens))
+
+    @property
+    def speculated(self) -> list[int]:
+        return self.tokens[self.committed :]
+
+    def commit(self, tokens: Sequence[int]) -> int:
+        """Append the verifier's committed ``tokens``; returns how much of the old sequence stays valid.
+
+        When the speculation begins with ``tokens`` (every committed token was
+        proposed), what was drafted past them stays speculated; otherwise the
+        speculation is replaced from the first mismatch on.
+        """
+        tokens = [int(t) for t in tokens]
+        speculated = self.speculated
+        matched = 0
+        for proposed, committed in zip(speculated, tokens):
+            if proposed != committed:
+                break
+            matched += 1
+        if matched == len(tokens):
+            self.committed += matched
+            return len(self.tokens)
+        self.tokens = self.tokens[: self.committed] + tokens
+        valid = self.committed + matched
+        self.committed = len(self.tokens)
+        return valid
+
+
 class Drafter(Protocol):
     """What the decode loop needs from a proposer."""
 
@@ -92,10 +133,10 @@ class Drafter(Protocol):
         """Start a sequence; ``prompt`` is the committed prefix."""
 
     def draft(self, n: int) -> DraftBlock:
-        """Propose up to ``n`` tokens continuing the committed prefix (may return fewer)."""
+        """Propose up to ``n`` tokens continuing the current speculation (may return fewer)."""
 
     def commit(self, tokens: Sequence[int]) -> None:
-        """Append the verifier's committed tokens and drop the rest of the speculation."""
+        """Append the verifier's committed tokens; keep the speculation they confirm, drop the rest."""
 
     def close(self) -> None:
         """Release native resources."""

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edge.drafter import DraftBlock, DrafterStats, propose
+from edge.drafter import DraftBlock, DrafterStats, Speculation, propose
 from edge.gguf_vocab import GgufVocab, load_llama
 from shared.params import SamplingParams
 
@@ -52,8 +52,7 @@ class LlamaDrafter:
         self.vocab_size = self.vocab.size
         self.context_size = n_ctx
         self.model_name = path.name
-        self._seq: list[int] = []  # committed tokens, then the current speculation
-        self._committed = 0  # len of the committed prefix of _seq
+        self._spec = Speculation.start([])  # committed tokens, then the current speculation
         self._params = SamplingParams()
         self._prompt_pending = False
         self.stats = DrafterStats()
@@ -66,35 +65,27 @@ class LlamaDrafter:
         if len(prompt) >= self.context_size:
             raise ValueError(f"prompt of {len(prompt)} tokens does not fit the drafter context of {self.context_size}")
         self._params = params
-        self._seq = [int(t) for t in prompt]
-        self._committed = len(self._seq)
+        self._spec = Speculation.start(prompt)
         self.llm.n_tokens = 0
         self._prompt_pending = True
 
     def draft(self, n: int) -> DraftBlock:
         started = time.perf_counter()
-        n = min(n, self.context_size - len(self._seq) - 1)  # near a full context: fewer drafts, then none
+        seq = self._spec.tokens
+        n = min(n, self.context_size - len(seq) - 1)  # near a full context: fewer drafts, then none
         tokens, q = [], []
         for _ in range(max(n, 0)):
             logits = self.next_logits()
-            token, q_tilde = propose(logits, self._params, position=len(self._seq))
-            self._seq.append(token)
+            token, q_tilde = propose(logits, self._params, position=len(seq))
+            seq.append(token)
             tokens.append(token)
             q.append(q_tilde)
         self.stats.record_draft(len(tokens), time.perf_counter() - started)
         return DraftBlock(tokens, q if q and q[0] is not None else None)
 
     def commit(self, tokens: Sequence[int]) -> None:
-        speculation = self._seq[self._committed :]
-        matched = 0
-        for drafted, committed in zip(speculation, tokens):
-            if drafted != committed:
-                break
-            matched += 1
-        keep = self._committed + matched  # this prefix of _seq is still valid
-        self._seq = self._seq[: self._committed] + [int(t) for t in tokens]
-        self._committed = len(self._seq)
-        self.llm.n_tokens = min(self.llm.n_tokens, keep)
+        valid = self._spec.commit(tokens)
+        self.llm.n_tokens = min(self.llm.n_tokens, valid)  # llama.cpp drops stale KV entries on the next eval
 
     def close(self) -> None:
         self.llm.close()
@@ -105,10 +96,11 @@ class LlamaDrafter:
 
         The array is llama.cpp's buffer: valid until the next eval; copy to keep it.
         """
-        if self.llm.n_tokens >= len(self._seq):
-            self.llm.n_tokens = len(self._seq) - 1  # re-evaluate the last token to get its logits
+        seq = self._spec.tokens
+        if self.llm.n_tokens >= len(seq):
+            self.llm.n_tokens = len(seq) - 1  # re-evaluate the last token to get its logits
         started = time.perf_counter()
-        self.llm.eval(self._seq[self.llm.n_tokens :])
+        self.llm.eval(seq[self.llm.n_tokens :])
         self.stats.record_eval(time.perf_counter() - started, prompt=self._prompt_pending)
         self._prompt_pending = False
         ptr = self._llama_cpp.llama_get_logits_ith(self.llm.ctx, -1)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from edge.drafter import DraftBlock, DrafterStats, one_hot_block
+from edge.drafter import DraftBlock, DrafterStats, Speculation, one_hot_block
 from shared.params import SamplingParams
 
 __all__ = ["NgramDrafter"]
@@ -28,28 +28,29 @@ class NgramDrafter:
         self.vocab_size = vocab_size
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
-        self._tokens: list[int] = []
+        self._spec = Speculation.start([])
         self._params = SamplingParams()
         self.stats = DrafterStats()  # no model: the eval counters stay 0
 
     def begin(self, prompt: Sequence[int], params: SamplingParams) -> None:
-        self._tokens = [int(t) for t in prompt]
+        self._spec = Speculation.start(prompt)
         self._params = params
 
     def draft(self, n: int) -> DraftBlock:
         started = time.perf_counter()
         block = one_hot_block(self._lookup(n), self._params)
+        self._spec.tokens.extend(block.tokens)
         self.stats.record_draft(len(block.tokens), time.perf_counter() - started)
         return block
 
     def commit(self, tokens: Sequence[int]) -> None:
-        self._tokens.extend(int(t) for t in tokens)
+        self._spec.commit(tokens)
 
     def close(self) -> None:
         pass
 
     def _lookup(self, n: int) -> list[int]:
-        seq = self._tokens
+        seq = self._spec.tokens
         if n <= 0:
             return []
         for size in range(min(self.max_ngram, len(seq) - 1), self.min_ngram - 1, -1):

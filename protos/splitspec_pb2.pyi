@@ -97,20 +97,22 @@ class EdgeFrame(_message.Message):
     def __init__(self, open: _Optional[_Union[Open, _Mapping]] = ..., draft: _Optional[_Union[Draft, _Mapping]] = ..., close: _Optional[_Union[Close, _Mapping]] = ...) -> None: ...
 
 class Opened(_message.Message):
-    __slots__ = ("session_id", "resume_ticket", "vocab_size", "committed_length", "max_draft_len", "forwards")
+    __slots__ = ("session_id", "resume_ticket", "vocab_size", "committed_length", "max_draft_len", "forwards", "max_blocks_in_flight")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     RESUME_TICKET_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_LENGTH_FIELD_NUMBER: _ClassVar[int]
     MAX_DRAFT_LEN_FIELD_NUMBER: _ClassVar[int]
     FORWARDS_FIELD_NUMBER: _ClassVar[int]
+    MAX_BLOCKS_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     resume_ticket: bytes
     vocab_size: int
     committed_length: int
     max_draft_len: int
     forwards: int
-    def __init__(self, session_id: _Optional[str] = ..., resume_ticket: _Optional[bytes] = ..., vocab_size: _Optional[int] = ..., committed_length: _Optional[int] = ..., max_draft_len: _Optional[int] = ..., forwards: _Optional[int] = ...) -> None: ...
+    max_blocks_in_flight: int
+    def __init__(self, session_id: _Optional[str] = ..., resume_ticket: _Optional[bytes] = ..., vocab_size: _Optional[int] = ..., committed_length: _Optional[int] = ..., max_draft_len: _Optional[int] = ..., forwards: _Optional[int] = ..., max_blocks_in_flight: _Optional[int] = ...) -> None: ...
 
 class Verdict(_message.Message):
     __slots__ = ("epoch", "start_position", "accepted", "token", "bonus", "done", "stop_reason", "server_us", "forwards")

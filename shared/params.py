@@ -25,6 +25,10 @@ __all__ = [
     "DEFAULT_TOP_K",
     "DEFAULT_TOP_P",
     "DEFAULT_DRAFT_LEN",
+    "SCHEDULES",
+    "DEFAULT_SCHEDULE",
+    "DEFAULT_WINDOW",
+    "window_for",
     "DEFAULT_DRAFT_TOP_K",
     "DEFAULT_PROB_BITS",
     "as_float32",
@@ -34,8 +38,20 @@ DEFAULT_TEMPERATURE = 0.7
 DEFAULT_TOP_K = 64  # Gemma 3's recommendation; 0 = off
 DEFAULT_TOP_P = 0.95  # 1.0 = off
 DEFAULT_DRAFT_LEN = 8  # drafts per block D (0 = target-only)
+SCHEDULES = ("lockstep", "pipelined")  # one block at a time, or up to a window of blocks in flight
+DEFAULT_SCHEDULE = "pipelined"
+DEFAULT_WINDOW = 2  # blocks in flight when pipelined
 DEFAULT_DRAFT_TOP_K = SPARSE_DEFAULT_TOP_K  # rejection: support of q̃
 DEFAULT_PROB_BITS = SPARSE_DEFAULT_PROB_BITS  # rejection: q̃ weights sum to 2**bits
+
+
+def window_for(schedule: str, window: int) -> int:
+    """Blocks in flight for a schedule: 1 in lock-step, ``window`` when pipelined."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; choose from {', '.join(SCHEDULES)}")
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    return 1 if schedule == "lockstep" else window
 
 
 def as_float32(value: float) -> float:

@@ -18,9 +18,11 @@ class StopReason(str, enum.Enum):
 class Verdict:
     """The cloud's answer to a block drafted at ``start_position`` in ``epoch``.
 
-    The first ``accepted`` drafts are committed, then ``token`` (a correction,
-    or a bonus when every draft was accepted) unless the block already ended
-    the generation at an EOS or the token limit, in which case it is None.
+    The first ``accepted`` drafts are committed, then ``token``: a correction,
+    or a bonus when every draft was accepted. ``token`` is None when the block
+    ended the generation at an EOS or the token limit, or when every draft was
+    accepted in a block sent with ``more_follows`` (the next block's first
+    draft is checked against the distribution the bonus would come from).
     """
 
     epoch: int
@@ -30,6 +32,16 @@ class Verdict:
     bonus: bool
     done: bool
     stop_reason: StopReason = StopReason.NONE
+
+    @property
+    def is_correction(self) -> bool:
+        """A draft was rejected and ``token`` replaces it."""
+        return self.token is not None and not self.bonus
+
+    @property
+    def is_deferred(self) -> bool:
+        """Every draft accepted and the bonus left to the next block (``Draft.more_follows``)."""
+        return self.token is None and not self.done
 
     def committed(self, drafts) -> list[int]:
         """The tokens this verdict appends to the sequence."""

@@ -112,9 +112,10 @@ def is_loopback(address: str) -> bool:
 
 
 def next_epoch(epoch: int, verdict: Verdict) -> int:
-    """The epoch after ``verdict``: unchanged when every draft was accepted and the
-    bonus committed, else one more (the block's speculation past it is void)."""
-    return epoch if verdict.bonus else epoch + 1
+    """The epoch after ``verdict``: one more when it carries a correction (everything
+    drafted past it is void, so blocks still in flight at the old epoch are stale);
+    unchanged after a bonus, a deferred bonus (``more_follows``) or the end."""
+    return epoch + 1 if verdict.is_correction else epoch
 
 
 def server_us(seconds: float) -> int:

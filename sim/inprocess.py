@@ -7,11 +7,13 @@ code the networked path runs, minus the wire.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Sequence
 
 from cloud.engine import TargetEngine
-from cloud.session import VerifierSession
-from edge.decode_loop import GenerationResult, run_decode
+from cloud.limits import ServiceLimits
+from cloud.session import PendingBlock, VerifierSession
+from edge.decode_loop import GenerationResult, SessionTerms, run_decode
 from edge.drafter import DraftBlock, Drafter
 from shared.params import SamplingParams
 from shared.verdict import Verdict
@@ -20,28 +22,43 @@ __all__ = ["LocalVerifier", "generate"]
 
 
 class LocalVerifier:
-    """``VerifierConnection`` over an in-process ``VerifierSession``."""
+    """``VerifierConnection`` over an in-process ``VerifierSession``.
 
-    def __init__(self, engine: TargetEngine) -> None:
+    Blocks sent are queued; ``receive`` verifies every queued chain at once,
+    as the service coalesces what is pending, so ``max_blocks_in_flight``
+    blocks can share one forward.
+    """
+
+    def __init__(self, engine: TargetEngine, max_blocks_in_flight: int = ServiceLimits.max_blocks_in_flight) -> None:
         self.engine = engine
+        self.max_blocks_in_flight = max_blocks_in_flight
         self.session: VerifierSession | None = None
+        self._pending: list[PendingBlock] = []
+        self._verdicts: deque[Verdict] = deque()
 
     @property
     def forwards(self) -> int:
         return self.session.forwards if self.session is not None else 0
 
-    def open(self, prompt: Sequence[int], params: SamplingParams, max_new_tokens: int, max_draft_len: int) -> int:
+    def open(self, prompt: Sequence[int], params: SamplingParams, max_new_tokens: int, max_draft_len: int) -> SessionTerms:
         self.session = VerifierSession(
             self.engine, prompt, params, max_new_tokens=max_new_tokens, max_draft_len=max_draft_len
         )
-        return max_draft_len
+        return SessionTerms(max_draft_len=max_draft_len, max_blocks_in_flight=self.max_blocks_in_flight)
 
-    def verify(self, epoch: int, start_position: int, block: DraftBlock) -> Verdict:
+    def send(self, epoch: int, start_position: int, block: DraftBlock, more_follows: bool) -> None:
+        self._pending.append(PendingBlock(epoch, start_position, list(block.tokens), block.q, more_follows))
+
+    def receive(self) -> Verdict:
         assert self.session is not None, "open() first"
-        return self.session.verify(epoch, start_position, block.tokens, block.q)
+        while not self._verdicts:
+            if not self._pending:
+                raise RuntimeError("receive() with no block awaiting a verdict")
+            self._verdicts.extend(self.session.verify_chain(self._pending))
+        return self._verdicts.popleft()
 
     def close(self) -> None:
-        pass
+        self._pending.clear()
 
 
 def generate(
@@ -52,10 +69,11 @@ def generate(
     *,
     max_new_tokens: int,
     draft_len: int,
+    window: int = 1,
     on_tokens: Callable[[list[int]], None] | None = None,
 ) -> GenerationResult:
-    """Split decoding in one process; ``draft_len`` 0 is target-only decoding."""
+    """Split decoding in one process; ``draft_len`` 0 is target-only decoding, ``window`` blocks in flight."""
     return run_decode(
         drafter, LocalVerifier(engine), prompt, params, max_new_tokens=max_new_tokens, draft_len=draft_len,
-        on_tokens=on_tokens,
+        window=window, on_tokens=on_tokens,
     )

@@ -7,7 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from shared.params import DEFAULT_TEMPERATURE
+from shared.cli import positive_int
+from shared.params import DEFAULT_TEMPERATURE, DEFAULT_WINDOW, SCHEDULES
 
 __all__ = ["add_sim_commands"]
 
@@ -28,6 +29,10 @@ def add_sim_commands(commands) -> None:
     run.add_argument("--modes", nargs="+", choices=["greedy", "coupled", "rejection"], default=None,
                      help="split modes to run (default: all three; --quick: coupled and rejection)")
     run.add_argument("--draft-lens", nargs="+", type=int, default=None, help="draft lengths D (default: 2 4 8; --quick: 4 8)")
+    run.add_argument("--schedules", nargs="+", choices=SCHEDULES, default=list(SCHEDULES),
+                     help="edge schedules to run each configuration with (default: all)")
+    run.add_argument("--window", type=positive_int, default=DEFAULT_WINDOW,
+                     help=f"blocks in flight for the pipelined schedule (default {DEFAULT_WINDOW})")
     run.add_argument("--max-new-tokens", type=int, default=None, help="tokens per prompt (default 128; --quick: 64)")
     run.add_argument("--temperature", type=float, default=DEFAULT_TEMPERATURE,
                      help="for coupled and rejection (default %(default)s)")
@@ -73,6 +78,8 @@ def run_sim(args: argparse.Namespace) -> int:
         prompts=prompts,
         modes=args.modes or (["coupled", "rejection"] if args.quick else ["greedy", "coupled", "rejection"]),
         draft_lens=draft_lens,
+        schedules=args.schedules,
+        window=args.window,
         max_new_tokens=args.max_new_tokens or (64 if args.quick else 128),
         temperature=args.temperature,
         seed=args.seed,

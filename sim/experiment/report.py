@@ -25,7 +25,10 @@ _COLUMNS = [
 
 
 def _label(run: dict) -> str:
-    return "cloud-only" if run["mode"] == "cloud-only" else f"{run['mode']} D={run['draft_len']}"
+    if run["mode"] == "cloud-only":
+        return "cloud-only"
+    pipelined = run.get("schedule") not in (None, "lockstep")
+    return f"{run['mode']} D={run['draft_len']}" + (f" W={run['window']}" if pipelined else "")
 
 
 def _cell(run: dict, key: str) -> str:
@@ -102,7 +105,7 @@ def _headline(result: dict) -> list[str]:
 
 def markdown_report(result: dict) -> str:
     link = result["link"]
-    fit = result.get("model_fit", {})
+    fit = result.get("model_fit") or {}
     return "\n".join(
         [
             f"# splitspec simulation: {result['scenario']}",
@@ -114,8 +117,8 @@ def markdown_report(result: dict) -> str:
             f"{result['temperature']} (greedy runs use 0), seed {result['seed']}.",
             "",
             "All numbers below were measured in this run with real processes (edge and cloud pinned to separate cores) "
-            "through the emulated link, except the *predicted* column, which is the performance model fitted on the "
-            "same run's timings. Bytes are what crossed the emulated TCP link (HTTP/2 and gRPC framing and the "
+            "through the emulated link, except the *predicted* column, which is the performance model of the lock-step "
+            "loop fitted on the same run's lock-step timings (pipelined runs are not modelled: —). Bytes are what crossed the emulated TCP link (HTTP/2 and gRPC framing and the "
             "session's setup included).",
             "",
             *_headline(result),
@@ -151,7 +154,7 @@ def write_plots(result: dict, out_dir: Path) -> list[Path]:
         colors = ["#888888" if r["mode"] == "cloud-only" else {"greedy": "#1f77b4", "coupled": "#2ca02c", "rejection": "#d62728"}.get(r["mode"], "#9467bd") for r in rows]
         ax.bar(range(len(rows)), [r[key] for r in rows], color=colors)
         if key == "tokens_per_s":
-            ax.scatter(range(len(rows)), [r.get("predicted_tokens_per_s", 0) for r in rows], marker="D", color="black", zorder=3)
+            ax.scatter(range(len(rows)), [r.get("predicted_tokens_per_s") or float("nan") for r in rows], marker="D", color="black", zorder=3)
         ax.set_xticks(range(len(rows)), labels, rotation=30, ha="right")
         ax.set_title(f"{result['scenario']}: {title}")
         ax.grid(axis="y", alpha=0.3)

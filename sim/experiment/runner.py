@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass, field
 
 from edge.report import EdgeReport
-from shared.params import DEFAULT_TEMPERATURE
+from shared.params import DEFAULT_TEMPERATURE, DEFAULT_WINDOW, SCHEDULES, window_for
 from sim.experiment.processes import BackgroundLink, CloudProcess, core_split, run_edge_process
 from sim.link.scenario import Scenario
 from sim.perf import fit as model_fit
@@ -40,6 +40,8 @@ class SimConfig:
     prompts: list[str] = field(default_factory=lambda: list(DEFAULT_PROMPTS))
     modes: list[str] = field(default_factory=lambda: ["greedy", "coupled", "rejection"])
     draft_lens: list[int] = field(default_factory=lambda: [2, 4, 8])
+    schedules: list[str] = field(default_factory=lambda: list(SCHEDULES))
+    window: int = DEFAULT_WINDOW  # blocks in flight for the pipelined schedule
     max_new_tokens: int = 128
     temperature: float = DEFAULT_TEMPERATURE
     seed: int = 0
@@ -76,7 +78,9 @@ class _Measured:
     baseline_kind: str  # which cloud-only baseline it is compared with ("greedy" or "sampled")
 
 
-def _aggregate(mode: str, draft_len: int, reports: list[EdgeReport], meters: list[_Meter]) -> dict:
+def _aggregate(mode: str, draft_len: int, reports: list[EdgeReport], meters: list[_Meter], schedule: str | None = None,
+               window: int | None = None) -> dict:
+    """One configuration's row; ``schedule``/``window`` are None for cloud-only."""
     tokens = sum(len(r.tokens) for r in reports) or 1
     wall = sum(r.wall_s for r in reports)
     rounds = sum(r.decode.rounds for r in reports)
@@ -85,6 +89,11 @@ def _aggregate(mode: str, draft_len: int, reports: list[EdgeReport], meters: lis
     return {
         "mode": mode,
         "draft_len": draft_len,
+        "schedule": schedule,
+        "window": window,
+        "hedge": None,  # hedge branches: not implemented yet
+        "mean_draft_len": drafted / rounds if rounds and schedule else None,
+        "hedge_hit_rate": None,
         "tokens": tokens,
         "tokens_per_s": tokens / wall if wall else 0.0,
         "ttft_s": sum(r.ttft_s for r in reports) / len(reports),
@@ -105,7 +114,7 @@ def run_simulation(cfg: SimConfig, progress=lambda line: print(line, file=sys.st
         f"scenario {cfg.scenario.name}: {cfg.scenario.description}\n"
         f"cores: edge {sorted(edge_cores) if edge_cores else 'shared'}, cloud {sorted(cloud_cores) if cloud_cores else 'shared'}"
     )
-    configs = [(mode, d) for mode in cfg.modes for d in cfg.draft_lens]
+    configs = [(mode, d, s) for mode in cfg.modes for d in cfg.draft_lens for s in cfg.schedules]
     # Greedy runs are checked against a greedy baseline, sampled modes against a sampled one.
     kinds = sorted({_baseline_kind(mode) for mode in cfg.modes}, key=lambda k: k != "sampled")
     total = (len(kinds) + len(configs)) * len(cfg.prompts)
@@ -130,26 +139,29 @@ def run_simulation(cfg: SimConfig, progress=lambda line: print(line, file=sys.st
             baseline_reports.extend(reports)
             progress(f"    cloud-only ({kind}): {baselines[kind]['tokens_per_s']:.2f} tok/s")
         runs = []
-        for mode, draft_len in configs:
+        for mode, draft_len, schedule in configs:
+            window = window_for(schedule, cfg.window)
+            name = f"{mode} D={draft_len}" + (f" W={window}" if schedule != "lockstep" else "")
             reports, meters = [], []
             for i, prompt in enumerate(cfg.prompts):
                 step += 1
-                progress(f"[{step}/{total}] {mode} D={draft_len}: {prompt[:48]!r}")
+                progress(f"[{step}/{total}] {name}: {prompt[:48]!r}")
                 stream = sys.stdout if cfg.stream_first and not runs and i == 0 else None
                 with _Meter(cloud, link) as meter:
                     args = ["run", *common, "--drafter-threads", str(len(edge_cores) if edge_cores else 1),
-                            *_sampling_args(cfg, prompt, mode), "--draft-len", str(draft_len)]
+                            *_sampling_args(cfg, prompt, mode), "--draft-len", str(draft_len),
+                            "--schedule", schedule, "--window", str(window)]
                     reports.append(run_edge_process(args, edge_cores, stream_to=stream))
                 meters.append(meter)
                 if stream is not None:
                     print(flush=True)
-            run = _aggregate(mode, draft_len, reports, meters)
+            run = _aggregate(mode, draft_len, reports, meters, schedule, window)
             reference = baselines[_baseline_kind(mode)]
             # Rejection mode is lossless in distribution, not token for token: no identity to check.
             run["identical_to_baseline"] = run["outputs"] == reference["outputs"] if mode in _IDENTICAL_MODES else None
             runs.append(_Measured(run, model_fit.timings_from_reports(reports), _baseline_kind(mode)))
             progress(
-                f"    {mode} D={draft_len}: {run['tokens_per_s']:.2f} tok/s, AL {run['acceptance_length']:.2f}, "
+                f"    {name}: {run['tokens_per_s']:.2f} tok/s, AL {run['acceptance_length']:.2f}, "
                 f"identical={run['identical_to_baseline']}"
             )
     return _finish(cfg, baselines, baseline_reports, runs)
@@ -161,16 +173,23 @@ def _baseline_kind(mode: str) -> str:
 
 def _finish(cfg, baselines: dict, baseline_reports: list[EdgeReport], measured: list[_Measured]) -> dict:
     link = perf_model.NetworkModel.from_link_config(cfg.scenario.link)
-    fitted = model_fit.fit_timings([m.timings for m in measured], baseline_reports, rtt_s=link.rtt_s)
+    # The performance model describes the lock-step loop: it is fitted on, and predicts, lock-step runs only.
+    lockstep = [m for m in measured if m.row["schedule"] == "lockstep"]
+    fitted = model_fit.fit_timings([m.timings for m in lockstep], baseline_reports, rtt_s=link.rtt_s) if lockstep else None
     per_prompt = lambda run: run["tokens"] / len(cfg.prompts)  # noqa: E731
     runs = [m.row for m in measured]
-    for i, m in enumerate(measured):
-        predicted = perf_model.predict_split(fitted.for_run(i), link, m.row["draft_len"])
-        _attach_prediction(m.row, predicted, per_prompt(m.row))
+    for m in measured:
+        if m in lockstep:
+            predicted = perf_model.predict_split(fitted.for_run(lockstep.index(m)), link, m.row["draft_len"])
+            _attach_prediction(m.row, predicted, per_prompt(m.row))
+        else:
+            m.row.update(predicted_tokens_per_s=None, prediction_error=None, limited_by=None)
         m.row["ratios"] = _ratios(m.row, baselines[m.baseline_kind])
-    predicted = perf_model.predict_cloud_only(fitted.base, link)
     for baseline in baselines.values():
-        _attach_prediction(baseline, predicted, per_prompt(baseline))
+        if fitted is not None:
+            _attach_prediction(baseline, perf_model.predict_cloud_only(fitted.base, link), per_prompt(baseline))
+        else:
+            baseline.update(predicted_tokens_per_s=None, prediction_error=None, limited_by=None)
         baseline["identical_to_baseline"] = True
         baseline["ratios"] = _ratios(baseline, baseline)
     return {
@@ -185,7 +204,7 @@ def _finish(cfg, baselines: dict, baseline_reports: list[EdgeReport], measured: 
         "baseline": baselines.get("sampled") or baselines["greedy"],
         "baselines": baselines,
         "runs": runs,
-        "model_fit": fitted.describe(),
+        "model_fit": fitted.describe() if fitted is not None else None,
     }
 
 

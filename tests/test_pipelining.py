@@ -1,0 +1,247 @@
+"""Blocks in flight: a chain of blocks verified in one forward, deferred bonuses, stale blocks,
+and token identity with target-only decoding under every window (in process and over gRPC)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections import Counter
+
+import grpc
+import pytest
+from helpers import exact_distribution, tiny_prompt, total_variation
+
+from cloud.session import BlockRejected, PendingBlock, VerifierSession
+from edge.client import GrpcVerifier, VerifierError
+from edge.decode_loop import run_decode
+from edge.llama_drafter import LlamaDrafter
+from edge.ngram_drafter import NgramDrafter
+from protos import splitspec_pb2 as pb
+from shared import codec
+from shared.params import Mode, SamplingParams
+from shared.verdict import StopReason
+from sim.inprocess import generate
+
+GREEDY = SamplingParams(mode=Mode.GREEDY)
+TEXTS = ["The cat sat on the mat.", "We have 3 dogs and 12 cats!"]
+
+
+@pytest.fixture(scope="module")
+def drafters(tiny_models, tiny_engine):
+    made = {
+        name: LlamaDrafter(tiny_models[name], n_ctx=512, n_threads=1, f32_kv_cache=True)
+        for name in ("drafter_f32", "drafter_noisy")
+    }
+    made["ngram"] = NgramDrafter(tiny_engine.vocab_size)
+    yield made
+    for drafter in made.values():
+        drafter.close()
+
+
+@pytest.fixture(scope="module")
+def greedy_path(tiny_engine):
+    """A prompt and the target's own greedy continuation of it (40 tokens)."""
+    prompt = tiny_prompt(tiny_engine, TEXTS[0])
+    session = VerifierSession(tiny_engine, prompt, GREEDY, max_new_tokens=64, max_draft_len=16)
+    tokens = []
+    while len(tokens) < 40:
+        tokens.append(session.verify(session.epoch, len(prompt) + len(tokens), []).token)
+    return prompt, tokens
+
+
+def new_session(engine, prompt, max_new_tokens=64):
+    return VerifierSession(engine, prompt, GREEDY, max_new_tokens=max_new_tokens, max_draft_len=16)
+
+
+# ---------------------------------------------------------------- the session's chains
+
+
+def test_a_chain_of_accepted_blocks_defers_each_bonus_and_shares_one_forward(tiny_engine, greedy_path):
+    prompt, want = greedy_path
+    session = new_session(tiny_engine, prompt)
+    before = session.forwards
+    p = len(prompt)
+    pending = [PendingBlock(0, p, want[0:4], more_follows=True), PendingBlock(0, p + 4, want[4:7], more_follows=True),
+               PendingBlock(0, p + 7, want[7:9], more_follows=False)]
+    verdicts = session.verify_chain(pending)
+    assert [(v.accepted, v.token, v.bonus) for v in verdicts] == [(4, None, False), (3, None, False), (2, want[9], True)]
+    assert [v.is_deferred for v in verdicts] == [True, True, False]
+    assert session.forwards == before + 1 and not pending
+    assert session.tokens[p:] == want[:10] and session.epoch == 0
+
+
+def test_a_deferred_bonus_is_answered_by_an_empty_block_without_a_forward(tiny_engine, greedy_path):
+    prompt, want = greedy_path
+    session = new_session(tiny_engine, prompt)
+    p = len(prompt)
+    (deferred,) = session.verify_chain([PendingBlock(0, p, want[:5], more_follows=True)])
+    assert deferred.is_deferred
+    forwards = session.forwards
+    (bonus,) = session.verify_chain([PendingBlock(0, p + 5, [])])
+    assert (bonus.accepted, bonus.token, bonus.bonus) == (0, want[5], True)
+    assert session.forwards == forwards  # the deferred row answered it
+    (next_round,) = session.verify_chain([PendingBlock(0, p + 6, want[6:9])])
+    assert next_round.token == want[9] and session.tokens[p:] == want[:10]
+
+
+def test_a_rejection_voids_the_blocks_after_it_which_are_dropped_before_any_forward(tiny_engine, greedy_path):
+    prompt, want = greedy_path
+    session = new_session(tiny_engine, prompt)
+    p = len(prompt)
+    wrong = (want[2] + 1) % tiny_engine.vocab_size
+    pending = [PendingBlock(0, p, [want[0], want[1], wrong, want[3]], more_follows=True),
+               PendingBlock(0, p + 4, want[4:8], more_follows=True)]
+    verdicts = session.verify_chain(pending)
+    assert [(v.accepted, v.token, v.is_correction) for v in verdicts] == [(2, want[2], True)]
+    assert session.epoch == 1 and session.tokens[p:] == want[:3]
+    # The next block the edge drafted before it saw the correction arrives: stale, no forward, no verdict.
+    forwards = session.forwards
+    late = [PendingBlock(0, p + 8, want[8:10], more_follows=False)]
+    assert session.verify_chain(late) == [] and session.forwards == forwards and not late
+    (resumed,) = session.verify_chain([PendingBlock(1, p + 3, want[3:6])])
+    assert resumed.token == want[6] and session.tokens[p:] == want[:7]
+
+
+def test_the_token_limit_and_eos_end_a_generation_inside_a_chain(tiny_engine, greedy_path):
+    prompt, want = greedy_path
+    session = new_session(tiny_engine, prompt, max_new_tokens=6)
+    p = len(prompt)
+    verdicts = session.verify_chain([PendingBlock(0, p, want[:4], more_follows=True),
+                                     PendingBlock(0, p + 4, want[4:8], more_follows=True)])
+    assert [v.done for v in verdicts] == [False, True] and verdicts[-1].stop_reason is StopReason.LENGTH
+    assert verdicts[-1].accepted == 2 and verdicts[-1].token is None and session.tokens[p:] == want[:6]
+    eos = next(iter(tiny_engine.eos_token_ids))
+    ended = new_session(tiny_engine, prompt)
+    original = ended.engine.eos_token_ids
+    try:
+        ended.engine.eos_token_ids = {want[2]}  # the target's third token ends the text
+        (verdict,) = ended.verify_chain([PendingBlock(0, p, want[:5], more_follows=True)])
+    finally:
+        ended.engine.eos_token_ids = original
+    assert (verdict.done, verdict.stop_reason, verdict.accepted) == (True, StopReason.EOS, 3)
+    assert eos in tiny_engine.eos_token_ids
+
+
+@pytest.mark.parametrize(
+    "block, message",
+    [
+        (PendingBlock(1, 0, [5]), "ahead"),
+        (PendingBlock(0, 0, [], more_follows=True), "empty block"),
+        (PendingBlock(0, 999, [5]), "expected"),
+        (PendingBlock(0, 0, [5] * 17), "exceeds"),
+    ],
+    ids=["epoch-ahead", "empty-more-follows", "wrong-position", "too-long"],
+)
+def test_blocks_that_cannot_continue_the_session_are_refused(tiny_engine, greedy_path, block, message):
+    prompt, _ = greedy_path
+    session = new_session(tiny_engine, prompt)
+    if block.start_position == 0:
+        block = PendingBlock(block.epoch, len(prompt), block.drafts, block.q, block.more_follows)
+    with pytest.raises(BlockRejected, match=message):
+        session.verify_chain([block])
+
+
+# ---------------------------------------------------------------- identity under every window
+
+
+@pytest.mark.parametrize("drafter_name", ["drafter_f32", "drafter_noisy", "ngram"])
+@pytest.mark.parametrize("mode", [Mode.GREEDY, Mode.COUPLED])
+def test_pipelined_decoding_is_token_identical_to_target_only(tiny_engine, drafters, drafter_name, mode):
+    drafter = drafters[drafter_name]
+    for text, seed in itertools.product(TEXTS, (0, 5)):
+        prompt = tiny_prompt(tiny_engine, text)
+        params = SamplingParams(mode=mode, temperature=0.9, seed=seed)
+        want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=40, draft_len=0)
+        for draft_len, window in ((1, 4), (3, 2), (4, 3), (8, 8)):
+            got = generate(tiny_engine, drafter, prompt, params, max_new_tokens=40, draft_len=draft_len, window=window)
+            assert got.tokens == want.tokens, f"D={draft_len} W={window} seed={seed}"
+            assert got.stop_reason == want.stop_reason
+
+
+def test_pipelining_shares_forwards_between_blocks(tiny_engine, drafters):
+    prompt = tiny_prompt(tiny_engine, TEXTS[1])
+    lockstep = generate(tiny_engine, drafters["drafter_f32"], prompt, GREEDY, max_new_tokens=40, draft_len=4)
+    piped = generate(tiny_engine, drafters["drafter_f32"], prompt, GREEDY, max_new_tokens=40, draft_len=4, window=4)
+    assert piped.tokens == lockstep.tokens
+    assert piped.stats.target_forwards < lockstep.stats.target_forwards  # queued blocks share a forward
+
+
+def test_rejection_mode_with_blocks_in_flight_samples_the_target(tiny_engine, drafters):
+    prompt = tiny_prompt(tiny_engine, "It was the best of times")
+    exact = exact_distribution(tiny_engine, prompt, SamplingParams(mode=Mode.REJECTION, temperature=1.0, top_k=4))
+    counts, n = Counter(), 1500
+    for seed in range(n):
+        params = SamplingParams(mode=Mode.REJECTION, temperature=1.0, top_k=4, seed=seed)
+        got = generate(tiny_engine, drafters["drafter_noisy"], prompt, params, max_new_tokens=3, draft_len=1, window=3)
+        counts[tuple(got.tokens)] += 1
+    # Sampling noise alone gives a TV distance of about 0.05 at this n over these outcomes.
+    assert total_variation(counts, n, exact) < 0.08
+
+
+# ---------------------------------------------------------------- over gRPC
+
+
+@pytest.mark.parametrize("mode", [Mode.GREEDY, Mode.COUPLED])
+def test_pipelined_edge_over_grpc_is_token_identical(tiny_engine, tiny_vocab, drafters, verifier, mode):
+    drafter = drafters["drafter_noisy"]
+    for text in TEXTS:
+        prompt = tiny_prompt(tiny_engine, text)
+        params = SamplingParams(mode=mode, temperature=0.9, seed=2)
+        want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=32, draft_len=0)
+        for draft_len, window in ((3, 2), (6, 4)):
+            link = GrpcVerifier(verifier.address, vocab_size=tiny_vocab[0], fingerprint=tiny_vocab[1])
+            got = run_decode(drafter, link, prompt, params, max_new_tokens=32, draft_len=draft_len, window=window)
+            assert got.tokens == want.tokens, f"D={draft_len} W={window}"
+            assert len(link.rtt_samples_s) == got.stats.rounds == len(link.block_log)
+            assert got.stats.target_forwards <= got.stats.rounds + 1
+
+
+def test_the_cloud_bounds_blocks_in_flight(tiny_engine, greedy_path):
+    """More blocks waiting than the limit ends the stream; the check runs before any forward."""
+    from cloud.limits import ServiceLimits
+    from cloud.servicer import VerifierServicer, _Abort
+    from shared.wire import OpenRequest
+
+    prompt, want = greedy_path
+    servicer = VerifierServicer(tiny_engine, ServiceLimits(max_blocks_in_flight=2))
+
+    async def scenario(blocks: int):
+        entry = await servicer._new_session(OpenRequest(GREEDY, prompt, 40), 16)
+        frames: asyncio.Queue = asyncio.Queue()
+        for b in range(blocks):  # all queued before the servicer looks: one drain sees them together
+            payload = codec.encode_tokens(want[2 * b : 2 * b + 2], tiny_engine.vocab_size).data
+            draft = pb.Draft(epoch=0, start_position=len(prompt) + 2 * b, payload=payload, more_follows=b < blocks - 1)
+            frames.put_nowait((draft, time.perf_counter()))
+        forwards = entry.session.forwards
+        verdicts = servicer._verdicts(entry, frames, [])
+        out = []
+        try:
+            async for verdict, _ in verdicts:
+                out.append(verdict)
+                if len(out) == blocks:
+                    break
+        except _Abort as exc:
+            return exc, entry.session.forwards - forwards
+        finally:
+            await verdicts.aclose()
+            servicer.table.remove(entry)
+        return out, entry.session.forwards - forwards
+
+    verdicts, forwards = asyncio.run(asyncio.wait_for(scenario(2), 30))
+    assert [v.accepted for v in verdicts] == [2, 2] and forwards == 1  # within the limit: one shared forward
+    refused, forwards = asyncio.run(asyncio.wait_for(scenario(3), 30))
+    assert isinstance(refused, _Abort) and refused.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "more than 2 blocks in flight" in str(refused) and forwards == 0
+    servicer.executor.shutdown()
+
+
+def test_the_edge_respects_the_window_the_cloud_allows(tiny_engine, tiny_vocab, drafters, verifier):
+    link = GrpcVerifier(verifier.address, vocab_size=tiny_vocab[0], fingerprint=tiny_vocab[1])
+    prompt = tiny_prompt(tiny_engine, TEXTS[0])
+    got = run_decode(drafters["drafter_f32"], link, prompt, GREEDY, max_new_tokens=24, draft_len=2, window=1000)
+    want = generate(tiny_engine, drafters["drafter_f32"], prompt, GREEDY, max_new_tokens=24, draft_len=0)
+    assert got.tokens == want.tokens
+    with pytest.raises(ValueError, match="window"):
+        run_decode(drafters["drafter_f32"], link, prompt, GREEDY, max_new_tokens=24, draft_len=2, window=0)
+    assert VerifierError  # the client's error type stays importable for callers
