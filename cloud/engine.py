@@ -126,14 +126,18 @@ class TargetEngine:
         return CachedSequence(cache=DynamicCache())
 
     @torch.inference_mode()
-    def forward(self, seq: CachedSequence, tokens: list[int]) -> torch.Tensor:
-        """Append ``tokens`` to the sequence; return their next-token logits [n, V] float32."""
+    def forward(self, seq: CachedSequence, tokens: list[int], *, last_only: bool = False) -> torch.Tensor:
+        """Append ``tokens`` to the sequence; return their next-token logits [n, V] float32
+        (``last_only``: the last token's only, [1, V]: a prefill never holds n x V floats)."""
         if not tokens:
             raise ValueError("forward needs at least one token")
         started = time.perf_counter()
         ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
         positions = torch.arange(seq.length, seq.length + len(tokens), device=self.device)
-        out = self.model(input_ids=ids, cache=seq.cache, use_cache=True, position_ids=positions.unsqueeze(0))
+        out = self.model(
+            input_ids=ids, cache=seq.cache, use_cache=True, position_ids=positions.unsqueeze(0),
+            logits_to_keep=1 if last_only else 0,
+        )
         seq.length += len(tokens)
         seq.forwards += 1
         logits = out.logits[0].float()

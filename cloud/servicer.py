@@ -200,6 +200,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             self._count_in(first)
             if first.WhichOneof("kind") != "open":
                 raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"the first frame must be Open, got {first.WhichOneof('kind') or 'an empty frame'}")
+            answer_first = first.open.first_token and not first.open.resume_ticket
             entry = await self._open(first.open)
             session = entry.session
             yield self._count_out(
@@ -212,6 +213,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                         max_draft_len=session.max_draft_len,
                         forwards=session.forwards,
                         max_blocks_in_flight=self.limits.max_blocks_in_flight,
+                        answers_first_position=answer_first,
                     )
                 )
             )
@@ -219,7 +221,9 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             ending: list = []  # _CLOSE or _EOF once the edge ends the stream
             reader = asyncio.create_task(self._read_frames(context, frames))
             try:
-                async for verdict, seconds in self._verdicts(entry, frames, ending):
+                # Asked to, a new session answers its first position at once, from the prefill's last row.
+                first_block = PendingBlock(session.epoch, len(session.tokens), []) if answer_first else None
+                async for verdict, seconds in self._verdicts(entry, frames, ending, first_block):
                     # The forward count rides on the final verdict only: 0 is not sent, so rounds pay no bytes for it.
                     message = verdict_to_proto(verdict, seconds=seconds, forwards=session.forwards if verdict.done else 0)
                     yield self._count_out(pb.CloudFrame(verdict=message))
@@ -258,15 +262,16 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         except Exception as exc:  # a frame that is not an EdgeFrame (gRPC's deserializer raised)
             frames.put_nowait(_Abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed frame: {type(exc).__name__}"))
 
-    async def _verdicts(self, entry: SessionEntry, frames: asyncio.Queue, ending: list):
+    async def _verdicts(self, entry: SessionEntry, frames: asyncio.Queue, ending: list, first: PendingBlock | None):
         """Verdicts, with cloud seconds, for the blocks read from ``frames``: each forward takes
         every block pending (``VerifierSession.verify_chain``).
 
         Stops when the edge closes or hangs up (``ending`` gets ``_CLOSE`` or
         ``_EOF``); refuses more than ``max_blocks_in_flight`` blocks waiting.
+        ``first``: a block to answer before any frame (the first position).
         """
-        pending: list[PendingBlock] = []
-        received: dict[tuple[int, int], tuple[float, int]] = {}
+        pending: list[PendingBlock] = [first] if first else []
+        received = {(first.epoch, first.start_position): (time.perf_counter(), 0)} if first else {}
         while not ending:
             items = [] if pending else [await frames.get()]
             while not frames.empty():

@@ -77,11 +77,11 @@ class VerifierSession:
         self.seq = engine.new_sequence()
         # The cache holds every committed token but the last, which is fed with the next block;
         # after a deferred bonus it holds them all, and ``_deferred`` is the logits row [V] for
-        # the next position (what the bonus would have been sampled from).
-        self._deferred: torch.Tensor | None = None
+        # the next position (what the bonus would have been sampled from). The prefill reads the
+        # whole prompt and keeps its last row so: the first position is answered without another
+        # forward (the first token can leave right after the prefill, as in cloud-only decoding).
         self.verify_s = 0.0  # wall time inside verify(), forward included
-        if len(self.tokens) > 1:  # the last prompt token stays pending, fed with the first block
-            engine.forward(self.seq, self.tokens[:-1])
+        self._deferred: torch.Tensor | None = engine.forward(self.seq, self.tokens, last_only=True)[-1].clone()
         self.stats.target_forwards = self.forwards
 
     @property

@@ -159,6 +159,7 @@ class GrpcVerifier:
                     prompt_compressed=encoded.compressed,
                     max_new_tokens=max_new_tokens,
                     max_draft_len=max_draft_len,
+                    first_token=True,
                 )
             )
         )
@@ -173,7 +174,13 @@ class GrpcVerifier:
             opened.session_id, self.address, opened.max_draft_len, opened.max_blocks_in_flight,
         )
         # A verifier that predates pipelining sends no window: it takes one block at a time.
-        return SessionTerms(min(max_draft_len, opened.max_draft_len), max(opened.max_blocks_in_flight, 1))
+        if opened.answers_first_position:
+            self._in_flight[(0, len(prompt))] = (started, 0, 0)  # as if an empty block went up with the Open
+        return SessionTerms(
+            min(max_draft_len, opened.max_draft_len),
+            max(opened.max_blocks_in_flight, 1),
+            answers_first_position=opened.answers_first_position,
+        )
 
     def send(self, epoch: int, start_position: int, block: DraftBlock, more_follows: bool) -> None:
         params = self._params

@@ -40,6 +40,7 @@ class SessionTerms:
 
     max_draft_len: int  # drafts per block
     max_blocks_in_flight: int  # blocks sent and not yet answered
+    answers_first_position: bool = False  # a verdict for the first position comes unasked (an empty block)
 
 
 class VerifierConnection(Protocol):
@@ -114,6 +115,8 @@ def run_decode(
         window = min(window, terms.max_blocks_in_flight) if draft_len else 1
         drafter.begin(prompt, params)
         end = len(prompt)  # the position after the last token committed or in flight
+        if terms.answers_first_position:  # the first token comes right after the prefill
+            in_flight.append(_InFlight(epoch, end, DraftBlock([]), False))
         while True:
             while len(in_flight) < window and not (in_flight and not in_flight[-1].more_follows):
                 # Leave room for the correction/bonus token inside the limit.

@@ -45,7 +45,7 @@ class Sampling(_message.Message):
     def __init__(self, mode: _Optional[_Union[Mode, str]] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., draft_top_k: _Optional[int] = ..., prob_bits: _Optional[int] = ...) -> None: ...
 
 class Open(_message.Message):
-    __slots__ = ("model", "vocab_fingerprint", "vocab_size", "sampling", "prompt", "prompt_compressed", "max_new_tokens", "max_draft_len", "resume_ticket", "committed_length")
+    __slots__ = ("model", "vocab_fingerprint", "vocab_size", "sampling", "prompt", "prompt_compressed", "max_new_tokens", "max_draft_len", "resume_ticket", "committed_length", "first_token")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VOCAB_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -56,6 +56,7 @@ class Open(_message.Message):
     MAX_DRAFT_LEN_FIELD_NUMBER: _ClassVar[int]
     RESUME_TICKET_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
     model: str
     vocab_fingerprint: bytes
     vocab_size: int
@@ -66,7 +67,8 @@ class Open(_message.Message):
     max_draft_len: int
     resume_ticket: bytes
     committed_length: int
-    def __init__(self, model: _Optional[str] = ..., vocab_fingerprint: _Optional[bytes] = ..., vocab_size: _Optional[int] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., prompt: _Optional[bytes] = ..., prompt_compressed: _Optional[bool] = ..., max_new_tokens: _Optional[int] = ..., max_draft_len: _Optional[int] = ..., resume_ticket: _Optional[bytes] = ..., committed_length: _Optional[int] = ...) -> None: ...
+    first_token: bool
+    def __init__(self, model: _Optional[str] = ..., vocab_fingerprint: _Optional[bytes] = ..., vocab_size: _Optional[int] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., prompt: _Optional[bytes] = ..., prompt_compressed: _Optional[bool] = ..., max_new_tokens: _Optional[int] = ..., max_draft_len: _Optional[int] = ..., resume_ticket: _Optional[bytes] = ..., committed_length: _Optional[int] = ..., first_token: _Optional[bool] = ...) -> None: ...
 
 class Draft(_message.Message):
     __slots__ = ("epoch", "start_position", "payload", "compressed", "more_follows")
@@ -97,7 +99,7 @@ class EdgeFrame(_message.Message):
     def __init__(self, open: _Optional[_Union[Open, _Mapping]] = ..., draft: _Optional[_Union[Draft, _Mapping]] = ..., close: _Optional[_Union[Close, _Mapping]] = ...) -> None: ...
 
 class Opened(_message.Message):
-    __slots__ = ("session_id", "resume_ticket", "vocab_size", "committed_length", "max_draft_len", "forwards", "max_blocks_in_flight")
+    __slots__ = ("session_id", "resume_ticket", "vocab_size", "committed_length", "max_draft_len", "forwards", "max_blocks_in_flight", "answers_first_position")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     RESUME_TICKET_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -105,6 +107,7 @@ class Opened(_message.Message):
     MAX_DRAFT_LEN_FIELD_NUMBER: _ClassVar[int]
     FORWARDS_FIELD_NUMBER: _ClassVar[int]
     MAX_BLOCKS_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    ANSWERS_FIRST_POSITION_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     resume_ticket: bytes
     vocab_size: int
@@ -112,7 +115,8 @@ class Opened(_message.Message):
     max_draft_len: int
     forwards: int
     max_blocks_in_flight: int
-    def __init__(self, session_id: _Optional[str] = ..., resume_ticket: _Optional[bytes] = ..., vocab_size: _Optional[int] = ..., committed_length: _Optional[int] = ..., max_draft_len: _Optional[int] = ..., forwards: _Optional[int] = ..., max_blocks_in_flight: _Optional[int] = ...) -> None: ...
+    answers_first_position: bool
+    def __init__(self, session_id: _Optional[str] = ..., resume_ticket: _Optional[bytes] = ..., vocab_size: _Optional[int] = ..., committed_length: _Optional[int] = ..., max_draft_len: _Optional[int] = ..., forwards: _Optional[int] = ..., max_blocks_in_flight: _Optional[int] = ..., answers_first_position: _Optional[bool] = ...) -> None: ...
 
 class Verdict(_message.Message):
     __slots__ = ("epoch", "start_position", "accepted", "token", "bonus", "done", "stop_reason", "server_us", "forwards")

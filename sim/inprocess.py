@@ -44,7 +44,8 @@ class LocalVerifier:
         self.session = VerifierSession(
             self.engine, prompt, params, max_new_tokens=max_new_tokens, max_draft_len=max_draft_len
         )
-        return SessionTerms(max_draft_len=max_draft_len, max_blocks_in_flight=self.max_blocks_in_flight)
+        self._pending.append(PendingBlock(0, len(prompt), []))  # the first position, answered as the service does
+        return SessionTerms(max_draft_len, self.max_blocks_in_flight, answers_first_position=True)
 
     def send(self, epoch: int, start_position: int, block: DraftBlock, more_follows: bool) -> None:
         self._pending.append(PendingBlock(epoch, start_position, list(block.tokens), block.q, more_follows))

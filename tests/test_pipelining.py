@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import queue
 import time
 from collections import Counter
 
@@ -18,9 +19,11 @@ from edge.decode_loop import run_decode
 from edge.llama_drafter import LlamaDrafter
 from edge.ngram_drafter import NgramDrafter
 from protos import splitspec_pb2 as pb
+from protos import splitspec_pb2_grpc as pb_grpc
 from shared import codec
 from shared.params import Mode, SamplingParams
 from shared.verdict import StopReason
+from shared.wire import sampling_to_proto
 from sim.inprocess import generate
 
 GREEDY = SamplingParams(mode=Mode.GREEDY)
@@ -214,7 +217,7 @@ def test_the_cloud_bounds_blocks_in_flight(tiny_engine, greedy_path):
             draft = pb.Draft(epoch=0, start_position=len(prompt) + 2 * b, payload=payload, more_follows=b < blocks - 1)
             frames.put_nowait((draft, time.perf_counter()))
         forwards = entry.session.forwards
-        verdicts = servicer._verdicts(entry, frames, [])
+        verdicts = servicer._verdicts(entry, frames, [], None)
         out = []
         try:
             async for verdict, _ in verdicts:
@@ -245,3 +248,26 @@ def test_the_edge_respects_the_window_the_cloud_allows(tiny_engine, tiny_vocab, 
     with pytest.raises(ValueError, match="window"):
         run_decode(drafters["drafter_f32"], link, prompt, GREEDY, max_new_tokens=24, draft_len=2, window=0)
     assert VerifierError  # the client's error type stays importable for callers
+
+
+def test_the_first_token_comes_with_the_open_when_asked(tiny_engine, tiny_vocab, greedy_path, verifier):
+    """Open.first_token: the verdict for the first position follows Opened before any draft is sent."""
+    prompt, want = greedy_path
+    encoded = codec.encode_tokens(prompt, tiny_vocab[0])
+    opening = pb.EdgeFrame(open=pb.Open(vocab_size=tiny_vocab[0], vocab_fingerprint=tiny_vocab[1], first_token=True,
+                                        sampling=sampling_to_proto(GREEDY), prompt=encoded.data, max_new_tokens=8))
+    frames = queue.Queue()
+    frames.put(opening)
+    with grpc.insecure_channel(verifier.address) as channel:
+        replies = pb_grpc.VerifierStub(channel).Decode(iter(frames.get, None), timeout=30)
+        opened = next(replies).opened
+        first = next(replies).verdict  # nothing was sent after the Open
+        assert opened.answers_first_position and opened.forwards == 1
+        assert (first.epoch, first.start_position, first.accepted, first.token, first.bonus) == (0, len(prompt), 0, want[0], True)
+        frames.put(pb.EdgeFrame(draft=pb.Draft(epoch=0, start_position=len(prompt) + 1,
+                                               payload=codec.encode_tokens(want[1:4], tiny_vocab[0]).data)))
+        second = next(replies).verdict
+        assert (second.accepted, second.token) == (3, want[4])
+        frames.put(pb.EdgeFrame(close=pb.Close()))
+        frames.put(None)
+        assert list(replies) == []

@@ -11,7 +11,10 @@ import pytest
 RUN_KEYS = {
     "mode", "draft_len", "tokens_per_s", "ttft_s", "acceptance_length", "up_bytes_per_token", "down_bytes_per_token",
     "cloud_forwards_per_token", "cloud_cpu_s_per_token", "identical_to_baseline", "predicted_tokens_per_s",
+    "schedule", "window", "hedge", "mean_draft_len", "hedge_hit_rate",
 }
+CONFIGS = [("greedy", 3, "lockstep", 1), ("greedy", 3, "pipelined", 3), ("coupled", 3, "lockstep", 1),
+           ("coupled", 3, "pipelined", 3)]
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +22,7 @@ def sim_result(tiny_models, tmp_path_factory):
     out = tmp_path_factory.mktemp("sim")
     proc = subprocess.run(
         [sys.executable, "-m", "sim.cli", "sim", "run", "acespec-50k", "--quick", "--modes", "greedy", "coupled",
-         "--draft-lens", "3", "--max-new-tokens", "24", "--target", tiny_models["target"],
+         "--draft-lens", "3", "--schedules", "lockstep", "pipelined", "--window", "3", "--max-new-tokens", "24", "--target", tiny_models["target"],
          "--drafter", tiny_models["drafter_noisy"], "--out", str(out), "--json"],
         capture_output=True, text=True, timeout=600,
     )
@@ -31,7 +34,8 @@ def test_result_schema_and_files(sim_result):
     result, out, _ = sim_result
     assert result["scenario"] == "acespec-50k"
     assert RUN_KEYS <= set(result["baseline"])
-    assert [(r["mode"], r["draft_len"]) for r in result["runs"]] == [("greedy", 3), ("coupled", 3)]
+    assert [(r["mode"], r["draft_len"], r["schedule"], r["window"]) for r in result["runs"]] == CONFIGS
+    assert result["baseline"]["schedule"] is None and result["baseline"]["mean_draft_len"] is None
     for run in result["runs"]:
         assert RUN_KEYS <= set(run)
     assert json.loads((out / "result.json").read_text()) == result
@@ -49,7 +53,12 @@ def test_split_is_identical_to_cloud_only_and_cheaper(sim_result):
         assert run["acceptance_length"] > 1.0
         assert run["cloud_forwards_per_token"] < base["cloud_forwards_per_token"]
         assert run["up_bytes_per_token"] > 0 and run["down_bytes_per_token"] > 0
-        assert run["predicted_tokens_per_s"] > 0
+        assert 0 < run["mean_draft_len"] <= 3 and run["hedge"] is None and run["hedge_hit_rate"] is None
+        # The performance model describes the lock-step loop; pipelined runs are not predicted.
+        if run["schedule"] == "lockstep":
+            assert run["predicted_tokens_per_s"] > 0
+        else:
+            assert run["predicted_tokens_per_s"] is None and run["prediction_error"] is None
 
 
 def test_progress_is_shown(sim_result):
@@ -67,7 +76,8 @@ def test_terminal_and_markdown_tables_hold_the_same_rows(sim_result):
     assert md_rows[0].startswith("| config") and md_rows[1].startswith("|:-")
     md_cells = [[cell.strip() for cell in row.strip("|").split("|")] for row in md_rows[2:]]
     labels = [cells[0] for cells in md_cells]
-    assert labels[-2:] == ["greedy D=3", "coupled D=3"] and set(labels[:-2]) == {"cloud-only"}
+    assert labels[-4:] == ["greedy D=3", "greedy D=3 W=3", "coupled D=3", "coupled D=3 W=3"]
+    assert set(labels[:-4]) == {"cloud-only"}
     lines = terminal_table(result).splitlines()
     assert lines[0].split()[0] == "config" and set(lines[1]) == {"-", " "}
     assert [line.split() for line in lines[2:]] == [" ".join(cells).split() for cells in md_cells]
