@@ -13,7 +13,15 @@ import sys
 from pathlib import Path
 
 from cloud.limits import ServiceLimits
-from shared.cli import add_verbosity, non_negative_float, port_number, positive_float, positive_int, run_command
+from shared.cli import (
+    CliError,
+    add_verbosity,
+    non_negative_float,
+    port_number,
+    positive_float,
+    positive_int,
+    run_command,
+)
 
 __all__ = ["add_cloud_commands", "build_parser", "main"]
 
@@ -55,7 +63,14 @@ def add_cloud_commands(commands) -> None:
     serve.add_argument("--max-new-tokens", type=positive_int, default=limits.max_new_tokens,
                        help=f"largest generation per session (default {limits.max_new_tokens})")
     serve.add_argument("--session-ttl", type=positive_float, default=limits.session_ttl_s,
-                       help=f"seconds a broken or idle session is kept (default {limits.session_ttl_s:g})")
+                       help=f"seconds a parked session (its stream broke or idled) stays resumable "
+                       f"(default {limits.session_ttl_s:g})")
+    serve.add_argument("--max-sessions-per-client", type=positive_int, default=limits.max_sessions_per_client,
+                       help="sessions one client (bearer token, else peer address) may hold, parked ones included "
+                       f"(default {limits.max_sessions_per_client})")
+    serve.add_argument("--idle-timeout", type=positive_float, default=limits.idle_timeout_s,
+                       help="seconds a stream may go without a block to verify before its session is parked "
+                       f"(default {limits.idle_timeout_s:g}); a full table evicts parked sessions first")
     serve.add_argument("--auth-token-file", type=Path, default=None, help="require 'authorization: Bearer <token>' from this file")
     serve.add_argument("--tls-cert", type=Path, default=None, help="PEM certificate (with --tls-key)")
     serve.add_argument("--tls-key", type=Path, default=None, help="PEM private key (with --tls-cert)")
@@ -80,7 +95,7 @@ def read_secret(path: Path | None, what: str) -> str | None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from cloud.engine import TargetEngine
+    from cloud.engine import TargetEngine, pick_device
     from cloud.models import resolve_target
     from cloud.server import ServerConfig
 
@@ -93,6 +108,8 @@ def run_serve(args: argparse.Namespace) -> int:
             max_sessions=args.max_sessions,
             max_draft_len=args.max_draft_len,
             session_ttl_s=args.session_ttl,
+            max_sessions_per_client=args.max_sessions_per_client,
+            idle_timeout_s=args.idle_timeout,
             max_new_tokens=args.max_new_tokens,
         ),
         auth_token=token,
@@ -102,8 +119,17 @@ def run_serve(args: argparse.Namespace) -> int:
         grace_s=args.grace,
         insecure=args.insecure,
     )
-    engine = TargetEngine(resolve_target(args.target), device=args.device)
-    asyncio.run(_serve(engine, config))
+    pick_device(args.device)  # a bad --device fails before a minute of model loading
+    target = resolve_target(args.target)
+    try:
+        engine = TargetEngine(target, device=args.device)
+    except Exception as exc:  # a truncated or foreign checkpoint (safetensors raises its own type), a bad config
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CliError(f"cannot load the target model from {target}: {detail}") from exc
+    try:
+        asyncio.run(_serve(engine, config))
+    except OSError as exc:  # the port is taken
+        raise CliError(str(exc)) from exc
     return 0
 
 

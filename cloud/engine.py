@@ -61,9 +61,19 @@ class RowPaddedHead(torch.nn.Module):
 
 
 def pick_device(device: str | None) -> torch.device:
-    if device:
-        return torch.device(device)
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    """``device`` as a torch device (None: cuda when present, else cpu); ``ValueError`` for a name
+    torch does not know or an accelerator this machine lacks."""
+    if not device:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        chosen = torch.device(device)
+    except RuntimeError as exc:
+        raise ValueError(f"--device {device!r} is not a torch device (cpu, cuda, cuda:1, mps, ...)") from exc
+    if chosen.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: no CUDA device on this machine (use --device cpu)")
+    if chosen.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"--device {device}: no MPS device on this machine (use --device cpu)")
+    return chosen
 
 
 class TargetEngine:
@@ -93,6 +103,8 @@ class TargetEngine:
         self.model = AutoModelForCausalLM.from_pretrained(folder, **kwargs).to(self.device).eval()
         self.tokenizer = AutoTokenizer.from_pretrained(folder, **({"gguf_file": path.name} if path.is_file() else {}))
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
+        # Positions the model was trained for (None when the config does not say).
+        self.max_positions: int | None = getattr(self.model.config, "max_position_embeddings", None)
         if self.device.type == "cpu":
             self.model.set_output_embeddings(RowPaddedHead(self.model.get_output_embeddings()))
         self.model_name = path.name

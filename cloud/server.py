@@ -46,6 +46,11 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ValueError("--tls-cert and --tls-key go together")
+        for pem, flag in ((self.tls_cert, "--tls-cert"), (self.tls_key, "--tls-key")):
+            if pem is not None and b"-----BEGIN " not in pem:
+                raise ValueError(f"{flag} is not a PEM file (no '-----BEGIN' line)")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in [0, 65535], got {self.port}")
         if self.auth_token and not self.tls_cert and not self.insecure and not is_loopback(self.host):
             raise ValueError(
                 f"refusing to take a bearer token in cleartext on {self.host}: give --tls-cert and --tls-key, "
@@ -103,14 +108,21 @@ class VerifierServer:
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection([SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
         address = f"{cfg.host}:{cfg.port}"
-        if cfg.tls_cert and cfg.tls_key:
-            self.port = server.add_secure_port(address, grpc.ssl_server_credentials([(cfg.tls_key, cfg.tls_cert)]))
+        try:
+            if cfg.tls_cert and cfg.tls_key:
+                credentials = grpc.ssl_server_credentials([(cfg.tls_key, cfg.tls_cert)])
+                self.port = server.add_secure_port(address, credentials)
+            else:
+                # Loopback without TLS: edges send their token over local credentials
+                # (gRPC sends call credentials only over a secure channel).
+                self.port = server.add_insecure_port(address)
+        except RuntimeError as exc:  # grpc raises a bare "Failed to bind" for a taken port
+            self.port = 0
+            cause = exc
         else:
-            # Loopback without TLS: edges send their token over local credentials
-            # (gRPC sends call credentials only over a secure channel).
-            self.port = server.add_insecure_port(address)
+            cause = None
         if not self.port:
-            raise OSError(f"cannot listen on {address}")
+            raise OSError(f"cannot listen on {address}: the port is in use or the address is not this machine's") from cause
         await server.start()
         self._server = server
         for name in ("", SERVICE_NAME):

@@ -22,7 +22,7 @@ from cloud.engine import TargetEngine
 from cloud.limits import ServiceLimits
 from cloud.metrics import ServiceMetrics
 from cloud.session import BlockRejected, PendingBlock, VerifierSession
-from cloud.session_table import SessionEntry, SessionTable, TableFull
+from cloud.session_table import SessionEntry, SessionTable, TableFull, owner_of
 from protos import splitspec_pb2 as pb
 from protos import splitspec_pb2_grpc as pb_grpc
 from shared import codec
@@ -47,10 +47,16 @@ _EOF = object()  # the edge hung up without a Close: the session stays resumable
 _CLOSE = object()  # the edge sent Close
 
 
+_LOG_LINES_PER_S = 20  # session-end log lines per second at most
+
+
 class _Abort(Exception):
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+    """Ends one stream with ``code``; ``park`` keeps its session resumable instead of dropping it."""
+
+    def __init__(self, code: grpc.StatusCode, message: str, park: bool = False) -> None:
         super().__init__(message)
         self.code = code
+        self.park = park
 
 
 class VerifierServicer(pb_grpc.VerifierServicer):
@@ -58,7 +64,8 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         self.engine = engine
         self.limits = limits
         self.metrics = metrics or ServiceMetrics()
-        self.table = SessionTable(limits.max_sessions, limits.session_ttl_s)
+        self.table = SessionTable(limits.max_sessions, limits.session_ttl_s, max_per_owner=limits.max_sessions_per_client)
+        self._log_window_start, self._log_lines, self._log_skipped = 0.0, 0, 0
         # The latest per-verify service times outside the forward, seconds (for benchmarks and debugging).
         self.recent_overheads_s: deque[float] = deque(maxlen=10_000)
         # One thread: forwards are serialised; torch parallelises inside each.
@@ -99,18 +106,34 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         except ValueError as exc:
             raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
 
-    async def _new_session(self, opened: OpenRequest, max_draft_len: int) -> SessionEntry:
+    def _log_end(self, entry: SessionEntry | None, exc: _Abort) -> None:
+        """One line per ended session, at most ``_LOG_LINES_PER_S`` a second: a flood of bad
+        streams cannot flood the log (the skipped count goes on the next line)."""
+        now = time.monotonic()
+        if now - self._log_window_start >= 1.0:
+            self._log_window_start, self._log_lines = now, 0
+        self._log_lines += 1
+        if self._log_lines > _LOG_LINES_PER_S:
+            self._log_skipped += 1
+            return
+        skipped = f" ({self._log_skipped} more not logged)" if self._log_skipped else ""
+        self._log_skipped = 0
+        log.info("session %s ended: %s: %s%s", entry.session_id if entry else "-", exc.code.name, exc, skipped)
+
+    async def _new_session(self, opened: OpenRequest, max_draft_len: int, owner: str) -> SessionEntry:
         params, prompt, max_new_tokens = opened.params, opened.prompt, opened.max_new_tokens
         try:
-            self.table.reserve()  # refuse before spending a prefill on a session that cannot be kept
+            self.table.reserve(owner)  # refuse before spending a prefill on a session that cannot be kept
             session = await self._in_engine(
                 lambda: VerifierSession(
                     self.engine, prompt, params, max_new_tokens=max_new_tokens, max_draft_len=max_draft_len
                 )
             )
-            entry = self.table.add(session)  # checks again: others may have opened during the prefill
+            entry = self.table.add(session, owner)  # checks again: others may have opened during the prefill
         except TableFull as exc:
             raise _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)) from exc
+        except ValueError as exc:  # the session refused the request (e.g. longer than the target's context)
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
         self.metrics.sessions_opened.inc()
         self.metrics.sessions_active.set(len(self.table))
         self.metrics.observe_open(forwards=session.forwards)
@@ -201,7 +224,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             if first.WhichOneof("kind") != "open":
                 raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"the first frame must be Open, got {first.WhichOneof('kind') or 'an empty frame'}")
             answer_first = first.open.first_token and not first.open.resume_ticket
-            entry = await self._open(first.open)
+            entry = await self._open(first.open, self._owner(context))
             session = entry.session
             yield self._count_out(
                 pb.CloudFrame(
@@ -233,9 +256,9 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             finally:
                 reader.cancel()
         except _Abort as exc:
-            finished = True
+            finished = not exc.park
             self.metrics.sessions_failed.labels(code=exc.code.name).inc()
-            log.info("session %s ended: %s: %s", entry.session_id if entry else "-", exc.code.name, exc)
+            self._log_end(entry, exc)
             await context.abort(exc.code, str(exc))
         finally:
             self._end(entry, finished)
@@ -262,6 +285,18 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         except Exception as exc:  # a frame that is not an EdgeFrame (gRPC's deserializer raised)
             frames.put_nowait(_Abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed frame: {type(exc).__name__}"))
 
+    @staticmethod
+    async def _next_frame(frames: asyncio.Queue, timeout_s: float):
+        """The next item of ``frames``; an idle stream is parked (its slot can go to another client)."""
+        try:
+            return await asyncio.wait_for(frames.get(), max(timeout_s, 0.0))
+        except TimeoutError as exc:
+            raise _Abort(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                "no block to verify for too long; the session is parked (resume it with its ticket)",
+                park=True,
+            ) from exc
+
     async def _verdicts(self, entry: SessionEntry, frames: asyncio.Queue, ending: list, first: PendingBlock | None):
         """Verdicts, with cloud seconds, for the blocks read from ``frames``: each forward takes
         every block pending (``VerifierSession.verify_chain``).
@@ -272,8 +307,10 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         """
         pending: list[PendingBlock] = [first] if first else []
         received = {(first.epoch, first.start_position): (time.perf_counter(), 0)} if first else {}
+        idle_s = self.limits.idle_timeout_s
+        progress = time.monotonic()  # the last verdict (or the open): stale blocks do not count
         while not ending:
-            items = [] if pending else [await frames.get()]
+            items = [] if pending else [await self._next_frame(frames, idle_s - (time.monotonic() - progress))]
             while not frames.empty():
                 items.append(frames.get_nowait())
             for item in items:
@@ -296,20 +333,28 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                 answered = await self._verify_pending(entry, pending, received)
                 for verdict, seconds in answered:
                     yield verdict, seconds
+                    progress = time.monotonic()
                 if not answered:
                     break  # only stale blocks were left
             for key in [k for k in received if k[0] < entry.session.epoch]:
                 del received[key]  # stale blocks a chain consumed without answering
 
-    async def _open(self, request: pb.Open) -> SessionEntry:
+    @staticmethod
+    def _owner(context) -> str:
+        """Whom a stream's sessions count against: its bearer token, else its peer address."""
+        metadata = dict(context.invocation_metadata() or ())
+        token = str(metadata.get("authorization", "")).removeprefix("Bearer ") or None
+        return owner_of(context.peer() or "", token)
+
+    async def _open(self, request: pb.Open, owner: str) -> SessionEntry:
         if request.resume_ticket:
-            entry = self.table.resume(request.resume_ticket)
+            entry = self.table.resume(request.resume_ticket, owner)
             if entry is None:
                 raise _Abort(grpc.StatusCode.NOT_FOUND, "no resumable session for that ticket; reopen with the committed tokens as the prompt")
             return entry
         opened = self._parse_request(request)
         max_draft_len = min(request.max_draft_len or self.limits.max_draft_len, self.limits.max_draft_len)
-        entry = await self._new_session(opened, max_draft_len)
+        entry = await self._new_session(opened, max_draft_len, owner)
         params = opened.params
         log.info(
             "session %s opened: %d prompt tokens, mode %s, T=%.2f, D<=%d, max %d new",
@@ -323,7 +368,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         entry = None
         try:
             self._count_in(request)
-            entry = await self._new_session(self._parse_request(request), 0)
+            entry = await self._new_session(self._parse_request(request), 0, self._owner(context))
             session = entry.session
             while not session.done:
                 key = (session.epoch, len(session.tokens))

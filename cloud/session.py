@@ -64,6 +64,11 @@ class VerifierSession:
         bad = [t for t in prompt if not 0 <= t < engine.vocab_size]
         if bad:
             raise ValueError(f"prompt token {bad[0]} is outside the vocabulary of {engine.vocab_size}")
+        if engine.max_positions and len(prompt) + max_new_tokens > engine.max_positions:
+            raise ValueError(
+                f"a prompt of {len(prompt)} tokens plus {max_new_tokens} new ones exceeds the target's context of "
+                f"{engine.max_positions} positions"
+            )
         self.engine = engine
         self.params = params
         self.max_new_tokens = max_new_tokens

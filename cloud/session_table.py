@@ -1,8 +1,13 @@
-"""Live sessions of the verifier: a bounded table with a TTL.
+"""Live sessions of the verifier: a bounded table that one client cannot fill.
 
-A session whose stream broke stays resumable for ``ttl_s`` (by its ticket);
-``reap`` drops those past their time. The table never holds more than
-``max_sessions`` entries; a full table refuses new sessions.
+A session is *attached* while a stream drives it and *parked* when its
+stream broke: a parked session stays resumable by its ticket for ``ttl_s``.
+The table never holds more than ``max_sessions`` entries. When it is full, a
+new session evicts the longest-parked one (a parked session is only a
+convenience: its edge can reopen with its committed tokens); only attached
+sessions can make the table refuse. No owner (a bearer token, else the
+peer's address) holds more than ``max_per_owner`` entries, attached or
+parked. Everything here is bookkeeping: no I/O, and the clock is injectable.
 """
 
 from __future__ import annotations
@@ -14,11 +19,20 @@ from dataclasses import dataclass, field
 
 from cloud.session import VerifierSession
 
-__all__ = ["SessionTable", "SessionEntry", "TableFull"]
+__all__ = ["SessionTable", "SessionEntry", "TableFull", "owner_of"]
 
 
 class TableFull(RuntimeError):
-    """No room for another session."""
+    """No room for another session (the table, or the owner's share of it)."""
+
+
+def owner_of(peer: str, token: str | None = None) -> str:
+    """Whom a session counts against: its bearer token when there is one, else the peer's
+    address without the port (gRPC peers read ``ipv4:1.2.3.4:5678`` or ``ipv6:[::1]:5678``)."""
+    if token:
+        return f"token:{token}"
+    host = peer.rsplit(":", 1)[0] if peer.count(":") >= 2 else peer
+    return host
 
 
 @dataclass
@@ -26,38 +40,63 @@ class SessionEntry:
     session_id: str
     ticket: bytes
     session: VerifierSession
+    owner: str = ""
     attached: bool = True  # a stream is driving it
     last_active: float = field(default_factory=time.monotonic)
 
 
 class SessionTable:
-    def __init__(self, max_sessions: int, ttl_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        max_sessions: int,
+        ttl_s: float,
+        clock: Callable[[], float] = time.monotonic,
+        max_per_owner: int | None = None,
+    ) -> None:
         self.max_sessions = max_sessions
+        self.max_per_owner = max_per_owner or max_sessions
         self.ttl_s = ttl_s
         self._clock = clock
         self._by_ticket: dict[bytes, SessionEntry] = {}
+        self.evicted = 0  # parked sessions dropped to make room
 
     def __len__(self) -> int:
         return len(self._by_ticket)
 
-    def reserve(self) -> None:
-        """Raise TableFull unless a new session fits (after reaping expired ones)."""
+    @property
+    def parked(self) -> int:
+        return sum(not e.attached for e in self._by_ticket.values())
+
+    def reserve(self, owner: str = "") -> None:
+        """Make room for a session of ``owner`` or raise ``TableFull``.
+
+        Reaps expired sessions, then evicts the owner's own longest-parked
+        session when the owner is at its share, and anyone's longest-parked
+        one when the table is full.
+        """
         self.reap()
-        if len(self._by_ticket) >= self.max_sessions:
+        mine = [e for e in self._by_ticket.values() if e.owner == owner]
+        if len(mine) >= self.max_per_owner and not self._evict_parked(mine):
+            raise TableFull(
+                f"this client already drives {len(mine)} sessions, the limit per client; finish or close one first"
+            )
+        if len(self._by_ticket) >= self.max_sessions and not self._evict_parked(list(self._by_ticket.values())):
             raise TableFull(f"the verifier is at its limit of {self.max_sessions} sessions; retry later")
 
-    def add(self, session: VerifierSession) -> SessionEntry:
-        self.reserve()
-        entry = SessionEntry(session_id=secrets.token_hex(8), ticket=secrets.token_bytes(16), session=session)
+    def add(self, session: VerifierSession, owner: str = "") -> SessionEntry:
+        self.reserve(owner)
+        entry = SessionEntry(
+            session_id=secrets.token_hex(8), ticket=secrets.token_bytes(16), session=session, owner=owner
+        )
         entry.last_active = self._clock()
         self._by_ticket[entry.ticket] = entry
         return entry
 
-    def resume(self, ticket: bytes) -> SessionEntry | None:
-        """Reattach a detached, unexpired session by its ticket."""
+    def resume(self, ticket: bytes, owner: str | None = None) -> SessionEntry | None:
+        """Reattach a parked, unexpired session by its ticket (and, when given, its owner)."""
         self.reap()
         entry = self._by_ticket.get(bytes(ticket))
-        if entry is None or entry.attached:
+        if entry is None or entry.attached or (owner is not None and entry.owner != owner):
             return None
         entry.attached = True
         entry.last_active = self._clock()
@@ -67,7 +106,7 @@ class SessionTable:
         entry.last_active = self._clock()
 
     def detach(self, entry: SessionEntry) -> None:
-        """The stream ended without finishing: keep the session for ``ttl_s``."""
+        """The stream ended without finishing: park the session for ``ttl_s``."""
         entry.attached = False
         entry.last_active = self._clock()
 
@@ -75,9 +114,17 @@ class SessionTable:
         self._by_ticket.pop(entry.ticket, None)
 
     def reap(self) -> int:
-        """Drop detached sessions idle past the TTL; returns how many."""
+        """Drop parked sessions idle past the TTL; returns how many."""
         now = self._clock()
         expired = [t for t, e in self._by_ticket.items() if not e.attached and now - e.last_active > self.ttl_s]
         for ticket in expired:
             del self._by_ticket[ticket]
         return len(expired)
+
+    def _evict_parked(self, entries: list[SessionEntry]) -> bool:
+        parked = [e for e in entries if not e.attached]
+        if not parked:
+            return False
+        self.remove(min(parked, key=lambda e: e.last_active))
+        self.evicted += 1
+        return True

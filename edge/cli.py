@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from shared.cli import add_verbosity, positive_float, run_command
+from shared.cli import add_verbosity, host_port, positive_float, run_command
 
 __all__ = ["add_edge_commands", "build_parser", "main"]
 
@@ -59,7 +59,8 @@ def add_edge_commands(commands) -> None:
 
 def _add_cloud_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("cloud")
-    group.add_argument("--cloud", default="127.0.0.1:50051", help="verifier address HOST:PORT (default 127.0.0.1:50051)")
+    group.add_argument("--cloud", type=host_port, default="127.0.0.1:50051",
+                       help="verifier address HOST:PORT (default 127.0.0.1:50051)")
     group.add_argument("--auth-token-file", type=Path, default=None, help="bearer token for the verifier")
     group.add_argument("--tls-ca", type=Path, default=None, help="PEM CA certificate: connect with TLS and trust this CA")
     group.add_argument("--connect-timeout", type=positive_float, default=10.0, help="seconds to reach the cloud (default 10)")
@@ -134,7 +135,7 @@ def run_edge(args: argparse.Namespace) -> int:
             on_tokens=None if args.json else TextStream(vocab.detokenize),
         )
     except VerifierError as exc:
-        raise CliError(str(exc)) from exc
+        raise CliError(str(exc), 2 if exc.bad_input else 1) from exc
     finally:
         drafter.close()
     report = EdgeReport(
@@ -195,7 +196,7 @@ def run_baseline(args: argparse.Namespace) -> int:
             **options,
         )
     except VerifierError as exc:
-        raise CliError(str(exc)) from exc
+        raise CliError(str(exc), 2 if exc.bad_input else 1) from exc
     decode = DecodeStats(wall_s=result.wall_s, target_forwards=result.forwards)
     for _ in result.tokens:
         decode.record_round(drafted=0, accepted=0, committed=1)

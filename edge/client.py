@@ -45,7 +45,18 @@ _END = object()
 
 
 class VerifierError(RuntimeError):
-    """The cloud could not be reached, refused us, or went away."""
+    """The cloud could not be reached, refused us, or went away.
+
+    ``bad_input``: the cloud refused what we asked for (a status that says the
+    request was wrong), so a command line exits 2, not 1.
+    """
+
+    def __init__(self, message: str, bad_input: bool = False) -> None:
+        super().__init__(message)
+        self.bad_input = bad_input
+
+
+_BAD_INPUT = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.OUT_OF_RANGE}
 
 
 def make_channel(address: str, root_certificates: bytes | None = None, auth_token: str | None = None) -> grpc.Channel:
@@ -266,7 +277,7 @@ class GrpcVerifier:
         if isinstance(item, grpc.RpcError):
             if item.code() == grpc.StatusCode.UNAVAILABLE:
                 raise VerifierError(f"lost the cloud at {self.address}: {describe_rpc_error(item)}")
-            raise VerifierError(f"cloud ended the session: {describe_rpc_error(item)}")
+            raise VerifierError(f"cloud ended the session: {describe_rpc_error(item)}", item.code() in _BAD_INPUT)
         if item is _END:
             raise VerifierError(f"cloud closed the stream before sending the {kind}")
         self.bytes_down += message_wire_bytes(item)
@@ -331,7 +342,9 @@ def cloud_only_generate(
                 stop, forwards = stop_reason_from_proto(chunk.stop_reason), chunk.forwards
                 break
     except grpc.RpcError as error:
-        raise VerifierError(f"cloud-only generation failed: {describe_rpc_error(error)}") from error
+        raise VerifierError(
+            f"cloud-only generation failed: {describe_rpc_error(error)}", error.code() in _BAD_INPUT
+        ) from error
     except ValueError as exc:
         raise VerifierError(f"malformed chunk from the cloud: {exc}") from exc
     finally:

@@ -23,6 +23,7 @@ __all__ = [
     "positive_float",
     "non_negative_float",
     "port_number",
+    "host_port",
 ]
 
 
@@ -68,6 +69,20 @@ def port_number(text: str) -> int:
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"must be a port in [0, 65535], got {value}")
     return value
+
+
+def host_port(text: str) -> str:
+    """HOST:PORT (an IPv6 host in brackets) with a port in [1, 65535]."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or (":" in host and not (host.startswith("[") and host.endswith("]"))):
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT (IPv6 as [::1]:PORT), got {text!r}")
+    try:
+        number = int(port)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"the port in {text!r} is not a number") from None
+    if not 1 <= number <= 65535:
+        raise argparse.ArgumentTypeError(f"the port in {text!r} must be in [1, 65535]")
+    return text
 
 
 def add_verbosity(parser: argparse.ArgumentParser) -> None:

@@ -35,6 +35,7 @@ __all__ = [
 ]
 
 DEFAULT_TEMPERATURE = 0.7
+MIN_TEMPERATURE = 1e-3  # below this (but above 0), logits / T overflows float32: use 0 for greedy
 DEFAULT_TOP_K = 64  # Gemma 3's recommendation; 0 = off
 DEFAULT_TOP_P = 0.95  # 1.0 = off
 DEFAULT_DRAFT_LEN = 8  # drafts per block D (0 = target-only)
@@ -93,6 +94,8 @@ class SamplingParams:
             object.__setattr__(self, "temperature", 0.0)
         if not (self.temperature >= 0.0 and self.temperature < float("inf")):
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if 0.0 < self.temperature < MIN_TEMPERATURE:
+            raise ValueError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, got {self.temperature:g}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:

@@ -62,6 +62,7 @@ CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
 )
 SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
     *CHANNEL_OPTIONS,
+    ("grpc.so_reuseport", 0),  # a second server on a taken port must fail, not share it
     ("grpc.http2.max_pings_without_data", 0),  # accept the edges' keepalive pings on idle streams
     ("grpc.keepalive_permit_without_calls", 1),
 )

@@ -210,7 +210,7 @@ def test_the_cloud_bounds_blocks_in_flight(tiny_engine, greedy_path):
     servicer = VerifierServicer(tiny_engine, ServiceLimits(max_blocks_in_flight=2))
 
     async def scenario(blocks: int):
-        entry = await servicer._new_session(OpenRequest(GREEDY, prompt, 40), 16)
+        entry = await servicer._new_session(OpenRequest(GREEDY, prompt, 40), 16, owner="test")
         frames: asyncio.Queue = asyncio.Queue()
         for b in range(blocks):  # all queued before the servicer looks: one drain sees them together
             payload = codec.encode_tokens(want[2 * b : 2 * b + 2], tiny_engine.vocab_size).data

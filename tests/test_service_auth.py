@@ -125,7 +125,8 @@ def test_server_refuses_a_cleartext_token_off_loopback_unless_insecure():
         ServerConfig(host="0.0.0.0", auth_token=TOKEN)
     assert ServerConfig(host="0.0.0.0", auth_token=TOKEN, insecure=True).insecure
     assert ServerConfig(host="127.0.0.1", auth_token=TOKEN).auth_token == TOKEN
-    assert ServerConfig(host="0.0.0.0", auth_token=TOKEN, tls_cert=b"c", tls_key=b"k").tls_cert == b"c"
+    pem = b"-----BEGIN CERTIFICATE-----\n...\n"
+    assert ServerConfig(host="0.0.0.0", auth_token=TOKEN, tls_cert=pem, tls_key=pem).tls_cert == pem
 
 
 def test_cloud_cli_refuses_a_cleartext_token_with_one_line_and_exit_2(tiny_models, tmp_path):
