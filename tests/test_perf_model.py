@@ -21,6 +21,7 @@ from sim.perf.model import (
     list_hardware,
     load_hardware,
     predict_cloud_only,
+    predict_pipelined,
     predict_split,
     protocol_bytes,
 )
@@ -63,6 +64,33 @@ def test_round_time_by_hand():
     assert p.limit == "rtt"
 
 
+def test_pipelined_chain_by_hand():
+    """alpha 0.5, D 2, window 2: p = 0.25, 4/3 blocks a chain; E[accepted | a block fails] * P(fail) = 0.25."""
+    t = _timings(alpha_per_position=[0.5])
+    link = NetworkModel(up_bps=0, down_bps=0, rtt_s=0.1)
+    p = predict_pipelined(t, link, 2, 2)
+    blocks = 1 / (1 - 0.25)
+    tokens = (blocks - 1) * 2 + 0.25 / 0.75 + 1
+    draft, verify = 0.020, 0.050 + 0.001 * 3
+    trip = 0.1 + verify
+    chain = draft + trip + (blocks - 1) * max(draft, verify, (draft + trip) / 2)
+    assert p.tokens_per_s == pytest.approx(tokens / chain)
+    assert p.cloud_s_per_token == pytest.approx(blocks * verify / tokens)
+    assert p.acceptance_length == pytest.approx(tokens / blocks)
+
+
+def test_pipelining_helps_when_the_round_trip_dominates_and_window_1_is_lockstep():
+    t = _timings(alpha_per_position=[0.9])
+    slow = NetworkModel(up_bps=50_000, down_bps=50_000, rtt_s=0.6)
+    assert predict_pipelined(t, slow, 6, 1) == predict_split(t, slow, 6)
+    speeds = [predict_pipelined(t, slow, 6, w).tokens_per_s for w in (1, 2, 3, 4)]
+    assert speeds[0] < speeds[1] < speeds[2] <= speeds[3]
+    # A drafter that is never right gains nothing from blocks in flight: each chain is one block.
+    never = _timings(alpha_per_position=[0.0])
+    assert predict_pipelined(never, slow, 6, 4).tokens_per_s == pytest.approx(
+        1 / (6 * 0.010 + slow.up_s(never.up_bytes(6)) + 0.6 + never.verify_s(7) + slow.down_s(30.0)))
+
+
 def test_loss_stall_and_segments_by_hand():
     link = NetworkModel(up_bps=80_000, down_bps=0, rtt_s=0.0, loss=0.1, rto_s=0.2, down_loss=0.0)
     # 3000 B = 3 segments of <= 1448: (3000 + 3*52) * 8 / 80000 + 0.1 * 3 * 0.2
@@ -76,7 +104,7 @@ def test_cloud_only_by_hand():
     fast = NetworkModel(up_bps=0, down_bps=0, rtt_s=0.1)
     p = predict_cloud_only(t, fast)
     assert p.tokens_per_s == pytest.approx(1 / 0.051)
-    assert p.ttft_s == pytest.approx(0.1 + 0.2 + 0.051)
+    assert p.ttft_s == pytest.approx(0.1 + 0.2)  # the prefill's last row gives the first token
     assert p.cloud_s_per_token == pytest.approx(0.051) and p.limit == "verify"
     # 20 + 52 bytes at 8 kbit/s = 72 ms per chunk > 51 ms per forward: the downlink limits.
     slow = NetworkModel(up_bps=8000, down_bps=8000, rtt_s=0.1)

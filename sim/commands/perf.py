@@ -11,20 +11,24 @@ import argparse
 import json
 from typing import Any
 
+from shared.params import DEFAULT_WINDOW
+
 __all__ = ["add_model_command"]
 
 
 def add_model_command(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "model", help="predict tokens/s, bytes and cloud work for a hardware profile (modelled, not measured)",
-        description="Predict, with the performance model, cloud-only decoding and non-pipelined split "
-                    "decoding for D = 1..max on a network scenario. Nothing is run: the numbers are "
+        description="Predict, with the performance model, cloud-only decoding and split decoding, lock-step "
+                    "and pipelined (--window blocks in flight), for D = 1..max on a network scenario. Nothing is run: the numbers are "
                     "MODELLED, not measured.")
     p.add_argument("--hardware", required=True, metavar="NAME|FILE",
                    help="shipped profile (llama70b-8xh100-mac, gemma270m-cpu) or a .toml path")
     p.add_argument("--scenario", default="acespec-50k", metavar="NAME|FILE",
                    help="network scenario name or .toml path (default: acespec-50k)")
     p.add_argument("--max-draft-len", type=int, default=16, metavar="D", help="largest D to model (default 16)")
+    p.add_argument("--window", type=int, default=DEFAULT_WINDOW, metavar="W",
+                   help=f"blocks in flight for the pipelined table (default {DEFAULT_WINDOW})")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=run_model)
 
@@ -32,6 +36,6 @@ def add_model_command(subparsers: Any) -> None:
 def run_model(args: argparse.Namespace) -> int:
     from sim.perf.report import format_report, model_report
 
-    report = model_report(args.hardware, args.scenario, args.max_draft_len)
+    report = model_report(args.hardware, args.scenario, args.max_draft_len, args.window)
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     return 0

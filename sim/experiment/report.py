@@ -117,8 +117,8 @@ def markdown_report(result: dict) -> str:
             f"{result['temperature']} (greedy runs use 0), seed {result['seed']}.",
             "",
             "All numbers below were measured in this run with real processes (edge and cloud pinned to separate cores) "
-            "through the emulated link, except the *predicted* column, which is the performance model of the lock-step "
-            "loop fitted on the same run's lock-step timings (pipelined runs are not modelled: —). Bytes are what crossed the emulated TCP link (HTTP/2 and gRPC framing and the "
+            "through the emulated link, except the *predicted* column, which is the performance model fitted on the "
+            "same run's timings (lock-step and pipelined schedules each have their own formula). Bytes are what crossed the emulated TCP link (HTTP/2 and gRPC framing and the "
             "session's setup included).",
             "",
             *_headline(result),

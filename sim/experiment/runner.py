@@ -173,23 +173,19 @@ def _baseline_kind(mode: str) -> str:
 
 def _finish(cfg, baselines: dict, baseline_reports: list[EdgeReport], measured: list[_Measured]) -> dict:
     link = perf_model.NetworkModel.from_link_config(cfg.scenario.link)
-    # The performance model describes the lock-step loop: it is fitted on, and predicts, lock-step runs only.
-    lockstep = [m for m in measured if m.row["schedule"] == "lockstep"]
-    fitted = model_fit.fit_timings([m.timings for m in lockstep], baseline_reports, rtt_s=link.rtt_s) if lockstep else None
+    # The shared timings (verify cost, prefill) are fitted on lock-step runs, whose blocks each cost
+    # their own forward; every run, pipelined too, is predicted with its own acceptance and bytes.
+    lockstep = [m for m in measured if m.row["schedule"] == "lockstep"] or measured
+    fitted = model_fit.fit_timings([m.timings for m in lockstep], baseline_reports, rtt_s=link.rtt_s)
     per_prompt = lambda run: run["tokens"] / len(cfg.prompts)  # noqa: E731
     runs = [m.row for m in measured]
     for m in measured:
-        if m in lockstep:
-            predicted = perf_model.predict_split(fitted.for_run(lockstep.index(m)), link, m.row["draft_len"])
-            _attach_prediction(m.row, predicted, per_prompt(m.row))
-        else:
-            m.row.update(predicted_tokens_per_s=None, prediction_error=None, limited_by=None)
+        timings = fitted.for_timings(m.timings)
+        predicted = perf_model.predict_pipelined(timings, link, m.row["draft_len"], m.row["window"])
+        _attach_prediction(m.row, predicted, per_prompt(m.row))
         m.row["ratios"] = _ratios(m.row, baselines[m.baseline_kind])
     for baseline in baselines.values():
-        if fitted is not None:
-            _attach_prediction(baseline, perf_model.predict_cloud_only(fitted.base, link), per_prompt(baseline))
-        else:
-            baseline.update(predicted_tokens_per_s=None, prediction_error=None, limited_by=None)
+        _attach_prediction(baseline, perf_model.predict_cloud_only(fitted.base, link), per_prompt(baseline))
         baseline["identical_to_baseline"] = True
         baseline["ratios"] = _ratios(baseline, baseline)
     return {
@@ -204,13 +200,14 @@ def _finish(cfg, baselines: dict, baseline_reports: list[EdgeReport], measured: 
         "baseline": baselines.get("sampled") or baselines["greedy"],
         "baselines": baselines,
         "runs": runs,
-        "model_fit": fitted.describe() if fitted is not None else None,
+        "model_fit": fitted.describe(),
     }
 
 
 def _attach_prediction(run: dict, predicted: perf_model.Prediction, n_tokens: int) -> None:
-    """Predicted tokens/s over the same span the edge measured: first token, then the rest in rounds."""
-    wall = predicted.ttft_s + max(n_tokens - predicted.acceptance_length, 0) / predicted.acceptance_length * predicted.round_s
+    """Predicted tokens/s over the same span the edge measured: the first token, then the rest at the
+    steady rate."""
+    wall = predicted.ttft_s + max(n_tokens - 1, 0) / predicted.tokens_per_s
     run["predicted_tokens_per_s"] = n_tokens / wall if wall > 0 else 0.0
     run["prediction_error"] = run["predicted_tokens_per_s"] / run["tokens_per_s"] - 1 if run["tokens_per_s"] else None
     run["limited_by"] = predicted.limit

@@ -53,6 +53,8 @@ __all__ = [
     "load_hardware",
     "predict_cloud_only",
     "predict_split",
+    "predict_pipelined",
+    "first_token_s",
     "protocol_bytes",
 ]
 
@@ -227,17 +229,75 @@ def predict_split(timings: Timings, link: NetworkModel, draft_len: int) -> Predi
         "downlink": link.down_s(timings.down_bytes_per_round),
     }
     round_s = sum(breakdown.values())
-    ttft = link.up_s(timings.open_up_bytes) + link.rtt_s + timings.prefill_s + timings.draft_prefill_s + round_s
     return Prediction(
         draft_len=draft_len,
         tokens_per_s=al / round_s if round_s > 0 else math.inf,
         round_s=round_s,
         acceptance_length=al,
         cloud_s_per_token=breakdown["verify"] / al,
-        ttft_s=ttft,
+        ttft_s=first_token_s(timings, link, timings.down_bytes_per_round),
         up_bytes_per_token=up_bytes / al,
         down_bytes_per_token=timings.down_bytes_per_round / al,
         breakdown=breakdown,
+    )
+
+
+def first_token_s(timings: Timings, link: NetworkModel, first_message_bytes: float) -> float:
+    """Request sent -> first token at the edge: the request up, the RTT, the prefill (whose last
+    row gives the first token, in cloud-only and split decoding alike), the first message down."""
+    return link.up_s(timings.open_up_bytes) + link.rtt_s + timings.prefill_s + link.down_s(first_message_bytes)
+
+
+def predict_pipelined(timings: Timings, link: NetworkModel, draft_len: int, window: int) -> Prediction:
+    """Split decoding with up to `window` blocks of `draft_len` drafts in flight (window 1: lock-step).
+
+    A *chain* of blocks runs from one correction to the next: each block is
+    sent with more_follows, so a fully accepted block defers its bonus and the
+    chain goes on. With p = P(a block is fully accepted) = Π α_j over the
+    block's positions, a chain holds 1/(1-p) blocks on average. Its first
+    block costs drafting plus a full round trip (uplink, RTT, verify,
+    downlink) = L; every later block adds the pipeline's interval
+    max(draft, verify, (draft + L) / window): the drafter, the verifier and
+    the window each bound how fast blocks flow. Blocks in flight past the
+    failing one are sent for nothing (uplink bytes only). Coalesced forwards
+    are not modelled (each block is charged its own).
+    """
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    if window == 1 or draft_len == 0:
+        return predict_split(timings, link, draft_len)
+    alphas = [min(max(float(a), 0.0), 1.0) for a in timings.alpha_per_position] or [0.0]
+    reach, tail = [1.0], 0.0  # reach[i] = P(drafts < i accepted); tail: E[accepted | block fails] * P(fail)
+    for i in range(draft_len):
+        alpha = alphas[min(i, len(alphas) - 1)]
+        tail += i * reach[-1] * (1 - alpha)
+        reach.append(reach[-1] * alpha)
+    p_full = min(reach[-1], 0.999)
+    blocks = 1 / (1 - p_full)  # per chain
+    tokens = (blocks - 1) * draft_len + tail / (1 - p_full) + 1
+    draft = draft_len * timings.draft_s_per_token
+    up_bytes = timings.up_bytes(draft_len)
+    verify = timings.verify_s(draft_len + 1)
+    latency = {
+        "uplink": link.up_s(up_bytes),
+        "rtt": link.rtt_s,
+        "verify": verify,
+        "downlink": link.down_s(timings.down_bytes_per_round),
+    }
+    trip = sum(latency.values())
+    interval = max(draft, verify, (draft + trip) / window)
+    chain_s = draft + trip + (blocks - 1) * interval
+    wasted_blocks = min(window - 1, 1 + trip / max(draft, 1e-9)) * p_full  # in flight past the failing block
+    return Prediction(
+        draft_len=draft_len,
+        tokens_per_s=tokens / chain_s,
+        round_s=chain_s / blocks,
+        acceptance_length=tokens / blocks,
+        cloud_s_per_token=blocks * verify / tokens,
+        ttft_s=first_token_s(timings, link, timings.down_bytes_per_round),
+        up_bytes_per_token=(blocks + wasted_blocks) * up_bytes / tokens,
+        down_bytes_per_token=blocks * timings.down_bytes_per_round / tokens,
+        breakdown={"draft": draft, **latency},  # one block's terms; the chain overlaps them
     )
 
 
@@ -245,20 +305,19 @@ def predict_cloud_only(timings: Timings, link: NetworkModel) -> Prediction:
     """The target generates every token and streams each one down in its own message.
 
     Steady state: one token per max(t_verify(1), downlink serialization of one
-    chunk). The first token also waits for the request, the RTT and the prefill.
+    chunk). The first token waits for the request, the RTT and the prefill.
     """
     chunk = timings.down_bytes_per_token_cloud_only
     verify = timings.verify_s(1)
     downlink = link.serialization_s(chunk, link.down_bps)
     per_token = max(verify, downlink)
-    ttft = link.up_s(timings.open_up_bytes) + link.rtt_s + timings.prefill_s + verify + link.down_s(chunk)
     return Prediction(
         draft_len=0,
         tokens_per_s=1.0 / per_token if per_token > 0 else math.inf,
         round_s=per_token,
         acceptance_length=1.0,
         cloud_s_per_token=verify,
-        ttft_s=ttft,
+        ttft_s=first_token_s(timings, link, chunk),
         up_bytes_per_token=0.0,
         down_bytes_per_token=chunk,
         breakdown={"draft": 0.0, "uplink": 0.0, "rtt": 0.0, "verify": verify, "downlink": downlink},

@@ -13,6 +13,8 @@ from typing import Any
 
 from tabulate import tabulate
 
+from shared.params import DEFAULT_WINDOW
+
 __all__ = ["LABEL", "model_report", "format_report"]
 
 LABEL = "MODELLED, not measured"
@@ -32,13 +34,23 @@ _TABLE_COLUMNS = (
 )
 
 
-def model_report(hardware: str, scenario: str, max_draft_len: int = 16) -> dict[str, Any]:
-    """The predictions as a JSON-ready dict; ValueError on a bad profile, scenario or D."""
+def model_report(hardware: str, scenario: str, max_draft_len: int = 16, window: int = DEFAULT_WINDOW) -> dict[str, Any]:
+    """The predictions as a JSON-ready dict: ``rows`` lock-step (cloud-only first), ``pipelined_rows``
+    with ``window`` blocks in flight. ValueError on a bad profile, scenario, D or window."""
     from sim.link.scenario import load_scenario
-    from sim.perf.model import NetworkModel, best_draft_len, load_hardware, predict_cloud_only, predict_split
+    from sim.perf.model import (
+        NetworkModel,
+        best_draft_len,
+        load_hardware,
+        predict_cloud_only,
+        predict_pipelined,
+        predict_split,
+    )
 
     if max_draft_len < 1:
         raise ValueError(f"--max-draft-len must be >= 1, got {max_draft_len}")
+    if window < 2:
+        raise ValueError(f"--window must be >= 2 (1 is the lock-step table), got {window}")
     profile = load_hardware(hardware)
     scen = load_scenario(scenario)
     timings, link = profile.to_timings(), NetworkModel.from_link_config(scen.link)
@@ -46,10 +58,14 @@ def model_report(hardware: str, scenario: str, max_draft_len: int = 16) -> dict[
     rows = [_row(base, base, "cloud-only")]
     rows += [_row(predict_split(timings, link, d), base, "split") for d in range(1, max_draft_len + 1)]
     best = best_draft_len(timings, link, max_draft_len)
+    pipelined = [
+        _row(predict_pipelined(timings, link, d, window), base, "pipelined") for d in range(1, max_draft_len + 1)
+    ]
     return {
         "kind": "modelled",
         "label": LABEL,
-        "loop": "not pipelined: draft D, send, verify D+1, receive, repeat",
+        "loop": "rows: lock-step (draft D, send, verify D+1, receive, repeat); pipelined_rows: up to `window` "
+        "blocks in flight, each chain of blocks running until a correction",
         "hardware": {"name": profile.name, "description": profile.description,
                      "target": profile.target, "drafter": profile.drafter},
         "scenario": {"name": scen.name, "up": scen.link.up.describe(), "down": scen.link.down.describe()},
@@ -62,6 +78,9 @@ def model_report(hardware: str, scenario: str, max_draft_len: int = 16) -> dict[
         "rows": rows,
         "best_draft_len": best,
         "best": next(r for r in rows if r["draft_len"] == best and r["config"] == "split"),
+        "window": window,
+        "pipelined_rows": pipelined,
+        "best_pipelined": max(pipelined, key=lambda r: (r["tokens_per_s"], -r["draft_len"])),
     }
 
 
@@ -104,7 +123,14 @@ def format_report(r: dict[str, Any], tablefmt: str = "simple") -> str:
         colalign=[align for _, align in _TABLE_COLUMNS],
         disable_numparse=True,  # cells are formatted already: keep "0.50" as written
     )
-    b = r["best"]
+    b, p = r["best"], r["best_pipelined"]
+    pipelined = tabulate(
+        [_table_cells(row) for row in r["pipelined_rows"]],
+        headers=[title for title, _ in _TABLE_COLUMNS],
+        tablefmt=tablefmt,
+        colalign=[align for _, align in _TABLE_COLUMNS],
+        disable_numparse=True,
+    )
     return "\n".join([
         f"{LABEL}: {hw['name']} on {sc['name']}",
         f"  target : {hw['target']}",
@@ -119,5 +145,13 @@ def format_report(r: dict[str, Any], tablefmt: str = "simple") -> str:
         f"best D = {r['best_draft_len']}: {b['tokens_per_s']:.2f} tok/s ({b['speedup_vs_cloud_only']:.2f}x cloud-only), "
         f"cloud compute {b['cloud_compute_vs_cloud_only']:.2f}x cloud-only per token; "
         "round = " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in b["breakdown"].items()),
+        "",
+        f"pipelined, up to {r['window']} blocks in flight (AL = tokens per verdict; a chain runs until a correction):",
+        "",
+        pipelined,
+        "",
+        f"best pipelined D = {p['draft_len']}: {p['tokens_per_s']:.2f} tok/s ({p['speedup_vs_cloud_only']:.2f}x "
+        f"cloud-only, {p['tokens_per_s'] / b['tokens_per_s']:.2f}x the best lock-step), cloud compute "
+        f"{p['cloud_compute_vs_cloud_only']:.2f}x cloud-only per token",
         f"({LABEL}: predictions of sim.perf.model; measure with `splitspec sim run`.)",
     ])
