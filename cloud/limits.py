@@ -16,7 +16,7 @@ class ServiceLimits:
     max_sessions_per_client: int = 16  # per bearer token, else per peer address; parked ones included
     idle_timeout_s: float = 5.0  # an attached stream with no block to verify this long is parked
     max_draft_len: int = 32  # drafts per block
-    max_blocks_in_flight: int = 8  # blocks a session may have sent and not had answered
+    max_blocks_in_flight: int = 16  # blocks a session may have sent and not had answered
     session_ttl_s: float = 120.0  # how long a broken session stays resumable; also the idle limit
     max_new_tokens: int = 4096
     max_prompt_tokens: int = 16384

@@ -101,7 +101,7 @@ def _summary(n_tokens: int, wall: float, extra: str) -> None:
 
 
 def run_edge(args: argparse.Namespace) -> int:
-    from edge.cli_options import sampling_from_args, window_from_args
+    from edge.cli_options import controller_from_args, sampling_from_args, window_from_args
     from edge.client import GrpcVerifier, VerifierError
     from edge.decode_loop import run_decode
     from edge.drafter_choice import open_llama_drafter
@@ -114,6 +114,7 @@ def run_edge(args: argparse.Namespace) -> int:
     drafter = open_llama_drafter(args.drafter, n_threads=args.drafter_threads, n_ctx=args.drafter_ctx)
     vocab = drafter.vocab
     prompt = vocab.tokenize(args.prompt)
+    controller = controller_from_args(args)
     try:
         verifier = GrpcVerifier(
             args.cloud,
@@ -132,6 +133,7 @@ def run_edge(args: argparse.Namespace) -> int:
             max_new_tokens=args.max_new_tokens,
             draft_len=args.draft_len,
             window=window_from_args(args),
+            controller=controller,
             on_tokens=None if args.json else TextStream(vocab.detokenize),
         )
     except VerifierError as exc:
@@ -153,6 +155,7 @@ def run_edge(args: argparse.Namespace) -> int:
         decode=result.stats,
         drafter=drafter.stats,
         blocks=verifier.block_log,
+        switches=controller.switches if controller is not None else 0,
     )
     if _emit(args, report):
         return 0

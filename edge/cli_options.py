@@ -12,7 +12,14 @@ from shared import params as defaults
 from shared.cli import non_negative_int, positive_int
 from shared.params import Mode, SamplingParams
 
-__all__ = ["add_sampling_args", "sampling_from_args", "window_from_args", "add_drafter_args", "NGRAM"]
+__all__ = [
+    "add_sampling_args",
+    "sampling_from_args",
+    "window_from_args",
+    "controller_from_args",
+    "add_drafter_args",
+    "NGRAM",
+]
 
 
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:
@@ -36,7 +43,9 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> None:
                        help=f"drafts per block D; 0 = target-only (default {defaults.DEFAULT_DRAFT_LEN})")
     group.add_argument("--schedule", choices=defaults.SCHEDULES, default=defaults.DEFAULT_SCHEDULE,
                        help="lockstep: one block at a time; pipelined: draft the next block while earlier ones are "
-                       f"verified (default {defaults.DEFAULT_SCHEDULE})")
+                       "verified; adaptive: pipelined, choosing the draft length from measured acceptance, drafter "
+                       "speed and round trips, and letting the cloud decode alone when drafting cannot pay "
+                       f"(--draft-len is then the cap; default {defaults.DEFAULT_SCHEDULE})")
     group.add_argument("--window", type=positive_int, default=defaults.DEFAULT_WINDOW,
                        help=f"pipelined: blocks in flight at most (default {defaults.DEFAULT_WINDOW}; the cloud may allow fewer)")
     group.add_argument("--draft-top-k", type=positive_int, default=defaults.DEFAULT_DRAFT_TOP_K,
@@ -60,6 +69,13 @@ def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
 
 def window_from_args(args: argparse.Namespace) -> int:
     return defaults.window_for(args.schedule, args.window)
+
+
+def controller_from_args(args: argparse.Namespace):
+    """The adaptive schedule's controller, or None."""
+    from edge.controller import controller_for
+
+    return controller_for(args.schedule, args.draft_len, window_from_args(args))
 
 
 def add_drafter_args(parser: argparse.ArgumentParser) -> None:

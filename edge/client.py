@@ -135,6 +135,7 @@ class GrpcVerifier:
         self.rtt_samples_s: list[float] = []
         self.block_log: list[BlockTiming] = []  # [blocks verified]
         self.forwards = 0  # target forwards the cloud reports for this session, prefill included
+        self.last_cloud_s = 0.0  # the cloud's time on the last verdict (server_us)
         self.open_s = 0.0  # Open sent -> Opened received (prefill included)
         self._connected = False
         self.session_id = ""
@@ -215,6 +216,7 @@ class GrpcVerifier:
         message = reply.verdict
         arrived = time.perf_counter()
         self._finished = message.done
+        self.last_cloud_s = message.server_us * 1e-6
         if message.done:  # the total rides on the final verdict only
             self.forwards = message.forwards
         sent = self._in_flight.pop((message.epoch, message.start_position), None)

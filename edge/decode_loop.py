@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from edge.controller import Controller
 from edge.drafter import DraftBlock, Drafter
 from shared.params import SamplingParams
 from shared.stats import DecodeStats
@@ -51,6 +52,7 @@ class VerifierConnection(Protocol):
     """
 
     forwards: int  # target forwards the verifier reports for this session, prefill included
+    last_cloud_s: float  # the cloud's own time for the last verdict received (its server_us)
 
     def open(self, prompt: Sequence[int], params: SamplingParams, max_new_tokens: int, max_draft_len: int) -> SessionTerms:
         """Start a session for ``prompt``; returns what the verifier allows."""
@@ -79,6 +81,9 @@ class _InFlight:
     start_position: int
     block: DraftBlock
     more_follows: bool
+    sent_at: float = 0.0  # perf_counter at send
+    draft_s: float = 0.0  # drafting time of this block
+    first: bool = False  # the first position, answered with the Open (not a measurement)
 
 
 def run_decode(
@@ -90,13 +95,17 @@ def run_decode(
     max_new_tokens: int,
     draft_len: int,
     window: int = 1,
+    controller: Controller | None = None,
     on_tokens: Callable[[list[int]], None] | None = None,
 ) -> GenerationResult:
     """Generate up to ``max_new_tokens`` tokens; ``draft_len`` 0 is target-only decoding.
 
     ``window``: blocks in flight at most (1 = lock-step; the verifier may
-    allow fewer). ``on_tokens`` sees each verdict's committed tokens as soon
-    as they are final.
+    allow fewer). With a ``controller`` (the adaptive schedule), each chain's
+    draft length comes from it, ``draft_len`` being the cap, and a draft
+    length of 0 has the cloud decode alone: empty blocks, a window of them in
+    flight, with the drafter's would-be proposals measured in the shadow.
+    ``on_tokens`` sees each verdict's committed tokens as soon as they are final.
     """
     if draft_len < 0:
         raise ValueError(f"draft length must be >= 0, got {draft_len}")
@@ -113,22 +122,43 @@ def run_decode(
         terms = verifier.open(prompt, params, max_new_tokens, draft_len)
         draft_len = min(draft_len, terms.max_draft_len)
         window = min(window, terms.max_blocks_in_flight) if draft_len else 1
+        if controller is not None and draft_len:
+            controller.cap(draft_len)
+            controller.window = min(controller.window, terms.max_blocks_in_flight)
+            controller.cloud_window = min(controller.cloud_window, terms.max_blocks_in_flight)
+        else:
+            controller = None
         drafter.begin(prompt, params)
         end = len(prompt)  # the position after the last token committed or in flight
         if terms.answers_first_position:  # the first token comes right after the prefill
-            in_flight.append(_InFlight(epoch, end, DraftBlock([]), False))
+            in_flight.append(_InFlight(epoch, end, DraftBlock([]), False, time.perf_counter(), 0.0, first=True))
+        since_plan = 0  # tokens committed since the controller last chose
+        leaving_cloud = False  # a switch from cloud decoding to drafting waits for the pipeline to drain
+        last_arrival = time.perf_counter()
         while True:
-            while len(in_flight) < window and not (in_flight and not in_flight[-1].more_follows):
-                # Leave room for the correction/bonus token inside the limit.
-                room = max_new_tokens - (end - len(prompt)) - 1
+            if controller is not None and not in_flight:
+                plan = controller.plan()
+                draft_len, window, since_plan, leaving_cloud = plan.draft_len, plan.window, 0, False
+            elif controller is not None and draft_len == 0 and since_plan >= _CLOUD_STRETCH:
+                # While the cloud decodes alone, choose again every few tokens without draining the
+                # pipeline; only a switch to drafting waits for the empty blocks still in flight.
+                since_plan = 0
+                leaving_cloud = controller.plan().draft_len > 0
+            while len(in_flight) < window and not leaving_cloud and _may_follow(in_flight, draft_len):
+                produced = end - len(prompt)
+                if produced >= max_new_tokens:
+                    break
+                room = max_new_tokens - produced - 1  # room for the correction/bonus inside the limit
                 n = min(draft_len, room)
-                if n <= 0 and in_flight:
+                if n <= 0 and in_flight and in_flight[-1].block.tokens:
                     break  # the limit is reached by what is in flight; wait for it
+                drafting = time.perf_counter()
                 block = drafter.draft(n) if n > 0 else DraftBlock([])
+                sent_at = time.perf_counter()
                 more = window > 1 and 0 < len(block.tokens) < room
                 verifier.send(epoch, end, block, more)
-                in_flight.append(_InFlight(epoch, end, block, more))
-                end += len(block.tokens)
+                in_flight.append(_InFlight(epoch, end, block, more, sent_at, sent_at - drafting))
+                end += len(block.tokens) if block.tokens else 1
             verdict = verifier.receive()
             sent = in_flight.popleft()
             if (
@@ -142,8 +172,15 @@ def run_decode(
                     f"does not answer the block sent at epoch {sent.epoch} position {sent.start_position}"
                 )
             committed = verdict.committed(sent.block.tokens)
+            arrived = time.perf_counter()
+            if controller is not None and not sent.first:
+                # In a stretch the cloud decodes alone, the interval between its tokens is its real rate.
+                interval = arrived - last_arrival if not sent.block.tokens and since_plan > 0 else None
+                _observe(controller, drafter, sent, verdict, committed, verifier.last_cloud_s, since_plan, interval)
+            last_arrival = arrived
             drafter.commit(committed)
             generated.extend(committed)
+            since_plan += len(committed)
             stats.record_round(len(sent.block.tokens), verdict.accepted, len(committed))
             if committed and not ttft:
                 ttft = time.perf_counter() - started
@@ -152,8 +189,9 @@ def run_decode(
             if verdict.done:
                 break
             epoch = next_epoch(epoch, verdict)
-            if not verdict.is_deferred:  # a correction voids what is in flight; after a bonus nothing is
+            if verdict.is_correction:  # everything in flight was drafted past the corrected token
                 in_flight.clear()
+            if not in_flight:
                 end = len(prompt) + len(generated)
             if len(generated) >= max_new_tokens:
                 raise ProtocolError(f"verifier did not stop at the token limit of {max_new_tokens}")
@@ -162,3 +200,30 @@ def run_decode(
         verifier.close()
     stats.target_forwards = verifier.forwards
     return GenerationResult(generated, verdict.stop_reason, stats, ttft)
+
+
+_CLOUD_STRETCH = 8  # while the cloud decodes alone, the controller chooses again every this many tokens
+_SHADOW_EVERY = 4  # ... and a drafter slower than half the cloud's pace is measured on every 4th token
+
+
+def _may_follow(in_flight: deque[_InFlight], draft_len: int) -> bool:
+    """Whether another block may go now: after a block with more_follows, or after empty
+    blocks when this one is empty too (each asks for one token; none can be corrected)."""
+    if not in_flight:
+        return True
+    last = in_flight[-1]
+    return last.more_follows or (not last.block.tokens and draft_len == 0)
+
+
+def _observe(controller: Controller, drafter: Drafter, sent: _InFlight, verdict: Verdict, committed: list[int],
+             cloud_s: float, since_plan: int, interval_s: float | None) -> None:
+    """Feed one verdict's measurements to the controller (before the drafter commits it)."""
+    trip = time.perf_counter() - sent.sent_at
+    if sent.block.tokens:
+        controller.observe_block(len(sent.block.tokens), verdict.accepted, trip, sent.draft_s, cloud_s)
+        return
+    controller.observe_cloud_token(trip, cloud_s, interval_s)
+    if committed and (controller.shadows_every_token() or since_plan % _SHADOW_EVERY == 0):
+        started = time.perf_counter()
+        shadow = drafter.draft(1).tokens  # what the drafter would have proposed for this position
+        controller.observe_shadow(shadow == committed[:1], time.perf_counter() - started)

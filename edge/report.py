@@ -50,6 +50,7 @@ class EdgeReport:
     decode: DecodeStats = field(default_factory=DecodeStats)  # target_forwards: as the cloud reported them
     drafter: DrafterStats = field(default_factory=DrafterStats)
     blocks: list[BlockTiming] = field(default_factory=list)  # [rounds], with --timings only
+    switches: int = 0  # adaptive schedule: switches between drafting and the cloud decoding alone
 
     def to_json(self) -> dict:
         out = {name: getattr(self, name) for name in self.__dataclass_fields__}

@@ -39,7 +39,9 @@ MIN_TEMPERATURE = 1e-3  # below this (but above 0), logits / T overflows float32
 DEFAULT_TOP_K = 64  # Gemma 3's recommendation; 0 = off
 DEFAULT_TOP_P = 0.95  # 1.0 = off
 DEFAULT_DRAFT_LEN = 8  # drafts per block D (0 = target-only)
-SCHEDULES = ("lockstep", "pipelined")  # one block at a time, or up to a window of blocks in flight
+# lockstep: one block at a time; pipelined: up to a window of blocks in flight; adaptive: pipelined, with
+# the draft length (0 = the cloud decodes alone) chosen from what the session measures.
+SCHEDULES = ("lockstep", "pipelined", "adaptive")
 DEFAULT_SCHEDULE = "pipelined"
 DEFAULT_WINDOW = 2  # blocks in flight when pipelined
 DEFAULT_DRAFT_TOP_K = SPARSE_DEFAULT_TOP_K  # rejection: support of q̃
@@ -47,7 +49,7 @@ DEFAULT_PROB_BITS = SPARSE_DEFAULT_PROB_BITS  # rejection: q̃ weights sum to 2*
 
 
 def window_for(schedule: str, window: int) -> int:
-    """Blocks in flight for a schedule: 1 in lock-step, ``window`` when pipelined."""
+    """Blocks in flight for a schedule: 1 in lock-step, ``window`` otherwise."""
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; choose from {', '.join(SCHEDULES)}")
     if window < 1:

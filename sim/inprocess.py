@@ -7,12 +7,14 @@ code the networked path runs, minus the wire.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
 from cloud.engine import TargetEngine
 from cloud.limits import ServiceLimits
 from cloud.session import PendingBlock, VerifierSession
+from edge.controller import Controller
 from edge.decode_loop import GenerationResult, SessionTerms, run_decode
 from edge.drafter import DraftBlock, Drafter
 from shared.params import SamplingParams
@@ -35,6 +37,7 @@ class LocalVerifier:
         self.session: VerifierSession | None = None
         self._pending: list[PendingBlock] = []
         self._verdicts: deque[Verdict] = deque()
+        self.last_cloud_s = 0.0  # the last chain's verify time
 
     @property
     def forwards(self) -> int:
@@ -55,7 +58,9 @@ class LocalVerifier:
         while not self._verdicts:
             if not self._pending:
                 raise RuntimeError("receive() with no block awaiting a verdict")
+            started = time.perf_counter()
             self._verdicts.extend(self.session.verify_chain(self._pending))
+            self.last_cloud_s = time.perf_counter() - started
         return self._verdicts.popleft()
 
     def close(self) -> None:
@@ -71,10 +76,11 @@ def generate(
     max_new_tokens: int,
     draft_len: int,
     window: int = 1,
+    controller: Controller | None = None,
     on_tokens: Callable[[list[int]], None] | None = None,
 ) -> GenerationResult:
     """Split decoding in one process; ``draft_len`` 0 is target-only decoding, ``window`` blocks in flight."""
     return run_decode(
         drafter, LocalVerifier(engine), prompt, params, max_new_tokens=max_new_tokens, draft_len=draft_len,
-        window=window, on_tokens=on_tokens,
+        window=window, controller=controller, on_tokens=on_tokens,
     )

@@ -6,6 +6,8 @@ from pathlib import Path
 
 from tabulate import tabulate
 
+from sim.experiment.labels import config_label
+
 __all__ = ["markdown_report", "write_plots", "terminal_table"]
 
 _COLUMNS = [
@@ -27,8 +29,7 @@ _COLUMNS = [
 def _label(run: dict) -> str:
     if run["mode"] == "cloud-only":
         return "cloud-only"
-    pipelined = run.get("schedule") not in (None, "lockstep")
-    return f"{run['mode']} D={run['draft_len']}" + (f" W={run['window']}" if pipelined else "")
+    return config_label(run["mode"], run["draft_len"], run.get("schedule") or "lockstep", run.get("window") or 1)
 
 
 def _cell(run: dict, key: str) -> str:

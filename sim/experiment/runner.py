@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from edge.report import EdgeReport
 from shared.params import DEFAULT_TEMPERATURE, DEFAULT_WINDOW, SCHEDULES, window_for
+from sim.experiment.labels import config_label
 from sim.experiment.processes import BackgroundLink, CloudProcess, core_split, run_edge_process
 from sim.link.scenario import Scenario
 from sim.perf import fit as model_fit
@@ -94,6 +95,7 @@ def _aggregate(mode: str, draft_len: int, reports: list[EdgeReport], meters: lis
         "hedge": None,  # hedge branches: not implemented yet
         "mean_draft_len": drafted / rounds if rounds and schedule else None,
         "hedge_hit_rate": None,
+        "controller_switches": sum(r.switches for r in reports) if schedule == "adaptive" else None,
         "tokens": tokens,
         "tokens_per_s": tokens / wall if wall else 0.0,
         "ttft_s": sum(r.ttft_s for r in reports) / len(reports),
@@ -141,7 +143,7 @@ def run_simulation(cfg: SimConfig, progress=lambda line: print(line, file=sys.st
         runs = []
         for mode, draft_len, schedule in configs:
             window = window_for(schedule, cfg.window)
-            name = f"{mode} D={draft_len}" + (f" W={window}" if schedule != "lockstep" else "")
+            name = config_label(mode, draft_len, schedule, window)
             reports, meters = [], []
             for i, prompt in enumerate(cfg.prompts):
                 step += 1
@@ -173,15 +175,23 @@ def _baseline_kind(mode: str) -> str:
 
 def _finish(cfg, baselines: dict, baseline_reports: list[EdgeReport], measured: list[_Measured]) -> dict:
     link = perf_model.NetworkModel.from_link_config(cfg.scenario.link)
-    # The shared timings (verify cost, prefill) are fitted on lock-step runs, whose blocks each cost
-    # their own forward; every run, pipelined too, is predicted with its own acceptance and bytes.
-    lockstep = [m for m in measured if m.row["schedule"] == "lockstep"] or measured
+    # The shared timings (verify cost, prefill) are fitted on lock-step runs, whose blocks each cost their
+    # own forward (else on pipelined ones; adaptive runs' empty blocks queue behind each other, so their
+    # cloud times are not one forward's); every run is predicted with its own acceptance and bytes.
+    lockstep = (
+        [m for m in measured if m.row["schedule"] == "lockstep"]
+        or [m for m in measured if m.row["schedule"] == "pipelined"]
+        or measured
+    )
     fitted = model_fit.fit_timings([m.timings for m in lockstep], baseline_reports, rtt_s=link.rtt_s)
     per_prompt = lambda run: run["tokens"] / len(cfg.prompts)  # noqa: E731
     runs = [m.row for m in measured]
     for m in measured:
         timings = fitted.for_timings(m.timings)
-        predicted = perf_model.predict_pipelined(timings, link, m.row["draft_len"], m.row["window"])
+        if m.row["schedule"] == "adaptive":
+            predicted = perf_model.predict_adaptive(timings, link, m.row["draft_len"], m.row["window"])
+        else:
+            predicted = perf_model.predict_pipelined(timings, link, m.row["draft_len"], m.row["window"])
         _attach_prediction(m.row, predicted, per_prompt(m.row))
         m.row["ratios"] = _ratios(m.row, baselines[m.baseline_kind])
     for baseline in baselines.values():

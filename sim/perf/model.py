@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from shared.acceptance import chain_expectation, expected_acceptance_length
 from shared.wire import http2_framed_size
 from sim.package_data import list_shipped, load_toml
 
@@ -54,6 +55,7 @@ __all__ = [
     "predict_cloud_only",
     "predict_split",
     "predict_pipelined",
+    "predict_adaptive",
     "first_token_s",
     "protocol_bytes",
 ]
@@ -163,28 +165,6 @@ def fit_linear(samples: list[tuple[float, float]]) -> tuple[float, float]:
     return float(intercept), float(slope)
 
 
-def expected_acceptance_length(alpha_per_position: list[float], draft_len: int) -> float:
-    """AL(D) = 1 + Σ_{i=1..D} Π_{j≤i} α_j: expected tokens committed per round.
-
-    α_j is the conditional acceptance of draft j given drafts < j accepted
-    (`DecodeStats.alpha_per_position`). Positions beyond the measured ones
-    reuse the last measured α (blocks longer than any measured block are an
-    extrapolation). The leading 1 is the correction or bonus token.
-    """
-    if draft_len < 0:
-        raise ValueError(f"draft length must be >= 0, got {draft_len}")
-    if draft_len == 0:
-        return 1.0
-    if not alpha_per_position:
-        raise ValueError("alpha_per_position is empty: no acceptance to extrapolate from")
-    alphas = [min(max(float(a), 0.0), 1.0) for a in alpha_per_position]
-    total, survive = 1.0, 1.0
-    for i in range(draft_len):
-        survive *= alphas[min(i, len(alphas) - 1)]
-        total += survive
-    return total
-
-
 # ---------------------------------------------------------------- predictions
 
 
@@ -266,15 +246,7 @@ def predict_pipelined(timings: Timings, link: NetworkModel, draft_len: int, wind
         raise ValueError(f"window must be >= 1, got {window}")
     if window == 1 or draft_len == 0:
         return predict_split(timings, link, draft_len)
-    alphas = [min(max(float(a), 0.0), 1.0) for a in timings.alpha_per_position] or [0.0]
-    reach, tail = [1.0], 0.0  # reach[i] = P(drafts < i accepted); tail: E[accepted | block fails] * P(fail)
-    for i in range(draft_len):
-        alpha = alphas[min(i, len(alphas) - 1)]
-        tail += i * reach[-1] * (1 - alpha)
-        reach.append(reach[-1] * alpha)
-    p_full = min(reach[-1], 0.999)
-    blocks = 1 / (1 - p_full)  # per chain
-    tokens = (blocks - 1) * draft_len + tail / (1 - p_full) + 1
+    blocks, tokens, p_full = chain_expectation(timings.alpha_per_position or [0.0], draft_len)
     draft = draft_len * timings.draft_s_per_token
     up_bytes = timings.up_bytes(draft_len)
     verify = timings.verify_s(draft_len + 1)
@@ -299,6 +271,17 @@ def predict_pipelined(timings: Timings, link: NetworkModel, draft_len: int, wind
         down_bytes_per_token=blocks * timings.down_bytes_per_round / tokens,
         breakdown={"draft": draft, **latency},  # one block's terms; the chain overlaps them
     )
+
+
+def predict_adaptive(timings: Timings, link: NetworkModel, max_draft_len: int, window: int) -> Prediction:
+    """The adaptive schedule at its best: the faster of pipelined chains with D = 1..max_draft_len
+    and the cloud decoding alone (cloud-only decoding's rate, paid for with a small empty Draft
+    frame up per token). The controller estimates the same quantities online; this is its ceiling."""
+    options = [predict_pipelined(timings, link, d, window) for d in range(1, max_draft_len + 1)]
+    alone = predict_cloud_only(timings, link)
+    up = timings.up_bytes(0)
+    options.append(dataclasses.replace(alone, up_bytes_per_token=up, breakdown={**alone.breakdown, "uplink": link.up_s(up)}))
+    return max(options, key=lambda p: p.tokens_per_s)
 
 
 def predict_cloud_only(timings: Timings, link: NetworkModel) -> Prediction:

@@ -1,0 +1,60 @@
+"""Expected outcomes of verification from per-position acceptance: pure arithmetic.
+
+The performance model (``sim.perf``) and the edge's controller
+(``edge.controller``) both predict with these, so a prediction means the same
+thing wherever it is made. ``alpha_per_position[i]`` is the conditional
+acceptance of draft i given drafts < i accepted; positions past the list reuse
+its last value.
+"""
+
+from __future__ import annotations
+
+__all__ = ["expected_acceptance_length", "chain_expectation"]
+
+_MAX_FULL_BLOCK_P = 0.999  # a drafter that is never wrong would make chains endless
+
+
+def expected_acceptance_length(alpha_per_position: list[float], draft_len: int) -> float:
+    """AL(D) = 1 + Σ_{i=1..D} Π_{j≤i} α_j: expected tokens committed per round.
+
+    α_j is the conditional acceptance of draft j given drafts < j accepted
+    (`DecodeStats.alpha_per_position`). Positions beyond the measured ones
+    reuse the last measured α (blocks longer than any measured block are an
+    extrapolation). The leading 1 is the correction or bonus token.
+    """
+    if draft_len < 0:
+        raise ValueError(f"draft length must be >= 0, got {draft_len}")
+    if draft_len == 0:
+        return 1.0
+    if not alpha_per_position:
+        raise ValueError("alpha_per_position is empty: no acceptance to extrapolate from")
+    alphas = [min(max(float(a), 0.0), 1.0) for a in alpha_per_position]
+    total, survive = 1.0, 1.0
+    for i in range(draft_len):
+        survive *= alphas[min(i, len(alphas) - 1)]
+        total += survive
+    return total
+
+
+def chain_expectation(alpha_per_position: list[float], draft_len: int) -> tuple[float, float, float]:
+    """(blocks, tokens, p_full) of a *chain*: blocks of ``draft_len`` drafts sent with
+    ``more_follows`` until the first correction.
+
+    p_full = P(a block is fully accepted) (at most 0.999); a chain holds
+    1/(1 - p_full) blocks; it commits D tokens per accepted block, then the
+    accepted drafts of the failing block and its correction.
+    """
+    if draft_len < 1:
+        raise ValueError(f"draft length must be >= 1, got {draft_len}")
+    if not alpha_per_position:
+        raise ValueError("alpha_per_position is empty: no acceptance to extrapolate from")
+    alphas = [min(max(float(a), 0.0), 1.0) for a in alpha_per_position]
+    reach, tail = 1.0, 0.0  # reach = P(drafts < i accepted); tail = E[accepted in a failing block] * P(fail)
+    for i in range(draft_len):
+        alpha = alphas[min(i, len(alphas) - 1)]
+        tail += i * reach * (1 - alpha)
+        reach *= alpha
+    p_full = min(reach, _MAX_FULL_BLOCK_P)
+    blocks = 1 / (1 - p_full)
+    tokens = (blocks - 1) * draft_len + tail / (1 - p_full) + 1
+    return blocks, tokens, p_full

@@ -1,0 +1,163 @@
+"""The adaptive schedule: the controller's choices (pure), and identity when it switches mid-session."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import tiny_prompt
+
+from edge.controller import Controller, Ewma, controller_for
+from edge.llama_drafter import LlamaDrafter
+from edge.ngram_drafter import NgramDrafter
+from shared.params import Mode, SamplingParams
+from sim.inprocess import generate
+
+
+def test_ewma():
+    average = Ewma(0.5)
+    assert average.value is None
+    average.add(2.0)
+    average.add(4.0)
+    assert average.value == 3.0
+
+
+def test_a_good_drafter_on_a_slow_link_drafts_long_blocks():
+    c = Controller(max_draft_len=8, window=2, cloud_window=16)
+    c.draft_len = 8
+    for _ in range(20):
+        c.observe_block(drafted=6, accepted=6, trip_s=0.4, draft_s=0.06, cloud_s=0.12)
+    c.observe_cloud_token(trip_s=0.5, cloud_s=0.07, interval_s=0.07)
+    plan = c.plan()
+    assert plan.draft_len == 8 and plan.window == 2
+    assert plan.predicted_tokens_per_s > c.predict_cloud()
+
+
+def test_a_session_starts_drafting_and_leaves_the_cloud_only_on_evidence():
+    c = Controller(max_draft_len=6, window=3, cloud_window=16, hysteresis=0.0)
+    plan = c.plan()  # nothing measured yet: draft (the common case is a useful drafter)
+    assert plan.draft_len == 6 and plan.window == 3 and plan.predicted_tokens_per_s is None
+    c.draft_len = 0  # the cloud decodes alone; a few lucky shadow hits are not enough to leave
+    for _ in range(5):
+        c.observe_shadow(True, 0.001)
+        c.observe_cloud_token(trip_s=0.2, cloud_s=0.1, interval_s=0.1)
+    assert c.plan().draft_len == 0
+    for _ in range(30):
+        c.observe_shadow(True, 0.001)
+    assert c.plan().draft_len > 0
+
+
+def test_a_drafter_that_is_always_wrong_hands_decoding_to_the_cloud_and_comes_back():
+    c = Controller(max_draft_len=6, window=3, cloud_window=16)
+    c.draft_len = 6  # drafting
+    for _ in range(30):
+        c.observe_block(drafted=6, accepted=0, trip_s=0.7, draft_s=0.06, cloud_s=0.1)
+    plan = c.plan()
+    assert plan.draft_len == 0 and plan.window == 16 and c.switches == 1
+    # In the shadow the drafter turns out right every time: drafting pays again.
+    for _ in range(80):
+        c.observe_shadow(True, 0.01)
+        c.observe_cloud_token(trip_s=0.7, cloud_s=0.07, interval_s=0.07)
+    assert c.plan().draft_len > 0 and c.switches == 2
+
+
+def test_hysteresis_keeps_a_choice_that_is_nearly_as_good():
+    c = Controller(max_draft_len=4, window=2, cloud_window=16, hysteresis=0.5)
+    for _ in range(20):
+        c.observe_block(drafted=4, accepted=2, trip_s=0.2, draft_s=0.04, cloud_s=0.1)
+    c.draft_len = 3
+    best = max(range(1, 5), key=lambda d: c.predict_drafting(d))
+    if c.predict_drafting(best) <= 1.5 * c.predict_drafting(3):
+        assert c.plan().draft_len == 3
+
+
+def test_the_cloud_load_hint_caps_the_draft_length():
+    c = Controller(max_draft_len=8, window=2, cloud_window=16)
+    c.draft_len = 8
+    c.cap(3)
+    for _ in range(10):
+        c.observe_block(drafted=3, accepted=3, trip_s=0.3, draft_s=0.03)
+    assert c.plan().draft_len <= 3
+
+
+def test_only_the_adaptive_schedule_gets_a_controller():
+    assert controller_for("pipelined", 8, 2) is None and controller_for("lockstep", 8, 1) is None
+    assert controller_for("adaptive", 0, 2) is None
+    made = controller_for("adaptive", 8, 2)
+    assert made.max_draft_len == 8 and made.window == 2
+    with pytest.raises(ValueError):
+        Controller(0, 1, 1)
+
+
+@pytest.mark.parametrize("drafter_name", ["drafter_f32", "drafter_noisy", "ngram"])
+@pytest.mark.parametrize("mode", [Mode.GREEDY, Mode.COUPLED])
+def test_adaptive_decoding_is_token_identical_and_switches(tiny_models, tiny_engine, drafter_name, mode):
+    if drafter_name == "ngram":
+        drafter = NgramDrafter(tiny_engine.vocab_size)
+    else:
+        drafter = LlamaDrafter(tiny_models[drafter_name], n_ctx=512, n_threads=1, f32_kv_cache=True)
+    try:
+        for text, seed in (("The cat sat on the mat.", 0), ("We have 3 dogs and 12 cats!", 4)):
+            prompt = tiny_prompt(tiny_engine, text)
+            params = SamplingParams(mode=mode, temperature=0.9, seed=seed)
+            want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=48, draft_len=0)
+            controller = Controller(max_draft_len=6, window=3, cloud_window=16, hysteresis=0.0)
+            got = generate(tiny_engine, drafter, prompt, params, max_new_tokens=48, draft_len=6, window=3,
+                           controller=controller)
+            assert got.tokens == want.tokens and got.stop_reason == want.stop_reason
+    finally:
+        drafter.close()
+
+
+class Alternating(Controller):
+    """Switches between the cloud decoding alone and drafting over and over: the loop's side of switching.
+
+    Choices cycle cloud, draft, draft, cloud: a switch away from the cloud is chosen once mid-stretch,
+    then again when the pipeline has drained."""
+
+    def __init__(self) -> None:
+        super().__init__(max_draft_len=4, window=2, cloud_window=8)
+        self.plans = []
+
+    def plan(self):
+        from edge.controller import Plan
+
+        cloud = len(self.plans) % 4 in (0, 3)
+        made = Plan(0, self.cloud_window, None) if cloud else Plan(3, self.window, None)
+        self.plans.append(made.draft_len)
+        return made
+
+
+@pytest.mark.parametrize("mode", [Mode.GREEDY, Mode.COUPLED, Mode.REJECTION])
+def test_cloud_decoded_stretches_then_drafting_again(tiny_engine, tiny_models, mode):
+    drafter = LlamaDrafter(tiny_models["drafter_noisy"], n_ctx=512, n_threads=1, f32_kv_cache=True)
+    try:
+        prompt = tiny_prompt(tiny_engine, "It was the best of times")
+        params = SamplingParams(mode=mode, temperature=0.9, seed=1)
+        want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=80, draft_len=0)
+        controller = Alternating()
+        got = generate(tiny_engine, drafter, prompt, params, max_new_tokens=80, draft_len=4, window=2,
+                       controller=controller)
+        if mode is not Mode.REJECTION:  # rejection mode is exact in distribution, not token for token
+            assert got.tokens == want.tokens
+        assert len(got.tokens) == 80
+        assert 0 in controller.plans and 3 in controller.plans and len(controller.plans) >= 4
+        assert got.stats.drafted > 0 and got.stats.rounds > got.stats.drafted // 3  # both kinds of rounds
+    finally:
+        drafter.close()
+
+
+def test_switching_over_grpc_is_token_identical(tiny_engine, tiny_models, tiny_vocab, verifier):
+    from edge.client import GrpcVerifier
+    from edge.decode_loop import run_decode
+
+    drafter = LlamaDrafter(tiny_models["drafter_noisy"], n_ctx=512, n_threads=1, f32_kv_cache=True)
+    try:
+        prompt = tiny_prompt(tiny_engine, "We have 3 dogs and 12 cats!")
+        params = SamplingParams(mode=Mode.COUPLED, temperature=0.9, seed=6)
+        want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=60, draft_len=0)
+        controller = Alternating()
+        link = GrpcVerifier(verifier.address, vocab_size=tiny_vocab[0], fingerprint=tiny_vocab[1])
+        got = run_decode(drafter, link, prompt, params, max_new_tokens=60, draft_len=4, window=2, controller=controller)
+        assert got.tokens == want.tokens and len(controller.plans) >= 3
+        assert len(link.rtt_samples_s) == got.stats.rounds
+    finally:
+        drafter.close()
