@@ -86,7 +86,7 @@ class VerifierSession:
         # whole prompt and keeps its last row so: the first position is answered without another
         # forward (the first token can leave right after the prefill, as in cloud-only decoding).
         self.verify_s = 0.0  # wall time inside verify(), forward included
-        self._deferred: torch.Tensor | None = engine.forward(self.seq, self.tokens, last_only=True)[-1].clone()
+        self._deferred: torch.Tensor | None = engine.forward(self.seq, self.tokens, last_only=True)[-1]
         self.stats.target_forwards = self.forwards
 
     @property

@@ -185,9 +185,9 @@ class GrpcVerifier:
             "session %s opened at %s (blocks up to %d, %d in flight)",
             opened.session_id, self.address, opened.max_draft_len, opened.max_blocks_in_flight,
         )
-        # A verifier that predates pipelining sends no window: it takes one block at a time.
         if opened.answers_first_position:
             self._in_flight[(0, len(prompt))] = (started, 0, 0)  # as if an empty block went up with the Open
+        # A verifier that predates pipelining sends no window: it takes one block at a time.
         return SessionTerms(
             min(max_draft_len, opened.max_draft_len),
             max(opened.max_blocks_in_flight, 1),

@@ -192,7 +192,7 @@ def _finish(cfg, baselines: dict, baseline_reports: list[EdgeReport], measured: 
             predicted = perf_model.predict_adaptive(timings, link, m.row["draft_len"], m.row["window"])
         else:
             predicted = perf_model.predict_pipelined(timings, link, m.row["draft_len"], m.row["window"])
-        _attach_prediction(m.row, predicted, per_prompt(m.row))
+        _attach_prediction(m.row, predicted, per_prompt(m.row), startup_s=timings.draft_prefill_s)
         m.row["ratios"] = _ratios(m.row, baselines[m.baseline_kind])
     for baseline in baselines.values():
         _attach_prediction(baseline, perf_model.predict_cloud_only(fitted.base, link), per_prompt(baseline))
@@ -214,10 +214,10 @@ def _finish(cfg, baselines: dict, baseline_reports: list[EdgeReport], measured: 
     }
 
 
-def _attach_prediction(run: dict, predicted: perf_model.Prediction, n_tokens: int) -> None:
-    """Predicted tokens/s over the same span the edge measured: the first token, then the rest at the
-    steady rate."""
-    wall = predicted.ttft_s + max(n_tokens - 1, 0) / predicted.tokens_per_s
+def _attach_prediction(run: dict, predicted: perf_model.Prediction, n_tokens: int, startup_s: float = 0.0) -> None:
+    """Predicted tokens/s over the same span the edge measured: the first token, ``startup_s`` (the
+    drafter reading the prompt before its first block), then the rest at the steady rate."""
+    wall = predicted.ttft_s + startup_s + max(n_tokens - 1, 0) / predicted.tokens_per_s
     run["predicted_tokens_per_s"] = n_tokens / wall if wall > 0 else 0.0
     run["prediction_error"] = run["predicted_tokens_per_s"] / run["tokens_per_s"] - 1 if run["tokens_per_s"] else None
     run["limited_by"] = predicted.limit

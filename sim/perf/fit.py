@@ -61,10 +61,6 @@ class FittedTimings:
     runs: list[RunTimings]
     rtt_s: float
 
-    def for_run(self, index: int) -> Timings:
-        """The pooled timings with run ``index``'s drafter speed, acceptance and bytes."""
-        return self.for_timings(self.runs[index])
-
     def for_timings(self, measured: RunTimings) -> Timings:
         """The pooled timings with ``measured``'s drafter speed, acceptance and bytes (any run)."""
         up_fixed, up_per_draft = fit_linear(measured.up_samples)

@@ -131,7 +131,7 @@ class Timings:
     down_bytes_per_round: float  # one Verdict frame
     down_bytes_per_token_cloud_only: float  # one GenerateChunk frame (one token)
     prefill_s: float = 0.0  # cloud forward over the prompt at session open (TTFT only)
-    draft_prefill_s: float = 0.0  # edge drafter reading the prompt (TTFT only, split only)
+    draft_prefill_s: float = 0.0  # edge drafter reading the prompt, before its first block (split only)
     open_up_bytes: float = 0.0  # Open / GenerateRequest frame, prompt included (TTFT only)
     # One-token forward when measured apart: CPU BLAS runs 1-row products on another
     # kernel (matrix-vector), so t_verify(1) need not lie on the line through n >= 2.
