@@ -24,6 +24,9 @@ class ServiceMetrics:
         r = self.registry
         self.sessions_opened = Counter("splitspec_sessions_opened", "Decode sessions opened", registry=r)
         self.sessions_active = Gauge("splitspec_sessions_active", "Sessions in the session table", registry=r)
+        self.sessions_resumed = Counter(
+            "splitspec_sessions_resumed", "Sessions reattached by ticket after a broken stream", registry=r
+        )
         self.sessions_failed = Counter("splitspec_sessions_failed", "Sessions ended by an error", ["code"], registry=r)
         self.drafted = Counter("splitspec_drafted_tokens", "Draft tokens received for verification", registry=r)
         self.accepted = Counter("splitspec_accepted_tokens", "Draft tokens accepted", registry=r)

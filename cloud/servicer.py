@@ -175,19 +175,32 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         return PendingBlock(draft.epoch, draft.start_position, tokens.tolist(), q, draft.more_follows)
 
     async def _verify_pending(
-        self, entry: SessionEntry, pending: list[PendingBlock], received: dict[tuple[int, int], tuple[float, int]]
+        self,
+        entry: SessionEntry,
+        pending: list[PendingBlock],
+        received: dict[tuple[int, int], tuple[float, int]],
+        stream: int,
     ) -> list[tuple[Verdict, float]]:
         """Verify the next chain of ``pending`` in one forward on the engine thread, observed once.
 
         ``received`` maps (epoch, start position) of each pending block to (arrival time, drafts).
+        ``stream``: the session's stream number this caller holds; once a resume
+        has taken the session over, nothing is verified (checked on the engine
+        thread, where every change to the session happens).
         Returns (verdict, cloud seconds since its block arrived) per block answered.
         """
         session = entry.session
+
+        def verify_if_current() -> list[Verdict] | None:
+            return session.verify_chain(pending) if entry.stream == stream else None
+
         forward_before, forwards_before = session.seq.forward_s, session.forwards
         try:
-            verdicts = await self._in_engine(session.verify_chain, pending)
+            verdicts = await self._in_engine(verify_if_current)
         except BlockRejected as exc:
             raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
+        if verdicts is None:
+            raise _Abort(grpc.StatusCode.ABORTED, "the session was resumed on another stream", park=True)
         now = time.perf_counter()
         self.table.touch(entry)
         out = []
@@ -215,6 +228,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
     # -- RPCs --------------------------------------------------------------
     async def Decode(self, request_iterator, context):
         entry = None
+        stream = 0  # the session's stream number while this stream drives it
         finished = False
         try:
             first = await self._read(context, self.limits.open_timeout_s)
@@ -224,29 +238,33 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             if first.WhichOneof("kind") != "open":
                 raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"the first frame must be Open, got {first.WhichOneof('kind') or 'an empty frame'}")
             answer_first = first.open.first_token and not first.open.resume_ticket
-            entry = await self._open(first.open, self._owner(context))
-            session = entry.session
-            yield self._count_out(
-                pb.CloudFrame(
-                    opened=pb.Opened(
-                        session_id=entry.session_id,
-                        resume_ticket=entry.ticket,
-                        vocab_size=self.engine.vocab_size,
-                        committed_length=len(session.tokens),
-                        max_draft_len=session.max_draft_len,
-                        forwards=session.forwards,
-                        max_blocks_in_flight=self.limits.max_blocks_in_flight,
-                        answers_first_position=answer_first,
-                    )
+            if first.open.resume_ticket:
+                entry, opened = await self._resume(first.open, self._owner(context))
+            else:
+                entry = await self._open(first.open, self._owner(context))
+                opened = pb.Opened(committed_length=len(entry.session.tokens), answers_first_position=answer_first)
+            stream, session = entry.stream, entry.session
+            opened.MergeFrom(
+                pb.Opened(
+                    session_id=entry.session_id,
+                    resume_ticket=entry.ticket,
+                    vocab_size=self.engine.vocab_size,
+                    max_draft_len=session.max_draft_len,
+                    forwards=session.forwards,
+                    max_blocks_in_flight=self.limits.max_blocks_in_flight,
                 )
             )
+            yield self._count_out(pb.CloudFrame(opened=opened))
+            if session.done:  # resumed after its final verdict was lost: the Opened told the rest
+                finished = True
+                return
             frames: asyncio.Queue = asyncio.Queue()
             ending: list = []  # _CLOSE or _EOF once the edge ends the stream
             reader = asyncio.create_task(self._read_frames(context, frames))
             try:
                 # Asked to, a new session answers its first position at once, from the prefill's last row.
                 first_block = PendingBlock(session.epoch, len(session.tokens), []) if answer_first else None
-                async for verdict, seconds in self._verdicts(entry, frames, ending, first_block):
+                async for verdict, seconds in self._verdicts(entry, stream, frames, ending, first_block):
                     # The forward count rides on the final verdict only: 0 is not sent, so rounds pay no bytes for it.
                     message = verdict_to_proto(verdict, seconds=seconds, forwards=session.forwards if verdict.done else 0)
                     yield self._count_out(pb.CloudFrame(verdict=message))
@@ -261,7 +279,8 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             self._log_end(entry, exc)
             await context.abort(exc.code, str(exc))
         finally:
-            self._end(entry, finished)
+            if entry is not None and entry.stream == stream:  # else a newer stream drives the session now
+                self._end(entry, finished)
 
     async def _read_frames(self, context, frames: asyncio.Queue) -> None:
         """Move the edge's frames into ``frames`` as (Draft, arrival time); then ``_EOF`` when the
@@ -297,7 +316,9 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                 park=True,
             ) from exc
 
-    async def _verdicts(self, entry: SessionEntry, frames: asyncio.Queue, ending: list, first: PendingBlock | None):
+    async def _verdicts(
+        self, entry: SessionEntry, stream: int, frames: asyncio.Queue, ending: list, first: PendingBlock | None
+    ):
         """Verdicts, with cloud seconds, for the blocks read from ``frames``: each forward takes
         every block pending (``VerifierSession.verify_chain``).
 
@@ -330,7 +351,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                         f"more than {self.limits.max_blocks_in_flight} blocks in flight",
                     )
             while pending and not ending:
-                answered = await self._verify_pending(entry, pending, received)
+                answered = await self._verify_pending(entry, pending, received, stream)
                 for verdict, seconds in answered:
                     yield verdict, seconds
                     progress = time.monotonic()
@@ -346,12 +367,47 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         token = str(metadata.get("authorization", "")).removeprefix("Bearer ") or None
         return owner_of(context.peer() or "", token)
 
+    async def _resume(self, request: pb.Open, owner: str) -> tuple[SessionEntry, pb.Opened]:
+        """Attach the session of ``request.resume_ticket`` to this stream; the Opened tells the edge
+        what it missed: the session's epoch and the tokens committed past ``committed_length``.
+
+        The answer depends only on the session's state, so verdicts lost in a cut
+        are recovered once, whatever the edge had in flight. The state is read on
+        the engine thread, after any verify a dead stream had queued.
+        """
+        entry = self.table.resume(request.resume_ticket, owner)
+        if entry is None:
+            raise _Abort(grpc.StatusCode.NOT_FOUND, "no resumable session for that ticket; reopen with the committed tokens as the prompt")
+        session, stream = entry.session, entry.stream
+
+        def missed() -> tuple[list[int], int, int]:
+            committed = len(session.tokens)
+            if request.committed_length > committed:
+                raise ValueError(
+                    f"resume from {request.committed_length} committed tokens, but the session has {committed}"
+                )
+            start = max(request.committed_length, session.prompt_len)  # below the prompt reads as the prompt
+            return session.tokens[start:], session.epoch, committed
+
+        try:
+            tail, epoch, committed = await self._in_engine(missed)
+        except ValueError as exc:
+            if entry.stream == stream:
+                self._end(entry, True)
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
+        encoded = codec.encode_tokens(tail, self.engine.vocab_size)
+        self.metrics.sessions_resumed.inc()
+        log.info("session %s resumed at %d committed tokens (%d the edge missed), epoch %d%s",
+                 entry.session_id, committed, len(tail), epoch, ", already finished" if session.done else "")
+        return entry, pb.Opened(
+            committed_length=committed,
+            epoch=epoch,
+            committed_tail=encoded.data,
+            committed_tail_compressed=encoded.compressed,
+            stop_reason=stop_reason_to_proto(session.stop_reason),
+        )
+
     async def _open(self, request: pb.Open, owner: str) -> SessionEntry:
-        if request.resume_ticket:
-            entry = self.table.resume(request.resume_ticket, owner)
-            if entry is None:
-                raise _Abort(grpc.StatusCode.NOT_FOUND, "no resumable session for that ticket; reopen with the committed tokens as the prompt")
-            return entry
         opened = self._parse_request(request)
         max_draft_len = min(request.max_draft_len or self.limits.max_draft_len, self.limits.max_draft_len)
         entry = await self._new_session(opened, max_draft_len, owner)
@@ -373,7 +429,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             while not session.done:
                 key = (session.epoch, len(session.tokens))
                 (verdict, seconds), = await self._verify_pending(
-                    entry, [PendingBlock(*key, drafts=[])], {key: (time.perf_counter(), 0)}
+                    entry, [PendingBlock(*key, drafts=[])], {key: (time.perf_counter(), 0)}, entry.stream
                 )
                 encoded = codec.encode_tokens([verdict.token] if verdict.token is not None else [], self.engine.vocab_size)
                 yield self._count_out(

@@ -2,6 +2,10 @@
 
 A session is *attached* while a stream drives it and *parked* when its
 stream broke: a parked session stays resumable by its ticket for ``ttl_s``.
+The ticket's owner may also take over an attached session (its edge
+reconnected before the server noticed the old stream was dead); each attach
+bumps the entry's ``stream`` number, and a stream acts on its session only
+while the number is still its own.
 The table never holds more than ``max_sessions`` entries. When it is full, a
 new session evicts the longest-parked one (a parked session is only a
 convenience: its edge can reopen with its committed tokens); only attached
@@ -42,6 +46,7 @@ class SessionEntry:
     session: VerifierSession
     owner: str = ""
     attached: bool = True  # a stream is driving it
+    stream: int = 0  # bumped on every attach: the stream that holds the current number drives the session
     last_active: float = field(default_factory=time.monotonic)
 
 
@@ -93,12 +98,17 @@ class SessionTable:
         return entry
 
     def resume(self, ticket: bytes, owner: str | None = None) -> SessionEntry | None:
-        """Reattach a parked, unexpired session by its ticket (and, when given, its owner)."""
+        """Attach an unexpired session by its ticket (and, when given, its owner) to a new stream.
+
+        A session still attached is taken over: the old stream is dead or
+        about to be, and its number (``stream``) no longer matches.
+        """
         self.reap()
         entry = self._by_ticket.get(bytes(ticket))
-        if entry is None or entry.attached or (owner is not None and entry.owner != owner):
+        if entry is None or (owner is not None and entry.owner != owner):
             return None
         entry.attached = True
+        entry.stream += 1
         entry.last_active = self._clock()
         return entry
 

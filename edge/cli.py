@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from shared.cli import add_verbosity, host_port, positive_float, run_command
+from shared.cli import add_verbosity, host_port, non_negative_float, positive_float, run_command
 
 __all__ = ["add_edge_commands", "build_parser", "main"]
 
@@ -42,6 +42,10 @@ def add_edge_commands(commands) -> None:
         "stream. Output equals the target model's own (token for token in greedy and coupled modes).",
     )
     _add_cloud_args(run)
+    run.add_argument("--outage-budget", type=non_negative_float, default=30.0,
+                     help="seconds a broken link may take to come back: the edge reconnects with backoff and "
+                     "resumes its session (or reopens it on the tokens committed so far), output unchanged; past "
+                     "this it stops with the tokens so far (default 30; 0 = a cut ends the generation)")
     add_drafter_args(run)
     add_sampling_args(run)
     run.set_defaults(func=run_edge)
@@ -115,6 +119,7 @@ def run_edge(args: argparse.Namespace) -> int:
     vocab = drafter.vocab
     prompt = vocab.tokenize(args.prompt)
     controller = controller_from_args(args)
+    failure = None
     try:
         verifier = GrpcVerifier(
             args.cloud,
@@ -122,6 +127,7 @@ def run_edge(args: argparse.Namespace) -> int:
             fingerprint=vocab.fingerprint,
             model_name=drafter.model_name,
             verdict_timeout_s=args.verdict_timeout,
+            outage_budget_s=args.outage_budget,
             **options,
         )
         verifier.connect()  # connection setup is not part of the generation's time, as for the baseline
@@ -137,7 +143,9 @@ def run_edge(args: argparse.Namespace) -> int:
             on_tokens=None if args.json else TextStream(vocab.detokenize),
         )
     except VerifierError as exc:
-        raise CliError(str(exc), 2 if exc.bad_input else 1) from exc
+        if exc.partial is None:  # nothing was generated: nothing to report
+            raise CliError(str(exc), 2 if exc.bad_input else 1) from exc
+        failure, result = exc, exc.partial
     finally:
         drafter.close()
     report = EdgeReport(
@@ -156,7 +164,12 @@ def run_edge(args: argparse.Namespace) -> int:
         drafter=drafter.stats,
         blocks=verifier.block_log,
         switches=controller.switches if controller is not None else 0,
+        recoveries=verifier.recoveries,
+        error=str(failure or ""),
     )
+    if failure is not None:  # the report holds the tokens made before the failure
+        _emit(args, report)
+        raise CliError(f"{failure} ({len(result.tokens)} tokens generated before it)", 2 if failure.bad_input else 1)
     if _emit(args, report):
         return 0
     stats, n = result.stats, max(len(result.tokens), 1)
@@ -167,7 +180,8 @@ def run_edge(args: argparse.Namespace) -> int:
         f"W={window_from_args(args)}, "
         f"acceptance rate {stats.acceptance_rate:.2f}, acceptance length {stats.acceptance_length:.2f}, "
         f"up {verifier.bytes_up / n:.1f} B/tok, down {verifier.bytes_down / n:.1f} B/tok, rtt {verifier.rtt_ms:.1f} ms, "
-        f"cloud forwards {verifier.forwards}",
+        f"cloud forwards {verifier.forwards}"
+        + (f", {len(verifier.recoveries)} link recoveries" if verifier.recoveries else ""),
     )
     return 0
 

@@ -6,6 +6,14 @@ message each way (``shared.wire.framed_size``), the round-trip time net of
 the cloud's own processing (the verdict's ``server_us``), and keeps the
 forward count the cloud reports. A bearer token travels as call credentials,
 only over TLS or to a loopback address.
+
+Resilience: a stream that breaks (or a cloud that stays silent past the
+verdict timeout) raises ``LinkLost``; ``resume`` then reattaches the session
+by its ticket on a new stream, or reopens it on the committed tokens when the
+cloud lost it (a restart, the TTL). Attempts are spaced by tenacity's
+exponential backoff with jitter, and gRPC's own reconnect backoff paces the
+channel underneath, until ``outage_budget_s`` runs out. Each recovery is
+recorded (``recoveries``).
 """
 
 from __future__ import annotations
@@ -19,10 +27,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import grpc
+from tenacity import Retrying, before_sleep_log, retry_if_exception_type, stop_after_delay, wait_exponential_jitter
 
-from edge.decode_loop import SessionTerms
+from edge.decode_loop import LinkLost, Resumption, SessionTerms, VerifierError
 from edge.drafter import DraftBlock
-from edge.report import BlockTiming
+from edge.report import BlockTiming, Recovery
 from protos import splitspec_pb2 as pb
 from protos import splitspec_pb2_grpc as pb_grpc
 from shared import codec
@@ -37,26 +46,27 @@ from shared.wire import (
     verdict_from_proto,
 )
 
-__all__ = ["GrpcVerifier", "VerifierError", "make_channel", "CloudOnlyResult", "cloud_only_generate"]
+__all__ = ["GrpcVerifier", "VerifierError", "LinkLost", "make_channel", "CloudOnlyResult", "cloud_only_generate"]
 
 log = logging.getLogger(__name__)
 
 _END = object()
 
 
-class VerifierError(RuntimeError):
-    """The cloud could not be reached, refused us, or went away.
-
-    ``bad_input``: the cloud refused what we asked for (a status that says the
-    request was wrong), so a command line exits 2, not 1.
-    """
-
-    def __init__(self, message: str, bad_input: bool = False) -> None:
-        super().__init__(message)
-        self.bad_input = bad_input
-
-
 _BAD_INPUT = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.OUT_OF_RANGE}
+# Statuses of a stream that broke rather than was refused: the session can be resumed. INTERNAL is
+# what HTTP/2 reports for a connection torn mid-frame; ABORTED, a session another stream took over.
+_TRANSIENT = {
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.CANCELLED,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.ABORTED,
+    grpc.StatusCode.INTERNAL,
+}
+
+
+class _SessionGone(Exception):
+    """The cloud has no session for our ticket (restarted, expired, another replica)."""
 
 
 def make_channel(address: str, root_certificates: bytes | None = None, auth_token: str | None = None) -> grpc.Channel:
@@ -98,7 +108,7 @@ def describe_rpc_error(error: grpc.RpcError) -> str:
 
 
 class GrpcVerifier:
-    """One generation session with a remote verifier. Use once: open, verify..., close."""
+    """One generation session with a remote verifier. Use once: open, send/receive..., close."""
 
     def __init__(
         self,
@@ -111,10 +121,12 @@ class GrpcVerifier:
         root_certificates: bytes | None = None,
         connect_timeout_s: float = 10.0,
         verdict_timeout_s: float = 120.0,
+        outage_budget_s: float = 30.0,
         channel: grpc.Channel | None = None,
     ) -> None:
         """``channel``: an open channel to reuse across sessions (the caller closes it, and gives it
-        the credentials: ``make_channel``); default: our own, from the arguments here."""
+        the credentials: ``make_channel``); default: our own, from the arguments here.
+        ``outage_budget_s``: how long a broken link may take to come back (0: a cut ends the session)."""
         if channel is not None and (auth_token or root_certificates):
             raise ValueError("pass auth_token/root_certificates to make_channel for a shared channel, not here")
         self.address = address
@@ -123,6 +135,7 @@ class GrpcVerifier:
         self.model_name = model_name
         self.connect_timeout_s = connect_timeout_s
         self.verdict_timeout_s = verdict_timeout_s
+        self.outage_budget_s = outage_budget_s
         self._owns_channel = channel is None
         self._channel = channel if channel is not None else make_channel(address, root_certificates, auth_token)
         self._requests: queue.Queue = queue.Queue()
@@ -130,17 +143,25 @@ class GrpcVerifier:
         self._call = None
         self._reader: threading.Thread | None = None
         self._params = SamplingParams()
+        self._prompt_len = 0
+        self._max_new_tokens = 0
+        self._max_draft_len = 0
         self.bytes_up = 0
         self.bytes_down = 0
         self.rtt_samples_s: list[float] = []
         self.block_log: list[BlockTiming] = []  # [blocks verified]
-        self.forwards = 0  # target forwards the cloud reports for this session, prefill included
+        self.recoveries: list[Recovery] = []  # [broken streams recovered from]
+        # Target forwards the cloud reports for this session, prefill included; after a reopen, the
+        # lost session's as last reported (its open) plus the new one's.
+        self.forwards = 0
+        self._earlier_forwards = 0
         self.last_cloud_s = 0.0  # the cloud's time on the last verdict (server_us)
         self.open_s = 0.0  # Open sent -> Opened received (prefill included)
         self._connected = False
         self.session_id = ""
         self.resume_ticket = b""
         self._finished = False  # the cloud ended the session with a final verdict
+        self._lost_at: float | None = None  # when the stream broke, until the first verdict after it
         # (epoch, start position) -> (sent at, drafts, Draft bytes), for blocks not yet answered.
         self._in_flight: dict[tuple[int, int], tuple[float, int, int]] = {}
 
@@ -153,46 +174,72 @@ class GrpcVerifier:
 
     def open(self, prompt: Sequence[int], params: SamplingParams, max_new_tokens: int, max_draft_len: int) -> SessionTerms:
         self.connect()
-        self._params = params
+        self._params, self._prompt_len = params, len(prompt)
+        self._max_new_tokens, self._max_draft_len = max_new_tokens, max_draft_len
         started = time.perf_counter()
-        stub = pb_grpc.VerifierStub(self._channel)
-        self._call = stub.Decode(iter(self._requests.get, _END))
-        self._reader = threading.Thread(target=self._read_forever, name="edge-link-reader", daemon=True)
-        self._reader.start()
-        encoded = codec.encode_tokens(prompt, self.vocab_size)
-        self._send(
-            pb.EdgeFrame(
-                open=pb.Open(
-                    model=self.model_name,
-                    vocab_fingerprint=self.fingerprint,
-                    vocab_size=self.vocab_size,
-                    sampling=sampling_to_proto(params),
-                    prompt=encoded.data,
-                    prompt_compressed=encoded.compressed,
-                    max_new_tokens=max_new_tokens,
-                    max_draft_len=max_draft_len,
-                    first_token=True,
-                )
+        try:
+            terms = self._open_session(prompt).terms
+        except LinkLost:  # broken before the Opened came: open again, as after any cut
+            self._lost_at = started
+            terms = self.resume(prompt).terms
+        self.open_s = time.perf_counter() - started
+        return terms
+
+    def resume(self, committed: Sequence[int]) -> Resumption:
+        if self._lost_at is None:
+            self._lost_at = time.perf_counter()
+        lost_at, up_before, attempts = self._lost_at, self.bytes_up, 0
+        cause = ""
+
+        def attempt() -> Resumption:
+            nonlocal attempts
+            attempts += 1
+            self._restart_call()
+            try:
+                grpc.channel_ready_future(self._channel).result(timeout=self.connect_timeout_s)
+            except grpc.FutureTimeoutError:
+                raise LinkLost(f"cloud unreachable at {self.address}") from None
+            if self.resume_ticket:
+                try:
+                    return self._reattach(committed)
+                except _SessionGone:
+                    log.info("session %s is gone from the cloud; reopening on %d committed tokens",
+                             self.session_id, len(committed))
+                    self._restart_call()  # the cloud ended that stream
+            return self._open_session(committed)
+
+        retrying = Retrying(
+            stop=stop_after_delay(self.outage_budget_s),
+            wait=wait_exponential_jitter(multiplier=0.05, max=2.0, jitter=0.05),
+            retry=retry_if_exception_type(LinkLost),
+            before_sleep=before_sleep_log(log, logging.WARNING),
+            reraise=True,
+        )
+        try:
+            for trial in retrying:
+                with trial:
+                    resumed = attempt()
+        except LinkLost as exc:
+            cause = str(exc)
+            raise VerifierError(
+                f"lost the cloud at {self.address} and could not resume within the outage budget of "
+                f"{self.outage_budget_s:g}s ({attempts} attempts): {cause}"
+            ) from exc
+        self.recoveries.append(
+            Recovery(
+                reconnect_s=time.perf_counter() - lost_at,
+                attempts=attempts,
+                reopened=resumed.reopened,
+                missed_tokens=len(resumed.missed),
+                up_bytes=self.bytes_up - up_before,
             )
         )
-        opened = self._receive("opened").opened
-        self.open_s = time.perf_counter() - started
-        self.session_id, self.resume_ticket = opened.session_id, opened.resume_ticket
-        self.forwards = opened.forwards
-        if opened.vocab_size != self.vocab_size:
-            raise VerifierError(f"cloud vocabulary has {opened.vocab_size} tokens, ours {self.vocab_size}")
         log.info(
-            "session %s opened at %s (blocks up to %d, %d in flight)",
-            opened.session_id, self.address, opened.max_draft_len, opened.max_blocks_in_flight,
+            "session %s %s after %.2fs (%d attempts, %d tokens the cloud had committed meanwhile)",
+            self.session_id, "reopened" if resumed.reopened else "resumed", self.recoveries[-1].reconnect_s,
+            attempts, len(resumed.missed),
         )
-        if opened.answers_first_position:
-            self._in_flight[(0, len(prompt))] = (started, 0, 0)  # as if an empty block went up with the Open
-        # A verifier that predates pipelining sends no window: it takes one block at a time.
-        return SessionTerms(
-            min(max_draft_len, opened.max_draft_len),
-            max(opened.max_blocks_in_flight, 1),
-            answers_first_position=opened.answers_first_position,
-        )
+        return resumed
 
     def send(self, epoch: int, start_position: int, block: DraftBlock, more_follows: bool) -> None:
         params = self._params
@@ -218,12 +265,15 @@ class GrpcVerifier:
         self._finished = message.done
         self.last_cloud_s = message.server_us * 1e-6
         if message.done:  # the total rides on the final verdict only
-            self.forwards = message.forwards
+            self.forwards = self._earlier_forwards + message.forwards
         sent = self._in_flight.pop((message.epoch, message.start_position), None)
         if sent is None:
             raise VerifierError(f"verdict for a block never sent (epoch {message.epoch}, position {message.start_position})")
         for key in [k for k in self._in_flight if k[0] < message.epoch]:
             del self._in_flight[key]  # drafted past a correction: the cloud dropped them
+        if self._lost_at is not None and self.recoveries:  # the first verdict after a recovery
+            self.recoveries[-1].recover_s = arrived - self._lost_at
+        self._lost_at = None
         sent_at, drafts, up_bytes = sent
         self.rtt_samples_s.append(max(arrived - sent_at - message.server_us * 1e-6, 0.0))
         self.block_log.append(
@@ -257,35 +307,136 @@ class GrpcVerifier:
         """Median round trip net of the cloud's processing, in ms (0 before any block)."""
         return 1e3 * statistics.median(self.rtt_samples_s) if self.rtt_samples_s else 0.0
 
+    # -- sessions ----------------------------------------------------------
+    def _open_session(self, committed: Sequence[int]) -> Resumption:
+        """Open a new session on ``committed`` (the prompt, or after a lost session everything
+        committed so far), its first position answered at once."""
+        if self._call is None:
+            self._restart_call()
+        reopening = bool(self.resume_ticket)
+        started = time.perf_counter()
+        encoded = codec.encode_tokens(committed, self.vocab_size)
+        self._send(
+            pb.EdgeFrame(
+                open=pb.Open(
+                    model=self.model_name,
+                    vocab_fingerprint=self.fingerprint,
+                    vocab_size=self.vocab_size,
+                    sampling=sampling_to_proto(self._params),
+                    prompt=encoded.data,
+                    prompt_compressed=encoded.compressed,
+                    max_new_tokens=self._max_new_tokens - (len(committed) - self._prompt_len),
+                    max_draft_len=self._max_draft_len,
+                    first_token=True,
+                )
+            )
+        )
+        opened = self._opened()
+        self._earlier_forwards = self.forwards if reopening else 0
+        self.forwards = self._earlier_forwards + opened.forwards
+        log.info(
+            "session %s opened at %s (blocks up to %d, %d in flight)",
+            opened.session_id, self.address, opened.max_draft_len, opened.max_blocks_in_flight,
+        )
+        if opened.answers_first_position:
+            self._in_flight[(0, len(committed))] = (started, 0, 0)  # as if an empty block went up with the Open
+        return Resumption(self._terms(opened), epoch=0, missed=[], reopened=reopening)
+
+    def _reattach(self, committed: Sequence[int]) -> Resumption:
+        """Take our session over on the current stream; the cloud says what we missed."""
+        self._send(pb.EdgeFrame(open=pb.Open(resume_ticket=self.resume_ticket, committed_length=len(committed))))
+        try:
+            opened = self._opened()
+        except VerifierError as exc:
+            if isinstance(exc.__cause__, grpc.RpcError) and exc.__cause__.code() == grpc.StatusCode.NOT_FOUND:
+                raise _SessionGone() from exc
+            raise
+        try:
+            missed = codec.decode_tokens(
+                opened.committed_tail, opened.committed_tail_compressed, self.vocab_size,
+                max_tokens=self._max_new_tokens,
+            ).tolist()
+        except ValueError as exc:
+            raise VerifierError(f"malformed resume answer from the cloud: {exc}") from exc
+        if opened.committed_length != len(committed) + len(missed):
+            raise VerifierError(
+                f"the cloud resumed at {opened.committed_length} committed tokens with {len(missed)} we missed, "
+                f"but we hold {len(committed)}"
+            )
+        return Resumption(
+            self._terms(opened),
+            epoch=opened.epoch,
+            missed=missed,
+            stop_reason=stop_reason_from_proto(opened.stop_reason),
+        )
+
+    def _opened(self) -> pb.Opened:
+        opened = self._receive("opened").opened
+        self.session_id, self.resume_ticket = opened.session_id, opened.resume_ticket
+        if opened.vocab_size != self.vocab_size:
+            raise VerifierError(f"cloud vocabulary has {opened.vocab_size} tokens, ours {self.vocab_size}")
+        return opened
+
+    def _terms(self, opened: pb.Opened) -> SessionTerms:
+        # A verifier that predates pipelining sends no window: it takes one block at a time.
+        return SessionTerms(
+            min(self._max_draft_len, opened.max_draft_len),
+            max(opened.max_blocks_in_flight, 1),
+            answers_first_position=opened.answers_first_position,
+        )
+
     # -- internals ---------------------------------------------------------
+    def _restart_call(self) -> None:
+        """A fresh Decode stream; the old one, if any, is cancelled and its queues dropped."""
+        if self._call is not None:
+            self._requests.put(_END)
+            self._call.cancel()
+        self._requests, self._responses = queue.Queue(), queue.Queue()
+        self._in_flight.clear()
+        self._finished = False
+        self._call = pb_grpc.VerifierStub(self._channel).Decode(iter(self._requests.get, _END))
+        self._reader = threading.Thread(
+            target=self._read_forever, args=(self._call, self._responses), name="edge-link-reader", daemon=True
+        )
+        self._reader.start()
+
     def _send(self, frame: pb.EdgeFrame) -> None:
         self.bytes_up += message_wire_bytes(frame)
         self._requests.put(frame)
 
-    def _read_forever(self) -> None:
+    @staticmethod
+    def _read_forever(call, responses: queue.Queue) -> None:
         try:
-            for message in self._call:
-                self._responses.put(message)
-            self._responses.put(_END)
+            for message in call:
+                responses.put(message)
+            responses.put(_END)
         except grpc.RpcError as error:
-            self._responses.put(error)
+            responses.put(error)
 
     def _receive(self, kind: str) -> pb.CloudFrame:
         try:
             item = self._responses.get(timeout=self.verdict_timeout_s)
         except queue.Empty:
             self._call.cancel()
-            raise VerifierError(f"no {kind} from the cloud within {self.verdict_timeout_s:.0f}s") from None
+            raise LinkLost(f"no {kind} from the cloud within {self.verdict_timeout_s:g}s") from None
         if isinstance(item, grpc.RpcError):
-            if item.code() == grpc.StatusCode.UNAVAILABLE:
-                raise VerifierError(f"lost the cloud at {self.address}: {describe_rpc_error(item)}")
-            raise VerifierError(f"cloud ended the session: {describe_rpc_error(item)}", item.code() in _BAD_INPUT)
+            if item.code() in _TRANSIENT:
+                raise self._lost(LinkLost(f"lost the cloud at {self.address}: {describe_rpc_error(item)}")) from item
+            raise VerifierError(f"cloud ended the session: {describe_rpc_error(item)}", item.code() in _BAD_INPUT) from item
         if item is _END:
-            raise VerifierError(f"cloud closed the stream before sending the {kind}")
+            raise self._lost(LinkLost(f"cloud closed the stream before sending the {kind}"))
         self.bytes_down += message_wire_bytes(item)
         if item.WhichOneof("kind") != kind:
             raise VerifierError(f"expected {kind} from the cloud, got {item.WhichOneof('kind')}")
         return item
+
+    def _lost(self, error: LinkLost) -> VerifierError:
+        """``error`` when the session may be resumed; a final error when the budget is 0."""
+        if self._lost_at is None:
+            self._lost_at = time.perf_counter()
+        if self.outage_budget_s <= 0:
+            return VerifierError(f"{error} (resuming is off: --outage-budget 0)")
+        return error
 
 
 @dataclass

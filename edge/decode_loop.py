@@ -11,10 +11,18 @@ drafting pauses or restarts never changes the output.
 Transport-agnostic: a ``VerifierConnection`` is answered in-process
 (``sim.inprocess``) or over gRPC (``edge.client``). The loop trusts only
 verdicts that answer the oldest block in flight, and stops at ``done``.
+
+A broken link (``LinkLost``) does not end the generation: the connection
+resumes the session (``VerifierConnection.resume``) and the loop adopts the
+verifier's state: the tokens it committed in verdicts lost in the cut, its
+epoch; everything in flight is dropped and drafted again. The verifier's
+state alone decides what is committed, so nothing is committed twice, and
+position-keyed randomness makes the output that of an unbroken run.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -28,11 +36,40 @@ from shared.stats import DecodeStats
 from shared.verdict import StopReason, Verdict
 from shared.wire import next_epoch
 
-__all__ = ["VerifierConnection", "SessionTerms", "GenerationResult", "run_decode", "ProtocolError"]
+__all__ = [
+    "VerifierConnection",
+    "SessionTerms",
+    "Resumption",
+    "GenerationResult",
+    "run_decode",
+    "ProtocolError",
+    "VerifierError",
+    "LinkLost",
+]
+
+log = logging.getLogger(__name__)
 
 
 class ProtocolError(RuntimeError):
     """The verifier answered something that does not fit the blocks we sent."""
+
+
+class VerifierError(RuntimeError):
+    """The cloud could not be reached, refused us, or went away for good.
+
+    ``bad_input``: the cloud refused what we asked for (a status that says the
+    request was wrong), so a command line exits 2, not 1. ``partial``: what
+    ``run_decode`` had generated when it failed (set by ``run_decode``).
+    """
+
+    def __init__(self, message: str, bad_input: bool = False) -> None:
+        super().__init__(message)
+        self.bad_input = bad_input
+        self.partial: GenerationResult | None = None
+
+
+class LinkLost(VerifierError):
+    """The stream to the verifier broke or went silent; the session may be resumed."""
 
 
 @dataclass(frozen=True)
@@ -42,6 +79,17 @@ class SessionTerms:
     max_draft_len: int  # drafts per block
     max_blocks_in_flight: int  # blocks sent and not yet answered
     answers_first_position: bool = False  # a verdict for the first position comes unasked (an empty block)
+
+
+@dataclass(frozen=True)
+class Resumption:
+    """The verifier's state after a broken stream, which the edge adopts (``VerifierConnection.resume``)."""
+
+    terms: SessionTerms
+    epoch: int  # the session's epoch: blocks go out at it
+    missed: list[int]  # tokens the verifier committed past the edge's (verdicts lost in the cut)
+    stop_reason: StopReason = StopReason.NONE  # not NONE: the session had ended; ``missed`` holds its last tokens
+    reopened: bool = False  # the session was gone: a new one was opened on the committed tokens
 
 
 class VerifierConnection(Protocol):
@@ -61,7 +109,12 @@ class VerifierConnection(Protocol):
         """Queue one block for verification (returns at once)."""
 
     def receive(self) -> Verdict:
-        """The next verdict (blocks until it arrives)."""
+        """The next verdict (blocks until it arrives); ``LinkLost`` when the stream broke."""
+
+    def resume(self, committed: Sequence[int]) -> Resumption:
+        """After ``LinkLost``: the same session on a new stream, or, when it is gone, a new one opened
+        on ``committed`` (prompt included). Blocks sent before are forgotten. Raises
+        ``VerifierError`` when the verifier stays out of reach."""
 
     def close(self) -> None:
         """End the session."""
@@ -118,9 +171,22 @@ def run_decode(
     in_flight: deque[_InFlight] = deque()
     epoch = 0
     ttft = 0.0
-    try:
-        terms = verifier.open(prompt, params, max_new_tokens, draft_len)
-        draft_len = min(draft_len, terms.max_draft_len)
+    stop = StopReason.NONE
+    cap = draft_len  # the caller's draft length; a resumed session may allow a different one
+
+    def commit(tokens: list[int]) -> None:
+        nonlocal ttft
+        drafter.commit(tokens)
+        generated.extend(tokens)
+        if tokens and not ttft:
+            ttft = time.perf_counter() - started
+        if on_tokens and tokens:
+            on_tokens(tokens)
+
+    def adopt(terms: SessionTerms) -> None:
+        """Fit the schedule to what the verifier allows."""
+        nonlocal draft_len, window, controller
+        draft_len = min(cap, terms.max_draft_len)
         window = min(window, terms.max_blocks_in_flight) if draft_len else 1
         if controller is not None and draft_len:
             controller.cap(draft_len)
@@ -128,6 +194,10 @@ def run_decode(
             controller.cloud_window = min(controller.cloud_window, terms.max_blocks_in_flight)
         else:
             controller = None
+
+    try:
+        terms = verifier.open(prompt, params, max_new_tokens, draft_len)
+        adopt(terms)
         drafter.begin(prompt, params)
         end = len(prompt)  # the position after the last token committed or in flight
         if terms.answers_first_position:  # the first token comes right after the prefill
@@ -159,7 +229,23 @@ def run_decode(
                 verifier.send(epoch, end, block, more)
                 in_flight.append(_InFlight(epoch, end, block, more, sent_at, sent_at - drafting))
                 end += len(block.tokens) if block.tokens else 1
-            verdict = verifier.receive()
+            try:
+                verdict = verifier.receive()
+            except LinkLost as lost:
+                log.warning("link to the verifier lost after %d tokens (%s); resuming", len(generated), lost)
+                resumed = verifier.resume(prompt + generated)
+                drafter.rewind()  # what was in flight is drafted again, from the verifier's state
+                in_flight.clear()
+                commit(resumed.missed)
+                stats.record_recovered(len(resumed.missed))
+                if resumed.stop_reason is not StopReason.NONE:
+                    stop = resumed.stop_reason
+                    break
+                epoch, end = resumed.epoch, len(prompt) + len(generated)
+                adopt(resumed.terms)
+                if resumed.terms.answers_first_position:
+                    in_flight.append(_InFlight(epoch, end, DraftBlock([]), False, time.perf_counter(), 0.0, first=True))
+                continue
             sent = in_flight.popleft()
             if (
                 verdict.epoch != sent.epoch
@@ -178,15 +264,11 @@ def run_decode(
                 interval = arrived - last_arrival if not sent.block.tokens and since_plan > 0 else None
                 _observe(controller, drafter, sent, verdict, committed, verifier.last_cloud_s, since_plan, interval)
             last_arrival = arrived
-            drafter.commit(committed)
-            generated.extend(committed)
+            commit(committed)
             since_plan += len(committed)
             stats.record_round(len(sent.block.tokens), verdict.accepted, len(committed))
-            if committed and not ttft:
-                ttft = time.perf_counter() - started
-            if on_tokens and committed:
-                on_tokens(committed)
             if verdict.done:
+                stop = verdict.stop_reason
                 break
             epoch = next_epoch(epoch, verdict)
             if verdict.is_correction:  # everything in flight was drafted past the corrected token
@@ -196,10 +278,14 @@ def run_decode(
             if len(generated) >= max_new_tokens:
                 raise ProtocolError(f"verifier did not stop at the token limit of {max_new_tokens}")
         stats.wall_s = time.perf_counter() - started  # tearing the session down is not generation time
+    except VerifierError as exc:  # the generation ends here: keep what it made
+        stats.wall_s = time.perf_counter() - started
+        exc.partial = GenerationResult(list(generated), StopReason.NONE, stats, ttft)
+        raise
     finally:
         verifier.close()
     stats.target_forwards = verifier.forwards
-    return GenerationResult(generated, verdict.stop_reason, stats, ttft)
+    return GenerationResult(generated, stop, stats, ttft)
 
 
 _CLOUD_STRETCH = 8  # while the cloud decodes alone, the controller chooses again every this many tokens

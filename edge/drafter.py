@@ -122,6 +122,11 @@ class Speculation:
         self.committed = len(self.tokens)
         return valid
 
+    def rewind(self) -> int:
+        """Drop the unverified proposals; returns the committed length (all that stays valid)."""
+        del self.tokens[self.committed :]
+        return self.committed
+
 
 class Drafter(Protocol):
     """What the decode loop needs from a proposer."""
@@ -137,6 +142,9 @@ class Drafter(Protocol):
 
     def commit(self, tokens: Sequence[int]) -> None:
         """Append the verifier's committed tokens; keep the speculation they confirm, drop the rest."""
+
+    def rewind(self) -> None:
+        """Drop every unverified proposal: the next draft continues the committed tokens."""
 
     def close(self) -> None:
         """Release native resources."""

@@ -87,6 +87,9 @@ class LlamaDrafter:
         valid = self._spec.commit(tokens)
         self.llm.n_tokens = min(self.llm.n_tokens, valid)  # llama.cpp drops stale KV entries on the next eval
 
+    def rewind(self) -> None:
+        self.llm.n_tokens = min(self.llm.n_tokens, self._spec.rewind())
+
     def close(self) -> None:
         self.llm.close()
 

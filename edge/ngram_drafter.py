@@ -46,6 +46,9 @@ class NgramDrafter:
     def commit(self, tokens: Sequence[int]) -> None:
         self._spec.commit(tokens)
 
+    def rewind(self) -> None:
+        self._spec.rewind()
+
     def close(self) -> None:
         pass
 

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from edge.drafter import DrafterStats
 from shared.stats import DecodeStats
 
-__all__ = ["BlockTiming", "EdgeReport", "SPLIT", "CLOUD_ONLY"]
+__all__ = ["BlockTiming", "EdgeReport", "Recovery", "SPLIT", "CLOUD_ONLY"]
 
 SPLIT = "split"  # drafted on the edge, verified in the cloud
 CLOUD_ONLY = "cloud-only"  # the cloud decoded every token (the baseline)
@@ -30,6 +30,18 @@ class BlockTiming:
     @property
     def drafts(self) -> int:
         return self.forward_tokens - 1
+
+
+@dataclass
+class Recovery:
+    """One broken stream the edge recovered from (``edge.client.GrpcVerifier.resume``)."""
+
+    reconnect_s: float  # the break noticed -> the session back (Opened), backoff and retries included
+    attempts: int  # streams tried
+    reopened: bool  # the cloud had lost the session: reopened on the committed tokens (a new prefill)
+    missed_tokens: int  # tokens the cloud committed in verdicts the cut lost (learned on resuming)
+    up_bytes: int  # framed bytes the recovery sent (its Open frames)
+    recover_s: float = 0.0  # the break noticed -> the first verdict after it (0: none came)
 
 
 @dataclass
@@ -51,12 +63,15 @@ class EdgeReport:
     drafter: DrafterStats = field(default_factory=DrafterStats)
     blocks: list[BlockTiming] = field(default_factory=list)  # [rounds], with --timings only
     switches: int = 0  # adaptive schedule: switches between drafting and the cloud decoding alone
+    recoveries: list[Recovery] = field(default_factory=list)  # broken streams recovered from
+    error: str = ""  # set when the generation failed: ``tokens`` holds what it made before
 
     def to_json(self) -> dict:
         out = {name: getattr(self, name) for name in self.__dataclass_fields__}
         out["decode"] = self.decode.to_json()
         out["drafter"] = self.drafter.to_json()
         out["blocks"] = [asdict(b) for b in self.blocks]
+        out["recoveries"] = [asdict(r) for r in self.recoveries]
         return out
 
     @classmethod
@@ -67,6 +82,7 @@ class EdgeReport:
             fields["decode"] = DecodeStats.from_json(data["decode"])
             fields["drafter"] = DrafterStats.from_json(data["drafter"])
             fields["blocks"] = [BlockTiming(**b) for b in data["blocks"]]
+            fields["recoveries"] = [Recovery(**r) for r in data["recoveries"]]
         except (KeyError, TypeError) as exc:
             raise ValueError(f"not an edge report: {exc!r}") from exc
         return cls(**fields)

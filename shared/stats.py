@@ -46,6 +46,11 @@ class DecodeStats:
             for i in range(n):
                 counts[i] += 1
 
+    def record_recovered(self, committed: int) -> None:
+        """``committed`` tokens from rounds whose verdicts a broken link lost (the edge learned them
+        on resuming): counted as generated, not as rounds, so they do not skew α."""
+        self.generated += committed
+
     @property
     def acceptance_rate(self) -> float:
         """α: accepted drafts / drafted tokens (0 when nothing was drafted)."""

@@ -59,6 +59,10 @@ CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
     # No bandwidth-delay-product probing: its PINGs and their ACKs cost more bytes per
     # round than a draft block on a 50 kbit/s link; our messages are tiny anyway.
     ("grpc.http2.bdp_probe", 0),
+    # After a cut the channel reconnects on its own; keep its backoff short so that a link that
+    # comes back is used within ~2 s (gRPC's default grows to 120 s).
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 2_000),
 )
 SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
     *CHANNEL_OPTIONS,

@@ -15,7 +15,7 @@ from cloud.engine import TargetEngine
 from cloud.limits import ServiceLimits
 from cloud.session import PendingBlock, VerifierSession
 from edge.controller import Controller
-from edge.decode_loop import GenerationResult, SessionTerms, run_decode
+from edge.decode_loop import GenerationResult, Resumption, SessionTerms, run_decode
 from edge.drafter import DraftBlock, Drafter
 from shared.params import SamplingParams
 from shared.verdict import Verdict
@@ -62,6 +62,18 @@ class LocalVerifier:
             self._verdicts.extend(self.session.verify_chain(self._pending))
             self.last_cloud_s = time.perf_counter() - started
         return self._verdicts.popleft()
+
+    def resume(self, committed: Sequence[int]) -> Resumption:
+        """The session, as a reattach over the wire finds it: blocks not yet verified are dropped,
+        verdicts not yet received are lost, and the tokens they committed are reported as missed."""
+        assert self.session is not None, "open() first"
+        session = self.session
+        if not session.prompt_len <= len(committed) <= len(session.tokens):
+            raise ValueError(f"resume from {len(committed)} committed tokens; the session has {len(session.tokens)}")
+        self._pending.clear()
+        self._verdicts.clear()
+        terms = SessionTerms(session.max_draft_len, self.max_blocks_in_flight)
+        return Resumption(terms, session.epoch, session.tokens[len(committed) :], session.stop_reason)
 
     def close(self) -> None:
         self._pending.clear()

@@ -217,7 +217,7 @@ def test_the_cloud_bounds_blocks_in_flight(tiny_engine, greedy_path):
             draft = pb.Draft(epoch=0, start_position=len(prompt) + 2 * b, payload=payload, more_follows=b < blocks - 1)
             frames.put_nowait((draft, time.perf_counter()))
         forwards = entry.session.forwards
-        verdicts = servicer._verdicts(entry, frames, [], None)
+        verdicts = servicer._verdicts(entry, entry.stream, frames, [], None)
         out = []
         try:
             async for verdict, _ in verdicts:

@@ -19,7 +19,10 @@ emulated link with
 - faults: `cut_after_s` aborts every connection open at that time since
   `start()` (a one-shot link flap; later connections are served normally);
   `cut_after_bytes` aborts a connection once that many payload bytes, both
-  directions together, have been delivered through it.
+  directions together, have been delivered through it; `arm_cuts(offsets)`
+  aborts whichever connection carries each given byte of the whole link
+  (one-shot cuts at exact offsets, for fault injection); `cut_all()` aborts
+  every connection now.
 
 Delay is implemented with timestamped per-connection queues drained by one
 writer task per direction, so propagation overlaps with serialization and the
@@ -314,17 +317,21 @@ class _Direction:
                 self.space.set()
 
     async def _deliver(self, data: bytes) -> bool:
-        """Write `data`, honouring cut_after_bytes; False once the connection is cut."""
-        conn = self.conn
-        budget = conn.emu.config.cut_after_bytes
-        cut = budget is not None and conn.bytes_up + conn.bytes_down + len(data) >= budget
-        if cut:
-            data = data[:max(0, budget - conn.bytes_up - conn.bytes_down)]
+        """Write `data`, honouring cut_after_bytes and armed cuts; False once the connection is cut."""
+        conn, emu = self.conn, self.conn.emu
+        budget = emu.config.cut_after_bytes
+        room, reason = len(data), ""
+        if budget is not None and budget - conn.bytes_up - conn.bytes_down <= room:
+            room, reason = max(0, budget - conn.bytes_up - conn.bytes_down), f"after {budget} bytes"
+        if emu.armed_cuts and emu.armed_cuts[0] - emu.bytes_up - emu.bytes_down <= room:
+            offset = emu.armed_cuts.popleft()
+            room, reason = max(0, offset - emu.bytes_up - emu.bytes_down), f"at link byte {offset}"
+        data = data[:room]
         self.dst.write(data)
         conn.count(self.name, len(data))
-        if cut:
+        if reason:
             await _flush(self.dst)
-            conn.cut(f"after {budget} bytes")
+            conn.cut(reason)
             return False
         await self.dst.drain()
         return True
@@ -364,6 +371,7 @@ class _Connection:
         """Abort both sides (the run task's cleanup does the closing)."""
         if self.cut_reason is None and self.task is not None and not self.task.done():
             self.cut_reason = reason
+            self.emu.cuts += 1
             self.task.cancel()
 
     async def run(self) -> None:
@@ -430,10 +438,25 @@ class LinkEmulator:
         self._server: asyncio.Server | None = None
         self._conns: set[_Connection] = set()
         self._cut_timer: asyncio.TimerHandle | None = None
+        self.armed_cuts: deque[int] = deque()  # one-shot cuts, at these link byte offsets (ascending)
+        self.cuts = 0  # connections cut by a fault (any kind)
 
     @property
     def active_connections(self) -> int:
         return len(self._conns)
+
+    def arm_cuts(self, offsets) -> None:
+        """Cut whichever connection carries the link's byte ``offset`` (payload bytes delivered
+        through the emulator since construction, both directions), once per offset. The cut
+        lands exactly there: mid-message as often as between messages."""
+        self.armed_cuts = deque(sorted(int(o) for o in offsets))
+
+    def cut_all(self, reason: str = "on request") -> int:
+        """Abort every open connection now; returns how many."""
+        conns = list(self._conns)
+        for conn in conns:
+            conn.cut(reason)
+        return len(conns)
 
     async def start(self) -> None:
         """Bind and start accepting; `.port` holds the bound port afterwards."""
@@ -457,8 +480,7 @@ class LinkEmulator:
 
     def _cut_all(self) -> None:
         log.info("cutting %d connection(s) at %.3f s", len(self._conns), self.config.cut_after_s)
-        for conn in list(self._conns):
-            conn.cut(f"at {self.config.cut_after_s} s")
+        self.cut_all(f"at {self.config.cut_after_s} s")
 
     async def stop(self) -> None:
         """Stop listening and abort open connections; waits for their tasks."""

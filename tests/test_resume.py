@@ -1,0 +1,257 @@
+"""Surviving the link: a broken stream is resumed (or the session reopened) and the output is
+that of an unbroken run; in process with verdicts lost on purpose, and over real gRPC through
+the link emulator cutting at exact byte offsets, with verifier restarts."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+
+import grpc
+import pytest
+from helpers import tiny_prompt
+
+from cloud.limits import ServiceLimits
+from cloud.server import BackgroundServer, ServerConfig
+from edge.client import GrpcVerifier, VerifierError
+from edge.decode_loop import LinkLost, run_decode
+from edge.llama_drafter import LlamaDrafter
+from protos import splitspec_pb2 as pb
+from protos import splitspec_pb2_grpc as pb_grpc
+from shared import codec
+from shared.params import Mode, SamplingParams
+from shared.verdict import StopReason
+from shared.wire import sampling_to_proto
+from sim.inprocess import LocalVerifier, generate
+from sim.link.emulator import LinkConfig, LinkEmulator
+
+TEXT = "The cat sat on the mat."
+MODES = [SamplingParams(mode=Mode.GREEDY), SamplingParams(mode=Mode.COUPLED, temperature=0.9, seed=3)]
+
+
+@pytest.fixture(scope="module")
+def drafter(tiny_models):
+    made = LlamaDrafter(tiny_models["drafter_noisy"], n_ctx=512, n_threads=1, f32_kv_cache=True)
+    yield made
+    made.close()
+
+
+# ---------------------------------------------------------------- in process: the loop's side
+
+
+class LossyVerifier(LocalVerifier):
+    """Breaks the link on chosen ``receive`` calls: sometimes after the cloud verified what was
+    pending (its verdicts are lost), sometimes before (the blocks are lost)."""
+
+    def __init__(self, engine, breaks: dict[int, bool]) -> None:
+        super().__init__(engine)
+        self.breaks = breaks  # receive call number -> verify first
+        self.calls = 0
+        self.resumes = 0
+
+    def receive(self):
+        self.calls += 1
+        verify_first = self.breaks.get(self.calls)
+        if verify_first is None:
+            return super().receive()
+        if verify_first:
+            while self._pending and not self.session.done:
+                self._verdicts.extend(self.session.verify_chain(self._pending))
+        raise LinkLost(f"cut on receive {self.calls}")
+
+    def resume(self, committed):
+        self.resumes += 1
+        return super().resume(committed)
+
+
+@pytest.mark.parametrize("params", MODES, ids=lambda p: p.mode.value)
+@pytest.mark.parametrize("window", [1, 3])
+def test_lost_verdicts_and_blocks_leave_the_output_unchanged(tiny_engine, drafter, params, window):
+    prompt = tiny_prompt(tiny_engine, TEXT)
+    want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=40, draft_len=0)
+    rng = random.Random(window)
+    for trial in range(6):
+        breaks = {call: rng.random() < 0.6 for call in rng.sample(range(1, 14), 4)}
+        verifier = LossyVerifier(tiny_engine, breaks)
+        got = run_decode(drafter, verifier, prompt, params, max_new_tokens=40, draft_len=4, window=window)
+        assert got.tokens == want.tokens, (trial, breaks)
+        assert got.stop_reason == want.stop_reason and got.stats.generated == len(want.tokens)
+        assert verifier.resumes == sum(call <= verifier.calls for call in breaks)
+
+
+def test_a_lost_final_verdict_ends_the_generation_on_resume(tiny_engine, drafter):
+    prompt = tiny_prompt(tiny_engine, TEXT)
+    want = generate(tiny_engine, drafter, prompt, MODES[0], max_new_tokens=12, draft_len=0)
+    for call in range(1, 6):
+        verifier = LossyVerifier(tiny_engine, {call: True})
+        got = run_decode(drafter, verifier, prompt, MODES[0], max_new_tokens=12, draft_len=8)
+        assert (got.tokens, got.stop_reason) == (want.tokens, StopReason.LENGTH)
+
+
+def test_rejection_mode_completes_across_lost_links(tiny_engine, drafter):
+    prompt = tiny_prompt(tiny_engine, TEXT)
+    params = SamplingParams(mode=Mode.REJECTION, temperature=1.0, seed=1)
+    verifier = LossyVerifier(tiny_engine, {2: True, 4: False, 7: True})
+    got = run_decode(drafter, verifier, prompt, params, max_new_tokens=30, draft_len=4, window=2)
+    assert len(got.tokens) == 30 and verifier.resumes == 3
+
+
+# ---------------------------------------------------------------- over gRPC, through the emulator
+
+
+class Link:
+    """The link emulator in front of a verifier, on its own event loop thread."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.emulator = LinkEmulator(LinkConfig(), upstream_port=upstream_port)
+        self.call(self.emulator.start())
+        self.address = f"127.0.0.1:{self.emulator.port}"
+
+    def call(self, coroutine):
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(30)
+
+    def do(self, fn, *args):
+        async def run():
+            return fn(*args)
+
+        return self.call(run())
+
+    def close(self) -> None:
+        self.call(self.emulator.stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+@pytest.fixture()
+def server(tiny_engine):
+    with BackgroundServer(tiny_engine, ServerConfig(port=0, limits=ServiceLimits(max_draft_len=16))) as running:
+        yield running
+
+
+@pytest.fixture()
+def link(server):
+    made = Link(server.port)
+    yield made
+    made.close()
+
+
+def decode_over(link, drafter, tiny_vocab, prompt, params, **kwargs):
+    verifier = GrpcVerifier(
+        link.address, vocab_size=tiny_vocab[0], fingerprint=tiny_vocab[1], outage_budget_s=kwargs.pop("budget", 10.0)
+    )
+    return run_decode(drafter, verifier, prompt, params, max_new_tokens=40, **kwargs), verifier
+
+
+@pytest.mark.parametrize("params", MODES, ids=lambda p: p.mode.value)
+def test_cuts_at_random_bytes_leave_the_output_unchanged(tiny_engine, tiny_vocab, drafter, server, link, params):
+    prompt = tiny_prompt(tiny_engine, TEXT)
+    want, clean = decode_over(link, drafter, tiny_vocab, prompt, params, draft_len=4, window=3)
+    total = link.emulator.bytes_up + link.emulator.bytes_down
+    rng = random.Random(7)
+    for trial in range(4):
+        base = link.emulator.bytes_up + link.emulator.bytes_down
+        cuts_before = link.emulator.cuts
+        offsets = sorted(base + rng.randrange(1, total) for _ in range(2))
+        link.do(link.emulator.arm_cuts, offsets)
+        got, verifier = decode_over(link, drafter, tiny_vocab, prompt, params, draft_len=4, window=3)
+        link.do(link.emulator.arm_cuts, [])
+        cut = link.emulator.cuts - cuts_before
+        assert got.tokens == want.tokens, (trial, offsets)
+        # A cut that lands on a resume attempt makes that recovery take another attempt.
+        assert cut >= 1 and len(verifier.recoveries) <= cut <= sum(r.attempts for r in verifier.recoveries)
+        assert got.stats.generated == len(want.tokens)
+    assert not clean.recoveries
+    deadline = time.monotonic() + 5  # every session ended (resumed ones included); none parked
+    while server.server.servicer.table.parked and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def test_a_restarted_verifier_gets_the_session_reopened_with_identical_output(tiny_engine, tiny_vocab, drafter):
+    prompt = tiny_prompt(tiny_engine, TEXT)
+    params = MODES[1]
+    want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=40, draft_len=0)
+    limits = ServiceLimits(max_draft_len=16)
+    first = BackgroundServer(tiny_engine, ServerConfig(port=0, limits=limits)).start()
+    port = first.port
+    verifier = GrpcVerifier(f"127.0.0.1:{port}", vocab_size=tiny_vocab[0], fingerprint=tiny_vocab[1], outage_budget_s=20)
+    replaced = []
+
+    def restart_after(tokens):
+        if not replaced and sum(map(len, seen)) >= 10:
+            first.stop(grace=0)  # every session is lost with it
+            replaced.append(BackgroundServer(tiny_engine, ServerConfig(port=port, limits=limits)).start())
+
+    seen: list[list[int]] = []
+    got = run_decode(drafter, verifier, prompt, params, max_new_tokens=40, draft_len=4, window=2,
+                     on_tokens=lambda t: (seen.append(t), restart_after(t)))
+    try:
+        assert got.tokens == want.tokens
+        assert [r.reopened for r in verifier.recoveries] == [True]
+        assert verifier.recoveries[0].recover_s >= verifier.recoveries[0].reconnect_s > 0
+    finally:
+        replaced[0].stop()
+
+
+def test_an_outage_past_the_budget_ends_with_the_tokens_so_far(tiny_engine, tiny_vocab, drafter):
+    prompt = tiny_prompt(tiny_engine, TEXT)
+    running = BackgroundServer(tiny_engine, ServerConfig(port=0, limits=ServiceLimits(max_draft_len=16))).start()
+    verifier = GrpcVerifier(running.address, vocab_size=tiny_vocab[0], fingerprint=tiny_vocab[1], outage_budget_s=1.0,
+                            connect_timeout_s=0.5)
+    seen: list[int] = []
+
+    def stop_midway(tokens):
+        seen.extend(tokens)
+        if len(seen) >= 8 and running.server.port:
+            running.stop(grace=0)
+            running.server.port = 0
+
+    started = time.monotonic()
+    with pytest.raises(VerifierError, match="could not resume within the outage budget of 1s") as caught:
+        run_decode(drafter, verifier, prompt, MODES[0], max_new_tokens=40, draft_len=2, on_tokens=stop_midway)
+    assert time.monotonic() - started < 10
+    assert caught.value.partial is not None and caught.value.partial.tokens == seen and len(seen) >= 8
+
+
+def test_a_resume_takes_over_a_stream_the_server_still_holds(tiny_engine, tiny_vocab, server):
+    """The edge reconnects before the server noticed the old stream died: the ticket wins."""
+    stub = pb_grpc.VerifierStub(grpc.insecure_channel(server.address))
+    prompt = tiny_prompt(tiny_engine, TEXT)
+    encoded = codec.encode_tokens(prompt, tiny_vocab[0])
+    old_frames: list = [
+        pb.EdgeFrame(open=pb.Open(vocab_size=tiny_vocab[0], vocab_fingerprint=tiny_vocab[1], prompt=encoded.data,
+                                  prompt_compressed=encoded.compressed, max_new_tokens=20, max_draft_len=4,
+                                  sampling=sampling_to_proto(MODES[0]), first_token=True))
+    ]
+    gate = threading.Event()
+
+    def old_requests():
+        yield old_frames[0]
+        gate.wait(10)  # the old stream stays open and silent, then drafts once more
+        empty = codec.encode_draft([], tiny_vocab[0])
+        yield pb.EdgeFrame(draft=pb.Draft(epoch=0, start_position=len(prompt) + 1, payload=empty.data))
+
+    old = stub.Decode(old_requests())
+    opened = next(old).opened
+    first = next(old).verdict  # the first position, answered with the Open
+    new = stub.Decode(iter([pb.EdgeFrame(open=pb.Open(resume_ticket=opened.resume_ticket,
+                                                      committed_length=len(prompt)))]))
+    resumed = next(new).opened
+    assert resumed.session_id == opened.session_id
+    assert resumed.committed_length == len(prompt) + 1 and resumed.epoch == 0  # a bonus keeps the epoch
+    assert codec.decode_tokens(resumed.committed_tail, resumed.committed_tail_compressed, tiny_vocab[0], max_tokens=8).tolist() == [
+        first.token
+    ]
+    gate.set()
+    with pytest.raises(grpc.RpcError) as caught:  # the old stream may no longer drive the session
+        list(old)
+    assert caught.value.code() == grpc.StatusCode.ABORTED, caught.value.details()
+    for bad in (len(prompt) + 2,):  # claiming more than the session committed is refused
+        with pytest.raises(grpc.RpcError) as caught:
+            list(stub.Decode(iter([pb.EdgeFrame(open=pb.Open(resume_ticket=opened.resume_ticket,
+                                                                committed_length=bad))])))
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, caught.value.details()
