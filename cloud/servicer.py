@@ -237,9 +237,11 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             self._count_in(first)
             if first.WhichOneof("kind") != "open":
                 raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"the first frame must be Open, got {first.WhichOneof('kind') or 'an empty frame'}")
-            answer_first = first.open.first_token and not first.open.resume_ticket
+            answer_first = first.open.first_token
             if first.open.resume_ticket:
                 entry, opened = await self._resume(first.open, self._owner(context))
+                answer_first = answer_first and not entry.session.done
+                opened.answers_first_position = answer_first
             else:
                 entry = await self._open(first.open, self._owner(context))
                 opened = pb.Opened(committed_length=len(entry.session.tokens), answers_first_position=answer_first)
@@ -301,8 +303,11 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                 frames.put_nowait((frame.draft, time.perf_counter()))
         except _Abort as exc:
             frames.put_nowait(exc)
-        except Exception as exc:  # a frame that is not an EdgeFrame (gRPC's deserializer raised)
-            frames.put_nowait(_Abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed frame: {type(exc).__name__}"))
+        except Exception as exc:
+            if context.cancelled() or context.done():  # the stream broke: the session stays resumable
+                frames.put_nowait(_EOF)
+            else:  # a frame that is not an EdgeFrame (gRPC's deserializer raised)
+                frames.put_nowait(_Abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed frame: {type(exc).__name__}"))
 
     @staticmethod
     async def _next_frame(frames: asyncio.Queue, timeout_s: float):

@@ -343,8 +343,11 @@ class GrpcVerifier:
         return Resumption(self._terms(opened), epoch=0, missed=[], reopened=reopening)
 
     def _reattach(self, committed: Sequence[int]) -> Resumption:
-        """Take our session over on the current stream; the cloud says what we missed."""
-        self._send(pb.EdgeFrame(open=pb.Open(resume_ticket=self.resume_ticket, committed_length=len(committed))))
+        """Take our session over on the current stream; the cloud says what we missed, then answers
+        the next position unasked (as after an Open)."""
+        started = time.perf_counter()
+        self._send(pb.EdgeFrame(open=pb.Open(resume_ticket=self.resume_ticket, committed_length=len(committed),
+                                             first_token=True)))
         try:
             opened = self._opened()
         except VerifierError as exc:
@@ -363,6 +366,8 @@ class GrpcVerifier:
                 f"the cloud resumed at {opened.committed_length} committed tokens with {len(missed)} we missed, "
                 f"but we hold {len(committed)}"
             )
+        if opened.answers_first_position:
+            self._in_flight[(opened.epoch, opened.committed_length)] = (started, 0, 0)
         return Resumption(
             self._terms(opened),
             epoch=opened.epoch,

@@ -165,6 +165,7 @@ def test_cuts_at_random_bytes_leave_the_output_unchanged(tiny_engine, tiny_vocab
         # A cut that lands on a resume attempt makes that recovery take another attempt.
         assert cut >= 1 and len(verifier.recoveries) <= cut <= sum(r.attempts for r in verifier.recoveries)
         assert got.stats.generated == len(want.tokens)
+        assert not any(r.reopened for r in verifier.recoveries)  # a cut never costs the cloud its session
     assert not clean.recoveries
     deadline = time.monotonic() + 5  # every session ended (resumed ones included); none parked
     while server.server.servicer.table.parked and time.monotonic() < deadline:

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from shared.cli import positive_int
+from shared.cli import non_negative_int, positive_float, positive_int
 from shared.params import DEFAULT_TEMPERATURE, DEFAULT_WINDOW, SCHEDULES
 
 __all__ = ["add_sim_commands"]
@@ -43,6 +43,39 @@ def add_sim_commands(commands) -> None:
     run.add_argument("--out", type=Path, default=None, help="output folder (default: out/sim-SCENARIO)")
     run.add_argument("--json", action="store_true", help="print result.json to stdout instead of the table")
     run.set_defaults(func=run_sim)
+
+    faults = commands.add_parser(
+        "faults",
+        help="cut the link and crash the cloud under real edge processes; check every output",
+        description="Starts the real cloud service and edge processes through the link emulator. Each generation "
+        "runs once unbroken, then again with the link cut at random byte offsets of its traffic (in the Open, "
+        "mid-block, mid-verdict, between messages) and, for --restart-cloud generations, the cloud killed with "
+        "SIGKILL and restarted on the same port. The edge must resume (or reopen) and finish with the unbroken "
+        "run's output.",
+    )
+    faults.add_argument("scenario", help="scenario name (acespec-50k, lte, wan, satellite) or a TOML file")
+    faults.add_argument("--cuts", type=non_negative_int, default=20, help="link cuts over all generations (default 20)")
+    faults.add_argument("--restart-cloud", type=non_negative_int, default=1, metavar="K",
+                        help="generations during which the cloud crashes and restarts (default 1)")
+    faults.add_argument("--modes", nargs="+", choices=["greedy", "coupled", "rejection"], default=["greedy", "coupled"],
+                        help="modes to run (default: greedy coupled)")
+    faults.add_argument("--prompts", type=positive_int, default=2, help="built-in prompts per mode (default 2, at most 3)")
+    faults.add_argument("--max-new-tokens", type=positive_int, default=64, help="tokens per generation (default 64)")
+    faults.add_argument("--draft-len", type=positive_int, default=8, help="drafts per block (default 8)")
+    faults.add_argument("--schedule", choices=SCHEDULES, default="pipelined", help="edge schedule (default pipelined)")
+    faults.add_argument("--window", type=positive_int, default=DEFAULT_WINDOW,
+                        help=f"blocks in flight (default {DEFAULT_WINDOW})")
+    faults.add_argument("--outage-budget", type=positive_float, default=60.0,
+                        help="the edge's --outage-budget (default 60 s: a restart reloads the target)")
+    faults.add_argument("--min-gap", type=non_negative_int, default=1024, metavar="BYTES",
+                        help="link bytes between two cuts of one run, at least (default 1024: each recovery is "
+                        "measured alone; 0: cuts may land inside recoveries, a flapping link)")
+    faults.add_argument("--seed", type=int, default=0, help="seeds sampling, cut offsets and restart times")
+    faults.add_argument("--target", default=None, help="target folder or GGUF (default: Gemma 3 270M)")
+    faults.add_argument("--drafter", default=None, help="drafter GGUF (default: Gemma 3 270M Q4_K_M)")
+    faults.add_argument("--out", type=Path, default=None, help="also write the full result here (JSON)")
+    faults.add_argument("--json", action="store_true", help="print the summary as JSON")
+    faults.set_defaults(func=run_sim_faults)
 
     from sim.commands.perf import add_model_command
 
@@ -100,3 +133,47 @@ def run_sim(args: argparse.Namespace) -> int:
         print("\n".join(line for line in markdown_report(result).splitlines() if line.startswith("- ")))
     print(f"wrote {out / 'result.json'}, {out / 'report.md'} and {len(plots)} plots", file=sys.stderr)
     return 0
+
+
+def run_sim_faults(args: argparse.Namespace) -> int:
+    from cloud.models import resolve_target
+    from shared.models import default_gguf_path
+    from sim.experiment.faults import FaultConfig, run_faults
+    from sim.experiment.runner import DEFAULT_PROMPTS
+    from sim.link.scenario import load_scenario
+
+    if args.prompts > len(DEFAULT_PROMPTS):
+        raise ValueError(f"--prompts: there are {len(DEFAULT_PROMPTS)} built-in prompts")
+    drafter = args.drafter or str(default_gguf_path())
+    if not Path(drafter).is_file():
+        raise FileNotFoundError(f"drafter model not found: {drafter}")
+    result = run_faults(
+        FaultConfig(
+            scenario=load_scenario(args.scenario),
+            target=str(resolve_target(args.target)),
+            drafter=drafter,
+            prompts=DEFAULT_PROMPTS[: args.prompts],
+            modes=args.modes,
+            cuts=args.cuts,
+            restarts=args.restart_cloud,
+            max_new_tokens=args.max_new_tokens,
+            draft_len=args.draft_len,
+            schedule=args.schedule,
+            window=args.window,
+            outage_budget_s=args.outage_budget,
+            min_gap_bytes=args.min_gap,
+            seed=args.seed,
+        )
+    )
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2))
+    summary = {k: v for k, v in result.items() if k not in ("runs", "config")}
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        for key, value in summary.items():
+            print(f"{key:>24}: {value}")
+    ok = (result["completed"] == result["generations"] and result["identical"] == result["identity_checked"]
+          and result["cuts"] == result["cuts_requested"])
+    return 0 if ok else 1

@@ -64,12 +64,13 @@ def process_cpu_s(pid: int) -> float:
 class CloudProcess:
     """``splitspec-cloud serve`` as a child process; a context manager."""
 
-    def __init__(self, target: str, cores: set[int] | None, startup_timeout_s: float = 600.0) -> None:
+    def __init__(self, target: str, cores: set[int] | None, startup_timeout_s: float = 600.0, port: int = 0) -> None:
+        """``port``: where to serve (0: any free port; ``.port`` tells which once started)."""
         self.target = target
         self.cores = cores
         self.startup_timeout_s = startup_timeout_s
         self.proc: subprocess.Popen | None = None
-        self.port = 0
+        self.port = port
         self.metrics_port = 0
         self._log = tempfile.NamedTemporaryFile(prefix="splitspec-cloud-", suffix=".log", delete=False)
 
@@ -79,7 +80,7 @@ class CloudProcess:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.metrics_port = s.getsockname()[1]
-        cmd = [*side_command("splitspec-cloud", "cloud.cli"), "serve", "--target", self.target, "--port", "0",
+        cmd = [*side_command("splitspec-cloud", "cloud.cli"), "serve", "--target", self.target, "--port", str(self.port),
                "--metrics-port", str(self.metrics_port), "--grace", "2"]
         self.proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=self._log, text=True,
@@ -100,6 +101,12 @@ class CloudProcess:
 
     def cpu_s(self) -> float:
         return process_cpu_s(self.proc.pid)
+
+    def kill(self) -> None:
+        """SIGKILL: a crash, as far as its clients can tell (no drain, every session lost)."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=20)
 
     def metric(self, name: str) -> float:
         """Current value of a counter from the service's Prometheus endpoint (0 if absent)."""
@@ -129,10 +136,14 @@ class CloudProcess:
             print(f"the cloud service's log is {self._log.name}", file=sys.stderr)
 
 
-def run_edge_process(args: list[str], cores: set[int] | None, stream_to=None, timeout_s: float = 1800.0) -> EdgeReport:
+def run_edge_process(
+    args: list[str], cores: set[int] | None, stream_to=None, timeout_s: float = 1800.0, check: bool = True
+) -> EdgeReport:
     """Run ``splitspec-edge ...`` with ``args``; returns its report.
 
     The child's streamed text goes to ``stream_to`` (a text file) when given.
+    ``check`` False: a failed generation that still wrote its report returns
+    it (``error`` set, the tokens made before the failure).
     """
     with tempfile.TemporaryDirectory(prefix="splitspec-edge-") as tmp:
         out = Path(tmp) / "result.json"
@@ -150,7 +161,7 @@ def run_edge_process(args: list[str], cores: set[int] | None, stream_to=None, ti
                 stream_to.flush()
         proc.wait(timeout=timeout_s)
         reader.join(timeout=5)
-        if proc.returncode != 0 or not out.exists():
+        if not out.exists() or (proc.returncode != 0 and check):
             raise RuntimeError(f"edge process failed ({proc.returncode}): {''.join(errors)[-2000:]}")
         return EdgeReport.from_json(json.loads(out.read_text()))
 
@@ -169,6 +180,14 @@ class BackgroundLink:
     def counters(self) -> tuple[int, int]:
         """(bytes up, bytes down) so far, all connections."""
         return self.emulator.bytes_up, self.emulator.bytes_down
+
+    def arm_cuts(self, offsets) -> None:
+        """``LinkEmulator.arm_cuts`` from any thread (an empty list disarms)."""
+
+        async def arm() -> None:
+            self.emulator.arm_cuts(offsets)
+
+        self._loop.run(arm(), timeout=10)
 
     def __enter__(self) -> BackgroundLink:
         self._loop.start()

@@ -326,6 +326,7 @@ class _Direction:
         if emu.armed_cuts and emu.armed_cuts[0] - emu.bytes_up - emu.bytes_down <= room:
             offset = emu.armed_cuts.popleft()
             room, reason = max(0, offset - emu.bytes_up - emu.bytes_down), f"at link byte {offset}"
+            emu.armed_cuts_fired[self.name] += 1
         data = data[:room]
         self.dst.write(data)
         conn.count(self.name, len(data))
@@ -439,6 +440,7 @@ class LinkEmulator:
         self._conns: set[_Connection] = set()
         self._cut_timer: asyncio.TimerHandle | None = None
         self.armed_cuts: deque[int] = deque()  # one-shot cuts, at these link byte offsets (ascending)
+        self.armed_cuts_fired = {"up": 0, "down": 0}  # armed cuts that fired, by the direction they cut
         self.cuts = 0  # connections cut by a fault (any kind)
 
     @property
