@@ -272,7 +272,10 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                     yield self._count_out(pb.CloudFrame(verdict=message))
                     if verdict.done:
                         break
-                finished = session.done or _CLOSE in ending
+                if session.done and not ending:
+                    finished = await self._acknowledged(frames)
+                else:
+                    finished = session.done or _CLOSE in ending
             finally:
                 reader.cancel()
         except _Abort as exc:
@@ -308,6 +311,17 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                 frames.put_nowait(_EOF)
             else:  # a frame that is not an EdgeFrame (gRPC's deserializer raised)
                 frames.put_nowait(_Abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed frame: {type(exc).__name__}"))
+
+    async def _acknowledged(self, frames: asyncio.Queue) -> bool:
+        """After the final verdict: whether the edge has it. The edge says so with a Close; when the
+        stream ends without one (it may have broken on the final verdict), the finished session
+        stays resumable, so a resume learns its last tokens instead of recomputing them. An edge
+        that never answers gets the idle timeout."""
+        try:
+            item = await asyncio.wait_for(frames.get(), self.limits.idle_timeout_s)
+        except TimeoutError:
+            return True
+        return item is not _EOF
 
     @staticmethod
     async def _next_frame(frames: asyncio.Queue, timeout_s: float):

@@ -160,7 +160,6 @@ class GrpcVerifier:
         self._connected = False
         self.session_id = ""
         self.resume_ticket = b""
-        self._finished = False  # the cloud ended the session with a final verdict
         self._lost_at: float | None = None  # when the stream broke, until the first verdict after it
         # (epoch, start position) -> (sent at, drafts, Draft bytes), for blocks not yet answered.
         self._in_flight: dict[tuple[int, int], tuple[float, int, int]] = {}
@@ -194,11 +193,7 @@ class GrpcVerifier:
         def attempt() -> Resumption:
             nonlocal attempts
             attempts += 1
-            self._restart_call()
-            try:
-                grpc.channel_ready_future(self._channel).result(timeout=self.connect_timeout_s)
-            except grpc.FutureTimeoutError:
-                raise LinkLost(f"cloud unreachable at {self.address}") from None
+            self._restart_call()  # fails fast (UNAVAILABLE) while the channel cannot connect
             if self.resume_ticket:
                 try:
                     return self._reattach(committed)
@@ -262,7 +257,6 @@ class GrpcVerifier:
         reply = self._receive("verdict")
         message = reply.verdict
         arrived = time.perf_counter()
-        self._finished = message.done
         self.last_cloud_s = message.server_us * 1e-6
         if message.done:  # the total rides on the final verdict only
             self.forwards = self._earlier_forwards + message.forwards
@@ -291,8 +285,9 @@ class GrpcVerifier:
 
     def close(self) -> None:
         if self._call is not None:
-            if not self._finished:  # after the final verdict the cloud has already closed the session
-                self._send(pb.EdgeFrame(close=pb.Close()))
+            # After the final verdict, Close tells the cloud it arrived (until then the cloud keeps
+            # the finished session, in case the link broke on it).
+            self._send(pb.EdgeFrame(close=pb.Close()))
             self._requests.put(_END)
             if self._reader:
                 self._reader.join(timeout=5)
@@ -349,7 +344,7 @@ class GrpcVerifier:
         self._send(pb.EdgeFrame(open=pb.Open(resume_ticket=self.resume_ticket, committed_length=len(committed),
                                              first_token=True)))
         try:
-            opened = self._opened()
+            opened = self._opened(timeout_s=self.connect_timeout_s)  # no prefill: only the link can be slow
         except VerifierError as exc:
             if isinstance(exc.__cause__, grpc.RpcError) and exc.__cause__.code() == grpc.StatusCode.NOT_FOUND:
                 raise _SessionGone() from exc
@@ -375,8 +370,8 @@ class GrpcVerifier:
             stop_reason=stop_reason_from_proto(opened.stop_reason),
         )
 
-    def _opened(self) -> pb.Opened:
-        opened = self._receive("opened").opened
+    def _opened(self, timeout_s: float | None = None) -> pb.Opened:
+        opened = self._receive("opened", timeout_s).opened
         self.session_id, self.resume_ticket = opened.session_id, opened.resume_ticket
         if opened.vocab_size != self.vocab_size:
             raise VerifierError(f"cloud vocabulary has {opened.vocab_size} tokens, ours {self.vocab_size}")
@@ -398,7 +393,6 @@ class GrpcVerifier:
             self._call.cancel()
         self._requests, self._responses = queue.Queue(), queue.Queue()
         self._in_flight.clear()
-        self._finished = False
         self._call = pb_grpc.VerifierStub(self._channel).Decode(iter(self._requests.get, _END))
         self._reader = threading.Thread(
             target=self._read_forever, args=(self._call, self._responses), name="edge-link-reader", daemon=True
@@ -418,12 +412,13 @@ class GrpcVerifier:
         except grpc.RpcError as error:
             responses.put(error)
 
-    def _receive(self, kind: str) -> pb.CloudFrame:
+    def _receive(self, kind: str, timeout_s: float | None = None) -> pb.CloudFrame:
+        timeout_s = timeout_s or self.verdict_timeout_s
         try:
-            item = self._responses.get(timeout=self.verdict_timeout_s)
+            item = self._responses.get(timeout=timeout_s)
         except queue.Empty:
             self._call.cancel()
-            raise LinkLost(f"no {kind} from the cloud within {self.verdict_timeout_s:g}s") from None
+            raise self._lost(LinkLost(f"no {kind} from the cloud within {timeout_s:g}s")) from None
         if isinstance(item, grpc.RpcError):
             if item.code() in _TRANSIENT:
                 raise self._lost(LinkLost(f"lost the cloud at {self.address}: {describe_rpc_error(item)}")) from item

@@ -4,7 +4,6 @@ the link emulator cutting at exact byte offsets, with verifier restarts."""
 
 from __future__ import annotations
 
-import asyncio
 import random
 import threading
 import time
@@ -24,8 +23,9 @@ from shared import codec
 from shared.params import Mode, SamplingParams
 from shared.verdict import StopReason
 from shared.wire import sampling_to_proto
+from sim.experiment.processes import BackgroundLink
 from sim.inprocess import LocalVerifier, generate
-from sim.link.emulator import LinkConfig, LinkEmulator
+from sim.link.emulator import LinkConfig
 
 TEXT = "The cat sat on the mat."
 MODES = [SamplingParams(mode=Mode.GREEDY), SamplingParams(mode=Mode.COUPLED, temperature=0.9, seed=3)]
@@ -101,32 +101,6 @@ def test_rejection_mode_completes_across_lost_links(tiny_engine, drafter):
 # ---------------------------------------------------------------- over gRPC, through the emulator
 
 
-class Link:
-    """The link emulator in front of a verifier, on its own event loop thread."""
-
-    def __init__(self, upstream_port: int) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self.emulator = LinkEmulator(LinkConfig(), upstream_port=upstream_port)
-        self.call(self.emulator.start())
-        self.address = f"127.0.0.1:{self.emulator.port}"
-
-    def call(self, coroutine):
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(30)
-
-    def do(self, fn, *args):
-        async def run():
-            return fn(*args)
-
-        return self.call(run())
-
-    def close(self) -> None:
-        self.call(self.emulator.stop())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(5)
-
-
 @pytest.fixture()
 def server(tiny_engine):
     with BackgroundServer(tiny_engine, ServerConfig(port=0, limits=ServiceLimits(max_draft_len=16))) as running:
@@ -135,9 +109,8 @@ def server(tiny_engine):
 
 @pytest.fixture()
 def link(server):
-    made = Link(server.port)
-    yield made
-    made.close()
+    with BackgroundLink(LinkConfig(), server.port) as made:
+        yield made
 
 
 def decode_over(link, drafter, tiny_vocab, prompt, params, **kwargs):
@@ -157,9 +130,9 @@ def test_cuts_at_random_bytes_leave_the_output_unchanged(tiny_engine, tiny_vocab
         base = link.emulator.bytes_up + link.emulator.bytes_down
         cuts_before = link.emulator.cuts
         offsets = sorted(base + rng.randrange(1, total) for _ in range(2))
-        link.do(link.emulator.arm_cuts, offsets)
+        link.arm_cuts(offsets)
         got, verifier = decode_over(link, drafter, tiny_vocab, prompt, params, draft_len=4, window=3)
-        link.do(link.emulator.arm_cuts, [])
+        link.arm_cuts([])
         cut = link.emulator.cuts - cuts_before
         assert got.tokens == want.tokens, (trial, offsets)
         # A cut that lands on a resume attempt makes that recovery take another attempt.
@@ -256,3 +229,40 @@ def test_a_resume_takes_over_a_stream_the_server_still_holds(tiny_engine, tiny_v
             list(stub.Decode(iter([pb.EdgeFrame(open=pb.Open(resume_ticket=opened.resume_ticket,
                                                                 committed_length=bad))])))
         assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, caught.value.details()
+
+
+def test_a_final_verdict_lost_in_a_cut_is_recovered_by_resuming(tiny_engine, tiny_vocab, server):
+    """Until the edge acknowledges the final verdict (Close), the finished session stays resumable."""
+    stub = pb_grpc.VerifierStub(grpc.insecure_channel(server.address))
+    prompt = tiny_prompt(tiny_engine, TEXT)
+    encoded = codec.encode_tokens(prompt, tiny_vocab[0])
+    gate = threading.Event()
+
+    def requests():
+        yield pb.EdgeFrame(open=pb.Open(vocab_size=tiny_vocab[0], vocab_fingerprint=tiny_vocab[1], prompt=encoded.data,
+                                        prompt_compressed=encoded.compressed, max_new_tokens=1, max_draft_len=4,
+                                        sampling=sampling_to_proto(MODES[0]), first_token=True))
+        gate.wait(10)
+
+    call = stub.Decode(requests())
+    opened = next(call).opened
+    final = next(call).verdict
+    assert final.done and final.stop_reason == pb.STOP_REASON_LENGTH
+    call.cancel()  # the link breaks before the edge could say it has the final verdict
+    gate.set()
+    resume = pb.EdgeFrame(open=pb.Open(resume_ticket=opened.resume_ticket, committed_length=len(prompt),
+                                       first_token=True))
+    deadline = time.monotonic() + 5
+    while True:  # the server may not have seen the cancellation yet
+        try:
+            answers = list(stub.Decode(iter([resume])))
+            break
+        except grpc.RpcError:
+            assert time.monotonic() < deadline, "the finished session was not kept for a resume"
+            time.sleep(0.05)
+    (only,) = answers  # the Opened, no verdict: the session is over
+    resumed = only.opened
+    assert resumed.stop_reason == pb.STOP_REASON_LENGTH and not resumed.answers_first_position
+    assert codec.decode_tokens(resumed.committed_tail, resumed.committed_tail_compressed, tiny_vocab[0],
+                               max_tokens=4).tolist() == [final.token]
+    assert not server.server.servicer.table.parked  # answered once, then gone
