@@ -149,10 +149,16 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         self.metrics.sessions_active.set(len(self.table))
 
     async def _read(self, context, timeout: float):
+        """The next frame, or ``grpc.aio.EOF`` when the edge hung up or the stream broke."""
         try:
             return await asyncio.wait_for(context.read(), timeout)
         except TimeoutError as exc:
             raise _Abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"no frame from the edge for {timeout:.0f}s") from exc
+        except Exception as exc:
+            if context.cancelled() or context.done():  # the stream broke: its session stays resumable
+                return grpc.aio.EOF
+            # gRPC's deserializer raised: bytes that are not an EdgeFrame
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed frame: {type(exc).__name__}") from exc
 
     def _decode_draft(self, entry: SessionEntry, draft: pb.Draft) -> PendingBlock | None:
         """A Draft frame as a pending block; None for a stale block (an older epoch), dropped undecoded."""
@@ -306,11 +312,6 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                 frames.put_nowait((frame.draft, time.perf_counter()))
         except _Abort as exc:
             frames.put_nowait(exc)
-        except Exception as exc:
-            if context.cancelled() or context.done():  # the stream broke: the session stays resumable
-                frames.put_nowait(_EOF)
-            else:  # a frame that is not an EdgeFrame (gRPC's deserializer raised)
-                frames.put_nowait(_Abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed frame: {type(exc).__name__}"))
 
     async def _acknowledged(self, frames: asyncio.Queue) -> bool:
         """After the final verdict: whether the edge has it. The edge says so with a Close; when the

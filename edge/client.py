@@ -220,13 +220,16 @@ class GrpcVerifier:
                 f"lost the cloud at {self.address} and could not resume within the outage budget of "
                 f"{self.outage_budget_s:g}s ({attempts} attempts): {cause}"
             ) from exc
+        reconnect_s = time.perf_counter() - lost_at
         self.recoveries.append(
             Recovery(
-                reconnect_s=time.perf_counter() - lost_at,
+                reconnect_s=reconnect_s,
                 attempts=attempts,
                 reopened=resumed.reopened,
                 missed_tokens=len(resumed.missed),
                 up_bytes=self.bytes_up - up_before,
+                # A session that had ended is complete once we know its last tokens.
+                recover_s=reconnect_s if resumed.stop_reason is not StopReason.NONE else 0.0,
             )
         )
         log.info(

@@ -22,7 +22,6 @@ import grpc
 import numpy as np
 import pytest
 import zstandard
-from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cloud.limits import ServiceLimits
@@ -36,6 +35,7 @@ from shared import codec
 from shared.params import Mode, SamplingParams
 from shared.sparse import SparseDist
 from shared.wire import sampling_to_proto
+from sim.bench.fuzz import HostileFrames
 from sim.inprocess import generate
 
 BOS = 1
@@ -516,78 +516,15 @@ def test_zstd_bombs_keep_memory_bounded(stub, tiny_vocab, prompt, bombs):
 # ---------------------------------------------------------------- fuzz
 
 
-_WEIRD_FLOATS = [1e-30, 1e-6, 1e30, float("nan"), float("inf"), -1.0, -0.0]
-_WEIRD_UINT32 = [0, 1, 4, 64, 1024, 1025, 2**31, 2**32 - 1]
-
-
-def _random_open(rng: random.Random, ctx: Ctx) -> pb.EdgeFrame:
-    """A valid Open with none, one or a few fields set to random or edge-case values."""
-    frame = open_frame(ctx.vocab, ctx.prompt[: rng.randrange(1, ctx.P + 1)], max_new_tokens=rng.choice([1, 3, 40]))
-    frame.open.sampling.CopyFrom(pb.Sampling(
-        mode=rng.choice([pb.MODE_GREEDY, pb.MODE_COUPLED, pb.MODE_REJECTION]),
-        temperature=rng.choice([0.0, 0.7, 1.0]),
-        seed=rng.randrange(2**64),
-    ))
-    s = frame.open.sampling
-    mutations = [
-        lambda o: setattr(s, "mode", rng.choice([0, 4, rng.randrange(2**31)])),
-        lambda o: setattr(s, "temperature", rng.choice(_WEIRD_FLOATS)),
-        lambda o: setattr(s, "top_k", rng.choice([1, 5, ctx.V, 2**32 - 1])),
-        lambda o: setattr(s, "top_p", rng.choice([1e-9, 0.5, 1.5, float("nan"), -1.0])),
-        lambda o: setattr(s, "draft_top_k", rng.choice(_WEIRD_UINT32)),
-        lambda o: setattr(s, "prob_bits", rng.choice([1, 16, 17, 31, 2**32 - 1])),
-        lambda o: setattr(o, "vocab_fingerprint", rng.randbytes(rng.choice([0, 16, 40]))),
-        lambda o: setattr(o, "vocab_size", rng.choice(_WEIRD_UINT32)),
-        lambda o: setattr(o, "prompt", rng.randbytes(rng.randrange(0, 48))),
-        lambda o: setattr(o, "prompt_compressed", True),
-        lambda o: setattr(o, "max_new_tokens", rng.choice([0, 4096, 4097, 2**32 - 1])),
-        lambda o: setattr(o, "max_draft_len", rng.choice(_WEIRD_UINT32)),
-        lambda o: setattr(o, "resume_ticket", rng.randbytes(rng.choice([1, 16]))),
-        lambda o: setattr(o, "committed_length", rng.choice([0, 2**64 - 1])),
-        lambda o: setattr(o, "model", "x" * rng.choice([1, 5000])),
-    ]
-    for mutate in rng.sample(mutations, rng.choice([0, 0, 1, 1, 2, 3])):
-        mutate(frame.open)
-    return frame
-
-
-def _random_draft(rng: random.Random, ctx: Ctx) -> pb.EdgeFrame:
-    if rng.random() < 0.5:
-        encoded = codec.encode_tokens([rng.randrange(ctx.V) for _ in range(rng.randrange(0, 20))], ctx.V)
-        payload, compressed = encoded.data, encoded.compressed
-    else:
-        payload, compressed = rng.randbytes(rng.randrange(0, 64)), rng.random() < 0.5
-    return pb.EdgeFrame(draft=pb.Draft(
-        epoch=rng.choice([0, 0, 0, 1, 2**64 - 1]),
-        start_position=rng.choice([ctx.P] * 3 + [0, ctx.P + 1, 2**64 - 1]),
-        payload=payload,
-        compressed=compressed,
-        more_follows=rng.random() < 0.2,
-    ))
-
-
-def _random_frame(rng: random.Random, ctx: Ctx) -> pb.EdgeFrame:
-    """Random bytes parsed leniently where they parse, else random field values."""
-    if rng.random() < 0.3:
-        try:
-            return pb.EdgeFrame.FromString(rng.randbytes(rng.randrange(1, 40)))
-        except DecodeError:
-            pass
-    pick = rng.random()
-    if pick < 0.2:
-        return _random_open(rng, ctx)
-    return _random_draft(rng, ctx) if pick < 0.9 else CLOSE
-
-
 def test_fuzzed_streams_all_end_and_the_server_stays_healthy(stub, channel, tiny_vocab, prompt):
     rng = random.Random(1234)
-    ctx = Ctx(tiny_vocab, prompt)
+    hostile = HostileFrames(tiny_vocab[0], tiny_vocab[1], prompt, MAX_DRAFT_LEN, rng)
     endings: dict[str, int] = {}
     opened = 0
     started = time.perf_counter()
     for i in range(200):
-        frames = [_random_open(rng, ctx)] if rng.random() < 0.7 else []
-        frames += [_random_frame(rng, ctx) for _ in range(rng.randrange(0, 4))]
+        frames = [hostile.random_open()] if rng.random() < 0.7 else []
+        frames += [hostile.random_frame() for _ in range(rng.randrange(0, 4))]
         frames.append(CLOSE)  # a session that survives its frames is closed, not left detached
         responses, got, details = call(stub, frames, timeout=10)
         assert got in ALLOWED_ENDINGS, (i, got, details, frames)

@@ -64,8 +64,11 @@ def process_cpu_s(pid: int) -> float:
 class CloudProcess:
     """``splitspec-cloud serve`` as a child process; a context manager."""
 
-    def __init__(self, target: str, cores: set[int] | None, startup_timeout_s: float = 600.0, port: int = 0) -> None:
-        """``port``: where to serve (0: any free port; ``.port`` tells which once started)."""
+    def __init__(self, target: str, cores: set[int] | None, startup_timeout_s: float = 600.0, port: int = 0,
+                 extra_args: list[str] | tuple[str, ...] = ()) -> None:
+        """``port``: where to serve (0: any free port; ``.port`` tells which once started).
+        ``extra_args``: more ``serve`` flags (limits)."""
+        self.extra_args = list(extra_args)
         self.target = target
         self.cores = cores
         self.startup_timeout_s = startup_timeout_s
@@ -81,7 +84,7 @@ class CloudProcess:
             s.bind(("127.0.0.1", 0))
             self.metrics_port = s.getsockname()[1]
         cmd = [*side_command("splitspec-cloud", "cloud.cli"), "serve", "--target", self.target, "--port", str(self.port),
-               "--metrics-port", str(self.metrics_port), "--grace", "2"]
+               "--metrics-port", str(self.metrics_port), "--grace", "2", *self.extra_args]
         self.proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=self._log, text=True,
             env=_env(len(self.cores) if self.cores else None), preexec_fn=_pinned(self.cores),
