@@ -7,10 +7,11 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections import Counter
 
 import grpc
 import pytest
-from helpers import tiny_prompt
+from helpers import exact_distribution, tiny_prompt, total_variation
 
 from cloud.limits import ServiceLimits
 from cloud.server import BackgroundServer, ServerConfig
@@ -96,6 +97,20 @@ def test_rejection_mode_completes_across_lost_links(tiny_engine, drafter):
     verifier = LossyVerifier(tiny_engine, {2: True, 4: False, 7: True})
     got = run_decode(drafter, verifier, prompt, params, max_new_tokens=30, draft_len=4, window=2)
     assert len(got.tokens) == 30 and verifier.resumes == 3
+
+
+def test_rejection_mode_across_lost_links_still_samples_the_target(tiny_engine, drafter):
+    prompt = tiny_prompt(tiny_engine, "It was the best of times")
+    exact = exact_distribution(tiny_engine, prompt, SamplingParams(mode=Mode.REJECTION, temperature=1.0, top_k=4))
+    counts, n = Counter(), 1500
+    rng = random.Random(0)
+    for seed in range(n):
+        params = SamplingParams(mode=Mode.REJECTION, temperature=1.0, top_k=4, seed=seed)
+        verifier = LossyVerifier(tiny_engine, {rng.randrange(1, 4): rng.random() < 0.5})
+        got = run_decode(drafter, verifier, prompt, params, max_new_tokens=3, draft_len=1, window=2)
+        counts[tuple(got.tokens)] += 1
+    # Sampling noise alone gives a TV distance of about 0.05 at this n over these outcomes.
+    assert total_variation(counts, n, exact) < 0.08
 
 
 # ---------------------------------------------------------------- over gRPC, through the emulator

@@ -18,7 +18,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 
 import grpc
@@ -296,30 +296,32 @@ def run_soak(
         thread.start()
     started = time.monotonic()
     endings: Counter = Counter()
-    with grpc.insecure_channel(address, options=CHANNEL_OPTIONS) as channel, ThreadPoolExecutor(workers) as pool:
-        pending = []
-        while report.frames < frames:
-            messages, ending = factory.stream()
-            report.frames += len(messages)
-            report.streams += 1
-            owner = f"attacker-{factory.rng.randrange(attackers)}"
-            pending.append(pool.submit(_send_stream, channel, messages, ending, owner, deadline_s))
-            if len(pending) >= 4 * workers:
-                for future in pending:
-                    code, details, hung = future.result()
-                    endings[code.name] += 1
-                    report.hangs += hung
-                    if code not in ALLOWED_ENDINGS:
-                        report.unexpected.append(f"{code.name}: {details}")
-                pending = []
-                progress(f"{report.frames} frames on {report.streams} streams; honest sessions "
-                         f"{report.honest_sessions}")
-        for future in pending:
+
+    def collect(done) -> None:
+        for future in done:
             code, details, hung = future.result()
             endings[code.name] += 1
             report.hangs += hung
             if code not in ALLOWED_ENDINGS:
                 report.unexpected.append(f"{code.name}: {details}")
+
+    with grpc.insecure_channel(address, options=CHANNEL_OPTIONS) as channel, ThreadPoolExecutor(workers) as pool:
+        pending: set = set()
+        next_progress = 1000
+        while report.frames < frames:
+            messages, ending = factory.stream()
+            report.frames += len(messages)
+            report.streams += 1
+            owner = f"attacker-{factory.rng.randrange(attackers)}"
+            pending.add(pool.submit(_send_stream, channel, messages, ending, owner, deadline_s))
+            if len(pending) >= workers:  # keep ``workers`` streams going; silent ones hold only their own
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                collect(done)
+            if report.frames >= next_progress:
+                next_progress += 1000
+                progress(f"{report.frames} frames on {report.streams} streams; honest sessions "
+                         f"{report.honest_sessions}")
+        collect(wait(pending).done)
     stop.set()
     for thread in threads:
         thread.join(120)
@@ -362,7 +364,7 @@ def soak_tiny_service(frames: int, *, seed: int = 0, workers: int = 8, session_t
         drafter = LlamaDrafter(paths["drafter_f32"], n_ctx=512, n_threads=1, f32_kv_cache=True)
         want = generate(engine, drafter, prompt, greedy, max_new_tokens=40, draft_len=0).tokens
         factory = HostileFrames(engine.vocab_size, engine.fingerprint, prompt, 16, random.Random(seed))
-        extra = ["--max-draft-len", "16", "--session-ttl", str(session_ttl_s)]
+        extra = ["--max-draft-len", "16", "--session-ttl", str(session_ttl_s), "--idle-timeout", "2"]
         try:
             with CloudProcess(paths["target"], None, extra_args=extra) as cloud:
                 address = f"127.0.0.1:{cloud.port}"
