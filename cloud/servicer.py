@@ -244,7 +244,10 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             if first.WhichOneof("kind") != "open":
                 raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"the first frame must be Open, got {first.WhichOneof('kind') or 'an empty frame'}")
             answer_first = first.open.first_token
-            if first.open.resume_ticket:
+            if first.open.resume_ticket and first.open.extend:
+                entry = await self._extend(first.open, self._owner(context))
+                opened = pb.Opened(committed_length=len(entry.session.tokens), answers_first_position=answer_first)
+            elif first.open.resume_ticket:
                 entry, opened = await self._resume(first.open, self._owner(context))
                 answer_first = answer_first and not entry.session.done
                 opened.answers_first_position = answer_first
@@ -426,6 +429,38 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             committed_tail_compressed=encoded.compressed,
             stop_reason=stop_reason_to_proto(session.stop_reason),
         )
+
+    async def _extend(self, request: pb.Open, owner: str) -> SessionEntry:
+        """A new turn on the session of ``request.resume_ticket``: cut back to ``committed_length``
+        tokens, append the request's prompt, decode anew with its sampling and limits."""
+        entry = self.table.resume(request.resume_ticket, owner)
+        if entry is None:
+            raise _Abort(grpc.StatusCode.NOT_FOUND, "no session for that ticket; open a new one with the whole prompt")
+        stream = entry.stream
+        try:
+            turn = self._parse_request(request)
+            if request.committed_length + len(turn.prompt) > self.limits.max_prompt_tokens:
+                raise _Abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"the conversation would hold {request.committed_length + len(turn.prompt)} prompt tokens, "
+                    f"the limit is {self.limits.max_prompt_tokens}",
+                )
+            max_draft_len = min(request.max_draft_len or self.limits.max_draft_len, self.limits.max_draft_len)
+            try:
+                await self._in_engine(
+                    lambda: entry.session.extend(request.committed_length, turn.prompt, turn.params,
+                                                 max_new_tokens=turn.max_new_tokens, max_draft_len=max_draft_len)
+                )
+            except ValueError as exc:
+                raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
+        except _Abort:
+            if entry.stream == stream:
+                self._end(entry, True)
+            raise
+        self.metrics.observe_open(forwards=1)
+        log.info("session %s extended: kept %d tokens, appended %d, max %d new", entry.session_id,
+                 request.committed_length, len(turn.prompt), turn.max_new_tokens)
+        return entry
 
     async def _open(self, request: pb.Open, owner: str) -> SessionEntry:
         opened = self._parse_request(request)

@@ -57,18 +57,7 @@ class VerifierSession:
         max_new_tokens: int,
         max_draft_len: int,
     ) -> None:
-        if not prompt:
-            raise ValueError("prompt must hold at least one token")
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        bad = [t for t in prompt if not 0 <= t < engine.vocab_size]
-        if bad:
-            raise ValueError(f"prompt token {bad[0]} is outside the vocabulary of {engine.vocab_size}")
-        if engine.max_positions and len(prompt) + max_new_tokens > engine.max_positions:
-            raise ValueError(
-                f"a prompt of {len(prompt)} tokens plus {max_new_tokens} new ones exceeds the target's context of "
-                f"{engine.max_positions} positions"
-            )
+        _check_request(engine, prompt, max_new_tokens)
         self.engine = engine
         self.params = params
         self.max_new_tokens = max_new_tokens
@@ -87,6 +76,27 @@ class VerifierSession:
         # forward (the first token can leave right after the prefill, as in cloud-only decoding).
         self.verify_s = 0.0  # wall time inside verify(), forward included
         self._deferred: torch.Tensor | None = engine.forward(self.seq, self.tokens, last_only=True)[-1]
+        self.stats.target_forwards = self.forwards
+
+    def extend(
+        self, keep: int, tokens: Sequence[int], params: SamplingParams, *, max_new_tokens: int, max_draft_len: int
+    ) -> None:
+        """A new turn on this session's cache: keep the first ``keep`` committed tokens, append
+        ``tokens``, and decode anew (``params``, ``max_new_tokens``, ``max_draft_len``).
+
+        The cache keeps what it holds of the first ``keep`` tokens; the rest is
+        prefilled (its last row answers the first position, as after ``__init__``).
+        """
+        if not 1 <= keep <= len(self.tokens):
+            raise ValueError(f"cannot keep {keep} tokens of a session that has {len(self.tokens)}")
+        full = self.tokens[:keep] + [int(t) for t in tokens]
+        _check_request(self.engine, full, max_new_tokens)
+        cached = min(keep, self.seq.length, len(full) - 1)  # at least the last token is fed again
+        self.engine.crop(self.seq, cached)
+        self._deferred = self.engine.forward(self.seq, full[cached:], last_only=True)[-1]
+        self.tokens, self.prompt_len = full, len(full)
+        self.params, self.max_new_tokens, self.max_draft_len = params, max_new_tokens, max_draft_len
+        self.epoch, self.done, self.stop_reason = 0, False, StopReason.NONE
         self.stats.target_forwards = self.forwards
 
     @property
@@ -224,3 +234,19 @@ class VerifierSession:
         else:
             self._deferred = None
             self.engine.crop(self.seq, len(self.tokens) - 1)  # everything but the new pending token
+
+
+def _check_request(engine: TargetEngine, prompt: Sequence[int], max_new_tokens: int) -> None:
+    """A prompt and token budget the target can take, else ``ValueError``."""
+    if not prompt:
+        raise ValueError("prompt must hold at least one token")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    bad = [t for t in prompt if not 0 <= t < engine.vocab_size]
+    if bad:
+        raise ValueError(f"prompt token {bad[0]} is outside the vocabulary of {engine.vocab_size}")
+    if engine.max_positions and len(prompt) + max_new_tokens > engine.max_positions:
+        raise ValueError(
+            f"a prompt of {len(prompt)} tokens plus {max_new_tokens} new ones exceeds the target's context of "
+            f"{engine.max_positions} positions"
+        )

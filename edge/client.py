@@ -123,10 +123,15 @@ class GrpcVerifier:
         verdict_timeout_s: float = 120.0,
         outage_budget_s: float = 30.0,
         channel: grpc.Channel | None = None,
+        keep_session: bool = False,
+        continue_from: tuple[bytes, Sequence[int]] | None = None,
     ) -> None:
         """``channel``: an open channel to reuse across sessions (the caller closes it, and gives it
         the credentials: ``make_channel``); default: our own, from the arguments here.
-        ``outage_budget_s``: how long a broken link may take to come back (0: a cut ends the session)."""
+        ``outage_budget_s``: how long a broken link may take to come back (0: a cut ends the session).
+        ``keep_session``: ``close`` leaves the cloud session parked (a conversation's next turn
+        continues it) instead of ending it. ``continue_from``: (ticket, every token the session
+        holds) of such a session: ``open`` extends it, sending only what the new prompt adds."""
         if channel is not None and (auth_token or root_certificates):
             raise ValueError("pass auth_token/root_certificates to make_channel for a shared channel, not here")
         self.address = address
@@ -136,6 +141,9 @@ class GrpcVerifier:
         self.connect_timeout_s = connect_timeout_s
         self.verdict_timeout_s = verdict_timeout_s
         self.outage_budget_s = outage_budget_s
+        self.keep_session = keep_session
+        self._continue_from = continue_from
+        self.prompt_tokens_sent = 0  # prompt tokens this session's Opens uploaded
         self._owns_channel = channel is None
         self._channel = channel if channel is not None else make_channel(address, root_certificates, auth_token)
         self._requests: queue.Queue = queue.Queue()
@@ -151,10 +159,11 @@ class GrpcVerifier:
         self.rtt_samples_s: list[float] = []
         self.block_log: list[BlockTiming] = []  # [blocks verified]
         self.recoveries: list[Recovery] = []  # [broken streams recovered from]
-        # Target forwards the cloud reports for this session, prefill included; after a reopen, the
-        # lost session's as last reported (its open) plus the new one's.
+        # Target forwards of this generation, prefill included: the cloud's count for the session
+        # plus an offset (after a reopen, the lost session's as last reported; on a continued
+        # conversation, minus the earlier turns').
         self.forwards = 0
-        self._earlier_forwards = 0
+        self._forwards_offset = 0
         self.last_cloud_s = 0.0  # the cloud's time on the last verdict (server_us)
         self.open_s = 0.0  # Open sent -> Opened received (prefill included)
         self._connected = False
@@ -177,7 +186,10 @@ class GrpcVerifier:
         self._max_new_tokens, self._max_draft_len = max_new_tokens, max_draft_len
         started = time.perf_counter()
         try:
-            terms = self._open_session(prompt).terms
+            if self._continue_from is not None:
+                terms = self._extend_session(prompt).terms
+            else:
+                terms = self._open_session(prompt).terms
         except LinkLost:  # broken before the Opened came: open again, as after any cut
             self._lost_at = started
             terms = self.resume(prompt).terms
@@ -262,7 +274,7 @@ class GrpcVerifier:
         arrived = time.perf_counter()
         self.last_cloud_s = message.server_us * 1e-6
         if message.done:  # the total rides on the final verdict only
-            self.forwards = self._earlier_forwards + message.forwards
+            self.forwards = self._forwards_offset + message.forwards
         sent = self._in_flight.pop((message.epoch, message.start_position), None)
         if sent is None:
             raise VerifierError(f"verdict for a block never sent (epoch {message.epoch}, position {message.start_position})")
@@ -289,8 +301,10 @@ class GrpcVerifier:
     def close(self) -> None:
         if self._call is not None:
             # After the final verdict, Close tells the cloud it arrived (until then the cloud keeps
-            # the finished session, in case the link broke on it).
-            self._send(pb.EdgeFrame(close=pb.Close()))
+            # the finished session, in case the link broke on it). Without it, the session stays
+            # parked for the next turn of a conversation.
+            if not self.keep_session:
+                self._send(pb.EdgeFrame(close=pb.Close()))
             self._requests.put(_END)
             if self._reader:
                 self._reader.join(timeout=5)
@@ -313,25 +327,11 @@ class GrpcVerifier:
             self._restart_call()
         reopening = bool(self.resume_ticket)
         started = time.perf_counter()
-        encoded = codec.encode_tokens(committed, self.vocab_size)
-        self._send(
-            pb.EdgeFrame(
-                open=pb.Open(
-                    model=self.model_name,
-                    vocab_fingerprint=self.fingerprint,
-                    vocab_size=self.vocab_size,
-                    sampling=sampling_to_proto(self._params),
-                    prompt=encoded.data,
-                    prompt_compressed=encoded.compressed,
-                    max_new_tokens=self._max_new_tokens - (len(committed) - self._prompt_len),
-                    max_draft_len=self._max_draft_len,
-                    first_token=True,
-                )
-            )
-        )
+        self._send(pb.EdgeFrame(open=self._open_message(committed, len(committed) - self._prompt_len)))
+        self.prompt_tokens_sent += len(committed)
         opened = self._opened()
-        self._earlier_forwards = self.forwards if reopening else 0
-        self.forwards = self._earlier_forwards + opened.forwards
+        self._forwards_offset = self.forwards if reopening else 0
+        self.forwards = self._forwards_offset + opened.forwards
         log.info(
             "session %s opened at %s (blocks up to %d, %d in flight)",
             opened.session_id, self.address, opened.max_draft_len, opened.max_blocks_in_flight,
@@ -339,6 +339,56 @@ class GrpcVerifier:
         if opened.answers_first_position:
             self._in_flight[(0, len(committed))] = (started, 0, 0)  # as if an empty block went up with the Open
         return Resumption(self._terms(opened), epoch=0, missed=[], reopened=reopening)
+
+    def _open_message(self, tokens: Sequence[int], generated: int, **fields) -> pb.Open:
+        """An Open carrying ``tokens`` as its prompt, ``generated`` tokens of the budget spent."""
+        encoded = codec.encode_tokens(tokens, self.vocab_size)
+        return pb.Open(
+            model=self.model_name,
+            vocab_fingerprint=self.fingerprint,
+            vocab_size=self.vocab_size,
+            sampling=sampling_to_proto(self._params),
+            prompt=encoded.data,
+            prompt_compressed=encoded.compressed,
+            max_new_tokens=self._max_new_tokens - generated,
+            max_draft_len=self._max_draft_len,
+            first_token=True,
+            **fields,
+        )
+
+    def _extend_session(self, prompt: Sequence[int]) -> Resumption:
+        """Continue the conversation's session: keep the longest prefix it shares with ``prompt``
+        (at least the last prompt token is sent), append the rest. A session the cloud no longer
+        has is opened anew on the whole prompt."""
+        ticket, held = self._continue_from
+        keep = 0
+        for a, b in zip(held, prompt[:-1]):
+            if a != b:
+                break
+            keep += 1
+        if keep == 0:  # nothing shared: a new session
+            return self._open_session(prompt)
+        self._restart_call()
+        started = time.perf_counter()
+        self._send(pb.EdgeFrame(open=self._open_message(prompt[keep:], 0, resume_ticket=ticket,
+                                                        committed_length=keep, extend=True)))
+        try:
+            opened = self._opened()
+        except VerifierError as exc:
+            if isinstance(exc.__cause__, grpc.RpcError) and exc.__cause__.code() == grpc.StatusCode.NOT_FOUND:
+                log.info("the conversation's session is gone from the cloud; opening a new one")
+                self.resume_ticket = b""
+                self._restart_call()
+                return self._open_session(prompt)
+            raise
+        self.prompt_tokens_sent += len(prompt) - keep
+        # The session's count spans every turn; this turn's starts with the prefill just run.
+        self._forwards_offset = 1 - opened.forwards
+        self.forwards = 1
+        log.info("session %s continued: %d tokens kept, %d sent", opened.session_id, keep, len(prompt) - keep)
+        if opened.answers_first_position:
+            self._in_flight[(0, len(prompt))] = (started, 0, 0)
+        return Resumption(self._terms(opened), epoch=0, missed=[])
 
     def _reattach(self, committed: Sequence[int]) -> Resumption:
         """Take our session over on the current stream; the cloud says what we missed, then answers

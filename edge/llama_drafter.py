@@ -65,8 +65,15 @@ class LlamaDrafter:
         if len(prompt) >= self.context_size:
             raise ValueError(f"prompt of {len(prompt)} tokens does not fit the drafter context of {self.context_size}")
         self._params = params
+        # llama.cpp's cache still holds the evaluated prefix of the last sequence: keep what the new
+        # prompt shares with it (a conversation's next turn re-reads only what changed).
+        shared = 0
+        for old, new in zip(self._spec.tokens[: self.llm.n_tokens], prompt):
+            if old != new:
+                break
+            shared += 1
         self._spec = Speculation.start(prompt)
-        self.llm.n_tokens = 0
+        self.llm.n_tokens = shared
         self._prompt_pending = True
 
     def draft(self, n: int) -> DraftBlock:

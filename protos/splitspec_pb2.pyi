@@ -45,7 +45,7 @@ class Sampling(_message.Message):
     def __init__(self, mode: _Optional[_Union[Mode, str]] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., draft_top_k: _Optional[int] = ..., prob_bits: _Optional[int] = ...) -> None: ...
 
 class Open(_message.Message):
-    __slots__ = ("model", "vocab_fingerprint", "vocab_size", "sampling", "prompt", "prompt_compressed", "max_new_tokens", "max_draft_len", "resume_ticket", "committed_length", "first_token")
+    __slots__ = ("model", "vocab_fingerprint", "vocab_size", "sampling", "prompt", "prompt_compressed", "max_new_tokens", "max_draft_len", "resume_ticket", "committed_length", "first_token", "extend")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VOCAB_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -57,6 +57,7 @@ class Open(_message.Message):
     RESUME_TICKET_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_LENGTH_FIELD_NUMBER: _ClassVar[int]
     FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    EXTEND_FIELD_NUMBER: _ClassVar[int]
     model: str
     vocab_fingerprint: bytes
     vocab_size: int
@@ -68,7 +69,8 @@ class Open(_message.Message):
     resume_ticket: bytes
     committed_length: int
     first_token: bool
-    def __init__(self, model: _Optional[str] = ..., vocab_fingerprint: _Optional[bytes] = ..., vocab_size: _Optional[int] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., prompt: _Optional[bytes] = ..., prompt_compressed: _Optional[bool] = ..., max_new_tokens: _Optional[int] = ..., max_draft_len: _Optional[int] = ..., resume_ticket: _Optional[bytes] = ..., committed_length: _Optional[int] = ..., first_token: _Optional[bool] = ...) -> None: ...
+    extend: bool
+    def __init__(self, model: _Optional[str] = ..., vocab_fingerprint: _Optional[bytes] = ..., vocab_size: _Optional[int] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., prompt: _Optional[bytes] = ..., prompt_compressed: _Optional[bool] = ..., max_new_tokens: _Optional[int] = ..., max_draft_len: _Optional[int] = ..., resume_ticket: _Optional[bytes] = ..., committed_length: _Optional[int] = ..., first_token: _Optional[bool] = ..., extend: _Optional[bool] = ...) -> None: ...
 
 class Draft(_message.Message):
     __slots__ = ("epoch", "start_position", "payload", "compressed", "more_follows")
