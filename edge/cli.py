@@ -12,7 +12,16 @@ import json
 import sys
 from pathlib import Path
 
-from shared.cli import add_verbosity, host_port, non_negative_float, positive_float, run_command
+from shared.cli import (
+    add_verbosity,
+    host_port,
+    non_negative_float,
+    port_number,
+    positive_float,
+    positive_int,
+    run_command,
+)
+from shared.params import DEFAULT_DRAFT_LEN, DEFAULT_SCHEDULE, DEFAULT_WINDOW, SCHEDULES
 
 __all__ = ["add_edge_commands", "build_parser", "main"]
 
@@ -50,6 +59,38 @@ def add_edge_commands(commands) -> None:
     add_sampling_args(run)
     run.set_defaults(func=run_edge)
 
+    serve = commands.add_parser(
+        "serve",
+        help="an OpenAI-compatible local server: chat and text completions, split decoding behind it",
+        description="Serves POST /v1/chat/completions and /v1/completions (streaming or not), GET /v1/models, "
+        "/health and /metrics on this device. Each request is drafted here and verified by the cloud, so the "
+        "output is the target model's; a conversation keeps its cloud session between requests and uploads "
+        "only what each turn adds. One generation runs at a time; others wait, up to --max-waiting.",
+    )
+    _add_cloud_args(serve, report_flags=False)
+    serve.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1: this device only)")
+    serve.add_argument("--port", type=port_number, default=8080, help="listen port (default 8080)")
+    serve.add_argument("--api-key-file", type=Path, default=None,
+                       help="require 'Authorization: Bearer <key>' (the key in this file) on /v1/*")
+    serve.add_argument("--chat-format", default=None,
+                       help="chat template: 'gguf' (the model's own) or a llama-cpp-python format name (gemma, "
+                       "chatml, llama-2, llama-3, mistral-instruct, qwen, zephyr); default: the GGUF's own, else gemma")
+    serve.add_argument("--fallback", choices=["error", "local"], default="error",
+                       help="when the cloud is unreachable: 'error' answers 503, 'local' answers from the drafter "
+                       "alone and says so (header X-Splitspec-Served-By, field splitspec_served_by) (default error)")
+    serve.add_argument("--outage-budget", type=non_negative_float, default=30.0,
+                       help="seconds a broken link may take to come back mid-generation (default 30)")
+    serve.add_argument("--max-waiting", type=positive_int, default=8,
+                       help="requests that may wait for the drafter; more get 429 (default 8)")
+    serve.add_argument("--draft-len", type=positive_int, default=DEFAULT_DRAFT_LEN,
+                       help=f"drafts per block D (default {DEFAULT_DRAFT_LEN})")
+    serve.add_argument("--schedule", choices=SCHEDULES, default=DEFAULT_SCHEDULE,
+                       help=f"edge schedule (default {DEFAULT_SCHEDULE}; see `run --help`)")
+    serve.add_argument("--window", type=positive_int, default=DEFAULT_WINDOW,
+                       help=f"pipelined: blocks in flight (default {DEFAULT_WINDOW})")
+    add_drafter_args(serve)
+    serve.set_defaults(func=run_serve)
+
     baseline = commands.add_parser(
         "baseline",
         help="cloud-only decoding: the cloud generates every token and streams it down",
@@ -61,7 +102,7 @@ def add_edge_commands(commands) -> None:
     baseline.set_defaults(func=run_baseline)
 
 
-def _add_cloud_args(parser: argparse.ArgumentParser) -> None:
+def _add_cloud_args(parser: argparse.ArgumentParser, report_flags: bool = True) -> None:
     group = parser.add_argument_group("cloud")
     group.add_argument("--cloud", type=host_port, default="127.0.0.1:50051",
                        help="verifier address HOST:PORT (default 127.0.0.1:50051)")
@@ -69,6 +110,8 @@ def _add_cloud_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--tls-ca", type=Path, default=None, help="PEM CA certificate: connect with TLS and trust this CA")
     group.add_argument("--connect-timeout", type=positive_float, default=10.0, help="seconds to reach the cloud (default 10)")
     group.add_argument("--verdict-timeout", type=positive_float, default=120.0, help="seconds to wait for any one answer (default 120)")
+    if not report_flags:
+        return
     parser.add_argument("--json", action="store_true", help="print tokens, text and stats (with bytes and RTT) as JSON")
     parser.add_argument("--timings", action="store_true", help="in the JSON: per-block cloud times and bytes")
     parser.add_argument("--json-file", type=Path, default=None, help="also write that JSON to this file (text still streams)")
@@ -184,6 +227,61 @@ def run_edge(args: argparse.Namespace) -> int:
         + (f", {len(verifier.recoveries)} link recoveries" if verifier.recoveries else ""),
     )
     return 0
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    import socket
+
+    from edge.chat_template import chat_template_for
+    from edge.drafter_choice import open_llama_drafter
+    from edge.serving import EdgeService, ServeConfig
+    from shared.cli import CliError
+
+    options = _cloud_options(args)
+    api_key = None
+    if args.api_key_file is not None:
+        if not args.api_key_file.is_file():
+            raise FileNotFoundError(f"API key file not found: {args.api_key_file}")
+        api_key = args.api_key_file.read_text().strip()
+        if not api_key:
+            raise ValueError(f"API key file is empty: {args.api_key_file}")
+    with socket.socket() as probe:  # a taken port is an error now, not a traceback from the server later
+        try:
+            probe.bind((args.host, args.port))
+        except OSError as exc:
+            raise CliError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}", 1) from exc
+    drafter = open_llama_drafter(args.drafter, n_threads=args.drafter_threads, n_ctx=args.drafter_ctx)
+    try:
+        template = chat_template_for(drafter.llm, args.chat_format)
+        stop_ids = {drafter.llm.token_eos()}
+        for stop in template.render([{"role": "user", "content": "x"}])[1]:
+            ids = drafter.llm.tokenize(stop.strip().encode(), add_bos=False, special=True)
+            if len(ids) == 1:  # an end-of-turn control token: the reply ends there
+                stop_ids.add(ids[0])
+        config = ServeConfig(
+            cloud=args.cloud, model_name=drafter.model_name, auth_token=options["auth_token"],
+            root_certificates=options["root_certificates"], connect_timeout_s=min(args.connect_timeout, 5.0),
+            verdict_timeout_s=args.verdict_timeout, outage_budget_s=args.outage_budget, draft_len=args.draft_len,
+            schedule=args.schedule, window=args.window, fallback=args.fallback,
+        )
+        service = EdgeService(drafter, drafter.vocab, template, config, stop_ids)
+        serve_http(service, args.host, args.port, api_key=api_key, max_waiting=args.max_waiting)
+    finally:
+        drafter.close()
+    return 0
+
+
+def serve_http(service, host: str, port: int, *, api_key: str | None, max_waiting: int) -> None:
+    """Run the OpenAI-compatible app until interrupted."""
+    import uvicorn
+
+    from edge.openai_server import create_app
+
+    app = create_app(service, api_key=api_key, max_waiting=max_waiting)
+    print(f"splitspec edge: serving the OpenAI API on http://{host}:{port}/v1 (model {service.config.model_name}, "
+          f"cloud {service.config.cloud}, {service.template.description}, fallback {service.config.fallback})",
+          flush=True)
+    uvicorn.run(app, host=host, port=port, log_level="warning")
 
 
 def run_baseline(args: argparse.Namespace) -> int:

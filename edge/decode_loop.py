@@ -149,7 +149,7 @@ def run_decode(
     draft_len: int,
     window: int = 1,
     controller: Controller | None = None,
-    on_tokens: Callable[[list[int]], None] | None = None,
+    on_tokens: Callable[[list[int]], bool | None] | None = None,
 ) -> GenerationResult:
     """Generate up to ``max_new_tokens`` tokens; ``draft_len`` 0 is target-only decoding.
 
@@ -158,7 +158,8 @@ def run_decode(
     draft length comes from it, ``draft_len`` being the cap, and a draft
     length of 0 has the cloud decode alone: empty blocks, a window of them in
     flight, with the drafter's would-be proposals measured in the shadow.
-    ``on_tokens`` sees each verdict's committed tokens as soon as they are final.
+    ``on_tokens`` sees each verdict's committed tokens as soon as they are final;
+    when it returns True the generation stops there (``StopReason.STOP``).
     """
     if draft_len < 0:
         raise ValueError(f"draft length must be >= 0, got {draft_len}")
@@ -174,14 +175,14 @@ def run_decode(
     stop = StopReason.NONE
     cap = draft_len  # the caller's draft length; a resumed session may allow a different one
 
-    def commit(tokens: list[int]) -> None:
+    def commit(tokens: list[int]) -> bool:
+        """Commit ``tokens``; True when the caller wants the generation to stop here."""
         nonlocal ttft
         drafter.commit(tokens)
         generated.extend(tokens)
         if tokens and not ttft:
             ttft = time.perf_counter() - started
-        if on_tokens and tokens:
-            on_tokens(tokens)
+        return bool(on_tokens and tokens and on_tokens(tokens))
 
     def adopt(terms: SessionTerms) -> None:
         """Fit the schedule to what the verifier allows."""
@@ -236,10 +237,10 @@ def run_decode(
                 resumed = verifier.resume(prompt + generated)
                 drafter.rewind()  # what was in flight is drafted again, from the verifier's state
                 in_flight.clear()
-                commit(resumed.missed)
+                halt = commit(resumed.missed)
                 stats.record_recovered(len(resumed.missed))
-                if resumed.stop_reason is not StopReason.NONE:
-                    stop = resumed.stop_reason
+                if halt or resumed.stop_reason is not StopReason.NONE:
+                    stop = StopReason.STOP if halt else resumed.stop_reason
                     break
                 epoch, end = resumed.epoch, len(prompt) + len(generated)
                 adopt(resumed.terms)
@@ -264,11 +265,11 @@ def run_decode(
                 interval = arrived - last_arrival if not sent.block.tokens and since_plan > 0 else None
                 _observe(controller, drafter, sent, verdict, committed, verifier.last_cloud_s, since_plan, interval)
             last_arrival = arrived
-            commit(committed)
+            halt = commit(committed)
             since_plan += len(committed)
             stats.record_round(len(sent.block.tokens), verdict.accepted, len(committed))
-            if verdict.done:
-                stop = verdict.stop_reason
+            if verdict.done or halt:
+                stop = verdict.stop_reason if verdict.done else StopReason.STOP
                 break
             epoch = next_epoch(epoch, verdict)
             if verdict.is_correction:  # everything in flight was drafted past the corrected token

@@ -12,6 +12,7 @@ class StopReason(str, enum.Enum):
     NONE = "none"
     EOS = "eos"  # an end-of-sequence token was committed
     LENGTH = "length"  # max_new_tokens reached
+    STOP = "stop"  # the edge's caller stopped it (a stop string, a cancelled request); never on the wire
 
 
 @dataclass(frozen=True)

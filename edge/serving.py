@@ -1,0 +1,250 @@
+"""The edge's generation service behind ``splitspec-edge serve``: one request at a time on the
+device's drafter, split decoding against the cloud, conversations kept between requests, and
+the drafter alone when the cloud is out of reach (``fallback="local"``).
+
+HTTP-free: ``edge.openai_server`` turns requests into ``Job``s and ``Outcome``s into OpenAI
+responses. ``EdgeService.run`` blocks; the server runs it on a worker thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from edge.chat_template import ChatTemplate
+from edge.conversation import Conversation
+from edge.decode_loop import GenerationResult, VerifierError, run_decode
+from edge.fallback import drafter_only_decode
+from edge.text_stream import StopMatcher, TextDeltas
+from shared.params import DEFAULT_DRAFT_LEN, DEFAULT_SCHEDULE, DEFAULT_WINDOW, SamplingParams, window_for
+from shared.verdict import StopReason
+
+__all__ = ["ServeConfig", "Job", "Outcome", "EdgeService", "SPLIT", "DRAFTER_ONLY"]
+
+log = logging.getLogger(__name__)
+
+SPLIT = "split"  # drafted here, verified by the cloud: the target's output
+DRAFTER_ONLY = "drafter-only"  # the offline fallback: the drafter's own output
+
+
+@dataclass
+class ServeConfig:
+    cloud: str
+    model_name: str
+    auth_token: str | None = None
+    root_certificates: bytes | None = None
+    connect_timeout_s: float = 5.0
+    verdict_timeout_s: float = 120.0
+    outage_budget_s: float = 30.0
+    draft_len: int = DEFAULT_DRAFT_LEN
+    schedule: str = DEFAULT_SCHEDULE
+    window: int = DEFAULT_WINDOW
+    fallback: str = "error"  # "local": answer from the drafter alone while the cloud is out of reach
+    offline_retry_s: float = 10.0  # after a failed connection, requests go straight to the fallback this long
+    max_conversations: int = 8  # conversations whose cloud sessions are kept between requests
+
+
+@dataclass
+class Job:
+    prompt: list[int]
+    params: SamplingParams
+    max_tokens: int
+    stop: list[str] = field(default_factory=list)  # stop strings (the request's and the chat format's)
+
+
+@dataclass
+class Outcome:
+    text: str
+    tokens: list[int]
+    finish_reason: str  # "stop" or "length"
+    served_by: str  # SPLIT or DRAFTER_ONLY
+    prompt_tokens: int
+    acceptance_length: float = 0.0
+    bytes_up: int = 0
+    bytes_down: int = 0
+    cloud_forwards: int = 0
+    prompt_tokens_sent: int = 0
+    wall_s: float = 0.0
+    ttft_s: float = 0.0
+
+
+class CloudUnavailable(RuntimeError):
+    """The cloud is out of reach and the service has no fallback (HTTP 503)."""
+
+
+class Cancelled(RuntimeError):
+    """The request went away (the client disconnected)."""
+
+
+class _Emitter:
+    """Committed tokens -> text deltas for the caller, stopping at a stop string or stop token."""
+
+    def __init__(self, detokenize, stops: Sequence[str], stop_ids: set[int], on_text: Callable[[str], None],
+                 cancelled: threading.Event) -> None:
+        self.deltas = TextDeltas(detokenize)
+        self.matcher = StopMatcher(stops)
+        self.stop_ids, self.on_text, self.cancelled = stop_ids, on_text, cancelled
+        self.kept: list[int] = []  # tokens up to a stop token (excluded)
+        self.stopped = False
+        self.on_cancel: Callable[[], None] = lambda: None
+
+    def __call__(self, tokens: list[int]) -> bool:
+        if self.cancelled.is_set():
+            self.on_cancel()
+            raise Cancelled("the client went away")
+        cut = next((i for i, t in enumerate(tokens) if t in self.stop_ids), None)
+        if cut is not None:
+            tokens, self.stopped = tokens[:cut], True
+        self.kept.extend(tokens)
+        text = self.matcher.feed(self.deltas.add(tokens)) if tokens else ""
+        if self.stopped:
+            text += self.matcher.flush()
+        self.stopped = self.stopped or self.matcher.stopped
+        if text:
+            self.on_text(text)
+        return self.stopped
+
+    def finish(self) -> None:
+        rest = self.matcher.flush()
+        if rest:
+            self.on_text(rest)
+
+
+class EdgeService:
+    """Generates for one request at a time; thread-safe callers queue on ``lock``."""
+
+    def __init__(self, drafter, vocab, template: ChatTemplate, config: ServeConfig, stop_token_ids: set[int]) -> None:
+        self.drafter, self.vocab, self.template, self.config = drafter, vocab, template, config
+        self.stop_token_ids = stop_token_ids  # end-of-turn tokens: the reply ends there
+        self.lock = threading.Lock()
+        self.conversations: list[Conversation] = []  # most recently used last
+        self.offline_since: float | None = None
+        self.counters = {"requests": 0, "split": 0, "drafter_only": 0, "tokens": 0}
+
+    # -- prompts -------------------------------------------------------------
+    def chat_prompt(self, messages: Sequence[dict]) -> tuple[list[int], list[str]]:
+        """Token ids for a chat (the template applied), and the format's stop strings."""
+        text, stops = self.template.render(messages)
+        return self.text_prompt(text), stops
+
+    def text_prompt(self, text: str) -> list[int]:
+        """Token ids for prompt text: BOS once, whether or not the text carries it."""
+        ids = self.vocab.tokenize(text)
+        bos = ids[0] if ids else None
+        return ids[1:] if len(ids) > 1 and ids[1] == bos else ids
+
+    @property
+    def context_size(self) -> int:
+        return self.drafter.context_size
+
+    # -- generation ----------------------------------------------------------
+    def run(self, job: Job, on_text: Callable[[str], None], cancelled: threading.Event,
+            on_start: Callable[[str], None] = lambda served_by: None) -> Outcome:
+        """Generate for ``job``, calling ``on_text`` with each piece of text (blocking).
+
+        ``on_start`` hears who serves the request (``SPLIT``, or ``DRAFTER_ONLY`` once it falls
+        back) before any text. Raises ``CloudUnavailable`` (no fallback), ``VerifierError`` (the
+        cloud refused or failed), ``Cancelled`` (``cancelled`` was set).
+        """
+        self.counters["requests"] += 1
+        emitted: list[str] = []
+
+        def emit(text: str) -> None:
+            emitted.append(text)
+            on_text(text)
+
+        emitter = _Emitter(self.vocab.detokenize, job.stop, self.stop_token_ids, emit, cancelled)
+        if not self.cloud_reachable and self.config.fallback == "local":
+            on_start(DRAFTER_ONLY)
+            return self._fallback(job, emitter, emitted)
+        conversation = self._conversation_for(job.prompt)
+        verifier = conversation.verifier(
+            self.config.cloud, vocab_size=self.vocab.size, fingerprint=self.vocab.fingerprint,
+            model_name=self.config.model_name, auth_token=self.config.auth_token,
+            root_certificates=self.config.root_certificates, connect_timeout_s=self.config.connect_timeout_s,
+            verdict_timeout_s=self.config.verdict_timeout_s, outage_budget_s=self.config.outage_budget_s,
+        )
+        emitter.on_cancel = lambda: setattr(verifier, "keep_session", False)  # the cloud ends the session
+        try:
+            verifier.connect()
+            on_start(SPLIT)
+            result = run_decode(
+                self.drafter, verifier, job.prompt, job.params, max_new_tokens=job.max_tokens,
+                draft_len=self.config.draft_len, window=window_for(self.config.schedule, self.config.window),
+                on_tokens=emitter,
+            )
+        except Cancelled:
+            self._drop(conversation)
+            raise
+        except VerifierError as exc:
+            self._drop(conversation)
+            if exc.bad_input or emitted:
+                raise
+            self.offline_since = time.monotonic()
+            if self.config.fallback != "local":
+                raise CloudUnavailable(str(exc)) from exc
+            log.warning("cloud unreachable (%s): answering from the drafter alone", exc)
+            on_start(DRAFTER_ONLY)
+            return self._fallback(job, emitter, emitted)
+        self.offline_since = None
+        conversation.record(verifier, job.prompt, result.tokens)
+        emitter.finish()
+        self.counters["split"] += 1
+        return self._outcome(job, result, emitter, emitted, SPLIT, verifier)
+
+    def _fallback(self, job: Job, emitter: _Emitter, emitted: list[str]) -> Outcome:
+        eos = {self.vocab.llm.token_eos()} | self.stop_token_ids
+        result = drafter_only_decode(self.drafter, job.prompt, job.params, max_new_tokens=job.max_tokens,
+                                     eos_ids=eos, on_tokens=emitter)
+        emitter.finish()
+        self.counters["drafter_only"] += 1
+        return self._outcome(job, result, emitter, emitted, DRAFTER_ONLY, None)
+
+    def _outcome(self, job: Job, result: GenerationResult, emitter: _Emitter, emitted: list[str], served_by: str,
+                 verifier) -> Outcome:
+        finish = "length" if result.stop_reason is StopReason.LENGTH and not emitter.stopped else "stop"
+        self.counters["tokens"] += len(emitter.kept)
+        outcome = Outcome(
+            text="".join(emitted), tokens=emitter.kept, finish_reason=finish, served_by=served_by,
+            prompt_tokens=len(job.prompt), acceptance_length=result.stats.acceptance_length,
+            wall_s=result.stats.wall_s, ttft_s=result.ttft_s,
+        )
+        if verifier is not None:
+            outcome.bytes_up, outcome.bytes_down = verifier.bytes_up, verifier.bytes_down
+            outcome.cloud_forwards, outcome.prompt_tokens_sent = verifier.forwards, verifier.prompt_tokens_sent
+        return outcome
+
+    # -- state -----------------------------------------------------------------
+    @property
+    def cloud_reachable(self) -> bool:
+        """False for ``offline_retry_s`` after a failed connection (requests skip the cloud then)."""
+        since = self.offline_since
+        return since is None or time.monotonic() - since >= self.config.offline_retry_s
+
+    def _conversation_for(self, prompt: list[int]) -> Conversation:
+        """The kept conversation sharing the longest prefix with ``prompt`` (beyond BOS), else a new one."""
+        def shared(conversation: Conversation) -> int:
+            n = 0
+            for a, b in zip(conversation.tokens, prompt):
+                if a != b:
+                    break
+                n += 1
+            return n
+
+        best = max(self.conversations, key=shared, default=None)
+        if best is None or shared(best) < 2:
+            best = Conversation()
+            if len(self.conversations) >= self.config.max_conversations:
+                self.conversations.pop(0)  # the least recently used; its cloud session expires by TTL
+        else:
+            self.conversations.remove(best)
+        self.conversations.append(best)
+        return best
+
+    def _drop(self, conversation: Conversation) -> None:
+        conversation.forget()
+        if conversation in self.conversations:
+            self.conversations.remove(conversation)

@@ -1,0 +1,224 @@
+"""``splitspec-edge serve``: the official ``openai`` client against the OpenAI-compatible server on
+real uvicorn, with a real verifier behind it (tiny models). Outputs equal ``edge run``'s, bad
+input gets OpenAI-shaped errors, and the offline fallback says so."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+import uvicorn
+
+from cloud.limits import ServiceLimits
+from cloud.server import BackgroundServer, ServerConfig
+from edge.chat_template import chat_template_for
+from edge.client import GrpcVerifier
+from edge.decode_loop import run_decode
+from edge.llama_drafter import LlamaDrafter
+from edge.openai_server import create_app
+from edge.serving import EdgeService, ServeConfig
+from shared.params import Mode, SamplingParams
+
+KEY = "sk-test-key"
+CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "The cat sat on the mat."}]
+
+
+@pytest.fixture(scope="module")
+def cloud(tiny_engine):
+    with BackgroundServer(tiny_engine, ServerConfig(port=0, limits=ServiceLimits(max_draft_len=16))) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def drafter(tiny_models):
+    made = LlamaDrafter(tiny_models["drafter_noisy"], n_ctx=512, n_threads=1, f32_kv_cache=True)
+    yield made
+    made.close()
+
+
+class Http:
+    """The app on a real uvicorn server in a thread."""
+
+    def __init__(self, service: EdgeService, max_waiting: int = 8) -> None:
+        app = create_app(service, api_key=KEY, max_waiting=max_waiting)
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            assert time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.02)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        self.base = f"http://127.0.0.1:{port}"
+        self.client = openai.OpenAI(base_url=f"{self.base}/v1", api_key=KEY, max_retries=0)
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+def make_service(drafter, address: str, **config) -> EdgeService:
+    template = chat_template_for(drafter.llm, "gemma")
+    settings = dict(cloud=address, model_name="tiny", draft_len=4, connect_timeout_s=2.0, outage_budget_s=2.0)
+    settings.update(config)
+    return EdgeService(drafter, drafter.vocab, template, ServeConfig(**settings), {drafter.llm.token_eos()})
+
+
+@pytest.fixture()
+def http(cloud, drafter):
+    made = Http(make_service(drafter, cloud.address))
+    yield made
+    made.close()
+
+
+def edge_run(service: EdgeService, cloud, prompt, params, max_tokens):
+    verifier = GrpcVerifier(cloud.address, vocab_size=service.vocab.size, fingerprint=service.vocab.fingerprint)
+    result = run_decode(service.drafter, verifier, prompt, params, max_new_tokens=max_tokens, draft_len=4, window=2)
+    return service.vocab.detokenize(result.tokens)
+
+
+def test_chat_streaming_and_whole_equal_edge_run(http, cloud):
+    service = http.server.config.app.state.service
+    prompt, _ = service.chat_prompt(CHAT)
+    params = SamplingParams(mode=Mode.COUPLED, temperature=0.8, top_k=64, top_p=0.95, seed=11)
+    want = edge_run(service, cloud, prompt, params, 24)
+    whole = http.client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=24, temperature=0.8,
+                                                top_p=0.95, seed=11)
+    assert whole.choices[0].message.content == want and whole.choices[0].finish_reason == "length"
+    usage = whole.usage.model_dump()
+    assert usage["completion_tokens"] == 24 and usage["prompt_tokens"] == len(prompt)
+    assert usage["splitspec"]["cloud_forwards"] >= 1 and usage["splitspec"]["bytes_up"] > 0
+    chunks = list(http.client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=24, temperature=0.8,
+                                                      top_p=0.95, seed=11, stream=True,
+                                                      stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == want
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].usage.completion_tokens == 24 and not chunks[-1].choices
+
+
+def test_text_completions_greedy_equal_edge_run(http, cloud):
+    service = http.server.config.app.state.service
+    prompt = service.text_prompt("We have 3 dogs and")
+    want = edge_run(service, cloud, prompt, SamplingParams(mode=Mode.GREEDY, top_k=64, top_p=0.95), 16)
+    whole = http.client.completions.create(model="tiny", prompt="We have 3 dogs and", max_tokens=16, temperature=0)
+    assert whole.choices[0].text == want
+    streamed = "".join(c.choices[0].text for c in http.client.completions.create(
+        model="tiny", prompt="We have 3 dogs and", max_tokens=16, temperature=0, stream=True) if c.choices)
+    assert streamed == want
+
+
+def test_a_conversation_uploads_only_each_new_turn(http):
+    messages = list(CHAT)
+    sent, prompts = [], []
+    for turn in range(3):
+        reply = http.client.chat.completions.create(model="tiny", messages=messages, max_tokens=8, temperature=0)
+        sent.append(reply.usage.model_dump()["splitspec"]["prompt_tokens_sent"])
+        prompts.append(reply.usage.prompt_tokens)
+        messages += [{"role": "assistant", "content": reply.choices[0].message.content},
+                     {"role": "user", "content": f"And then {turn}?"}]
+    # The re-rendered history keeps the earlier prompt as its prefix: at most the new part goes up.
+    assert sent[0] == prompts[0]
+    assert all(0 < sent[t] <= prompts[t] - prompts[t - 1] for t in (1, 2)), (sent, prompts)
+
+
+def test_stop_strings_end_the_reply_before_them(http):
+    full = http.client.completions.create(model="tiny", prompt="The cat", max_tokens=20, temperature=0)
+    text = full.choices[0].text
+    stop = text[5:8]
+    cut = http.client.completions.create(model="tiny", prompt="The cat", max_tokens=20, temperature=0, stop=[stop])
+    assert cut.choices[0].text == text[: text.index(stop)] and cut.choices[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"model": "tiny", "messages": []}, "messages"),
+        ({"model": "tiny", "messages": CHAT, "n": 2}, "n"),
+        ({"model": "tiny", "messages": CHAT, "presence_penalty": 0.5}, "presence_penalty"),
+        ({"model": "tiny", "messages": CHAT, "tools": [{"type": "function"}]}, "tools"),
+        ({"model": "tiny", "messages": CHAT, "max_tokens": "many"}, "max_tokens"),
+        ({"model": "tiny", "messages": CHAT, "temperature": 7}, "temperature"),
+        ({"model": "tiny", "messages": [{"role": "wizard", "content": "hi"}]}, "messages.0.role"),
+        ({"model": "tiny", "messages": CHAT, "max_tokens": 100_000}, "max_tokens"),
+    ],
+)
+def test_bad_requests_get_openai_shaped_400s(http, body, param):
+    response = httpx.post(f"{http.base}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {KEY}"})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["message"] and error["param"] == param, error
+
+
+def test_malformed_json_a_wrong_key_and_an_overlong_prompt(http):
+    headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    response = httpx.post(f"{http.base}/v1/chat/completions", content=b"{not json", headers=headers)
+    assert response.status_code == 400 and "error" in response.json()
+    wrong = httpx.post(f"{http.base}/v1/chat/completions", json={"messages": CHAT},
+                       headers={"Authorization": "Bearer nope"})
+    assert wrong.status_code == 401 and wrong.json()["error"]["code"] == "invalid_api_key"
+    long = [{"role": "user", "content": "cat " * 600}]
+    over = httpx.post(f"{http.base}/v1/chat/completions", json={"messages": long}, headers=headers)
+    assert over.status_code == 400 and over.json()["error"]["code"] == "context_length_exceeded"
+    models = httpx.get(f"{http.base}/v1/models", headers=headers).json()
+    assert "gemma" in models["data"][0]["splitspec"]["chat_template"]
+    assert httpx.get(f"{http.base}/health").json()["status"] == "ok"
+    assert "splitspec_edge_requests" in httpx.get(f"{http.base}/metrics").text
+
+
+def test_two_requests_at_once_both_complete_correctly(http):
+    results = {}
+
+    def ask(i):
+        results[i] = http.client.completions.create(model="tiny", prompt="The cat", max_tokens=12, temperature=0)
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert results[0].choices[0].text == results[1].choices[0].text and results[0].usage.completion_tokens == 12
+
+
+def test_a_client_that_disconnects_mid_stream_closes_the_cloud_session(http, cloud):
+    table = cloud.server.servicer.table
+    before = len(table)  # sessions parked by earlier tests' conversations
+    with httpx.stream("POST", f"{http.base}/v1/completions", headers={"Authorization": f"Bearer {KEY}"},
+                      json={"prompt": "The cat", "max_tokens": 200, "temperature": 0, "stream": True}) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                break  # the first piece of text arrived: hang up
+    deadline = time.monotonic() + 10
+    while len(table) > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(table) == before, "the cloud session outlived its client"
+    after = http.client.completions.create(model="tiny", prompt="The cat", max_tokens=4, temperature=0)
+    assert after.usage.completion_tokens == 4  # the service is free again
+
+
+def test_without_a_cloud_the_fallback_answers_or_a_503_says_why(drafter):
+    dead = "127.0.0.1:9"  # nothing listens there
+    for fallback, status in (("error", 503), ("local", 200)):
+        http = Http(make_service(drafter, dead, fallback=fallback))
+        try:
+            response = httpx.post(f"{http.base}/v1/completions", headers={"Authorization": f"Bearer {KEY}"},
+                                  json={"prompt": "The cat", "max_tokens": 6, "temperature": 0}, timeout=30)
+            assert response.status_code == status, response.text
+            if status == 503:
+                assert response.json()["error"]["code"] == "cloud_unavailable"
+            else:
+                body = response.json()
+                assert response.headers["x-splitspec-served-by"] == "drafter-only"
+                assert body["splitspec_served_by"] == "drafter-only" and body["usage"]["completion_tokens"] == 6
+                lines = [json.loads(line[6:]) for line in httpx.post(
+                    f"{http.base}/v1/completions", headers={"Authorization": f"Bearer {KEY}"}, timeout=30,
+                    json={"prompt": "The cat", "max_tokens": 6, "temperature": 0, "stream": True},
+                ).text.splitlines() if line.startswith("data: {")]
+                assert "".join(chunk["choices"][0]["text"] for chunk in lines) == body["choices"][0]["text"]
+        finally:
+            http.close()
