@@ -232,7 +232,6 @@ def run_edge(args: argparse.Namespace) -> int:
 def run_serve(args: argparse.Namespace) -> int:
     import socket
 
-    from edge.chat_template import chat_template_for
     from edge.drafter_choice import open_llama_drafter
     from edge.serving import EdgeService, ServeConfig
     from shared.cli import CliError
@@ -252,19 +251,13 @@ def run_serve(args: argparse.Namespace) -> int:
             raise CliError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}", 1) from exc
     drafter = open_llama_drafter(args.drafter, n_threads=args.drafter_threads, n_ctx=args.drafter_ctx)
     try:
-        template = chat_template_for(drafter.llm, args.chat_format)
-        stop_ids = {drafter.llm.token_eos()}
-        for stop in template.render([{"role": "user", "content": "x"}])[1]:
-            ids = drafter.llm.tokenize(stop.strip().encode(), add_bos=False, special=True)
-            if len(ids) == 1:  # an end-of-turn control token: the reply ends there
-                stop_ids.add(ids[0])
         config = ServeConfig(
             cloud=args.cloud, model_name=drafter.model_name, auth_token=options["auth_token"],
             root_certificates=options["root_certificates"], connect_timeout_s=min(args.connect_timeout, 5.0),
             verdict_timeout_s=args.verdict_timeout, outage_budget_s=args.outage_budget, draft_len=args.draft_len,
             schedule=args.schedule, window=args.window, fallback=args.fallback,
         )
-        service = EdgeService(drafter, drafter.vocab, template, config, stop_ids)
+        service = EdgeService.for_drafter(drafter, config, args.chat_format)
         serve_http(service, args.host, args.port, api_key=api_key, max_waiting=args.max_waiting)
     finally:
         drafter.close()

@@ -144,6 +144,7 @@ class GrpcVerifier:
         self.keep_session = keep_session
         self._continue_from = continue_from
         self.prompt_tokens_sent = 0  # prompt tokens this session's Opens uploaded
+        self.open_bytes = 0  # framed bytes of those Opens (all of them: first, resumes, reopens)
         self._owns_channel = channel is None
         self._channel = channel if channel is not None else make_channel(address, root_certificates, auth_token)
         self._requests: queue.Queue = queue.Queue()
@@ -453,7 +454,10 @@ class GrpcVerifier:
         self._reader.start()
 
     def _send(self, frame: pb.EdgeFrame) -> None:
-        self.bytes_up += message_wire_bytes(frame)
+        size = message_wire_bytes(frame)
+        self.bytes_up += size
+        if frame.WhichOneof("kind") == "open":
+            self.open_bytes += size
         self._requests.put(frame)
 
     @staticmethod

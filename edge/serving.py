@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from edge.chat_template import ChatTemplate
+from edge.chat_template import ChatTemplate, chat_template_for
 from edge.conversation import Conversation
 from edge.decode_loop import GenerationResult, VerifierError, run_decode
 from edge.fallback import drafter_only_decode
@@ -67,6 +67,7 @@ class Outcome:
     bytes_down: int = 0
     cloud_forwards: int = 0
     prompt_tokens_sent: int = 0
+    prompt_bytes_up: int = 0  # framed bytes of the Open frames that carried the prompt
     wall_s: float = 0.0
     ttft_s: float = 0.0
 
@@ -123,6 +124,18 @@ class EdgeService:
         self.conversations: list[Conversation] = []  # most recently used last
         self.offline_since: float | None = None
         self.counters = {"requests": 0, "split": 0, "drafter_only": 0, "tokens": 0}
+
+    @classmethod
+    def for_drafter(cls, drafter, config: ServeConfig, chat_format: str | None = None) -> EdgeService:
+        """The service for a ``LlamaDrafter``: its chat template (``chat_template_for``), and its
+        end-of-sequence token plus any end-of-turn control token of the template as stop tokens."""
+        template = chat_template_for(drafter.llm, chat_format)
+        stop_ids = {drafter.llm.token_eos()}
+        for stop in template.render([{"role": "user", "content": "x"}])[1]:
+            ids = drafter.llm.tokenize(stop.strip().encode(), add_bos=False, special=True)
+            if len(ids) == 1:  # an end-of-turn control token: the reply ends there
+                stop_ids.add(ids[0])
+        return cls(drafter, drafter.vocab, template, config, stop_ids)
 
     # -- prompts -------------------------------------------------------------
     def chat_prompt(self, messages: Sequence[dict]) -> tuple[list[int], list[str]]:
@@ -215,6 +228,7 @@ class EdgeService:
         if verifier is not None:
             outcome.bytes_up, outcome.bytes_down = verifier.bytes_up, verifier.bytes_down
             outcome.cloud_forwards, outcome.prompt_tokens_sent = verifier.forwards, verifier.prompt_tokens_sent
+            outcome.prompt_bytes_up = verifier.open_bytes
         return outcome
 
     # -- state -----------------------------------------------------------------

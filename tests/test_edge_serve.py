@@ -15,7 +15,6 @@ import uvicorn
 
 from cloud.limits import ServiceLimits
 from cloud.server import BackgroundServer, ServerConfig
-from edge.chat_template import chat_template_for
 from edge.client import GrpcVerifier
 from edge.decode_loop import run_decode
 from edge.llama_drafter import LlamaDrafter
@@ -62,10 +61,9 @@ class Http:
 
 
 def make_service(drafter, address: str, **config) -> EdgeService:
-    template = chat_template_for(drafter.llm, "gemma")
     settings = dict(cloud=address, model_name="tiny", draft_len=4, connect_timeout_s=2.0, outage_budget_s=2.0)
     settings.update(config)
-    return EdgeService(drafter, drafter.vocab, template, ServeConfig(**settings), {drafter.llm.token_eos()})
+    return EdgeService.for_drafter(drafter, ServeConfig(**settings), "gemma")
 
 
 @pytest.fixture()

@@ -1,4 +1,4 @@
-"""``splitspec bench …`` subcommands: ``wire``, ``split``, ``service``, ``fuzz``.
+"""``splitspec bench …`` subcommands: ``wire``, ``split``, ``service``, ``fuzz``, ``serve``.
 
 Flags only: each ``run_*`` turns its flags into keyword arguments of the
 matching ``sim.bench`` function and prints the result (text or JSON). The
@@ -35,6 +35,7 @@ def add_bench_commands(subparsers: argparse._SubParsersAction) -> None:
     _add_split(subparsers)
     _add_service(subparsers)
     _add_fuzz(subparsers)
+    _add_serve(subparsers)
 
 
 def _add_wire(subparsers: argparse._SubParsersAction) -> None:
@@ -119,6 +120,35 @@ def _add_fuzz(subparsers: argparse._SubParsersAction) -> None:
     fuzz.add_argument("--seed", type=int, default=0)
     fuzz.add_argument("--json", action="store_true", help="print the report as JSON")
     fuzz.set_defaults(func=run_fuzz)
+
+
+def _add_serve(subparsers: argparse._SubParsersAction) -> None:
+    serve = subparsers.add_parser(
+        "serve", help="edge serve: conversation uplink and TTFT (kept vs fresh session), HTTP overhead",
+        description="With a real cloud process behind the emulated link: a conversation of --turns turns kept in "
+                    "one cloud session against a fresh session per turn (prompt tokens and bytes uploaded, time to "
+                    "first token, identical replies), then one prompt streamed through the OpenAI server against "
+                    "the same generation called directly.")
+    serve.add_argument("--scenario", default="acespec-50k", help="link scenario (default %(default)s)")
+    serve.add_argument("--turns", type=positive_int, default=10, help="user turns, at most 10 (default %(default)s)")
+    serve.add_argument("--max-tokens", type=positive_int, default=32, help="reply tokens per turn (default %(default)s)")
+    serve.add_argument("--repeats", type=positive_int, default=3, help="HTTP vs direct repeats (default %(default)s)")
+    serve.add_argument("--target", default=None, help="target folder or GGUF (default: Gemma 3 270M)")
+    serve.add_argument("--drafter", default=None, help="drafter GGUF (default: Gemma 3 270M Q4_K_M)")
+    serve.add_argument("--json", action="store_true", help="print the result as JSON")
+    serve.set_defaults(func=run_serve)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    import sys
+
+    from sim.bench.serve import format_serve_report, run_serve_bench
+
+    report = run_serve_bench(scenario=args.scenario, turns=args.turns, max_tokens=args.max_tokens,
+                             repeats=args.repeats, target=args.target, drafter=args.drafter,
+                             progress=lambda line: print(line, file=sys.stderr, flush=True))
+    print(json.dumps(report) if args.json else format_serve_report(report))
+    return 0
 
 
 def run_fuzz(args: argparse.Namespace) -> int:

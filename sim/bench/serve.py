@@ -1,0 +1,168 @@
+"""``splitspec bench serve``: what ``edge serve`` costs and what its conversations save, measured
+with a real cloud process behind the emulated link.
+
+Two measurements in one run, on the same cloud, link and drafter:
+
+- a conversation of ``turns`` user turns (greedy, so both arms see the same
+  replies and prompts), once keeping the cloud session between turns and once
+  opening a fresh session per turn (re-sending the whole history): per turn,
+  prompt tokens, prompt tokens uploaded, the Open's bytes against the packed
+  size of the new tokens, time to first token; the replies must be identical;
+- the HTTP layer: one prompt streamed through the OpenAI server (uvicorn,
+  server-sent events) against the same generation called directly:
+  tokens/s and time to first token.
+
+Contract: ``run_serve_bench(...)`` returns the report dict and
+``format_serve_report`` renders it; flags live in ``sim.commands.bench``.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import threading
+import time
+from typing import Any
+
+__all__ = ["run_serve_bench", "format_serve_report", "QUESTIONS"]
+
+QUESTIONS = [
+    "Why is the sky blue?",
+    "And why are sunsets red?",
+    "Does the same thing happen on Mars?",
+    "What colour is the Martian sunset, then?",
+    "How do we know that?",
+    "Which rover took those pictures?",
+    "When did it land?",
+    "What else did it find?",
+    "Is it still working?",
+    "Summarise our conversation in one sentence.",
+]
+
+
+def run_serve_bench(*, scenario: str = "acespec-50k", turns: int = 10, max_tokens: int = 32, repeats: int = 3,
+                    target: str | None = None, drafter: str | None = None, progress=lambda line: None) -> dict[str, Any]:
+    import httpx
+
+    from cloud.models import resolve_target
+    from edge.drafter_choice import open_llama_drafter
+    from edge.openai_server import create_app
+    from edge.serving import EdgeService, Job, ServeConfig
+    from shared import codec
+    from shared.params import Mode, SamplingParams
+    from sim.experiment.processes import BackgroundLink, CloudProcess, core_split
+    from sim.link.scenario import load_scenario
+
+    if not 1 <= turns <= len(QUESTIONS):
+        raise ValueError(f"turns must be in [1, {len(QUESTIONS)}], got {turns}")
+    link_scenario = load_scenario(scenario)
+    edge_cores, cloud_cores = core_split()
+    greedy = SamplingParams(mode=Mode.GREEDY)
+    report: dict[str, Any] = {"scenario": link_scenario.name, "turns": [], "http": {}}
+    draft = open_llama_drafter(drafter, n_threads=len(edge_cores) if edge_cores else 1)
+    try:
+        with CloudProcess(str(resolve_target(target)), cloud_cores) as cloud, \
+                BackgroundLink(link_scenario.link, cloud.port) as link:
+            config = ServeConfig(cloud=link.address, model_name=draft.model_name)
+            service = EdgeService.for_drafter(draft, config)
+            service.run(Job(service.text_prompt("Hello"), greedy, 4), lambda text: None, threading.Event())  # warm up
+            arms: dict[str, list[dict]] = {}
+            for arm in ("kept", "fresh"):
+                messages: list[dict] = []
+                rows = arms[arm] = []
+                held: list[int] = []  # tokens the kept session holds after the last turn
+                for turn, question in enumerate(QUESTIONS[:turns]):
+                    messages.append({"role": "user", "content": question})
+                    prompt, stops = service.chat_prompt(messages)
+                    if arm == "fresh":
+                        service.conversations.clear()  # a new session: the whole history goes up again
+                    shared = next((i for i, (a, b) in enumerate(zip(held, prompt)) if a != b), min(len(held), len(prompt)))
+                    new = prompt[shared:] if arm == "kept" and turn else prompt
+                    out = service.run(Job(prompt, greedy, max_tokens, stops), lambda text: None, threading.Event())
+                    rows.append({
+                        "turn": turn + 1, "prompt_tokens": len(prompt), "tokens_sent": out.prompt_tokens_sent,
+                        "open_bytes": out.prompt_bytes_up, "new_tokens_packed_bytes": len(codec.encode_tokens(
+                            new, service.vocab.size).data), "ttft_s": out.ttft_s, "reply": out.text,
+                    })
+                    held = [*prompt, *out.tokens]
+                    messages.append({"role": "assistant", "content": out.text})
+                    progress(f"{arm} turn {turn + 1}: {len(prompt)} prompt tokens, {out.prompt_tokens_sent} sent, "
+                             f"{out.prompt_bytes_up} B, ttft {out.ttft_s:.2f}s")
+            for kept, fresh in zip(arms["kept"], arms["fresh"]):
+                report["turns"].append({
+                    "turn": kept["turn"], "prompt_tokens": kept["prompt_tokens"],
+                    "kept_tokens_sent": kept["tokens_sent"], "kept_open_bytes": kept["open_bytes"],
+                    "new_tokens_packed_bytes": kept["new_tokens_packed_bytes"], "kept_ttft_s": kept["ttft_s"],
+                    "fresh_tokens_sent": fresh["tokens_sent"], "fresh_open_bytes": fresh["open_bytes"],
+                    "fresh_ttft_s": fresh["ttft_s"], "identical": kept["reply"] == fresh["reply"],
+                })
+            report["http"] = _http_overhead(service, create_app, httpx, greedy, max_tokens * 2, repeats, progress)
+    finally:
+        draft.close()
+    return report
+
+
+def _http_overhead(service, create_app, httpx, params, max_tokens: int, repeats: int, progress) -> dict[str, float]:
+    """The same generation through the HTTP server (streamed) and called directly."""
+    import uvicorn
+
+    from edge.serving import Job
+
+    messages = [{"role": "user", "content": "Write a short story about a lighthouse keeper."}]
+    prompt, stops = service.chat_prompt(messages)
+    server = uvicorn.Server(uvicorn.Config(create_app(service), host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}/v1/chat/completions"
+    direct, http = [], []
+    try:
+        for _ in range(repeats):
+            service.conversations.clear()
+            started, first = time.perf_counter(), []
+
+            def stamp(text: str, first: list = first) -> None:
+                if not first:
+                    first.append(time.perf_counter())
+
+            out = service.run(Job(prompt, params, max_tokens, stops), stamp, threading.Event())
+            direct.append((len(out.tokens) / (time.perf_counter() - started), first[0] - started))
+            service.conversations.clear()
+            started, first, tokens = time.perf_counter(), [], 0
+            body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+                    "stream_options": {"include_usage": True}}
+            with httpx.stream("POST", url, json=body, timeout=600) as response:
+                for line in response.iter_lines():
+                    if line.startswith("data: {") and '"content":"' in line and '"content":""' not in line:
+                        first = first or [time.perf_counter()]
+                    if '"completion_tokens"' in line:
+                        tokens = json.loads(line[6:])["usage"]["completion_tokens"]
+            http.append((tokens / (time.perf_counter() - started), first[0] - started))
+            progress(f"direct {direct[-1][0]:.1f} tok/s ttft {direct[-1][1]:.3f}s; "
+                     f"http {http[-1][0]:.1f} tok/s ttft {http[-1][1]:.3f}s")
+    finally:
+        server.should_exit = True
+        thread.join(10)
+    direct_tps, direct_ttft = statistics.median(d[0] for d in direct), statistics.median(d[1] for d in direct)
+    http_tps, http_ttft = statistics.median(h[0] for h in http), statistics.median(h[1] for h in http)
+    return {"direct_tokens_per_s": direct_tps, "http_tokens_per_s": http_tps,
+            "http_over_direct": http_tps / direct_tps, "direct_ttft_s": direct_ttft, "http_ttft_s": http_ttft,
+            "http_extra_ttft_s": http_ttft - direct_ttft, "repeats": repeats}
+
+
+def format_serve_report(report: dict[str, Any]) -> str:
+    from tabulate import tabulate
+
+    rows = [[t["turn"], t["prompt_tokens"], t["kept_tokens_sent"], t["kept_open_bytes"], t["new_tokens_packed_bytes"],
+             f"{t['kept_ttft_s']:.2f}", t["fresh_tokens_sent"], t["fresh_open_bytes"], f"{t['fresh_ttft_s']:.2f}",
+             f"{t['fresh_ttft_s'] / max(t['kept_ttft_s'], 1e-9):.1f}x", "yes" if t["identical"] else "NO"]
+            for t in report["turns"]]
+    table = tabulate(rows, headers=["turn", "prompt tok", "kept: sent", "kept: Open B", "new tok packed B",
+                                    "kept: TTFT s", "fresh: sent", "fresh: Open B", "fresh: TTFT s", "TTFT gain",
+                                    "identical"])
+    h = report["http"]
+    http = (f"HTTP (streamed) vs direct: {h['http_tokens_per_s']:.2f} vs {h['direct_tokens_per_s']:.2f} tok/s "
+            f"({h['http_over_direct']:.3f}x), TTFT {h['http_ttft_s'] * 1e3:.0f} vs {h['direct_ttft_s'] * 1e3:.0f} ms "
+            f"({h['http_extra_ttft_s'] * 1e3:+.0f} ms), median of {h['repeats']}")
+    return f"conversation on {report['scenario']} (kept session vs a fresh session per turn):\n{table}\n\n{http}"
