@@ -79,6 +79,10 @@ def add_cloud_commands(commands) -> None:
                        "the network in cleartext, readable by anyone on the path (splitspec-edge itself refuses to send a "
                        "token off loopback without TLS)")
     serve.add_argument("--metrics-port", type=port_number, default=None, help="serve Prometheus metrics on this port")
+    serve.add_argument("--mqtt", default=None, metavar="URL",
+                       help="publish this replica's status and load to an MQTT broker (mqtt://HOST[:PORT])")
+    serve.add_argument("--replica", default=None,
+                       help="this replica's name on MQTT and to edges (default: HOSTNAME-PORT)")
     serve.add_argument("--grace", type=non_negative_float, default=10.0, help="seconds in-flight calls get on shutdown (default 10)")
     serve.set_defaults(func=run_serve)
 
@@ -118,7 +122,13 @@ def run_serve(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         grace_s=args.grace,
         insecure=args.insecure,
+        replica=args.replica or "",
+        mqtt_url=args.mqtt,
     )
+    if args.mqtt:
+        from shared.fleet import parse_mqtt_url
+
+        parse_mqtt_url(args.mqtt)  # a bad URL fails before the model loads
     pick_device(args.device)  # a bad --device fails before a minute of model loading
     target = resolve_target(args.target)
     try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import socket
 from dataclasses import dataclass
 
 import grpc
@@ -42,6 +43,8 @@ class ServerConfig:
     metrics_port: int | None = None
     grace_s: float = 10.0  # in-flight verdicts get this long on shutdown
     insecure: bool = False  # accept a bearer token in cleartext on a non-loopback address
+    replica: str = ""  # this replica's name in Opened and on MQTT (default: host-port)
+    mqtt_url: str | None = None  # publish status and load to this broker
 
     def __post_init__(self) -> None:
         if bool(self.tls_cert) != bool(self.tls_key):
@@ -96,6 +99,8 @@ class VerifierServer:
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
         self._reaper: asyncio.Task | None = None
+        self.fleet = None  # shared.fleet.FleetClient with mqtt_url
+        self._fleet_task: asyncio.Task | None = None
 
     async def start(self) -> int:
         cfg = self.config
@@ -130,6 +135,14 @@ class VerifierServer:
         if cfg.metrics_port is not None:
             self.metrics.serve(cfg.metrics_port, cfg.host)
         self._reaper = asyncio.create_task(self._reap_forever())
+        self.servicer.replica = cfg.replica or f"{socket.gethostname()}-{self.port}"
+        if cfg.mqtt_url:
+            from cloud.fleet import report_load_forever
+            from shared.fleet import FleetClient
+
+            self.fleet = FleetClient(cfg.mqtt_url, "cloud", self.servicer.replica).start()
+            self.fleet.set_status(state="online", model=self.engine.model_name, port=self.port)
+            self._fleet_task = asyncio.create_task(report_load_forever(self.servicer, self.fleet))
         log.info("verifier listening on %s:%d%s", cfg.host, self.port, " (TLS)" if cfg.tls_cert else "")
         return self.port
 
@@ -146,6 +159,9 @@ class VerifierServer:
         await self._health.enter_graceful_shutdown()
         if self._reaper:
             self._reaper.cancel()
+        if self.fleet is not None:
+            self._fleet_task.cancel()
+            await asyncio.get_running_loop().run_in_executor(None, self.fleet.stop)
         await self._server.stop(self.config.grace_s if grace is None else grace)
         self.servicer.executor.shutdown(wait=True)
         self._server = None

@@ -68,12 +68,19 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         self._log_window_start, self._log_lines, self._log_skipped = 0.0, 0, 0
         # The latest per-verify service times outside the forward, seconds (for benchmarks and debugging).
         self.recent_overheads_s: deque[float] = deque(maxlen=10_000)
+        self.recent_latencies_s: deque[float] = deque(maxlen=1_000)  # block arrival -> verdict, per chain
+        self.engine_queue = 0  # engine calls submitted and not finished (the running one included)
+        self.replica = ""  # this replica's name, told to edges in Opened (their key to its MQTT load)
         # One thread: forwards are serialised; torch parallelises inside each.
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="target")
 
     # -- helpers -----------------------------------------------------------
     async def _in_engine(self, fn, *args):
-        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+        self.engine_queue += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+        finally:
+            self.engine_queue -= 1
 
     def _count_in(self, message) -> None:
         self.metrics.bytes_in.inc(message_wire_bytes(message))
@@ -219,6 +226,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             if i == 0:  # the chain shared one forward: its cost and overhead go to its first block
                 overhead = max(seconds - (session.seq.forward_s - forward_before), 0.0)
                 self.recent_overheads_s.append(overhead)
+                self.recent_latencies_s.append(seconds)
             self.metrics.observe_round(
                 RoundRecord(
                     drafted=drafted,
@@ -263,6 +271,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                     max_draft_len=session.max_draft_len,
                     forwards=session.forwards,
                     max_blocks_in_flight=self.limits.max_blocks_in_flight,
+                    replica=self.replica,
                 )
             )
             yield self._count_out(pb.CloudFrame(opened=opened))

@@ -51,6 +51,7 @@ def add_edge_commands(commands) -> None:
         "stream. Output equals the target model's own (token for token in greedy and coupled modes).",
     )
     _add_cloud_args(run)
+    _add_fleet_args(run)
     run.add_argument("--outage-budget", type=non_negative_float, default=30.0,
                      help="seconds a broken link may take to come back: the edge reconnects with backoff and "
                      "resumes its session (or reopens it on the tokens committed so far), output unchanged; past "
@@ -80,6 +81,7 @@ def add_edge_commands(commands) -> None:
                        "alone and says so (header X-Splitspec-Served-By, field splitspec_served_by) (default error)")
     serve.add_argument("--outage-budget", type=non_negative_float, default=30.0,
                        help="seconds a broken link may take to come back mid-generation (default 30)")
+    _add_fleet_args(serve)
     serve.add_argument("--max-waiting", type=positive_int, default=8,
                        help="requests that may wait for the drafter; more get 429 (default 8)")
     serve.add_argument("--draft-len", type=positive_int, default=DEFAULT_DRAFT_LEN,
@@ -100,6 +102,31 @@ def add_edge_commands(commands) -> None:
     add_drafter_args(baseline)
     add_sampling_args(baseline)
     baseline.set_defaults(func=run_baseline)
+
+
+def _add_fleet_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("fleet (MQTT)")
+    group.add_argument("--mqtt", default=None, metavar="URL",
+                       help="report status and telemetry to this broker and take commands from it (mqtt://HOST[:PORT])")
+    group.add_argument("--edge-id", default=None, help="this device's name on MQTT (default: HOSTNAME-PID)")
+    group.add_argument("--telemetry-period", type=positive_float, default=10.0,
+                       help="seconds between telemetry messages (default 10)")
+    group.add_argument("--telemetry-budget", type=positive_float, default=1000.0, metavar="BITS_PER_S",
+                       help="MQTT bytes at most, in bits/s (default 1000: 2%% of a 50 kbit/s uplink)")
+
+
+def _start_fleet(args: argparse.Namespace, **status):
+    """The edge's ``EdgeFleet`` when --mqtt is given, started; else None."""
+    if not args.mqtt:
+        return None
+    import os
+    import socket
+
+    from edge.telemetry import EdgeFleet
+
+    edge_id = args.edge_id or f"{socket.gethostname()}-{os.getpid()}"
+    return EdgeFleet(args.mqtt, edge_id, period_s=args.telemetry_period,
+                     budget_bps=args.telemetry_budget).start(**status)
 
 
 def _add_cloud_args(parser: argparse.ArgumentParser, report_flags: bool = True) -> None:
@@ -148,20 +175,37 @@ def _summary(n_tokens: int, wall: float, extra: str) -> None:
 
 
 def run_edge(args: argparse.Namespace) -> int:
-    from edge.cli_options import controller_from_args, sampling_from_args, window_from_args
+    from edge.cli_options import controller_from_args, sampling_from_args
+    from edge.drafter_choice import open_llama_drafter
+
+    options = _cloud_options(args)
+    params = sampling_from_args(args)
+    if args.mqtt:
+        from shared.fleet import parse_mqtt_url
+
+        parse_mqtt_url(args.mqtt)
+    drafter = open_llama_drafter(args.drafter, n_threads=args.drafter_threads, n_ctx=args.drafter_ctx)
+    prompt = drafter.vocab.tokenize(args.prompt)
+    controller = controller_from_args(args)
+    fleet = _start_fleet(args, state="online", role="run", model=drafter.model_name, cloud=args.cloud)
+    if fleet is not None:
+        fleet.client.connected.wait(2.0)  # a short run should still report; decoding never waits longer
+    try:
+        return _run_edge(args, drafter, prompt, params, controller, options, fleet)
+    finally:
+        if fleet is not None:
+            fleet.stop()  # publishes offline: a clean stop does not fire the will
+
+
+def _run_edge(args, drafter, prompt, params, controller, options, fleet) -> int:
+    from edge.cli_options import window_from_args
     from edge.client import GrpcVerifier, VerifierError
     from edge.decode_loop import run_decode
-    from edge.drafter_choice import open_llama_drafter
     from edge.report import SPLIT, EdgeReport
     from edge.text_stream import TextStream
     from shared.cli import CliError
 
-    options = _cloud_options(args)
-    params = sampling_from_args(args)
-    drafter = open_llama_drafter(args.drafter, n_threads=args.drafter_threads, n_ctx=args.drafter_ctx)
     vocab = drafter.vocab
-    prompt = vocab.tokenize(args.prompt)
-    controller = controller_from_args(args)
     failure = None
     try:
         verifier = GrpcVerifier(
@@ -191,6 +235,16 @@ def run_edge(args: argparse.Namespace) -> int:
         failure, result = exc, exc.partial
     finally:
         drafter.close()
+    if fleet is not None:
+        from edge.telemetry import GenerationSample
+
+        fleet.observe(GenerationSample(
+            tokens=len(result.tokens), wall_s=result.stats.wall_s, mode=params.mode.value, draft_len=args.draft_len,
+            window=window_from_args(args), served_by="split", replica=verifier.replica, rtt_ms=verifier.rtt_ms,
+            bytes_up=verifier.bytes_up, bytes_down=verifier.bytes_down, accepted_at=list(result.stats.accepted_at),
+            drafted_at=list(result.stats.drafted_at),
+        ))
+        fleet.flush()
     report = EdgeReport(
         kind=SPLIT,
         tokens=result.tokens,
@@ -249,17 +303,25 @@ def run_serve(args: argparse.Namespace) -> int:
             probe.bind((args.host, args.port))
         except OSError as exc:
             raise CliError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}", 1) from exc
+    if args.mqtt:
+        from shared.fleet import parse_mqtt_url
+
+        parse_mqtt_url(args.mqtt)
     drafter = open_llama_drafter(args.drafter, n_threads=args.drafter_threads, n_ctx=args.drafter_ctx)
+    fleet = None
     try:
+        fleet = _start_fleet(args, state="online", role="serve", model=drafter.model_name, cloud=args.cloud)
         config = ServeConfig(
             cloud=args.cloud, model_name=drafter.model_name, auth_token=options["auth_token"],
             root_certificates=options["root_certificates"], connect_timeout_s=min(args.connect_timeout, 5.0),
             verdict_timeout_s=args.verdict_timeout, outage_budget_s=args.outage_budget, draft_len=args.draft_len,
             schedule=args.schedule, window=args.window, fallback=args.fallback,
         )
-        service = EdgeService.for_drafter(drafter, config, args.chat_format)
+        service = EdgeService.for_drafter(drafter, config, args.chat_format, fleet)
         serve_http(service, args.host, args.port, api_key=api_key, max_waiting=args.max_waiting)
     finally:
+        if fleet is not None:
+            fleet.stop()
         drafter.close()
     return 0
 

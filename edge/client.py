@@ -170,6 +170,7 @@ class GrpcVerifier:
         self._connected = False
         self.session_id = ""
         self.resume_ticket = b""
+        self.replica = ""  # the verifier replica serving the session (Opened)
         self._lost_at: float | None = None  # when the stream broke, until the first verdict after it
         # (epoch, start position) -> (sent at, drafts, Draft bytes), for blocks not yet answered.
         self._in_flight: dict[tuple[int, int], tuple[float, int, int]] = {}
@@ -427,6 +428,7 @@ class GrpcVerifier:
     def _opened(self, timeout_s: float | None = None) -> pb.Opened:
         opened = self._receive("opened", timeout_s).opened
         self.session_id, self.resume_ticket = opened.session_id, opened.resume_ticket
+        self.replica = opened.replica
         if opened.vocab_size != self.vocab_size:
             raise VerifierError(f"cloud vocabulary has {opened.vocab_size} tokens, ours {self.vocab_size}")
         return opened

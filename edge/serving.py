@@ -8,6 +8,7 @@ responses. ``EdgeService.run`` blocks; the server runs it on a worker thread.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -117,8 +118,12 @@ class _Emitter:
 class EdgeService:
     """Generates for one request at a time; thread-safe callers queue on ``lock``."""
 
-    def __init__(self, drafter, vocab, template: ChatTemplate, config: ServeConfig, stop_token_ids: set[int]) -> None:
+    def __init__(self, drafter, vocab, template: ChatTemplate, config: ServeConfig, stop_token_ids: set[int],
+                 fleet=None) -> None:
+        """``fleet``: an ``edge.telemetry.EdgeFleet`` to report to and take draft-length caps from."""
         self.drafter, self.vocab, self.template, self.config = drafter, vocab, template, config
+        self.fleet = fleet
+        self.last_replica = ""  # the replica that served the last split generation
         self.stop_token_ids = stop_token_ids  # end-of-turn tokens: the reply ends there
         self.lock = threading.Lock()
         self.conversations: list[Conversation] = []  # most recently used last
@@ -126,7 +131,7 @@ class EdgeService:
         self.counters = {"requests": 0, "split": 0, "drafter_only": 0, "tokens": 0}
 
     @classmethod
-    def for_drafter(cls, drafter, config: ServeConfig, chat_format: str | None = None) -> EdgeService:
+    def for_drafter(cls, drafter, config: ServeConfig, chat_format: str | None = None, fleet=None) -> EdgeService:
         """The service for a ``LlamaDrafter``: its chat template (``chat_template_for``), and its
         end-of-sequence token plus any end-of-turn control token of the template as stop tokens."""
         template = chat_template_for(drafter.llm, chat_format)
@@ -135,7 +140,7 @@ class EdgeService:
             ids = drafter.llm.tokenize(stop.strip().encode(), add_bos=False, special=True)
             if len(ids) == 1:  # an end-of-turn control token: the reply ends there
                 stop_ids.add(ids[0])
-        return cls(drafter, drafter.vocab, template, config, stop_ids)
+        return cls(drafter, drafter.vocab, template, config, stop_ids, fleet)
 
     # -- prompts -------------------------------------------------------------
     def chat_prompt(self, messages: Sequence[dict]) -> tuple[list[int], list[str]]:
@@ -181,12 +186,13 @@ class EdgeService:
             verdict_timeout_s=self.config.verdict_timeout_s, outage_budget_s=self.config.outage_budget_s,
         )
         emitter.on_cancel = lambda: setattr(verifier, "keep_session", False)  # the cloud ends the session
+        params, draft_len = self._steered(job.params)
         try:
             verifier.connect()
             on_start(SPLIT)
             result = run_decode(
-                self.drafter, verifier, job.prompt, job.params, max_new_tokens=job.max_tokens,
-                draft_len=self.config.draft_len, window=window_for(self.config.schedule, self.config.window),
+                self.drafter, verifier, job.prompt, params, max_new_tokens=job.max_tokens,
+                draft_len=draft_len, window=window_for(self.config.schedule, self.config.window),
                 on_tokens=emitter,
             )
         except Cancelled:
@@ -203,10 +209,39 @@ class EdgeService:
             on_start(DRAFTER_ONLY)
             return self._fallback(job, emitter, emitted)
         self.offline_since = None
+        self.last_replica = verifier.replica
         conversation.record(verifier, job.prompt, result.tokens)
         emitter.finish()
         self.counters["split"] += 1
-        return self._outcome(job, result, emitter, emitted, SPLIT, verifier)
+        outcome = self._outcome(job, result, emitter, emitted, SPLIT, verifier)
+        self._report(outcome, result, params, draft_len, verifier)
+        return outcome
+
+    def _steered(self, params: SamplingParams) -> tuple[SamplingParams, int]:
+        """The request's sampling and this generation's draft length, with the fleet's say:
+        a commanded mode for sampled requests, draft length capped by a command and by the
+        replica's suggestion."""
+        draft_len = self.config.draft_len
+        if self.fleet is None:
+            return params, draft_len
+        if self.fleet.mode is not None and not params.is_greedy:
+            params = dataclasses.replace(params, mode=self.fleet.mode)
+        return params, self.fleet.draft_len_cap(self.last_replica, draft_len)
+
+    def _report(self, outcome: Outcome, result: GenerationResult, params: SamplingParams, draft_len: int,
+                verifier) -> None:
+        if self.fleet is None:
+            return
+        from edge.telemetry import GenerationSample
+
+        stats = result.stats
+        self.fleet.observe(GenerationSample(
+            tokens=len(result.tokens), wall_s=stats.wall_s, mode=params.mode.value, draft_len=draft_len,
+            window=window_for(self.config.schedule, self.config.window), served_by=outcome.served_by,
+            replica=verifier.replica if verifier else "", rtt_ms=verifier.rtt_ms if verifier else 0.0,
+            bytes_up=outcome.bytes_up, bytes_down=outcome.bytes_down, accepted_at=list(stats.accepted_at),
+            drafted_at=list(stats.drafted_at),
+        ))
 
     def _fallback(self, job: Job, emitter: _Emitter, emitted: list[str]) -> Outcome:
         eos = {self.vocab.llm.token_eos()} | self.stop_token_ids
@@ -214,7 +249,9 @@ class EdgeService:
                                      eos_ids=eos, on_tokens=emitter)
         emitter.finish()
         self.counters["drafter_only"] += 1
-        return self._outcome(job, result, emitter, emitted, DRAFTER_ONLY, None)
+        outcome = self._outcome(job, result, emitter, emitted, DRAFTER_ONLY, None)
+        self._report(outcome, result, job.params, 0, None)
+        return outcome
 
     def _outcome(self, job: Job, result: GenerationResult, emitter: _Emitter, emitted: list[str], served_by: str,
                  verifier) -> Outcome:

@@ -101,7 +101,7 @@ class EdgeFrame(_message.Message):
     def __init__(self, open: _Optional[_Union[Open, _Mapping]] = ..., draft: _Optional[_Union[Draft, _Mapping]] = ..., close: _Optional[_Union[Close, _Mapping]] = ...) -> None: ...
 
 class Opened(_message.Message):
-    __slots__ = ("session_id", "resume_ticket", "vocab_size", "committed_length", "max_draft_len", "forwards", "max_blocks_in_flight", "answers_first_position", "epoch", "committed_tail", "committed_tail_compressed", "stop_reason")
+    __slots__ = ("session_id", "resume_ticket", "vocab_size", "committed_length", "max_draft_len", "forwards", "max_blocks_in_flight", "answers_first_position", "epoch", "committed_tail", "committed_tail_compressed", "stop_reason", "replica")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     RESUME_TICKET_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -114,6 +114,7 @@ class Opened(_message.Message):
     COMMITTED_TAIL_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_TAIL_COMPRESSED_FIELD_NUMBER: _ClassVar[int]
     STOP_REASON_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     resume_ticket: bytes
     vocab_size: int
@@ -126,7 +127,8 @@ class Opened(_message.Message):
     committed_tail: bytes
     committed_tail_compressed: bool
     stop_reason: StopReason
-    def __init__(self, session_id: _Optional[str] = ..., resume_ticket: _Optional[bytes] = ..., vocab_size: _Optional[int] = ..., committed_length: _Optional[int] = ..., max_draft_len: _Optional[int] = ..., forwards: _Optional[int] = ..., max_blocks_in_flight: _Optional[int] = ..., answers_first_position: _Optional[bool] = ..., epoch: _Optional[int] = ..., committed_tail: _Optional[bytes] = ..., committed_tail_compressed: _Optional[bool] = ..., stop_reason: _Optional[_Union[StopReason, str]] = ...) -> None: ...
+    replica: str
+    def __init__(self, session_id: _Optional[str] = ..., resume_ticket: _Optional[bytes] = ..., vocab_size: _Optional[int] = ..., committed_length: _Optional[int] = ..., max_draft_len: _Optional[int] = ..., forwards: _Optional[int] = ..., max_blocks_in_flight: _Optional[int] = ..., answers_first_position: _Optional[bool] = ..., epoch: _Optional[int] = ..., committed_tail: _Optional[bytes] = ..., committed_tail_compressed: _Optional[bool] = ..., stop_reason: _Optional[_Union[StopReason, str]] = ..., replica: _Optional[str] = ...) -> None: ...
 
 class Verdict(_message.Message):
     __slots__ = ("epoch", "start_position", "accepted", "token", "bonus", "done", "stop_reason", "server_us", "forwards")

@@ -25,6 +25,7 @@ _GROUPS = [
     ("sim", "sim.commands.sim", "add_sim_commands", "network-constrained simulation: link emulator, scenarios, runs"),
     ("models", "sim.commands.models", "add_models_commands", "make models for tests and trials"),
     ("bench", "sim.commands.bench", "add_bench_commands", "benchmarks that print numbers"),
+    ("fleet", "sim.commands.fleet", "add_fleet_commands", "MQTT fleet tools: an embedded broker, a live view"),
 ]
 
 

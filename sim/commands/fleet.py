@@ -1,0 +1,57 @@
+"""``splitspec fleet ...``: the embedded MQTT broker and the fleet view (flags only)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from shared.cli import port_number, positive_float
+
+__all__ = ["add_fleet_commands"]
+
+
+def add_fleet_commands(commands) -> None:
+    broker = commands.add_parser(
+        "broker", help="run an embedded MQTT broker (amqtt) for laptops, demos and tests",
+        description="A pure-Python MQTT broker: anonymous, in-memory retained messages. Fleets in production "
+        "run their own (mosquitto, EMQX) and pass its URL to --mqtt.")
+    broker.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
+    broker.add_argument("--port", type=port_number, default=1883, help="listen port (default 1883)")
+    broker.set_defaults(func=run_broker)
+
+    watch = commands.add_parser(
+        "watch", help="a live view of every edge and verifier replica on the broker",
+        description="Subscribes to splitspec/v1/# and shows each edge (state, tokens/s, acceptance by position, "
+        "D, W, RTT) and each verifier replica (state, sessions, free slots, verify latency, suggested D).")
+    watch.add_argument("--mqtt", required=True, metavar="URL", help="the broker (mqtt://HOST[:PORT])")
+    watch.add_argument("--once", action="store_true", help="collect for --settle seconds, print the view, exit")
+    watch.add_argument("--settle", type=positive_float, default=1.0, help="--once: seconds to listen (default 1)")
+    watch.add_argument("--json", action="store_true", help="--once: print the view as JSON")
+    watch.set_defaults(func=run_watch)
+
+
+def run_broker(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from sim.fleet.broker import run_broker as serve
+
+    asyncio.run(serve(args.host, args.port, ready=lambda url: print(f"splitspec fleet: broker on {url}", flush=True)))
+    return 0
+
+
+def run_watch(args: argparse.Namespace) -> int:
+    from shared.fleet import parse_mqtt_url
+    from sim.fleet.watch import watch_live, watch_once
+
+    parse_mqtt_url(args.mqtt)
+    if not args.once:
+        watch_live(args.mqtt)
+        return 0
+    view = watch_once(args.mqtt, args.settle)
+    if args.json:
+        print(json.dumps(view))
+    else:
+        for kind in ("clouds", "edges"):
+            for name, docs in sorted(view[kind].items()):
+                print(f"{kind[:-1]:>5} {name}: " + "; ".join(f"{k} {json.dumps(v)}" for k, v in sorted(docs.items())))
+    return 0

@@ -1,0 +1,192 @@
+"""MQTT fleet telemetry and control against a real broker process (``splitspec fleet broker``,
+amqtt): retained status for late subscribers, the will on kill -9, commands applied once,
+cloud load and its suggested draft length, and a broker restart that costs a running
+generation nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from helpers import tiny_prompt
+
+from cloud.limits import ServiceLimits
+from cloud.server import BackgroundServer, ServerConfig
+from edge.llama_drafter import LlamaDrafter
+from edge.serving import EdgeService, Job, ServeConfig
+from edge.telemetry import EdgeFleet, GenerationSample, telemetry_document
+from shared.fleet import DEFAULT_BUDGET_BPS, DEFAULT_TELEMETRY_PERIOD_S, ByteBudget, FleetClient, parse_mqtt_url
+from shared.params import Mode, SamplingParams
+from sim.fleet.watch import watch_once
+from sim.inprocess import generate
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Broker:
+    """``splitspec fleet broker`` as a child process."""
+
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.url = f"mqtt://127.0.0.1:{self.port}"
+        self.start()
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "sim.cli", "fleet", "broker", "--port", str(self.port)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        line = self.proc.stdout.readline()
+        assert line.startswith("splitspec fleet: broker on"), line
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(10)
+
+
+@pytest.fixture()
+def broker():
+    made = Broker()
+    yield made
+    made.kill()
+
+
+def wait_for(predicate, timeout_s: float = 10.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def test_urls_and_the_byte_budget():
+    assert parse_mqtt_url("mqtt://broker.local") == ("broker.local", 1883)
+    assert parse_mqtt_url("10.0.0.2:1884") == ("10.0.0.2", 1884)
+    for bad in ("http://x", "mqtt://", "mqtt://h:99999"):
+        with pytest.raises(ValueError):
+            parse_mqtt_url(bad)
+    now = [0.0]
+    budget = ByteBudget(800, burst_s=1.0, clock=lambda: now[0])  # 100 B/s, 100 B of burst
+    assert budget.take(100) and not budget.take(1)
+    now[0] = 0.5
+    assert budget.take(50) and not budget.take(10)
+    # A full telemetry document at the default period stays within 2% of a 50 kbit/s uplink.
+    sample = GenerationSample(tokens=64, wall_s=3.0, mode="coupled", draft_len=8, window=2, served_by="split",
+                              replica="host-50051", rtt_ms=101.3, bytes_up=4000, bytes_down=3000,
+                              accepted_at=[50] * 8, drafted_at=[60] * 8)
+    payload = json.dumps(telemetry_document([sample], {"generations": 12, "tokens": 900}), separators=(",", ":"))
+    per_message = len(payload) + len("splitspec/v1/edge/host-12345/telemetry") + 60
+    assert per_message * 8 / DEFAULT_TELEMETRY_PERIOD_S <= 0.02 * 50_000 <= DEFAULT_BUDGET_BPS
+
+
+def test_a_late_subscriber_sees_retained_status_and_a_clean_stop_says_offline(broker):
+    client = FleetClient(broker.url, "edge", "late-test").start()
+    client.set_status(state="online", model="tiny")
+    wait_for(client.connected.is_set, what="connection")
+    view = wait_for(lambda: watch_once(broker.url, 0.5)["edges"].get("late-test"), what="retained status")
+    assert view["status"]["state"] == "online" and view["status"]["model"] == "tiny"
+    client.stop()
+    assert watch_once(broker.url, 0.5)["edges"]["late-test"]["status"]["state"] == "offline"
+
+
+def test_kill_9_of_an_edge_publishes_offline_through_its_will(broker, tiny_models, tiny_engine):
+    with BackgroundServer(tiny_engine, ServerConfig(port=0)) as cloud:
+        edge = subprocess.Popen(
+            [sys.executable, "-m", "edge.cli", "serve", "--cloud", cloud.address, "--drafter",
+             tiny_models["drafter_f32"], "--port", str(free_port()), "--mqtt", broker.url, "--edge-id", "doomed",
+             "--drafter-ctx", "512"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )
+        try:
+            wait_for(lambda: watch_once(broker.url, 0.3)["edges"].get("doomed", {}).get("status", {}).get("state")
+                     == "online", timeout_s=60, what="the edge online")
+            os.kill(edge.pid, signal.SIGKILL)
+            edge.wait(10)
+            wait_for(lambda: watch_once(broker.url, 0.3)["edges"]["doomed"]["status"]["state"] == "offline",
+                     what="the will")
+        finally:
+            if edge.poll() is None:
+                edge.kill()
+
+
+def test_a_command_is_applied_once_even_when_redelivered(broker):
+    fleet = EdgeFleet(broker.url, "cmd-test", period_s=60).start()
+    sender = FleetClient(broker.url, "edge", "operator").start()
+    try:
+        wait_for(lambda: fleet.client.connected.is_set() and sender.connected.is_set(), what="connections")
+        time.sleep(0.3)  # the subscription is in place
+        command = {"id": "c-1", "set": {"max_draft_len": 3, "mode": "rejection"}}
+        for _ in range(3):  # QoS 1 is at least once: the same id may come again
+            sender.publish_to("splitspec/v1/edge/cmd-test/cmd", command)
+        wait_for(lambda: fleet.client.commands_applied, what="the command")
+        time.sleep(0.5)
+        assert fleet.client.commands_applied == 1
+        assert fleet.max_draft_len == 3 and fleet.mode is Mode.REJECTION
+        assert fleet.draft_len_cap("any", 8) == 3
+        sender.publish_to("splitspec/v1/edge/cmd-test/cmd", {"id": "c-2", "set": {"max_draft_len": 0}})
+        time.sleep(0.5)
+        assert fleet.client.commands_applied == 1 and fleet.max_draft_len == 3  # refused, not applied
+    finally:
+        sender.stop()
+        fleet.stop()
+
+
+def test_the_cloud_publishes_its_load_and_edges_follow_its_suggestion(broker, tiny_engine):
+    limits = ServiceLimits(max_draft_len=16, max_sessions=4)
+    config = ServerConfig(port=0, limits=limits, replica="r1", mqtt_url=broker.url)
+    with BackgroundServer(tiny_engine, config):
+        view = wait_for(lambda: watch_once(broker.url, 0.5)["clouds"].get("r1", {}).get("load"), what="load")
+        assert view["suggested_max_draft_len"] == 16 and view["free_slots"] == 4
+        fleet = EdgeFleet(broker.url, "follower", period_s=60).start()
+        try:
+            wait_for(lambda: fleet.suggested.get("r1"), what="the suggestion")
+            assert fleet.draft_len_cap("r1", 8) == 8 and fleet.draft_len_cap("r1", 32) == 16
+        finally:
+            fleet.stop()
+    assert watch_once(broker.url, 0.5)["clouds"]["r1"]["status"]["state"] == "offline"
+
+
+def test_a_broker_restart_mid_generation_loses_no_tokens(broker, tiny_models, tiny_engine):
+    drafter = LlamaDrafter(tiny_models["drafter_f32"], n_ctx=512, n_threads=1, f32_kv_cache=True)
+    params = SamplingParams(mode=Mode.GREEDY)
+    prompt = tiny_prompt(tiny_engine, "The cat sat on the mat.")
+    want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=150, draft_len=0).tokens
+    fleet = EdgeFleet(broker.url, "steady", period_s=0.2).start(state="online")
+    try:
+        with BackgroundServer(tiny_engine, ServerConfig(port=0)) as cloud:
+            service = EdgeService.for_drafter(drafter, ServeConfig(cloud=cloud.address, model_name="tiny", draft_len=2),
+                                              "gemma", fleet)
+            wait_for(fleet.client.connected.is_set, what="connection")
+            texts: list[str] = []
+
+            def slow(text: str) -> None:
+                texts.append(text)
+                time.sleep(0.01)
+
+            outcome = {}
+            worker = threading.Thread(target=lambda: outcome.update(
+                out=service.run(Job(prompt, params, 150), slow, threading.Event())))
+            worker.start()
+            wait_for(lambda: texts, what="the first tokens")
+            broker.kill()
+            broker.start()  # same port, retained messages gone
+            worker.join(120)
+            assert outcome["out"].tokens == want
+            wait_for(lambda: fleet.client.connections >= 2, timeout_s=30, what="the reconnection")
+            status = wait_for(lambda: watch_once(broker.url, 0.5)["edges"].get("steady", {}).get("status"),
+                              what="status republished")
+            assert status["state"] == "online"
+    finally:
+        fleet.stop()
+        drafter.close()
