@@ -108,7 +108,8 @@ class EdgeFleet:
         with self._lock:
             samples, self._samples = self._samples, []
             totals = dict(self._totals)
-        return self.client.publish("telemetry", telemetry_document(samples, totals))
+        # Figures are retained (a watcher that subscribes later still sees them); idle beats are not.
+        return self.client.publish("telemetry", telemetry_document(samples, totals), retain=bool(samples))
 
     def _publish_forever(self) -> None:
         while not self._stop.wait(self.period_s):

@@ -7,7 +7,7 @@ under ``splitspec/v1/``:
   the broker publishes ``offline`` as the last will when an edge dies, and
   the edge publishes it itself on a clean stop (a clean disconnect does not
   fire the will);
-- ``edge/{id}/telemetry``: QoS 0, periodic, within a byte budget;
+- ``edge/{id}/telemetry``: QoS 0, retained (the last figures), periodic, within a byte budget;
 - ``edge/{id}/cmd``: QoS 1, ``{"id": ..., "set": {...}}``, applied once per id;
 - ``cloud/{replica}/status``: retained + will, as for edges;
 - ``cloud/{replica}/load``: retained: sessions, free slots, verify latency,

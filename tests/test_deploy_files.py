@@ -42,9 +42,11 @@ def test_console_scripts_are_the_parsers_the_tests_use():
 def test_compose_commands_parse_with_the_real_cli():
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     services = compose["services"]
-    assert {"cloud", "link", "edge"} <= set(services)
+    assert {"cloud", "link", "edge", "edge-serve", "broker"} <= set(services)
     entrypoint = dict(_dockerfile_instructions())["ENTRYPOINT"]
     for name, service in services.items():
+        if "build" not in service:  # a stock image (the MQTT broker)
+            continue
         script = (service.get("entrypoint") or entrypoint)[0]
         args = PARSERS[script]().parse_args(service["command"])  # SystemExit on any flag the CLI does not know
         assert callable(args.func), name
@@ -54,6 +56,12 @@ def test_compose_commands_parse_with_the_real_cli():
     assert link_args.upstream == "cloud:50051"
     edge_args = PARSERS["splitspec-edge"]().parse_args(services["edge"]["command"])
     assert edge_args.cloud == "link:50052"
+    serve_args = PARSERS["splitspec-edge"]().parse_args(services["edge-serve"]["command"])
+    assert (serve_args.cloud, serve_args.port, serve_args.host) == ("link:50052", 8080, "0.0.0.0")
+    assert services["edge-serve"]["ports"] == ["8080:8080"]
+    mqtt = {args.mqtt for args in (edge_args, serve_args, PARSERS["splitspec-cloud"]().parse_args(
+        services["cloud"]["command"]))}
+    assert mqtt == {"mqtt://broker:1883"} and services["broker"]["image"].startswith("eclipse-mosquitto")
 
 
 def test_dockerfile_copies_every_package_and_pins_torch_as_the_makefile_does():

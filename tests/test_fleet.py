@@ -24,6 +24,7 @@ from edge.serving import EdgeService, Job, ServeConfig
 from edge.telemetry import EdgeFleet, GenerationSample, telemetry_document
 from shared.fleet import DEFAULT_BUDGET_BPS, DEFAULT_TELEMETRY_PERIOD_S, ByteBudget, FleetClient, parse_mqtt_url
 from shared.params import Mode, SamplingParams
+from sim.experiment.processes import BrokerProcess
 from sim.fleet.watch import watch_once
 from sim.inprocess import generate
 
@@ -34,28 +35,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class Broker:
-    """``splitspec fleet broker`` as a child process."""
-
-    def __init__(self, port: int | None = None) -> None:
-        self.port = port or free_port()
-        self.url = f"mqtt://127.0.0.1:{self.port}"
-        self.start()
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "sim.cli", "fleet", "broker", "--port", str(self.port)],
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        line = self.proc.stdout.readline()
-        assert line.startswith("splitspec fleet: broker on"), line
-
-    def kill(self) -> None:
-        self.proc.kill()
-        self.proc.wait(10)
-
-
 @pytest.fixture()
 def broker():
-    made = Broker()
+    made = BrokerProcess().start()
     yield made
     made.kill()
 

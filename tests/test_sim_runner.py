@@ -57,6 +57,18 @@ def test_split_is_identical_to_cloud_only_and_cheaper(sim_result):
         assert run["predicted_tokens_per_s"] > 0 and run["prediction_error"] is not None
 
 
+def test_the_fleet_reported_over_mqtt_through_the_link(sim_result):
+    result, out, _ = sim_result
+    fleet = result["fleet"]
+    assert fleet["mqtt_up_bytes"] > 0 and fleet["mqtt_down_bytes"] > 0 and 0 < fleet["mqtt_uplink_share"] < 1
+    cloud = fleet["view"]["clouds"]["sim-cloud"]
+    assert cloud["status"]["state"] == "online" and cloud["load"]["suggested_max_draft_len"] >= 1
+    edge = fleet["view"]["edges"]["sim-edge"]
+    assert edge["status"]["state"] == "offline"  # the last edge process stopped cleanly
+    assert edge["telemetry"]["tokens_per_s"] > 0 and edge["telemetry"]["D"] == 3
+    assert "fleet: cloud sim-cloud online" in (out / "report.md").read_text()
+
+
 def test_progress_is_shown(sim_result):
     _, _, stderr = sim_result
     assert "[1/" in stderr and "cloud ready" in stderr

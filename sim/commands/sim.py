@@ -41,6 +41,8 @@ def add_sim_commands(commands) -> None:
     run.add_argument("--target", default=None, help="target folder or GGUF (default: Gemma 3 270M)")
     run.add_argument("--drafter", default=None, help="drafter GGUF (default: Gemma 3 270M Q4_K_M)")
     run.add_argument("--out", type=Path, default=None, help="output folder (default: out/sim-SCENARIO)")
+    run.add_argument("--no-mqtt", action="store_true",
+                     help="no fleet telemetry (by default a broker runs and the edges report to it through the link)")
     run.add_argument("--json", action="store_true", help="print result.json to stdout instead of the table")
     run.set_defaults(func=run_sim)
 
@@ -117,6 +119,7 @@ def run_sim(args: argparse.Namespace) -> int:
         temperature=args.temperature,
         seed=args.seed,
         stream_first=not args.json,
+        mqtt=not args.no_mqtt,
     )
     result = run_simulation(config)
     out = args.out or Path("out") / f"sim-{scenario.name}"

@@ -19,7 +19,7 @@ from edge.report import EdgeReport
 from shared.loop_thread import LoopThread
 from sim.link.emulator import LinkConfig, LinkEmulator
 
-__all__ = ["core_split", "CloudProcess", "run_edge_process", "BackgroundLink", "process_cpu_s"]
+__all__ = ["core_split", "CloudProcess", "BrokerProcess", "run_edge_process", "BackgroundLink", "process_cpu_s"]
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -137,6 +137,47 @@ class CloudProcess:
             Path(self._log.name).unlink(missing_ok=True)
         else:
             print(f"the cloud service's log is {self._log.name}", file=sys.stderr)
+
+
+class BrokerProcess:
+    """``splitspec fleet broker`` (amqtt) as a child process on ``port`` (default: a free one)."""
+
+    def __init__(self, port: int = 0) -> None:
+        import socket
+
+        if not port:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+        self.port = port
+        self.url = f"mqtt://127.0.0.1:{port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> BrokerProcess:
+        self.proc = subprocess.Popen([*side_command("splitspec", "sim.cli"), "fleet", "broker", "--port", str(self.port)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=_env(None))
+        line = self.proc.stdout.readline()
+        if not line.startswith("splitspec fleet: broker on"):
+            self.kill()
+            raise RuntimeError(f"the MQTT broker did not start on port {self.port}")
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL: the broker and its retained messages are gone."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+    def __enter__(self) -> BrokerProcess:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()
 
 
 def run_edge_process(

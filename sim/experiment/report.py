@@ -130,8 +130,33 @@ def markdown_report(result: dict) -> str:
             "",
             *[f"- {k}: {v}" for k, v in fit.items()],
             "",
+            *_fleet_lines(result.get("fleet")),
         ]
     )
+
+
+def _fleet_lines(fleet: dict | None) -> list[str]:
+    """The fleet as the broker saw it at the end of the run, and what MQTT cost the uplink."""
+    if not fleet:
+        return []
+    share = fleet["mqtt_uplink_share"]
+    lines = ["## Fleet (MQTT)", "",
+             f"- fleet: MQTT crossed the same emulated link: {fleet['mqtt_up_bytes']} B up, {fleet['mqtt_down_bytes']} B "
+             f"down over {fleet['split_runs_s']:.0f} s of split runs"
+             + (f" ({share:.2%} of the uplink; each edge process connects anew, a device keeps one connection)"
+                if share is not None else "")]
+    for name, docs in sorted(fleet["view"]["clouds"].items()):
+        load = docs.get("load", {})
+        lines.append(f"- fleet: cloud {name} {docs.get('status', {}).get('state', '?')}: {load.get('sessions')} sessions, "
+                     f"{load.get('free_slots')} free slots, verify p50 {load.get('verify_latency_p50_s')} s, "
+                     f"suggested D {load.get('suggested_max_draft_len')}")
+    for name, docs in sorted(fleet["view"]["edges"].items()):
+        tele = docs.get("telemetry", {})
+        alpha = " ".join(f"{a:.2f}" for a in tele.get("alpha_at", []))
+        lines.append(f"- fleet: edge {name} {docs.get('status', {}).get('state', '?')}: last telemetry "
+                     f"{tele.get('tokens_per_s')} tok/s, {tele.get('mode')} D={tele.get('D')} W={tele.get('W')}, "
+                     f"α by position [{alpha}], RTT {tele.get('rtt_ms')} ms")
+    return [*lines, ""]
 
 
 def write_plots(result: dict, out_dir: Path) -> list[Path]:

@@ -11,13 +11,15 @@ is fitted on the same measurements and its prediction stands beside each.
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import time
 from dataclasses import dataclass, field
 
 from edge.report import EdgeReport
 from shared.params import DEFAULT_TEMPERATURE, DEFAULT_WINDOW, SCHEDULES, window_for
 from sim.experiment.labels import config_label
-from sim.experiment.processes import BackgroundLink, CloudProcess, core_split, run_edge_process
+from sim.experiment.processes import BackgroundLink, BrokerProcess, CloudProcess, core_split, run_edge_process
 from sim.link.scenario import Scenario
 from sim.perf import fit as model_fit
 from sim.perf import model as perf_model
@@ -47,6 +49,7 @@ class SimConfig:
     temperature: float = DEFAULT_TEMPERATURE
     seed: int = 0
     stream_first: bool = False  # echo the first split run's text as it streams
+    mqtt: bool = True  # a broker for fleet telemetry; edges reach it through the emulated link
 
 
 def _sampling_args(cfg: SimConfig, prompt: str, mode: str) -> list[str]:
@@ -121,8 +124,17 @@ def run_simulation(cfg: SimConfig, progress=lambda line: print(line, file=sys.st
     kinds = sorted({_baseline_kind(mode) for mode in cfg.modes}, key=lambda k: k != "sampled")
     total = (len(kinds) + len(configs)) * len(cfg.prompts)
     step = 0
-    with CloudProcess(cfg.target, cloud_cores) as cloud, BackgroundLink(cfg.scenario.link, cloud.port) as link:
-        progress(f"cloud ready on port {cloud.port}; link emulator on {link.address}")
+    with contextlib.ExitStack() as stack:
+        # Fleet telemetry: the cloud reports to a broker directly; the edges reach it through the
+        # scenario's link too (an emulator of its own: its bytes are counted apart from gRPC's).
+        broker = stack.enter_context(BrokerProcess()) if cfg.mqtt else None
+        cloud_args = ["--mqtt", broker.url, "--replica", "sim-cloud"] if broker else []
+        cloud = stack.enter_context(CloudProcess(cfg.target, cloud_cores, extra_args=cloud_args))
+        link = stack.enter_context(BackgroundLink(cfg.scenario.link, cloud.port))
+        fleet_link = stack.enter_context(BackgroundLink(cfg.scenario.link, broker.port)) if broker else None
+        fleet_args = ["--mqtt", f"mqtt://{fleet_link.address}", "--edge-id", "sim-edge"] if fleet_link else []
+        progress(f"cloud ready on port {cloud.port}; link emulator on {link.address}"
+                 + (f"; MQTT broker {broker.url}, through the link at {fleet_link.address}" if broker else ""))
         common = ["--cloud", link.address, "--drafter", cfg.drafter, "--verdict-timeout", "600", "--timings"]
         # Warm the cloud up (first forwards allocate and load lazily) so no configuration pays for it.
         run_edge_process(["baseline", "--cloud", f"127.0.0.1:{cloud.port}", "--drafter", cfg.drafter,
@@ -141,6 +153,7 @@ def run_simulation(cfg: SimConfig, progress=lambda line: print(line, file=sys.st
             baseline_reports.extend(reports)
             progress(f"    cloud-only ({kind}): {baselines[kind]['tokens_per_s']:.2f} tok/s")
         runs = []
+        split_started = time.monotonic()
         for mode, draft_len, schedule in configs:
             window = window_for(schedule, cfg.window)
             name = config_label(mode, draft_len, schedule, window)
@@ -150,7 +163,7 @@ def run_simulation(cfg: SimConfig, progress=lambda line: print(line, file=sys.st
                 progress(f"[{step}/{total}] {name}: {prompt[:48]!r}")
                 stream = sys.stdout if cfg.stream_first and not runs and i == 0 else None
                 with _Meter(cloud, link) as meter:
-                    args = ["run", *common, "--drafter-threads", str(len(edge_cores) if edge_cores else 1),
+                    args = ["run", *common, *fleet_args, "--drafter-threads", str(len(edge_cores) if edge_cores else 1),
                             *_sampling_args(cfg, prompt, mode), "--draft-len", str(draft_len),
                             "--schedule", schedule, "--window", str(window)]
                     reports.append(run_edge_process(args, edge_cores, stream_to=stream))
@@ -166,7 +179,25 @@ def run_simulation(cfg: SimConfig, progress=lambda line: print(line, file=sys.st
                 f"    {name}: {run['tokens_per_s']:.2f} tok/s, AL {run['acceptance_length']:.2f}, "
                 f"identical={run['identical_to_baseline']}"
             )
-    return _finish(cfg, baselines, baseline_reports, runs)
+        fleet = _fleet_summary(broker, fleet_link, time.monotonic() - split_started, cfg) if broker else None
+    result = _finish(cfg, baselines, baseline_reports, runs)
+    result["fleet"] = fleet
+    return result
+
+
+def _fleet_summary(broker, fleet_link, elapsed_s: float, cfg) -> dict:
+    """What the broker saw, and what MQTT cost the edge's uplink over the split runs."""
+    from sim.fleet.watch import watch_once
+
+    up, down = fleet_link.counters()
+    return {
+        "view": watch_once(broker.url),
+        "mqtt_up_bytes": up,
+        "mqtt_down_bytes": down,
+        "mqtt_uplink_share": (up * 8 / elapsed_s / cfg.scenario.link.up.rate_bps
+                              if elapsed_s and cfg.scenario.link.up.rate_bps else None),
+        "split_runs_s": elapsed_s,
+    }
 
 
 def _baseline_kind(mode: str) -> str:
