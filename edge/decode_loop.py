@@ -182,7 +182,7 @@ def run_decode(
         generated.extend(tokens)
         if tokens and not ttft:
             ttft = time.perf_counter() - started
-        return bool(on_tokens and tokens and on_tokens(tokens))
+        return bool(on_tokens and tokens) and on_tokens(tokens) is True
 
     def adopt(terms: SessionTerms) -> None:
         """Fit the schedule to what the verifier allows."""

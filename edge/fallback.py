@@ -40,7 +40,7 @@ def drafter_only_decode(
         generated.extend(block)
         stats.record_round(0, 0, 1)
         ttft = ttft or time.perf_counter() - started
-        halt = on_tokens and on_tokens(block)
+        halt = on_tokens is not None and on_tokens(block) is True
         if block[0] in eos_ids or halt:
             stop = StopReason.EOS if block[0] in eos_ids else StopReason.STOP
             break

@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 PREFIX = "splitspec/v1"
 DEFAULT_TELEMETRY_PERIOD_S = 10.0
 DEFAULT_BUDGET_BPS = 1_000  # bits/s of MQTT payload and framing at most: 2% of a 50 kbit/s uplink
-_FRAMING_BYTES = 60  # per message, beyond topic and payload: MQTT fixed header and TCP/IP share (an estimate)
+_MQTT_OVERHEAD_BYTES = 60  # per message, beyond topic and payload: MQTT fixed header and TCP/IP share (an estimate)
 
 
 def topic(kind: str, ident: str, leaf: str) -> str:
@@ -172,7 +172,7 @@ class FleetClient:
 
     @staticmethod
     def _size(message: _Outgoing) -> int:
-        return len(message.topic) + len(message.payload) + _FRAMING_BYTES
+        return len(message.topic) + len(message.payload) + _MQTT_OVERHEAD_BYTES
 
     def _status_bytes(self) -> bytes:
         return json.dumps({**self.status, "ts": round(time.time(), 3)}, separators=(",", ":")).encode()

@@ -176,8 +176,13 @@ def test_a_restarted_verifier_gets_the_session_reopened_with_identical_output(ti
             replaced.append(BackgroundServer(tiny_engine, ServerConfig(port=port, limits=limits)).start())
 
     seen: list[list[int]] = []
+
+    def on_tokens(tokens) -> None:
+        seen.append(tokens)
+        restart_after(tokens)
+
     got = run_decode(drafter, verifier, prompt, params, max_new_tokens=40, draft_len=4, window=2,
-                     on_tokens=lambda t: (seen.append(t), restart_after(t)))
+                     on_tokens=on_tokens)
     try:
         assert got.tokens == want.tokens
         assert [r.reopened for r in verifier.recoveries] == [True]
