@@ -115,8 +115,9 @@ def _add_fleet_args(parser: argparse.ArgumentParser) -> None:
                        help="MQTT bytes at most, in bits/s (default 1000: 2%% of a 50 kbit/s uplink)")
 
 
-def _start_fleet(args: argparse.Namespace, **status):
-    """The edge's ``EdgeFleet`` when --mqtt is given, started; else None."""
+def _start_fleet(args: argparse.Namespace, listen: bool = True, **status):
+    """The edge's ``EdgeFleet`` when --mqtt is given, started; else None (``listen``: take commands
+    and replica loads)."""
     if not args.mqtt:
         return None
     import os
@@ -125,8 +126,8 @@ def _start_fleet(args: argparse.Namespace, **status):
     from edge.telemetry import EdgeFleet
 
     edge_id = args.edge_id or f"{socket.gethostname()}-{os.getpid()}"
-    return EdgeFleet(args.mqtt, edge_id, period_s=args.telemetry_period,
-                     budget_bps=args.telemetry_budget).start(**status)
+    return EdgeFleet(args.mqtt, edge_id, period_s=args.telemetry_period, budget_bps=args.telemetry_budget,
+                     listen=listen).start(**status)
 
 
 def _add_cloud_args(parser: argparse.ArgumentParser, report_flags: bool = True) -> None:
@@ -187,7 +188,7 @@ def run_edge(args: argparse.Namespace) -> int:
     drafter = open_llama_drafter(args.drafter, n_threads=args.drafter_threads, n_ctx=args.drafter_ctx)
     prompt = drafter.vocab.tokenize(args.prompt)
     controller = controller_from_args(args)
-    fleet = _start_fleet(args, state="online", role="run", model=drafter.model_name, cloud=args.cloud)
+    fleet = _start_fleet(args, False, state="online", role="run", model=drafter.model_name, cloud=args.cloud)
     if fleet is not None:
         fleet.client.connected.wait(2.0)  # a short run should still report; decoding never waits longer
     try:

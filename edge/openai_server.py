@@ -342,6 +342,7 @@ def create_app(service: EdgeService, *, api_key: str | None = None, max_waiting:
         tokens_total.inc(len(outcome.tokens))
 
     app.state.service = service
+    app.state.waiting = waiting  # {"n": requests waiting for the drafter}
     return app
 
 

@@ -116,7 +116,7 @@ class _Emitter:
 
 
 class EdgeService:
-    """Generates for one request at a time; thread-safe callers queue on ``lock``."""
+    """Generates for one request at a time: the caller serialises ``run`` (one drafter)."""
 
     def __init__(self, drafter, vocab, template: ChatTemplate, config: ServeConfig, stop_token_ids: set[int],
                  fleet=None) -> None:
@@ -125,10 +125,8 @@ class EdgeService:
         self.fleet = fleet
         self.last_replica = ""  # the replica that served the last split generation
         self.stop_token_ids = stop_token_ids  # end-of-turn tokens: the reply ends there
-        self.lock = threading.Lock()
         self.conversations: list[Conversation] = []  # most recently used last
         self.offline_since: float | None = None
-        self.counters = {"requests": 0, "split": 0, "drafter_only": 0, "tokens": 0}
 
     @classmethod
     def for_drafter(cls, drafter, config: ServeConfig, chat_format: str | None = None, fleet=None) -> EdgeService:
@@ -167,7 +165,6 @@ class EdgeService:
         back) before any text. Raises ``CloudUnavailable`` (no fallback), ``VerifierError`` (the
         cloud refused or failed), ``Cancelled`` (``cancelled`` was set).
         """
-        self.counters["requests"] += 1
         emitted: list[str] = []
 
         def emit(text: str) -> None:
@@ -212,7 +209,6 @@ class EdgeService:
         self.last_replica = verifier.replica
         conversation.record(verifier, job.prompt, result.tokens)
         emitter.finish()
-        self.counters["split"] += 1
         outcome = self._outcome(job, result, emitter, emitted, SPLIT, verifier)
         self._report(outcome, result, params, draft_len, verifier)
         return outcome
@@ -248,7 +244,6 @@ class EdgeService:
         result = drafter_only_decode(self.drafter, job.prompt, job.params, max_new_tokens=job.max_tokens,
                                      eos_ids=eos, on_tokens=emitter)
         emitter.finish()
-        self.counters["drafter_only"] += 1
         outcome = self._outcome(job, result, emitter, emitted, DRAFTER_ONLY, None)
         self._report(outcome, result, job.params, 0, None)
         return outcome
@@ -256,7 +251,6 @@ class EdgeService:
     def _outcome(self, job: Job, result: GenerationResult, emitter: _Emitter, emitted: list[str], served_by: str,
                  verifier) -> Outcome:
         finish = "length" if result.stop_reason is StopReason.LENGTH and not emitter.stopped else "stop"
-        self.counters["tokens"] += len(emitter.kept)
         outcome = Outcome(
             text="".join(emitted), tokens=emitter.kept, finish_reason=finish, served_by=served_by,
             prompt_tokens=len(job.prompt), acceptance_length=result.stats.acceptance_length,

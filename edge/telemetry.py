@@ -44,9 +44,13 @@ class GenerationSample:
 
 class EdgeFleet:
     def __init__(self, url: str, edge_id: str, *, period_s: float = DEFAULT_TELEMETRY_PERIOD_S,
-                 budget_bps: float = DEFAULT_BUDGET_BPS) -> None:
-        self.client = FleetClient(url, "edge", edge_id, budget_bps=budget_bps, on_command=self._command)
-        self.client.watch(f"{PREFIX}/cloud/+/load", self._cloud_load)
+                 budget_bps: float = DEFAULT_BUDGET_BPS, listen: bool = True) -> None:
+        """``listen`` False: report only (a one-shot run has no later request to steer, so it saves
+        the uplink the subscriptions and the retained loads would cost)."""
+        self.client = FleetClient(url, "edge", edge_id, budget_bps=budget_bps,
+                                  on_command=self._command if listen else None)
+        if listen:
+            self.client.watch(f"{PREFIX}/cloud/+/load", self._cloud_load)
         self.period_s = period_s
         self.max_draft_len: int | None = None  # set by a command
         self.mode: Mode | None = None  # set by a command: the mode of sampled (T > 0) requests

@@ -183,6 +183,33 @@ def test_two_requests_at_once_both_complete_correctly(http):
     assert results[0].choices[0].text == results[1].choices[0].text and results[0].usage.completion_tokens == 12
 
 
+def test_past_the_waiting_room_a_request_gets_a_clear_429(cloud, drafter):
+    http = Http(make_service(drafter, cloud.address), max_waiting=1)
+    waiting = http.server.config.app.state.waiting
+    headers = {"Authorization": f"Bearer {KEY}"}
+    second = {}
+    try:
+        with httpx.stream("POST", f"{http.base}/v1/completions", headers=headers, timeout=60,
+                          json={"prompt": "The cat", "max_tokens": 300, "temperature": 0, "stream": True}) as first:
+            next(line for line in first.iter_lines() if line.startswith("data: {"))  # it holds the drafter
+            waiter = threading.Thread(target=lambda: second.update(response=httpx.post(
+                f"{http.base}/v1/completions", headers=headers, timeout=60,
+                json={"prompt": "The cat", "max_tokens": 4, "temperature": 0})))
+            waiter.start()
+            wait_deadline = time.monotonic() + 10
+            while waiting["n"] < 1:
+                assert time.monotonic() < wait_deadline, "the second request never queued"
+                time.sleep(0.02)
+            third = httpx.post(f"{http.base}/v1/completions", headers=headers, timeout=10,
+                               json={"prompt": "The cat", "max_tokens": 4, "temperature": 0})
+            assert third.status_code == 429 and third.json()["error"]["type"] == "rate_limit_error"
+        waiter.join(60)
+        assert second["response"].status_code == 200  # it waited its turn, then ran
+        assert second["response"].json()["usage"]["completion_tokens"] == 4
+    finally:
+        http.close()
+
+
 def test_a_client_that_disconnects_mid_stream_closes_the_cloud_session(http, cloud):
     table = cloud.server.servicer.table
     before = len(table)  # sessions parked by earlier tests' conversations
