@@ -252,17 +252,20 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             if first.WhichOneof("kind") != "open":
                 raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"the first frame must be Open, got {first.WhichOneof('kind') or 'an empty frame'}")
             answer_first = first.open.first_token
+            # The stream number is the one this stream's attach got: another resume may bump it
+            # while we wait on the engine, and then this stream must not drive the session.
             if first.open.resume_ticket and first.open.extend:
-                entry = await self._extend(first.open, self._owner(context))
+                entry, stream = await self._extend(first.open, self._owner(context))
                 opened = pb.Opened(committed_length=len(entry.session.tokens), answers_first_position=answer_first)
             elif first.open.resume_ticket:
-                entry, opened = await self._resume(first.open, self._owner(context))
+                entry, stream, opened = await self._resume(first.open, self._owner(context))
                 answer_first = answer_first and not entry.session.done
                 opened.answers_first_position = answer_first
             else:
                 entry = await self._open(first.open, self._owner(context))
+                stream = entry.stream  # no await since the table added it
                 opened = pb.Opened(committed_length=len(entry.session.tokens), answers_first_position=answer_first)
-            stream, session = entry.stream, entry.session
+            session = entry.session
             opened.MergeFrom(
                 pb.Opened(
                     session_id=entry.session_id,
@@ -327,14 +330,20 @@ class VerifierServicer(pb_grpc.VerifierServicer):
 
     async def _acknowledged(self, frames: asyncio.Queue) -> bool:
         """After the final verdict: whether the edge has it. The edge says so with a Close; when the
-        stream ends without one (it may have broken on the final verdict), the finished session
-        stays resumable, so a resume learns its last tokens instead of recomputing them. An edge
-        that never answers gets the idle timeout."""
-        try:
-            item = await asyncio.wait_for(frames.get(), self.limits.idle_timeout_s)
-        except TimeoutError:
-            return True
-        return item is not _EOF
+        stream ends without one (it may have broken on the final verdict, or the edge keeps the
+        session for a conversation's next turn), the finished session stays resumable. Blocks the
+        edge sent before the final verdict reached it are skipped; an edge that never answers gets
+        the idle timeout."""
+        deadline = time.monotonic() + self.limits.idle_timeout_s
+        while True:
+            try:
+                item = await asyncio.wait_for(frames.get(), max(deadline - time.monotonic(), 0.0))
+            except TimeoutError:
+                return True
+            if item is _EOF:
+                return False
+            if item is _CLOSE or isinstance(item, _Abort):
+                return True
 
     @staticmethod
     async def _next_frame(frames: asyncio.Queue, timeout_s: float):
@@ -399,7 +408,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         token = str(metadata.get("authorization", "")).removeprefix("Bearer ") or None
         return owner_of(context.peer() or "", token)
 
-    async def _resume(self, request: pb.Open, owner: str) -> tuple[SessionEntry, pb.Opened]:
+    async def _resume(self, request: pb.Open, owner: str) -> tuple[SessionEntry, int, pb.Opened]:
         """Attach the session of ``request.resume_ticket`` to this stream; the Opened tells the edge
         what it missed: the session's epoch and the tokens committed past ``committed_length``.
 
@@ -427,11 +436,15 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             if entry.stream == stream:
                 self._end(entry, True)
             raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
+        except BaseException:  # the stream went away meanwhile: park the session again
+            if entry.stream == stream:
+                self._end(entry, False)
+            raise
         encoded = codec.encode_tokens(tail, self.engine.vocab_size)
         self.metrics.sessions_resumed.inc()
         log.info("session %s resumed at %d committed tokens (%d the edge missed), epoch %d%s",
                  entry.session_id, committed, len(tail), epoch, ", already finished" if session.done else "")
-        return entry, pb.Opened(
+        return entry, stream, pb.Opened(
             committed_length=committed,
             epoch=epoch,
             committed_tail=encoded.data,
@@ -439,7 +452,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             stop_reason=stop_reason_to_proto(session.stop_reason),
         )
 
-    async def _extend(self, request: pb.Open, owner: str) -> SessionEntry:
+    async def _extend(self, request: pb.Open, owner: str) -> tuple[SessionEntry, int]:
         """A new turn on the session of ``request.resume_ticket``: cut back to ``committed_length``
         tokens, append the request's prompt, decode anew with its sampling and limits."""
         entry = self.table.resume(request.resume_ticket, owner)
@@ -466,10 +479,14 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             if entry.stream == stream:
                 self._end(entry, True)
             raise
+        except BaseException:  # the stream went away meanwhile: park the session again
+            if entry.stream == stream:
+                self._end(entry, False)
+            raise
         self.metrics.observe_open(forwards=1)
         log.info("session %s extended: kept %d tokens, appended %d, max %d new", entry.session_id,
                  request.committed_length, len(turn.prompt), turn.max_new_tokens)
-        return entry
+        return entry, stream
 
     async def _open(self, request: pb.Open, owner: str) -> SessionEntry:
         opened = self._parse_request(request)

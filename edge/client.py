@@ -416,6 +416,7 @@ class GrpcVerifier:
                 f"the cloud resumed at {opened.committed_length} committed tokens with {len(missed)} we missed, "
                 f"but we hold {len(committed)}"
             )
+        self.forwards = self._forwards_offset + opened.forwards  # the session's count so far
         if opened.answers_first_position:
             self._in_flight[(opened.epoch, opened.committed_length)] = (started, 0, 0)
         return Resumption(

@@ -197,7 +197,7 @@ class EdgeService:
             raise
         except VerifierError as exc:
             self._drop(conversation)
-            if exc.bad_input or emitted:
+            if exc.bad_input or emitter.kept:  # the split already answered part of it: no mixing
                 raise
             self.offline_since = time.monotonic()
             if self.config.fallback != "local":
@@ -270,7 +270,9 @@ class EdgeService:
         return since is None or time.monotonic() - since >= self.config.offline_retry_s
 
     def _conversation_for(self, prompt: list[int]) -> Conversation:
-        """The kept conversation sharing the longest prefix with ``prompt`` (beyond BOS), else a new one."""
+        """The kept conversation this prompt continues, else a new one. Every chat prompt shares its
+        first few tokens (BOS, the turn header) with every other: a conversation is continued only
+        when the prompt shares at least half of what its session holds."""
         def shared(conversation: Conversation) -> int:
             n = 0
             for a, b in zip(conversation.tokens, prompt):
@@ -280,7 +282,7 @@ class EdgeService:
             return n
 
         best = max(self.conversations, key=shared, default=None)
-        if best is None or shared(best) < 2:
+        if best is None or shared(best) < max(2, len(best.tokens) // 2):
             best = Conversation()
             if len(self.conversations) >= self.config.max_conversations:
                 self.conversations.pop(0)  # the least recently used; its cloud session expires by TTL

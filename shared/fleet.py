@@ -116,7 +116,7 @@ class FleetClient:
         self._watches: list[tuple[str, Callable[[str, dict], None]]] = []
         self._loop = asyncio.new_event_loop()
         self._queue: asyncio.Queue[_Outgoing] = asyncio.Queue()  # bound to our loop on first use
-        self._stopping = False
+        self._offline: _Outgoing | None = None  # the stop's offline status, once queued
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"mqtt-{ident}", daemon=True)
         self._task = None
         self._run_task: asyncio.Task | None = None
@@ -160,8 +160,9 @@ class FleetClient:
         done = threading.Event()
         self._loop.call_soon_threadsafe(self._begin_stop, done)
         done.wait(timeout_s)
-        self._loop.call_soon_threadsafe(self._run_task.cancel)  # leaves the client's context: a clean DISCONNECT
-        self._finished.wait(timeout_s)
+        self._task.cancel()  # the run's task: leaving the client's context sends a clean DISCONNECT
+        if self._run_task is not None:
+            self._finished.wait(timeout_s)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout_s)
         self._task = None
@@ -178,10 +179,10 @@ class FleetClient:
         return json.dumps({**self.status, "ts": round(time.time(), 3)}, separators=(",", ":")).encode()
 
     def _begin_stop(self, done: threading.Event) -> None:
-        self._stopping = True
         self._stop_done = done
         if self.connected.is_set():
-            self._queue.put_nowait(_Outgoing(self.status_topic, self._status_bytes(), 1, True))
+            self._offline = _Outgoing(self.status_topic, self._status_bytes(), 1, True)
+            self._queue.put_nowait(self._offline)
         else:
             done.set()
 
@@ -207,6 +208,8 @@ class FleetClient:
                     return
 
     async def _serve(self, client) -> None:
+        import aiomqtt
+
         self.connections += 1
         self.connected.set()
         log.info("fleet: %s %s connected to mqtt://%s:%d", self.kind, self.ident, self.host, self.port)
@@ -216,13 +219,27 @@ class FleetClient:
                 await client.subscribe(topic(self.kind, self.ident, "cmd"), qos=1)
             for topic_filter, _ in self._watches:
                 await client.subscribe(topic_filter, qos=0)
+            # The listener's iteration is what notices a lost connection: wait on it and on the
+            # queue together, so an idle client reconnects as soon as the broker goes away.
             listener = asyncio.create_task(self._listen(client))
             try:
                 while True:
-                    message = await self._queue.get()
-                    await client.publish(message.topic, message.payload, qos=message.qos, retain=message.retain)
+                    getter = asyncio.ensure_future(self._queue.get())
+                    await asyncio.wait({getter, listener}, return_when=asyncio.FIRST_COMPLETED)
+                    if listener.done():
+                        getter.cancel()
+                        if getter.done() and not getter.cancelled():
+                            self._queue.put_nowait(getter.result())  # taken, not sent: keep it
+                        listener.result()  # raises the connection's error
+                        raise aiomqtt.MqttError("the broker connection ended")
+                    message = getter.result()
+                    try:
+                        await client.publish(message.topic, message.payload, qos=message.qos, retain=message.retain)
+                    except aiomqtt.MqttError:
+                        self._queue.put_nowait(message)  # sent after the reconnection
+                        raise
                     self.sent_bytes += self._size(message)
-                    if self._stopping and message.topic == self.status_topic:
+                    if message is self._offline:
                         self._stop_done.set()
                         return
             finally:

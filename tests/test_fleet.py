@@ -145,6 +145,7 @@ def test_a_broker_restart_mid_generation_loses_no_tokens(broker, tiny_models, ti
     prompt = tiny_prompt(tiny_engine, "The cat sat on the mat.")
     want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=150, draft_len=0).tokens
     fleet = EdgeFleet(broker.url, "steady", period_s=0.2).start(state="online")
+    idle = FleetClient(broker.url, "cloud", "idle").start()  # publishes nothing after connecting
     try:
         with BackgroundServer(tiny_engine, ServerConfig(port=0)) as cloud:
             service = EdgeService.for_drafter(drafter, ServeConfig(cloud=cloud.address, model_name="tiny", draft_len=2),
@@ -169,6 +170,10 @@ def test_a_broker_restart_mid_generation_loses_no_tokens(broker, tiny_models, ti
             status = wait_for(lambda: watch_once(broker.url, 0.5)["edges"].get("steady", {}).get("status"),
                               what="status republished")
             assert status["state"] == "online"
+            # A client with nothing to send notices the lost broker too, and is back.
+            wait_for(lambda: idle.connections >= 2, timeout_s=30, what="the idle client's reconnection")
+            assert wait_for(lambda: watch_once(broker.url, 0.5)["clouds"].get("idle"), what="idle status")
     finally:
+        idle.stop()
         fleet.stop()
         drafter.close()

@@ -286,3 +286,43 @@ def test_a_final_verdict_lost_in_a_cut_is_recovered_by_resuming(tiny_engine, tin
     assert codec.decode_tokens(resumed.committed_tail, resumed.committed_tail_compressed, tiny_vocab[0],
                                max_tokens=4).tolist() == [final.token]
     assert not server.server.servicer.table.parked  # answered once, then gone
+
+
+def test_a_block_left_over_after_the_final_verdict_does_not_end_the_session(tiny_engine, tiny_vocab, server, drafter):
+    """Blocks in flight when the generation ends are skipped; only a Close ends the session."""
+    stub = pb_grpc.VerifierStub(grpc.insecure_channel(server.address))
+    prompt = tiny_prompt(tiny_engine, TEXT)
+    V, P = tiny_vocab[0], len(prompt)
+    encoded = codec.encode_tokens(prompt, V)
+    want = generate(tiny_engine, drafter, prompt, MODES[0], max_new_tokens=4, draft_len=0).tokens
+
+    def draft(start, tokens, more):
+        block = codec.encode_draft(tokens, V)
+        return pb.EdgeFrame(draft=pb.Draft(epoch=0, start_position=start, payload=block.data,
+                                           compressed=block.compressed, more_follows=more))
+
+    frames = [
+        pb.EdgeFrame(open=pb.Open(vocab_size=V, vocab_fingerprint=tiny_vocab[1], prompt=encoded.data,
+                                  prompt_compressed=encoded.compressed, max_new_tokens=2, max_draft_len=4,
+                                  sampling=sampling_to_proto(MODES[0]))),
+        draft(P, want[:1], True),  # accepted, its bonus deferred
+        draft(P + 1, want[1:2], False),  # accepted: two tokens, the limit
+    ]
+    finished = threading.Event()
+
+    def requests():
+        yield from frames
+        finished.wait(10)
+        yield draft(P + 2, want[2:3], False)  # drafted before the final verdict reached the edge
+        time.sleep(0.2)
+        # then a half-close without Close: the edge keeps the session
+
+    answers = []
+    for answer in stub.Decode(requests()):
+        answers.append(answer)
+        if answer.WhichOneof("kind") == "verdict" and answer.verdict.done:
+            finished.set()
+    assert answers[-1].verdict.done
+    resume = pb.EdgeFrame(open=pb.Open(resume_ticket=answers[0].opened.resume_ticket, committed_length=P))
+    (resumed,) = list(stub.Decode(iter([resume])))
+    assert resumed.opened.stop_reason == pb.STOP_REASON_LENGTH and resumed.opened.committed_length == P + 2
