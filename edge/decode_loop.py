@@ -259,6 +259,9 @@ def run_decode(
                     f"does not answer the block sent at epoch {sent.epoch} position {sent.start_position}"
                 )
             committed = verdict.committed(sent.block.tokens)
+            guesses = sent.block.runner_up
+            if verdict.is_correction and guesses and guesses[verdict.accepted] is not None:
+                stats.record_correction_guess(verdict.token == guesses[verdict.accepted])
             arrived = time.perf_counter()
             if controller is not None and not sent.first:
                 # In a stretch the cloud decodes alone, the interval between its tokens is its real rate.

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -23,7 +23,7 @@ from shared.noise import Purpose, exponential
 from shared.params import SamplingParams
 from shared.sparse import SparseDist, quantize, sample_sparse
 
-__all__ = ["DraftBlock", "Drafter", "DrafterStats", "Speculation", "propose", "one_hot_block"]
+__all__ = ["DraftBlock", "Drafter", "DrafterStats", "Speculation", "Proposal", "propose", "one_hot_block"]
 
 # How many of the drafter's highest logits a proposal looks at. The choice
 # never affects losslessness, only acceptance; q̃ keeps at most draft_top_k.
@@ -34,6 +34,7 @@ CANDIDATES = 64
 class DraftBlock:
     tokens: list[int]  # [n] proposed ids, positions start_position .. start_position + n - 1
     q: list[SparseDist] | None = None  # [n] q̃ per token, rejection mode only
+    runner_up: list[int | None] | None = None  # [n] the drafter's second choice per position, when it has one
 
 
 @dataclass
@@ -150,23 +151,35 @@ class Drafter(Protocol):
         """Release native resources."""
 
 
-def propose(logits: np.ndarray, params: SamplingParams, position: int) -> tuple[int, SparseDist | None]:
+class Proposal(NamedTuple):
+    token: int
+    q: SparseDist | None  # q̃, rejection mode only
+    runner_up: int | None  # the drafter's second choice: its guess for the target's correction (greedy, coupled)
+
+
+def propose(logits: np.ndarray, params: SamplingParams, position: int) -> Proposal:
     """The drafter's token at ``position`` from its logits [V], per mode.
 
     greedy (temperature 0, any mode): argmax q. coupled: the exponential race on q with the same SAMPLE
     noise the target uses, so the draft equals the target's token whenever q
     and p pick the same winner. rejection: an exact sample from q̃, returned
-    with q̃ so the verifier can use it.
+    with q̃ so the verifier can use it. ``runner_up`` is the race's second
+    place (greedy: the second-highest logit): when the target rejects the
+    draft, the likeliest correction under the same noise.
     """
     if params.is_greedy:
-        return int(np.argmax(logits)), None
+        token = int(np.argmax(logits))
+        rest = logits.copy()
+        rest[token] = -np.inf
+        return Proposal(token, None, int(np.argmax(rest)) if logits.size > 1 else None)
     if params.sends_q:
         ids, probs = top_candidates(logits, params, limit=max(CANDIDATES, params.draft_top_k))
         q = quantize(probs, params.draft_top_k, params.prob_bits, ids=ids)
-        return sample_sparse(q, params.seed, position), q
+        return Proposal(sample_sparse(q, params.seed, position), q, None)
     ids, probs = top_candidates(logits, params, limit=CANDIDATES)
     keys = exponential(params.seed, position, ids, Purpose.SAMPLE) / probs
-    return int(ids[np.argmin(keys)]), None
+    order = np.argsort(keys)[:2]
+    return Proposal(int(ids[order[0]]), None, int(ids[order[1]]) if order.size > 1 else None)
 
 
 def _one_hot(token: int, params: SamplingParams) -> SparseDist:

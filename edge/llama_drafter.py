@@ -80,15 +80,16 @@ class LlamaDrafter:
         started = time.perf_counter()
         seq = self._spec.tokens
         n = min(n, self.context_size - len(seq) - 1)  # near a full context: fewer drafts, then none
-        tokens, q = [], []
+        tokens, q, runner_up = [], [], []
         for _ in range(max(n, 0)):
             logits = self.next_logits()
-            token, q_tilde = propose(logits, self._params, position=len(seq))
-            seq.append(token)
-            tokens.append(token)
-            q.append(q_tilde)
+            proposal = propose(logits, self._params, position=len(seq))
+            seq.append(proposal.token)
+            tokens.append(proposal.token)
+            q.append(proposal.q)
+            runner_up.append(proposal.runner_up)
         self.stats.record_draft(len(tokens), time.perf_counter() - started)
-        return DraftBlock(tokens, q if q and q[0] is not None else None)
+        return DraftBlock(tokens, q if q and q[0] is not None else None, runner_up or None)
 
     def commit(self, tokens: Sequence[int]) -> None:
         valid = self._spec.commit(tokens)

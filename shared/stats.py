@@ -33,6 +33,8 @@ class DecodeStats:
     wall_s: float = 0.0
     accepted_at: list[int] = field(default_factory=list)  # [max D seen]
     drafted_at: list[int] = field(default_factory=list)  # [max D seen]
+    corrections_guessed: int = 0  # corrections for which the drafter had a second choice
+    corrections_hit: int = 0  # ... and it was the target's correction
 
     def record_round(self, drafted: int, accepted: int, committed: int) -> None:
         """One verification round: ``committed`` tokens entered the sequence."""
@@ -50,6 +52,17 @@ class DecodeStats:
         """``committed`` tokens from rounds whose verdicts a broken link lost (the edge learned them
         on resuming): counted as generated, not as rounds, so they do not skew α."""
         self.generated += committed
+
+    def record_correction_guess(self, hit: bool) -> None:
+        """A correction the drafter's second choice predicted (``hit``) or not: the hit rate h
+        of hedge branches, measured before building them."""
+        self.corrections_guessed += 1
+        self.corrections_hit += hit
+
+    @property
+    def correction_hit_rate(self) -> float | None:
+        """h: how often the target's correction was the drafter's second choice (None: no corrections)."""
+        return self.corrections_hit / self.corrections_guessed if self.corrections_guessed else None
 
     @property
     def acceptance_rate(self) -> float:
@@ -80,6 +93,8 @@ class DecodeStats:
             "alpha_per_position": [round(a, 4) for a in self.alpha_per_position],
             "accepted_at": list(self.accepted_at),
             "drafted_at": list(self.drafted_at),
+            "corrections_guessed": self.corrections_guessed,
+            "corrections_hit": self.corrections_hit,
         }
 
     @classmethod

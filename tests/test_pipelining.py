@@ -10,6 +10,7 @@ import time
 from collections import Counter
 
 import grpc
+import numpy as np
 import pytest
 from helpers import exact_distribution, tiny_prompt, total_variation
 
@@ -271,3 +272,35 @@ def test_the_first_token_comes_with_the_open_when_asked(tiny_engine, tiny_vocab,
         frames.put(pb.EdgeFrame(close=pb.Close()))
         frames.put(None)
         assert list(replies) == []
+
+
+# ---------------------------------------------------------------- the drafter's second choice (hedge hit rate)
+
+
+def test_the_runner_up_is_the_second_place_of_the_same_race():
+    from edge.drafter import propose
+    from shared.logits import top_candidates
+    from shared.noise import Purpose, exponential
+
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=300).astype(np.float32)
+    greedy = propose(logits, GREEDY, 7)
+    order = np.argsort(-logits)
+    assert (greedy.token, greedy.runner_up) == (order[0], order[1])
+    params = SamplingParams(mode=Mode.COUPLED, temperature=0.9, seed=3)
+    coupled = propose(logits, params, 7)
+    ids, probs = top_candidates(logits, params, limit=64)
+    race = ids[np.argsort(exponential(3, 7, ids, Purpose.SAMPLE) / probs)]
+    assert (coupled.token, coupled.runner_up) == (race[0], race[1])
+    assert propose(logits, SamplingParams(mode=Mode.REJECTION, temperature=0.9), 7).runner_up is None
+
+
+@pytest.mark.parametrize("mode", [Mode.GREEDY, Mode.COUPLED])
+def test_corrections_are_scored_against_the_drafters_second_choice(tiny_engine, drafters, mode):
+    prompt = tiny_prompt(tiny_engine, TEXTS[1])
+    params = SamplingParams(mode=mode, temperature=0.9, seed=1)
+    got = generate(tiny_engine, drafters["drafter_noisy"], prompt, params, max_new_tokens=40, draft_len=4, window=2)
+    stats = got.stats
+    assert 0 < stats.corrections_guessed <= stats.rounds  # one guess per correction at most
+    assert 0 <= stats.corrections_hit <= stats.corrections_guessed
+    assert stats.correction_hit_rate == stats.corrections_hit / stats.corrections_guessed

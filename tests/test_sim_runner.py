@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -53,7 +54,8 @@ def test_split_is_identical_to_cloud_only_and_cheaper(sim_result):
         assert run["acceptance_length"] > 1.0
         assert run["cloud_forwards_per_token"] < base["cloud_forwards_per_token"]
         assert run["up_bytes_per_token"] > 0 and run["down_bytes_per_token"] > 0
-        assert 0 < run["mean_draft_len"] <= 3 and run["hedge"] is None and run["hedge_hit_rate"] is None
+        assert 0 < run["mean_draft_len"] <= 3 and run["hedge"] is None
+        assert run["hedge_hit_rate"] is None or 0 <= run["hedge_hit_rate"] <= 1
         assert run["predicted_tokens_per_s"] > 0 and run["prediction_error"] is not None
 
 
@@ -80,7 +82,9 @@ def test_terminal_and_markdown_tables_hold_the_same_rows(sim_result):
     result, out, _ = sim_result
     markdown = (out / "report.md").read_text()
     assert markdown == markdown_report(result)
-    md_rows = [line for line in markdown.splitlines() if line.startswith("|")]
+    lines = markdown.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| config"))
+    md_rows = list(itertools.takewhile(lambda line: line.startswith("|"), lines[start:]))  # the results table
     assert md_rows[0].startswith("| config") and md_rows[1].startswith("|:-")
     md_cells = [[cell.strip() for cell in row.strip("|").split("|")] for row in md_rows[2:]]
     labels = [cells[0] for cells in md_cells]

@@ -214,8 +214,8 @@ def run_wire_bench(
                 logits = np.log(q)
             proposals = {mode: propose(logits, params[mode], position) for mode in MODES}
             for mode in MODES:
-                drafted[mode].append(proposals[mode][0])
-            q_tilde.append(proposals["rejection"][1])
+                drafted[mode].append(proposals[mode].token)
+            q_tilde.append(proposals["rejection"].q)
             top, _ = top_candidates(logits, params["coupled"], limit=draft_top_k)
             naive_ids.append(top)
             naive_probs.append(q[top].astype(np.float32))
@@ -276,8 +276,7 @@ def recorded_drafter(
         for i in range(positions):
             logits = drafter.next_logits()
             recorded.append(top_candidates(logits, params, limit=256))
-            token, _ = propose(logits, params, len(prompt) + i)
-            drafter.commit([token])
+            drafter.commit([propose(logits, params, len(prompt) + i).token])
         vocab_size = drafter.vocab_size
     finally:
         drafter.close()

@@ -126,6 +126,7 @@ def markdown_report(result: dict) -> str:
             "",
             _table(result, "pipe"),
             "",
+            *_hedge_lines(result),
             "## Model fit",
             "",
             *[f"- {k}: {v}" for k, v in fit.items()],
@@ -133,6 +134,18 @@ def markdown_report(result: dict) -> str:
             *_fleet_lines(result.get("fleet")),
         ]
     )
+
+
+def _hedge_lines(result: dict) -> list[str]:
+    """h per run: how often a correction was the drafter's second choice, the bet a hedge branch makes."""
+    rows = [[config_label(r["mode"], r["draft_len"], r["schedule"], r["window"]), f"{r['hedge_hit_rate']:.2f}"]
+            for r in result["runs"] if r.get("hedge_hit_rate") is not None]
+    if not rows:
+        return []
+    return ["## Corrections the drafter saw coming", "",
+            "h: the share of corrections that were the drafter's second choice (the runner-up of its race under "
+            "the target's noise; greedy: its second-highest logit). A hedge branch for that token would pay off "
+            "this often.", "", tabulate(rows, headers=["config", "h"], tablefmt="pipe"), ""]
 
 
 def _fleet_lines(fleet: dict | None) -> list[str]:

@@ -90,6 +90,7 @@ def _aggregate(mode: str, draft_len: int, reports: list[EdgeReport], meters: lis
     rounds = sum(r.decode.rounds for r in reports)
     drafted = sum(r.decode.drafted for r in reports)
     accepted = sum(r.decode.accepted for r in reports)
+    guessed = sum(r.decode.corrections_guessed for r in reports)
     return {
         "mode": mode,
         "draft_len": draft_len,
@@ -97,7 +98,8 @@ def _aggregate(mode: str, draft_len: int, reports: list[EdgeReport], meters: lis
         "window": window,
         "hedge": None,  # hedge branches: not implemented yet
         "mean_draft_len": drafted / rounds if rounds and schedule else None,
-        "hedge_hit_rate": None,
+        # h: how often a correction was the drafter's second choice (what a hedge branch would bet on)
+        "hedge_hit_rate": (sum(r.decode.corrections_hit for r in reports) / guessed) if guessed else None,
         "controller_switches": sum(r.switches for r in reports) if schedule == "adaptive" else None,
         "tokens": tokens,
         "tokens_per_s": tokens / wall if wall else 0.0,
