@@ -124,6 +124,22 @@ def test_a_command_is_applied_once_even_when_redelivered(broker):
         fleet.stop()
 
 
+def test_an_operator_command_from_the_cli_reaches_the_edge(broker):
+    fleet = EdgeFleet(broker.url, "steered", period_s=60).start()
+    try:
+        wait_for(fleet.client.connected.is_set, what="connection")
+        time.sleep(0.3)
+        sent = subprocess.run([sys.executable, "-m", "sim.cli", "fleet", "send", "--mqtt", broker.url, "--edge",
+                               "steered", "--set", "max_draft_len=5"], capture_output=True, text=True, timeout=60)
+        assert sent.returncode == 0 and "sent command" in sent.stdout, sent.stderr
+        wait_for(lambda: fleet.max_draft_len == 5, what="the command")
+        bad = subprocess.run([sys.executable, "-m", "sim.cli", "fleet", "send", "--mqtt", broker.url, "--edge",
+                              "steered", "--set", "speed=11"], capture_output=True, text=True, timeout=60)
+        assert bad.returncode == 2 and "NAME=VALUE" in bad.stderr and "Traceback" not in bad.stderr
+    finally:
+        fleet.stop()
+
+
 def test_the_cloud_publishes_its_load_and_edges_follow_its_suggestion(broker, tiny_engine):
     limits = ServiceLimits(max_draft_len=16, max_sessions=4)
     config = ServerConfig(port=0, limits=limits, replica="r1", mqtt_url=broker.url)

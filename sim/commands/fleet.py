@@ -29,6 +29,18 @@ def add_fleet_commands(commands) -> None:
     watch.add_argument("--json", action="store_true", help="--once: print the view as JSON")
     watch.set_defaults(func=run_watch)
 
+    send = commands.add_parser(
+        "send", help="send a command to one edge (applied once, between its requests)",
+        description="Publishes {\"id\", \"set\": {...}} to splitspec/v1/edge/ID/cmd at QoS 1. An edge applies each "
+        "command id once: max_draft_len caps its draft length, mode sets the mode of sampled requests "
+        "(coupled or rejection).")
+    send.add_argument("--mqtt", required=True, metavar="URL", help="the broker (mqtt://HOST[:PORT])")
+    send.add_argument("--edge", required=True, metavar="ID", help="the edge's id (its --edge-id)")
+    send.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                      help="max_draft_len=N or mode=coupled|rejection (repeatable)")
+    send.add_argument("--id", default=None, help="the command id (default: random); resending an id is a no-op")
+    send.set_defaults(func=run_send)
+
 
 def run_broker(args: argparse.Namespace) -> int:
     import asyncio
@@ -54,4 +66,12 @@ def run_watch(args: argparse.Namespace) -> int:
         for kind in ("clouds", "edges"):
             for name, docs in sorted(view[kind].items()):
                 print(f"{kind[:-1]:>5} {name}: " + "; ".join(f"{k} {json.dumps(v)}" for k, v in sorted(docs.items())))
+    return 0
+
+
+def run_send(args: argparse.Namespace) -> int:
+    from sim.fleet.command import parse_settings, send_command
+
+    settings = parse_settings(args.set)
+    print(f"sent command {send_command(args.mqtt, args.edge, settings, args.id)} to edge {args.edge}: {settings}")
     return 0
