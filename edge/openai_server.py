@@ -284,9 +284,9 @@ def create_app(service: EdgeService, *, api_key: str | None = None, max_waiting:
         future = loop.run_in_executor(worker, work)
         future.add_done_callback(lambda _f: slot.release())
         served_by = ""
-        first = await events.get()  # an error before any text is still an HTTP status
+        first = await _next_event(events, request, cancelled)  # an error before any text is still an HTTP status
         while first[0] == "start":
-            served_by, first = first[1], await events.get()
+            served_by, first = first[1], await _next_event(events, request, cancelled)
         if first[0] == "error":
             raise _as_api_error(first[1])
         if first[0] == "text":
@@ -304,7 +304,7 @@ def create_app(service: EdgeService, *, api_key: str | None = None, max_waiting:
                     break
                 else:
                     raise _as_api_error(item[1])
-                item = await events.get()
+                item = await _next_event(events, request, cancelled)
             record(outcome, "200", request)
             return JSONResponse(shape.whole("".join(text), outcome), headers={SERVED_BY_HEADER: outcome.served_by})
 
@@ -344,6 +344,24 @@ def create_app(service: EdgeService, *, api_key: str | None = None, max_waiting:
     app.state.service = service
     app.state.waiting = waiting  # {"n": requests waiting for the drafter}
     return app
+
+
+async def _next_event(events: asyncio.Queue, request: Request, cancelled: threading.Event, poll_s: float = 0.5):
+    """The next event of the generation; a client that went away meanwhile (checked at most every
+    ``poll_s``, events or not) cancels it, so its cloud session is closed, and ends the request
+    (499: nobody reads it)."""
+    state = request.state
+    while True:
+        now = time.monotonic()
+        if now - getattr(state, "disconnect_checked", 0.0) >= poll_s:
+            state.disconnect_checked = now
+            if await request.is_disconnected():
+                cancelled.set()
+                raise ApiError(499, "the client closed the request")
+        try:
+            return await asyncio.wait_for(events.get(), poll_s)
+        except TimeoutError:
+            continue
 
 
 def _sse(payload: dict) -> str:

@@ -226,6 +226,20 @@ def test_a_client_that_disconnects_mid_stream_closes_the_cloud_session(http, clo
     assert after.usage.completion_tokens == 4  # the service is free again
 
 
+def test_a_client_that_gives_up_on_a_whole_response_closes_the_cloud_session(http, cloud):
+    table = cloud.server.servicer.table
+    before = len(table)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{http.base}/v1/completions", headers={"Authorization": f"Bearer {KEY}"}, timeout=0.3,
+                   json={"prompt": "The cat", "max_tokens": 480, "temperature": 0})
+    deadline = time.monotonic() + 10
+    while len(table) > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(table) == before, "the cloud session outlived its client"
+    after = http.client.completions.create(model="tiny", prompt="The cat", max_tokens=4, temperature=0)
+    assert after.usage.completion_tokens == 4
+
+
 def test_without_a_cloud_the_fallback_answers_or_a_503_says_why(drafter):
     dead = "127.0.0.1:9"  # nothing listens there
     for fallback, status in (("error", 503), ("local", 200)):
