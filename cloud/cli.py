@@ -16,6 +16,7 @@ from cloud.limits import ServiceLimits
 from shared.cli import (
     CliError,
     add_verbosity,
+    mqtt_url,
     non_negative_float,
     port_number,
     positive_float,
@@ -79,7 +80,7 @@ def add_cloud_commands(commands) -> None:
                        "the network in cleartext, readable by anyone on the path (splitspec-edge itself refuses to send a "
                        "token off loopback without TLS)")
     serve.add_argument("--metrics-port", type=port_number, default=None, help="serve Prometheus metrics on this port")
-    serve.add_argument("--mqtt", default=None, metavar="URL",
+    serve.add_argument("--mqtt", type=mqtt_url, default=None, metavar="URL",
                        help="publish this replica's status and load to an MQTT broker (mqtt://HOST[:PORT])")
     serve.add_argument("--replica", default=None,
                        help="this replica's name on MQTT and to edges (default: HOSTNAME-PORT)")
@@ -125,10 +126,7 @@ def run_serve(args: argparse.Namespace) -> int:
         replica=args.replica or "",
         mqtt_url=args.mqtt,
     )
-    if args.mqtt:
-        from shared.fleet import parse_mqtt_url
 
-        parse_mqtt_url(args.mqtt)  # a bad URL fails before the model loads
     pick_device(args.device)  # a bad --device fails before a minute of model loading
     target = resolve_target(args.target)
     try:

@@ -15,6 +15,7 @@ from pathlib import Path
 from shared.cli import (
     add_verbosity,
     host_port,
+    mqtt_url,
     non_negative_float,
     port_number,
     positive_float,
@@ -106,7 +107,7 @@ def add_edge_commands(commands) -> None:
 
 def _add_fleet_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("fleet (MQTT)")
-    group.add_argument("--mqtt", default=None, metavar="URL",
+    group.add_argument("--mqtt", type=mqtt_url, default=None, metavar="URL",
                        help="report status and telemetry to this broker and take commands from it (mqtt://HOST[:PORT])")
     group.add_argument("--edge-id", default=None, help="this device's name on MQTT (default: HOSTNAME-PID)")
     group.add_argument("--telemetry-period", type=positive_float, default=10.0,
@@ -181,10 +182,6 @@ def run_edge(args: argparse.Namespace) -> int:
 
     options = _cloud_options(args)
     params = sampling_from_args(args)
-    if args.mqtt:
-        from shared.fleet import parse_mqtt_url
-
-        parse_mqtt_url(args.mqtt)
     drafter = open_llama_drafter(args.drafter, n_threads=args.drafter_threads, n_ctx=args.drafter_ctx)
     prompt = drafter.vocab.tokenize(args.prompt)
     controller = controller_from_args(args)
@@ -239,12 +236,8 @@ def _run_edge(args, drafter, prompt, params, controller, options, fleet) -> int:
     if fleet is not None:
         from edge.telemetry import GenerationSample
 
-        fleet.observe(GenerationSample(
-            tokens=len(result.tokens), wall_s=result.stats.wall_s, mode=params.mode.value, draft_len=args.draft_len,
-            window=window_from_args(args), served_by="split", replica=verifier.replica, rtt_ms=verifier.rtt_ms,
-            bytes_up=verifier.bytes_up, bytes_down=verifier.bytes_down, accepted_at=list(result.stats.accepted_at),
-            drafted_at=list(result.stats.drafted_at),
-        ))
+        fleet.observe(GenerationSample.of(result, mode=params.mode.value, draft_len=args.draft_len,
+                                          window=window_from_args(args), served_by="split", verifier=verifier))
         fleet.flush()
     report = EdgeReport(
         kind=SPLIT,
@@ -304,10 +297,6 @@ def run_serve(args: argparse.Namespace) -> int:
             probe.bind((args.host, args.port))
         except OSError as exc:
             raise CliError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}", 1) from exc
-    if args.mqtt:
-        from shared.fleet import parse_mqtt_url
-
-        parse_mqtt_url(args.mqtt)
     drafter = open_llama_drafter(args.drafter, n_threads=args.drafter_threads, n_ctx=args.drafter_ctx)
     fleet = None
     try:

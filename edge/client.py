@@ -30,7 +30,7 @@ import grpc
 from tenacity import Retrying, before_sleep_log, retry_if_exception_type, stop_after_delay, wait_exponential_jitter
 
 from edge.decode_loop import LinkLost, Resumption, SessionTerms, VerifierError
-from edge.drafter import DraftBlock
+from edge.drafter import DraftBlock, common_prefix_length
 from edge.report import BlockTiming, Recovery
 from protos import splitspec_pb2 as pb
 from protos import splitspec_pb2_grpc as pb_grpc
@@ -363,11 +363,7 @@ class GrpcVerifier:
         (at least the last prompt token is sent), append the rest. A session the cloud no longer
         has is opened anew on the whole prompt."""
         ticket, held = self._continue_from
-        keep = 0
-        for a, b in zip(held, prompt[:-1]):
-            if a != b:
-                break
-            keep += 1
+        keep = common_prefix_length(held, prompt[:-1])
         if keep == 0:  # nothing shared: a new session
             return self._open_session(prompt)
         self._restart_call()

@@ -23,7 +23,16 @@ from shared.noise import Purpose, exponential
 from shared.params import SamplingParams
 from shared.sparse import SparseDist, quantize, sample_sparse
 
-__all__ = ["DraftBlock", "Drafter", "DrafterStats", "Speculation", "Proposal", "propose", "one_hot_block"]
+__all__ = [
+    "DraftBlock",
+    "Drafter",
+    "DrafterStats",
+    "Speculation",
+    "Proposal",
+    "propose",
+    "one_hot_block",
+    "common_prefix_length",
+]
 
 # How many of the drafter's highest logits a proposal looks at. The choice
 # never affects losslessness, only acceptance; q̃ keeps at most draft_top_k.
@@ -85,6 +94,16 @@ class DrafterStats:
         )
 
 
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 @dataclass
 class Speculation:
     """A drafter's sequence: the committed prefix, then its own unverified proposals."""
@@ -109,12 +128,7 @@ class Speculation:
         speculation is replaced from the first mismatch on.
         """
         tokens = [int(t) for t in tokens]
-        speculated = self.speculated
-        matched = 0
-        for proposed, committed in zip(speculated, tokens):
-            if proposed != committed:
-                break
-            matched += 1
+        matched = common_prefix_length(self.speculated, tokens)
         if matched == len(tokens):
             self.committed += matched
             return len(self.tokens)

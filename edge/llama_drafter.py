@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edge.drafter import DraftBlock, DrafterStats, Speculation, propose
+from edge.drafter import DraftBlock, DrafterStats, Speculation, common_prefix_length, propose
 from edge.gguf_vocab import GgufVocab, load_llama
 from shared.params import SamplingParams
 
@@ -67,11 +67,7 @@ class LlamaDrafter:
         self._params = params
         # llama.cpp's cache still holds the evaluated prefix of the last sequence: keep what the new
         # prompt shares with it (a conversation's next turn re-reads only what changed).
-        shared = 0
-        for old, new in zip(self._spec.tokens[: self.llm.n_tokens], prompt):
-            if old != new:
-                break
-            shared += 1
+        shared = common_prefix_length(self._spec.tokens[: self.llm.n_tokens], prompt)
         self._spec = Speculation.start(prompt)
         self.llm.n_tokens = shared
         self._prompt_pending = True

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from edge.chat_template import ChatTemplate, chat_template_for
 from edge.conversation import Conversation
 from edge.decode_loop import GenerationResult, VerifierError, run_decode
+from edge.drafter import common_prefix_length
 from edge.fallback import drafter_only_decode
 from edge.text_stream import StopMatcher, TextDeltas
 from shared.params import DEFAULT_DRAFT_LEN, DEFAULT_SCHEDULE, DEFAULT_WINDOW, SamplingParams, window_for
@@ -230,13 +231,9 @@ class EdgeService:
             return
         from edge.telemetry import GenerationSample
 
-        stats = result.stats
-        self.fleet.observe(GenerationSample(
-            tokens=len(result.tokens), wall_s=stats.wall_s, mode=params.mode.value, draft_len=draft_len,
-            window=window_for(self.config.schedule, self.config.window), served_by=outcome.served_by,
-            replica=verifier.replica if verifier else "", rtt_ms=verifier.rtt_ms if verifier else 0.0,
-            bytes_up=outcome.bytes_up, bytes_down=outcome.bytes_down, accepted_at=list(stats.accepted_at),
-            drafted_at=list(stats.drafted_at),
+        self.fleet.observe(GenerationSample.of(
+            result, mode=params.mode.value, draft_len=draft_len, served_by=outcome.served_by, verifier=verifier,
+            window=window_for(self.config.schedule, self.config.window),
         ))
 
     def _fallback(self, job: Job, emitter: _Emitter, emitted: list[str]) -> Outcome:
@@ -274,12 +271,7 @@ class EdgeService:
         first few tokens (BOS, the turn header) with every other: a conversation is continued only
         when the prompt shares at least half of what its session holds."""
         def shared(conversation: Conversation) -> int:
-            n = 0
-            for a, b in zip(conversation.tokens, prompt):
-                if a != b:
-                    break
-                n += 1
-            return n
+            return common_prefix_length(conversation.tokens, prompt)
 
         best = max(self.conversations, key=shared, default=None)
         if best is None or shared(best) < max(2, len(best.tokens) // 2):

@@ -41,6 +41,19 @@ class GenerationSample:
     accepted_at: list[int] = field(default_factory=list)
     drafted_at: list[int] = field(default_factory=list)
 
+    @classmethod
+    def of(cls, result, *, mode: str, draft_len: int, window: int, served_by: str, verifier=None) -> GenerationSample:
+        """The sample of a ``GenerationResult``; ``verifier`` (a ``GrpcVerifier``): its link figures
+        (None when the drafter answered alone)."""
+        stats = result.stats
+        return cls(
+            tokens=len(result.tokens), wall_s=stats.wall_s, mode=mode, draft_len=draft_len, window=window,
+            served_by=served_by, replica=verifier.replica if verifier else "",
+            rtt_ms=verifier.rtt_ms if verifier else 0.0, bytes_up=verifier.bytes_up if verifier else 0,
+            bytes_down=verifier.bytes_down if verifier else 0, accepted_at=list(stats.accepted_at),
+            drafted_at=list(stats.drafted_at),
+        )
+
 
 class EdgeFleet:
     def __init__(self, url: str, edge_id: str, *, period_s: float = DEFAULT_TELEMETRY_PERIOD_S,

@@ -85,6 +85,17 @@ def host_port(text: str) -> str:
     return text
 
 
+def mqtt_url(text: str) -> str:
+    """An MQTT broker URL, ``mqtt://HOST[:PORT]`` (``shared.fleet.parse_mqtt_url``)."""
+    from shared.fleet import parse_mqtt_url
+
+    try:
+        parse_mqtt_url(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def add_verbosity(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
 

@@ -23,7 +23,7 @@ from protos import splitspec_pb2 as pb
 from shared import codec
 from shared.params import Mode, SamplingParams
 from shared.sparse import quantize
-from sim.bench.fuzz import ALLOWED_ENDINGS, HostileFrames, _send_stream, run_soak
+from sim.bench.fuzz import ALLOWED_ENDINGS, HostileFrames, run_soak, send_raw_stream
 from sim.inprocess import generate
 
 GREEDY = SamplingParams(mode=Mode.GREEDY)
@@ -130,7 +130,7 @@ def test_any_stream_ends_with_a_documented_status(channel, frames, data):
     messages = {"valid": [frames.valid_open().SerializeToString()], "none": [],
                 "mutated": [frames.mutated(frames.valid_open())]}[opening]
     messages += data.draw(st.lists(_messages(frames.P), max_size=5))
-    code, details, hung = _send_stream(channel, messages, data.draw(st.sampled_from(["close", "half-close"])),
+    code, details, hung = send_raw_stream(channel, messages, data.draw(st.sampled_from(["close", "half-close"])),
                                        "fuzzer", deadline_s=10)
     assert not hung and code in ALLOWED_ENDINGS, (code, details, messages)
     assert code == grpc.StatusCode.OK or details
@@ -138,7 +138,7 @@ def test_any_stream_ends_with_a_documented_status(channel, frames, data):
 
 def test_a_first_frame_that_is_not_protobuf_is_refused_as_invalid(channel):
     """Not UNKNOWN with a traceback in the log: a clear INVALID_ARGUMENT."""
-    code, details, _ = _send_stream(channel, [b"\xff\xff\xff\xff"], "close", "fuzzer", deadline_s=10)
+    code, details, _ = send_raw_stream(channel, [b"\xff\xff\xff\xff"], "close", "fuzzer", deadline_s=10)
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "malformed frame" in details
 
 

@@ -295,12 +295,50 @@ def test_the_runner_up_is_the_second_place_of_the_same_race():
     assert propose(logits, SamplingParams(mode=Mode.REJECTION, temperature=0.9), 7).runner_up is None
 
 
-@pytest.mark.parametrize("mode", [Mode.GREEDY, Mode.COUPLED])
-def test_corrections_are_scored_against_the_drafters_second_choice(tiny_engine, drafters, mode):
-    prompt = tiny_prompt(tiny_engine, TEXTS[1])
-    params = SamplingParams(mode=mode, temperature=0.9, seed=1)
-    got = generate(tiny_engine, drafters["drafter_noisy"], prompt, params, max_new_tokens=40, draft_len=4, window=2)
+class ScriptedDrafter:
+    """Drafts a wrong token at every position, with a second choice that is the target's own token
+    (``right``) or another wrong one: every correction is then a hit, or a miss."""
+
+    def __init__(self, vocab_size: int, target: list[int], offset: int, right: bool) -> None:
+        from edge.drafter import DrafterStats, Speculation
+
+        self.vocab_size, self.target, self.offset, self.right = vocab_size, target, offset, right
+        self.stats = DrafterStats()
+        self._spec = Speculation.start([])
+
+    def begin(self, prompt, params) -> None:
+        from edge.drafter import Speculation
+
+        self._spec = Speculation.start(prompt)
+
+    def draft(self, n: int):
+        from edge.drafter import DraftBlock
+
+        tokens, runner_up = [], []
+        for _ in range(n):
+            want = self.target[len(self._spec.tokens) - self.offset]
+            tokens.append((want + 1) % self.vocab_size)
+            runner_up.append(want if self.right else (want + 2) % self.vocab_size)
+            self._spec.tokens.append(tokens[-1])
+        return DraftBlock(tokens, None, runner_up)
+
+    def commit(self, tokens) -> None:
+        self._spec.commit(tokens)
+
+    def rewind(self) -> None:
+        self._spec.rewind()
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("right", [True, False])
+def test_corrections_are_scored_against_the_drafters_second_choice(tiny_engine, greedy_path, right):
+    prompt, want = greedy_path
+    drafter = ScriptedDrafter(tiny_engine.vocab_size, want, len(prompt), right)
+    got = generate(tiny_engine, drafter, prompt, GREEDY, max_new_tokens=20, draft_len=3, window=2)
     stats = got.stats
-    assert 0 < stats.corrections_guessed <= stats.rounds  # one guess per correction at most
-    assert 0 <= stats.corrections_hit <= stats.corrections_guessed
-    assert stats.correction_hit_rate == stats.corrections_hit / stats.corrections_guessed
+    assert got.tokens == want[:20]  # every draft rejected, every correction the target's token
+    assert stats.corrections_guessed >= 10
+    assert stats.corrections_hit == (stats.corrections_guessed if right else 0)
+    assert stats.correction_hit_rate == (1.0 if right else 0.0)

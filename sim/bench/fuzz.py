@@ -28,7 +28,7 @@ from protos import splitspec_pb2 as pb
 from shared import codec
 from shared.wire import CHANNEL_OPTIONS, MAX_MESSAGE_BYTES, sampling_to_proto
 
-__all__ = ["HostileFrames", "SoakReport", "run_soak", "DECODE_METHOD", "ALLOWED_ENDINGS"]
+__all__ = ["HostileFrames", "SoakReport", "run_soak", "send_raw_stream", "DECODE_METHOD", "ALLOWED_ENDINGS"]
 
 DECODE_METHOD = "/splitspec.v1.Verifier/Decode"
 CLOSE = pb.EdgeFrame(close=pb.Close())
@@ -215,7 +215,7 @@ def _rss_mb(pid: int) -> float:
     return 0.0
 
 
-def _send_stream(channel: grpc.Channel, messages: list[bytes], ending: str, owner: str,
+def send_raw_stream(channel: grpc.Channel, messages: list[bytes], ending: str, owner: str,
                  deadline_s: float) -> tuple[grpc.StatusCode, str, bool]:
     """One raw stream: (final code, details, hung)."""
     decode = channel.stream_stream(DECODE_METHOD, request_serializer=lambda b: b,
@@ -313,7 +313,7 @@ def run_soak(
             report.frames += len(messages)
             report.streams += 1
             owner = f"attacker-{factory.rng.randrange(attackers)}"
-            pending.add(pool.submit(_send_stream, channel, messages, ending, owner, deadline_s))
+            pending.add(pool.submit(send_raw_stream, channel, messages, ending, owner, deadline_s))
             if len(pending) >= workers:  # keep ``workers`` streams going; silent ones hold only their own
                 done, pending = wait(pending, return_when=FIRST_COMPLETED)
                 collect(done)

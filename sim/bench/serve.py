@@ -45,6 +45,7 @@ def run_serve_bench(*, scenario: str = "acespec-50k", turns: int = 10, max_token
     import httpx
 
     from cloud.models import resolve_target
+    from edge.drafter import common_prefix_length
     from edge.drafter_choice import open_llama_drafter
     from edge.openai_server import create_app
     from edge.serving import EdgeService, Job, ServeConfig
@@ -76,8 +77,7 @@ def run_serve_bench(*, scenario: str = "acespec-50k", turns: int = 10, max_token
                     prompt, stops = service.chat_prompt(messages)
                     if arm == "fresh":
                         service.conversations.clear()  # a new session: the whole history goes up again
-                    shared = next((i for i, (a, b) in enumerate(zip(held, prompt)) if a != b), min(len(held), len(prompt)))
-                    new = prompt[shared:] if arm == "kept" and turn else prompt
+                    new = prompt[common_prefix_length(held, prompt):] if arm == "kept" and turn else prompt
                     out = service.run(Job(prompt, greedy, max_tokens, stops), lambda text: None, threading.Event())
                     rows.append({
                         "turn": turn + 1, "prompt_tokens": len(prompt), "tokens_sent": out.prompt_tokens_sent,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from shared.cli import port_number, positive_float
+from shared.cli import mqtt_url, port_number, positive_float
 
 __all__ = ["add_fleet_commands"]
 
@@ -23,7 +23,7 @@ def add_fleet_commands(commands) -> None:
         "watch", help="a live view of every edge and verifier replica on the broker",
         description="Subscribes to splitspec/v1/# and shows each edge (state, tokens/s, acceptance by position, "
         "D, W, RTT) and each verifier replica (state, sessions, free slots, verify latency, suggested D).")
-    watch.add_argument("--mqtt", required=True, metavar="URL", help="the broker (mqtt://HOST[:PORT])")
+    watch.add_argument("--mqtt", type=mqtt_url, required=True, metavar="URL", help="the broker (mqtt://HOST[:PORT])")
     watch.add_argument("--once", action="store_true", help="collect for --settle seconds, print the view, exit")
     watch.add_argument("--settle", type=positive_float, default=1.0, help="--once: seconds to listen (default 1)")
     watch.add_argument("--json", action="store_true", help="--once: print the view as JSON")
@@ -34,7 +34,7 @@ def add_fleet_commands(commands) -> None:
         description="Publishes {\"id\", \"set\": {...}} to splitspec/v1/edge/ID/cmd at QoS 1. An edge applies each "
         "command id once: max_draft_len caps its draft length, mode sets the mode of sampled requests "
         "(coupled or rejection).")
-    send.add_argument("--mqtt", required=True, metavar="URL", help="the broker (mqtt://HOST[:PORT])")
+    send.add_argument("--mqtt", type=mqtt_url, required=True, metavar="URL", help="the broker (mqtt://HOST[:PORT])")
     send.add_argument("--edge", required=True, metavar="ID", help="the edge's id (its --edge-id)")
     send.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                       help="max_draft_len=N or mode=coupled|rejection (repeatable)")
@@ -52,10 +52,8 @@ def run_broker(args: argparse.Namespace) -> int:
 
 
 def run_watch(args: argparse.Namespace) -> int:
-    from shared.fleet import parse_mqtt_url
     from sim.fleet.watch import watch_live, watch_once
 
-    parse_mqtt_url(args.mqtt)
     if not args.once:
         watch_live(args.mqtt)
         return 0

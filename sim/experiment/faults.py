@@ -26,6 +26,7 @@ import sys
 import threading
 from dataclasses import dataclass, field
 
+from edge.drafter import common_prefix_length
 from edge.report import EdgeReport
 from sim.experiment.processes import BackgroundLink, CloudProcess, core_split, run_edge_process
 from sim.link.scenario import Scenario
@@ -97,12 +98,7 @@ class _Restarter:
 
 def _tokens_lost(reference: list[int], got: list[int]) -> int:
     """Tokens of the unbroken run missing from the faulted run (its common prefix is kept)."""
-    common = 0
-    for a, b in zip(reference, got):
-        if a != b:
-            break
-        common += 1
-    return len(reference) - common
+    return len(reference) - common_prefix_length(reference, got)
 
 
 def _median(values: list[float]) -> float | None:
