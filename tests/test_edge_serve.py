@@ -190,7 +190,7 @@ def test_past_the_waiting_room_a_request_gets_a_clear_429(cloud, drafter):
     second = {}
     try:
         with httpx.stream("POST", f"{http.base}/v1/completions", headers=headers, timeout=60,
-                          json={"prompt": "The cat", "max_tokens": 300, "temperature": 0, "stream": True}) as first:
+                          json={"prompt": "The cat", "max_tokens": 480, "temperature": 0, "stream": True}) as first:
             next(line for line in first.iter_lines() if line.startswith("data: {"))  # it holds the drafter
             waiter = threading.Thread(target=lambda: second.update(response=httpx.post(
                 f"{http.base}/v1/completions", headers=headers, timeout=60,

@@ -141,6 +141,7 @@ def test_cuts_at_random_bytes_leave_the_output_unchanged(tiny_engine, tiny_vocab
     want, clean = decode_over(link, drafter, tiny_vocab, prompt, params, draft_len=4, window=3)
     total = link.emulator.bytes_up + link.emulator.bytes_down
     rng = random.Random(7)
+    recovered = 0
     for trial in range(4):
         base = link.emulator.bytes_up + link.emulator.bytes_down
         cuts_before = link.emulator.cuts
@@ -150,11 +151,12 @@ def test_cuts_at_random_bytes_leave_the_output_unchanged(tiny_engine, tiny_vocab
         link.arm_cuts([])
         cut = link.emulator.cuts - cuts_before
         assert got.tokens == want.tokens, (trial, offsets)
-        # A cut that lands on a resume attempt makes that recovery take another attempt.
-        assert cut >= 1 and len(verifier.recoveries) <= cut <= sum(r.attempts for r in verifier.recoveries)
+        # Every recovery answers a cut; a cut after the final verdict (on the Close) needs none.
+        assert cut >= 1 and len(verifier.recoveries) <= cut
+        recovered += len(verifier.recoveries)
         assert got.stats.generated == len(want.tokens)
         assert not any(r.reopened for r in verifier.recoveries)  # a cut never costs the cloud its session
-    assert not clean.recoveries
+    assert not clean.recoveries and recovered >= 2  # the cuts did break generations
     deadline = time.monotonic() + 5  # every session ended (resumed ones included); none parked
     while server.server.servicer.table.parked and time.monotonic() < deadline:
         time.sleep(0.05)
