@@ -72,6 +72,15 @@ def add_cloud_commands(commands) -> None:
     serve.add_argument("--idle-timeout", type=positive_float, default=limits.idle_timeout_s,
                        help="seconds a stream may go without a block to verify before its session is parked "
                        f"(default {limits.idle_timeout_s:g}); a full table evicts parked sessions first")
+    serve.add_argument("--max-batch-rows", type=positive_int, default=limits.max_batch_rows,
+                       help="rows one target forward packs across sessions; long prompts are prefilled in chunks "
+                            f"that fill what verifies leave (default {limits.max_batch_rows})")
+    serve.add_argument("--no-batching", action="store_true",
+                       help="run one session's forward at a time (to measure what batching buys)")
+    serve.add_argument("--shapes", choices=("canonical", "free"), default="canonical",
+                       help="canonical: a session's logits are bit-identical alone or in any batch, so greedy and "
+                            "coupled output equals target-only decoding token for token; free: one-row forwards "
+                            "skip the padding that costs (faster for a lone session, identity not guaranteed)")
     serve.add_argument("--auth-token-file", type=Path, default=None, help="require 'authorization: Bearer <token>' from this file")
     serve.add_argument("--tls-cert", type=Path, default=None, help="PEM certificate (with --tls-key)")
     serve.add_argument("--tls-key", type=Path, default=None, help="PEM private key (with --tls-cert)")
@@ -116,7 +125,9 @@ def run_serve(args: argparse.Namespace) -> int:
             max_sessions_per_client=args.max_sessions_per_client,
             idle_timeout_s=args.idle_timeout,
             max_new_tokens=args.max_new_tokens,
+            max_batch_rows=args.max_batch_rows,
         ),
+        batching=not args.no_batching,
         auth_token=token,
         tls_cert=args.tls_cert.read_bytes() if args.tls_cert else None,
         tls_key=args.tls_key.read_bytes() if args.tls_key else None,
@@ -130,7 +141,7 @@ def run_serve(args: argparse.Namespace) -> int:
     pick_device(args.device)  # a bad --device fails before a minute of model loading
     target = resolve_target(args.target)
     try:
-        engine = TargetEngine(target, device=args.device)
+        engine = TargetEngine(target, device=args.device, canonical=args.shapes == "canonical")
     except Exception as exc:  # a truncated or foreign checkpoint (safetensors raises its own type), a bad config
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CliError(f"cannot load the target model from {target}: {detail}") from exc

@@ -1,52 +1,99 @@
-"""The target model: transformers + torch, one KV cache per sequence.
+"""The target model: transformers + torch, many sequences in one forward.
 
 The engine knows nothing about tokenization, sampling or sessions: it feeds
-token ids into a sequence's cache and returns float32 logits. A sequence's
-cache always holds exactly ``length`` tokens; ``crop`` cuts it back after a
-verification rejected part of a block.
+token ids into sequences' KV slots and returns float32 logits. One forward
+(``forward_batch``) packs the rows of any number of sequences, each at its own
+position; a sequence's slot always holds exactly ``length`` tokens, and
+``crop`` sets the length back after a verification rejected part of a block.
+
+In canonical mode (the default) a row's logits are bit-identical however the
+rows are packed: alone or beside any batch-mates, one token at a time or as
+row j of a block (``cloud.slot_attention`` says how). So greedy and coupled
+output equals target-only decoding token for token at any batch composition.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from cloud import slot_attention
+from cloud.slot_attention import MIN_ROWS, RowLayout, SlotKV
 from shared.vocab import vocab_fingerprint
 
-__all__ = ["TargetEngine", "CachedSequence"]
+__all__ = ["TargetEngine", "CachedSequence", "ForwardItem", "EngineStats", "Steps", "run_alone", "row_invariant_gemm"]
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class CachedSequence:
-    """One sequence's KV cache, how many tokens it holds, and the forwards run on it (counted here only)."""
+    """One sequence's KV slot, how many tokens it holds, and the forwards it took part in."""
 
-    cache: object  # transformers DynamicCache
-    length: int = 0  # tokens in the cache
-    forwards: int = 0  # forward passes run on this sequence
-    forward_s: float = field(default=0.0)  # time inside those forwards
+    slot: SlotKV = field(default_factory=SlotKV)
+    length: int = 0  # tokens in the slot
+    forwards: int = 0  # forwards that carried rows of this sequence
+    forward_s: float = 0.0  # wall time of those forwards
+
+
+@dataclass(frozen=True)
+class ForwardItem:
+    """Rows for one sequence in a packed forward: ``tokens`` appended at its length; ``logits``
+    says which rows' logits to return: "all", "last" or "none" (a prefill chunk before the last)."""
+
+    seq: CachedSequence
+    tokens: Sequence[int]
+    logits: str = "all"
+
+
+Steps = Generator[ForwardItem, "torch.Tensor | None", object]
+"""Work that needs forwards: yields one ``ForwardItem`` at a time, is sent its logits, returns a result."""
+
+
+def run_alone(steps: Steps, engine: TargetEngine):
+    """Run ``steps`` with one forward per item (no batch-mates); its return value."""
+    try:
+        item = next(steps)
+        while True:
+            item = steps.send(engine.forward_batch([item])[0])
+    except StopIteration as done:
+        return done.value
+
+
+@dataclass
+class EngineStats:
+    """What the engine did: forwards, rows in them, and the time inside them."""
+
+    forwards: int = 0
+    rows: int = 0  # real rows (padding excluded)
+    sequences: int = 0  # sum over forwards of the sequences in each
+    busy_s: float = 0.0
+
+    def snapshot(self) -> EngineStats:
+        return EngineStats(self.forwards, self.rows, self.sequences, self.busy_s)
 
 
 class RowPaddedHead(torch.nn.Module):
     """The output projection, run on at least ``min_rows`` rows.
 
-    CPU BLAS takes a slow path for 2-3 row products against a large weight:
-    measured here on Gemma's 262144 x 640 head, 1 row 56 ms, 2 rows 126 ms,
-    3 rows 191 ms, 4 rows 112 ms. Verify blocks of 2-3 tokens are padded
-    with zero rows and the padding's outputs dropped; rows are independent,
-    so the real rows' logits are what an unpadded product gives (up to
-    kernel rounding, as between any two batch shapes).
+    CPU BLAS takes other kernels for 1-3 row products: measured here on
+    Gemma's 262144 x 640 head (one thread), 1 row 44 ms, 2 rows 91 ms,
+    3 rows 137 ms, 4 rows 77 ms, and rows of any M >= 4 are bit-identical.
+    Products of 2-3 rows are padded with zero rows (faster), and in canonical
+    mode (``pad_single``) one row too (bit-identical to the same row in a
+    bigger batch); the padding's outputs are dropped.
     """
 
-    def __init__(self, head: torch.nn.Module, min_rows: int = 4) -> None:
+    def __init__(self, head: torch.nn.Module, min_rows: int = MIN_ROWS, pad_single: bool = False) -> None:
         super().__init__()
         self.head = head
         self.min_rows = min_rows
+        self.pad_single = pad_single  # canonical shapes: one row takes the padded path too
 
     @property
     def weight(self) -> torch.Tensor:
@@ -54,7 +101,7 @@ class RowPaddedHead(torch.nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         rows = hidden.shape[-2]
-        if not 1 < rows < self.min_rows:
+        if rows >= self.min_rows or (rows == 1 and not self.pad_single):
             return self.head(hidden)
         pad = hidden.new_zeros(*hidden.shape[:-2], self.min_rows - rows, hidden.shape[-1])
         return self.head(torch.cat([hidden, pad], dim=-2))[..., :rows, :]
@@ -76,13 +123,32 @@ def pick_device(device: str | None) -> torch.device:
     return chosen
 
 
+def row_invariant_gemm(device: torch.device, dtype: torch.dtype, width: int = 640, out: int = 2048) -> bool:
+    """Whether this device's matrix products give each row the same bits for any M >= ``MIN_ROWS``
+    and any row order (what canonical mode builds on); checked once at load on random data."""
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(out, width, generator=gen).to(device, dtype)
+    rows = torch.randn(37, width, generator=gen).to(device, dtype)
+    full = torch.nn.functional.linear(rows, weight)
+    for m in (MIN_ROWS, 5, 9, 16):
+        if not torch.equal(torch.nn.functional.linear(rows[:m], weight), full[:m]):
+            return False
+    flipped = torch.nn.functional.linear(rows.flip(0)[: MIN_ROWS + 3], weight)
+    return torch.equal(flipped, full.flip(0)[: MIN_ROWS + 3])
+
+
 class TargetEngine:
     """Loads a Hugging Face folder (or a GGUF file, dequantized by transformers).
 
     float32 on CPU; bfloat16 on GPU unless ``dtype`` says otherwise.
+    ``canonical``: batch-invariant shapes (see the module docstring); False
+    runs each sequence's attention over exactly its keys and one-row
+    products unpadded (faster alone, not invariant).
     """
 
-    def __init__(self, model_path: str | Path, *, device: str | None = None, dtype: str | None = None) -> None:
+    def __init__(
+        self, model_path: str | Path, *, device: str | None = None, dtype: str | None = None, canonical: bool = True
+    ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
 
@@ -93,6 +159,7 @@ class TargetEngine:
             raise FileNotFoundError(f"target model not found: {path}")
         self.device = pick_device(device)
         self.dtype = getattr(torch, dtype) if dtype else (torch.float32 if self.device.type == "cpu" else torch.bfloat16)
+        self.canonical = canonical
         started = time.perf_counter()
         kwargs: dict = {"dtype": self.dtype}
         if path.is_file():  # a GGUF file
@@ -100,21 +167,29 @@ class TargetEngine:
             folder = str(path.parent)
         else:
             folder = str(path)
+        slot_attention.register()
         self.model = AutoModelForCausalLM.from_pretrained(folder, **kwargs).to(self.device).eval()
+        self.model.config._attn_implementation = slot_attention.ATTENTION_NAME
         self.tokenizer = AutoTokenizer.from_pretrained(folder, **({"gguf_file": path.name} if path.is_file() else {}))
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
         # Positions the model was trained for (None when the config does not say).
         self.max_positions: int | None = getattr(self.model.config, "max_position_embeddings", None)
-        if self.device.type == "cpu":
-            self.model.set_output_embeddings(RowPaddedHead(self.model.get_output_embeddings()))
+        self.head = RowPaddedHead(self.model.get_output_embeddings(), pad_single=canonical)
+        self.logit_softcap: float | None = getattr(self.model.config, "final_logit_softcapping", None)
         self.model_name = path.name
         self.eos_token_ids = self._eos_ids()
         self.pieces = self._pieces()
         self.fingerprint = vocab_fingerprint(self.pieces)
+        self.stats = EngineStats()
+        self.invariant = canonical and row_invariant_gemm(self.device, self.dtype)
+        if canonical and not self.invariant:
+            log.warning("this device's matrix products are not row-invariant: batched logits may differ "
+                        "in the last bits from a session run alone")
         self.load_s = time.perf_counter() - started
         log.info(
-            "target %s loaded in %.1fs on %s/%s (vocab %d)",
+            "target %s loaded in %.1fs on %s/%s (vocab %d, %s shapes)",
             path.name, self.load_s, self.device, str(self.dtype).removeprefix("torch."), self.vocab_size,
+            "batch-invariant" if self.invariant else "free",
         )
 
     def _eos_ids(self) -> set[int]:
@@ -131,35 +206,78 @@ class TargetEngine:
         return [p if p is not None else "" for p in pieces] + [f"<pad_{i}>" for i in range(len(pieces), self.vocab_size)]
 
     def new_sequence(self) -> CachedSequence:
-        from transformers import DynamicCache
+        return CachedSequence()
 
-        # A plain (non-sliding) cache: every layer keeps every token, so crop()
-        # is exact; sliding-window layers still see the right window via masks.
-        return CachedSequence(cache=DynamicCache())
+    def forward(self, seq: CachedSequence, tokens: list[int], *, last_only: bool = False) -> torch.Tensor:
+        """Append ``tokens`` to one sequence; return their next-token logits [n, V] float32
+        (``last_only``: the last token's only, [1, V]: a prefill never holds n x V floats)."""
+        return self.forward_batch([ForwardItem(seq, tokens, "last" if last_only else "all")])[0]
 
     @torch.inference_mode()
-    def forward(self, seq: CachedSequence, tokens: list[int], *, last_only: bool = False) -> torch.Tensor:
-        """Append ``tokens`` to the sequence; return their next-token logits [n, V] float32
-        (``last_only``: the last token's only, [1, V]: a prefill never holds n x V floats)."""
-        if not tokens:
-            raise ValueError("forward needs at least one token")
+    def forward_batch(self, items: Sequence[ForwardItem]) -> list[torch.Tensor | None]:
+        """One forward for every item's rows; per item, the logits its ``logits`` asks for
+        ([n, V] or [1, V] float32; None for "none"). Each sequence may appear once."""
+        if not items:
+            return []
+        if len({id(item.seq) for item in items}) != len(items):
+            raise ValueError("a sequence can appear only once in a forward")
         started = time.perf_counter()
+        tokens: list[int] = []
+        positions: list[int] = []
+        spans: list[tuple[int, int, int]] = []
+        keep: list[int] = []  # packed rows whose logits are returned
+        for item in items:
+            n = len(item.tokens)
+            if n == 0:
+                raise ValueError("forward needs at least one token per sequence")
+            first = len(tokens)
+            spans.append((first, n, item.seq.length))
+            tokens.extend(int(t) for t in item.tokens)
+            positions.extend(range(item.seq.length, item.seq.length + n))
+            keep.extend(range(first, first + n) if item.logits == "all" else [first + n - 1] if item.logits == "last" else [])
+        real = len(tokens)
+        if self.canonical and real < MIN_ROWS:  # padding rows: no slot, position 0, outputs dropped
+            tokens += [0] * (MIN_ROWS - real)
+            positions += [0] * (MIN_ROWS - real)
         ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
-        positions = torch.arange(seq.length, seq.length + len(tokens), device=self.device)
-        out = self.model(
-            input_ids=ids, cache=seq.cache, use_cache=True, position_ids=positions.unsqueeze(0),
-            logits_to_keep=1 if last_only else 0,
-        )
-        seq.length += len(tokens)
-        seq.forwards += 1
-        logits = out.logits[0].float()
-        seq.forward_s += time.perf_counter() - started
-        return logits
+        position_ids = torch.tensor([positions], dtype=torch.long, device=self.device)
+        layout = RowLayout([item.seq.slot for item in items], spans, self.canonical)
+        # A 4-D mask is taken as given by transformers' mask builders; slot attention ignores it.
+        dummy_mask = torch.zeros(1, 1, 1, 1, dtype=self.dtype, device=self.device)
+        with slot_attention.using_layout(layout):
+            hidden = self.model.model(
+                input_ids=ids, position_ids=position_ids, attention_mask=dummy_mask, use_cache=False
+            ).last_hidden_state
+        logits = None
+        if keep:
+            logits = self.head(hidden[:, keep])[0]
+            if self.logit_softcap:
+                logits = torch.tanh(logits / self.logit_softcap) * self.logit_softcap
+            logits = logits.float()
+        elapsed = time.perf_counter() - started
+        out: list[torch.Tensor | None] = []
+        offset = 0
+        for item in items:
+            count = len(item.tokens) if item.logits == "all" else 1 if item.logits == "last" else 0
+            out.append(logits[offset : offset + count] if count else None)
+            offset += count
+            item.seq.length += len(item.tokens)
+            item.seq.forwards += 1
+            item.seq.forward_s += elapsed
+        self.stats.forwards += 1
+        self.stats.rows += real
+        self.stats.sequences += len(items)
+        self.stats.busy_s += elapsed
+        return out
 
     def crop(self, seq: CachedSequence, length: int) -> None:
-        """Keep the first ``length`` tokens of the cache."""
+        """Keep the first ``length`` tokens of the slot (what lies past them is overwritten later)."""
         if not 0 <= length <= seq.length:
             raise ValueError(f"cannot crop a {seq.length}-token cache to {length}")
-        if length < seq.length:
-            seq.cache.crop(-(seq.length - length))  # transformers 5 takes the count to remove
-            seq.length = length
+        seq.length = length
+
+    @staticmethod
+    def release(seq: CachedSequence) -> None:
+        """Free the slot's memory; the sequence is empty afterwards."""
+        seq.slot = SlotKV()
+        seq.length = 0

@@ -45,6 +45,7 @@ class ServerConfig:
     insecure: bool = False  # accept a bearer token in cleartext on a non-loopback address
     replica: str = ""  # this replica's name in Opened and on MQTT (default: host-port)
     mqtt_url: str | None = None  # publish status and load to this broker
+    batching: bool = True  # pack sessions' forwards together (False: one forward at a time, for comparison)
 
     def __post_init__(self) -> None:
         if bool(self.tls_cert) != bool(self.tls_key):
@@ -94,7 +95,7 @@ class VerifierServer:
         self.engine = engine
         self.config = config
         self.metrics = metrics or ServiceMetrics()
-        self.servicer = VerifierServicer(engine, config.limits, self.metrics)
+        self.servicer = VerifierServicer(engine, config.limits, self.metrics, batching=config.batching)
         self.port: int | None = None
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
@@ -163,7 +164,7 @@ class VerifierServer:
             self._fleet_task.cancel()
             await asyncio.get_running_loop().run_in_executor(None, self.fleet.stop)
         await self._server.stop(self.config.grace_s if grace is None else grace)
-        self.servicer.executor.shutdown(wait=True)
+        self.servicer.scheduler.shutdown(wait=True)
         self._server = None
 
     async def wait(self) -> None:

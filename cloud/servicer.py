@@ -4,8 +4,9 @@ Every frame is untrusted. Problems with a frame end only its own stream with
 ``INVALID_ARGUMENT`` (bad payload, wrong position, too long a block, a frame
 before Open), ``FAILED_PRECONDITION`` (vocabulary mismatch) or
 ``RESOURCE_EXHAUSTED`` (session table full); other streams never notice.
-Torch work runs on one worker thread, off the event loop, so a long forward
-never stalls the other streams' I/O.
+Torch work runs on the scheduler's engine thread, off the event loop, so a
+long forward never stalls the other streams' I/O; the scheduler packs what
+every session waits for into shared forwards (``cloud.scheduler``).
 """
 
 from __future__ import annotations
@@ -14,13 +15,13 @@ import asyncio
 import logging
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
 from cloud.engine import TargetEngine
 from cloud.limits import ServiceLimits
 from cloud.metrics import ServiceMetrics
+from cloud.scheduler import Scheduler
 from cloud.session import BlockRejected, PendingBlock, VerifierSession
 from cloud.session_table import SessionEntry, SessionTable, TableFull, owner_of
 from protos import splitspec_pb2 as pb
@@ -60,7 +61,9 @@ class _Abort(Exception):
 
 
 class VerifierServicer(pb_grpc.VerifierServicer):
-    def __init__(self, engine: TargetEngine, limits: ServiceLimits, metrics: ServiceMetrics | None = None) -> None:
+    def __init__(
+        self, engine: TargetEngine, limits: ServiceLimits, metrics: ServiceMetrics | None = None, *, batching: bool = True
+    ) -> None:
         self.engine = engine
         self.limits = limits
         self.metrics = metrics or ServiceMetrics()
@@ -69,18 +72,19 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         # The latest per-verify service times outside the forward, seconds (for benchmarks and debugging).
         self.recent_overheads_s: deque[float] = deque(maxlen=10_000)
         self.recent_latencies_s: deque[float] = deque(maxlen=1_000)  # block arrival -> verdict, per chain
-        self.engine_queue = 0  # engine calls submitted and not finished (the running one included)
         self.replica = ""  # this replica's name, told to edges in Opened (their key to its MQTT load)
-        # One thread: forwards are serialised; torch parallelises inside each.
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="target")
+        # One engine thread: sessions' forwards are packed together; torch parallelises inside each.
+        self.scheduler = Scheduler(engine, max_rows=limits.max_batch_rows, batching=batching)
+
+    @property
+    def engine_queue(self) -> int:
+        """Engine jobs submitted and not finished (the running ones included)."""
+        return self.scheduler.pending
 
     # -- helpers -----------------------------------------------------------
-    async def _in_engine(self, fn, *args):
-        self.engine_queue += 1
-        try:
-            return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
-        finally:
-            self.engine_queue -= 1
+    async def _in_engine(self, fn, key: object = None):
+        """``fn`` on the engine thread (after the earlier jobs of ``key``, a session); drives its steps."""
+        return await self.scheduler.run(fn, key)
 
     def _count_in(self, message) -> None:
         self.metrics.bytes_in.inc(message_wire_bytes(message))
@@ -131,11 +135,16 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         params, prompt, max_new_tokens = opened.params, opened.prompt, opened.max_new_tokens
         try:
             self.table.reserve(owner)  # refuse before spending a prefill on a session that cannot be kept
-            session = await self._in_engine(
-                lambda: VerifierSession(
-                    self.engine, prompt, params, max_new_tokens=max_new_tokens, max_draft_len=max_draft_len
+
+            def open_session():
+                session = VerifierSession(
+                    self.engine, prompt, params, max_new_tokens=max_new_tokens, max_draft_len=max_draft_len,
+                    prefill=False,
                 )
-            )
+                yield from session.prefill_steps()
+                return session
+
+            session = await self._in_engine(open_session)
             entry = self.table.add(session, owner)  # checks again: others may have opened during the prefill
         except TableFull as exc:
             raise _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)) from exc
@@ -204,12 +213,12 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         """
         session = entry.session
 
-        def verify_if_current() -> list[Verdict] | None:
-            return session.verify_chain(pending) if entry.stream == stream else None
+        def verify_if_current():
+            return session.verify_chain_steps(pending) if entry.stream == stream else None
 
         forward_before, forwards_before = session.seq.forward_s, session.forwards
         try:
-            verdicts = await self._in_engine(verify_if_current)
+            verdicts = await self._in_engine(verify_if_current, session)
         except BlockRejected as exc:
             raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
         if verdicts is None:
@@ -431,7 +440,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             return session.tokens[start:], session.epoch, committed
 
         try:
-            tail, epoch, committed = await self._in_engine(missed)
+            tail, epoch, committed = await self._in_engine(missed, session)
         except ValueError as exc:
             if entry.stream == stream:
                 self._end(entry, True)
@@ -470,8 +479,9 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             max_draft_len = min(request.max_draft_len or self.limits.max_draft_len, self.limits.max_draft_len)
             try:
                 await self._in_engine(
-                    lambda: entry.session.extend(request.committed_length, turn.prompt, turn.params,
-                                                 max_new_tokens=turn.max_new_tokens, max_draft_len=max_draft_len)
+                    lambda: entry.session.extend_steps(request.committed_length, turn.prompt, turn.params,
+                                                       max_new_tokens=turn.max_new_tokens, max_draft_len=max_draft_len),
+                    entry.session,
                 )
             except ValueError as exc:
                 raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc

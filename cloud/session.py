@@ -9,6 +9,11 @@ verified in one target forward. Blocks of an older epoch are stale and
 dropped before any forward. Blocks that do not continue the committed state
 (an epoch ahead, a wrong start position, too long, after the end) are refused
 with ``BlockRejected``; the session never trusts the caller.
+
+Work that needs the target comes in two forms: ``*_steps`` generators yield
+the ``ForwardItem`` they need and are sent its logits (the scheduler packs
+many sessions' items into one forward), and the plain methods run the same
+steps alone (``run_alone``).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from cloud.engine import TargetEngine
+from cloud.engine import ForwardItem, Steps, TargetEngine, run_alone
 from cloud.verify_torch import verify_block
 from shared.params import SamplingParams
 from shared.sparse import SparseDist
@@ -56,7 +61,9 @@ class VerifierSession:
         *,
         max_new_tokens: int,
         max_draft_len: int,
+        prefill: bool = True,
     ) -> None:
+        """``prefill``: read the prompt now; False leaves it to ``prefill_steps`` (the scheduler's way)."""
         _check_request(engine, prompt, max_new_tokens)
         self.engine = engine
         self.params = params
@@ -75,12 +82,25 @@ class VerifierSession:
         # whole prompt and keeps its last row so: the first position is answered without another
         # forward (the first token can leave right after the prefill, as in cloud-only decoding).
         self.verify_s = 0.0  # wall time inside verify(), forward included
-        self._deferred: torch.Tensor | None = engine.forward(self.seq, self.tokens, last_only=True)[-1]
+        self._deferred: torch.Tensor | None = None
+        if prefill:
+            run_alone(self.prefill_steps(), engine)
+
+    def prefill_steps(self) -> Steps:
+        """Read the prompt into the cache; its last row answers the first position."""
+        self._deferred = (yield ForwardItem(self.seq, self.tokens, "last"))[-1]
         self.stats.target_forwards = self.forwards
 
     def extend(
         self, keep: int, tokens: Sequence[int], params: SamplingParams, *, max_new_tokens: int, max_draft_len: int
     ) -> None:
+        """``extend_steps`` run alone."""
+        run_alone(self.extend_steps(keep, tokens, params, max_new_tokens=max_new_tokens, max_draft_len=max_draft_len),
+                  self.engine)
+
+    def extend_steps(
+        self, keep: int, tokens: Sequence[int], params: SamplingParams, *, max_new_tokens: int, max_draft_len: int
+    ) -> Steps:
         """A new turn on this session's cache: keep the first ``keep`` committed tokens, append
         ``tokens``, and decode anew (``params``, ``max_new_tokens``, ``max_draft_len``).
 
@@ -93,7 +113,7 @@ class VerifierSession:
         _check_request(self.engine, full, max_new_tokens)
         cached = min(keep, self.seq.length, len(full) - 1)  # at least the last token is fed again
         self.engine.crop(self.seq, cached)
-        self._deferred = self.engine.forward(self.seq, full[cached:], last_only=True)[-1]
+        self._deferred = (yield ForwardItem(self.seq, full[cached:], "last"))[-1]
         self.tokens, self.prompt_len = full, len(full)
         self.params, self.max_new_tokens, self.max_draft_len = params, max_new_tokens, max_draft_len
         self.epoch, self.done, self.stop_reason = 0, False, StopReason.NONE
@@ -140,6 +160,10 @@ class VerifierSession:
         return chain
 
     def verify_chain(self, pending: list[PendingBlock]) -> list[Verdict]:
+        """``verify_chain_steps`` run alone."""
+        return run_alone(self.verify_chain_steps(pending), self.engine)
+
+    def verify_chain_steps(self, pending: list[PendingBlock]) -> Steps:
         """Verify the next chain of ``pending`` (``take_chain``, which removes it) in one forward.
 
         Returns one verdict per block answered: verification walks the chain in
@@ -153,7 +177,7 @@ class VerifierSession:
             return []
         started = time.perf_counter()
         drafts = [t for block in chain for t in block.drafts]
-        rows = self._distributions(drafts)  # [len(drafts) + 1, V]: one per drafted position, then one more
+        rows = yield from self._distributions(drafts)  # [len(drafts) + 1, V]: one per drafted position, then one more
         verdicts, offset = [], 0
         for block in chain:
             n = len(block.drafts)
@@ -180,7 +204,7 @@ class VerifierSession:
         if block.more_follows and not block.drafts:
             raise BlockRejected("an empty block cannot be continued (more_follows)")
 
-    def _distributions(self, drafts: list[int]) -> torch.Tensor:
+    def _distributions(self, drafts: list[int]) -> Steps:
         """Logits [len(drafts) + 1, V] for the positions len(tokens) .. len(tokens) + len(drafts).
 
         One forward over what the cache lacks (the last committed token unless a
@@ -190,7 +214,7 @@ class VerifierSession:
         feed = drafts if self._deferred is not None else [self.tokens[-1], *drafts]
         parts = [] if self._deferred is None else [self._deferred[None]]
         if feed:
-            parts.append(self.engine.forward(self.seq, feed))
+            parts.append((yield ForwardItem(self.seq, feed, "all")))
         return torch.cat(parts) if len(parts) > 1 else parts[0]
 
     def _verify_one(self, block: PendingBlock, logits: torch.Tensor) -> Verdict:

@@ -237,7 +237,7 @@ def test_the_cloud_bounds_blocks_in_flight(tiny_engine, greedy_path):
     refused, forwards = asyncio.run(asyncio.wait_for(scenario(3), 30))
     assert isinstance(refused, _Abort) and refused.code == grpc.StatusCode.INVALID_ARGUMENT
     assert "more than 2 blocks in flight" in str(refused) and forwards == 0
-    servicer.executor.shutdown()
+    servicer.scheduler.shutdown()
 
 
 def test_the_edge_respects_the_window_the_cloud_allows(tiny_engine, tiny_vocab, drafters, verifier):

@@ -1,0 +1,208 @@
+"""The engine thread: continuous batching of many sessions' forwards.
+
+Everything that touches sessions or the engine runs here, one job at a time
+between forwards, so sessions need no locks; jobs with the same ``key`` (a
+session) run one after another in the order submitted, as on a single
+thread, while jobs of different keys share forwards. A job is a callable; when it
+returns ``Steps`` (a generator of ``ForwardItem``), the scheduler drives it:
+each forward packs the items every waiting job yields, up to ``max_rows``
+rows, so many sessions' verifies (and cloud-only decode steps) share one
+target forward. Fairness: items are taken oldest first; verify items (all of
+their logits wanted) go whole; a prompt is prefilled in chunks that fill the
+rows the verifies leave (at least ``min_prefill_rows`` per forward, so a long
+prompt never starves and never stalls the others for more than a chunk).
+``batching=False`` runs one item per forward, oldest first (the same work, for comparison).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from cloud.engine import ForwardItem, Steps, TargetEngine
+
+__all__ = ["Scheduler", "SchedulerStats"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SchedulerStats:
+    """Batches the scheduler ran: how many, their rows and sequences (for benchmarks and metrics)."""
+
+    forwards: int = 0
+    rows: int = 0
+    sequences: int = 0
+    max_sequences: int = 0
+    sequences_histogram: dict[int, int] = field(default_factory=dict)  # sequences per forward -> forwards
+
+    def record(self, rows: int, sequences: int) -> None:
+        self.forwards += 1
+        self.rows += rows
+        self.sequences += sequences
+        self.max_sequences = max(self.max_sequences, sequences)
+        self.sequences_histogram[sequences] = self.sequences_histogram.get(sequences, 0) + 1
+
+
+@dataclass
+class _Job:
+    steps: Steps
+    future: Future
+    key: object
+    item: ForwardItem | None = None  # what it waits for
+    waiting_since: float = 0.0
+    prefilled: int = 0  # tokens of a chunked item already run
+
+
+class Scheduler:
+    """One engine thread; ``run`` awaits a job's result from asyncio, ``submit`` from any thread."""
+
+    def __init__(
+        self, engine: TargetEngine, *, max_rows: int = 256, min_prefill_rows: int = 32, batching: bool = True
+    ) -> None:
+        if max_rows < 1 or not 0 < min_prefill_rows <= max_rows:
+            raise ValueError("need max_rows >= min_prefill_rows >= 1")
+        self.engine = engine
+        self.max_rows = max_rows
+        self.min_prefill_rows = min_prefill_rows
+        self.batching = batching
+        self.stats = SchedulerStats()
+        self.pending = 0  # jobs submitted and not finished
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._loop, name="target", daemon=True)
+        self._thread.start()
+
+    # -- API ----------------------------------------------------------------
+    def submit(self, fn: Callable[[], object], key: object = None) -> Future:
+        """Run ``fn`` on the engine thread, after every earlier job of the same ``key`` (None: no
+        order); if it returns ``Steps``, drive them. The future gets the result."""
+        if self._stopped:
+            raise RuntimeError("the scheduler is shut down")
+        future: Future = Future()
+        self.pending += 1
+        future.add_done_callback(lambda _: self._done())
+        self._inbox.put((fn, future, key))
+        return future
+
+    async def run(self, fn: Callable[[], object], key: object = None):
+        return await asyncio.wrap_future(self.submit(fn, key))
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Stop taking jobs; the thread ends after the work in hand (``wait``: join it)."""
+        if not self._stopped:
+            self._stopped = True
+            self._inbox.put(None)
+        if wait and self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def _done(self) -> None:
+        self.pending -= 1
+
+    # -- the engine thread ----------------------------------------------------
+    def _loop(self) -> None:
+        jobs: list[_Job] = []  # started, waiting for a forward
+        queued: list[tuple] = []  # (fn, future, key) waiting for an earlier job of their key
+        while True:
+            try:
+                arrivals = [self._inbox.get()] if not jobs and not queued else []
+                while True:
+                    arrivals.append(self._inbox.get_nowait())
+            except queue.Empty:
+                pass
+            if None in arrivals:
+                for job in jobs:
+                    job.future.set_exception(RuntimeError("the verifier is shutting down"))
+                for _, future, _ in queued:
+                    future.set_exception(RuntimeError("the verifier is shutting down"))
+                return
+            queued.extend(arrivals)
+            busy = {id(job.key) for job in jobs if job.key is not None}
+            still = []
+            for fn, future, key in queued:
+                if key is not None and id(key) in busy:
+                    still.append((fn, future, key))
+                    continue
+                job = self._start(fn, future, key)
+                if job is not None:
+                    jobs.append(job)
+                    if key is not None:
+                        busy.add(id(key))
+            queued = still
+            if jobs:
+                self._forward(jobs)
+                jobs = [job for job in jobs if not job.future.done()]
+
+    def _start(self, fn: Callable[[], object], future: Future, key: object) -> _Job | None:
+        if not future.set_running_or_notify_cancel():
+            return None
+        try:
+            result = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            future.set_exception(exc)
+            return None
+        if not inspect.isgenerator(result):
+            future.set_result(result)
+            return None
+        job = _Job(result, future, key)
+        self._advance(job, None, first=True)
+        return job if not future.done() else None
+
+    @staticmethod
+    def _advance(job: _Job, logits, first: bool = False) -> None:
+        """Send ``logits`` to the job; it yields its next item or finishes."""
+        try:
+            job.item = next(job.steps) if first else job.steps.send(logits)
+            job.waiting_since, job.prefilled = time.perf_counter(), 0
+        except StopIteration as done:
+            job.future.set_result(done.value)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            job.future.set_exception(exc)
+
+    def _forward(self, jobs: list[_Job]) -> None:
+        """One forward over what ``jobs`` wait for, chosen as the module docstring says."""
+        order = sorted(jobs, key=lambda job: job.waiting_since)
+        if not self.batching:
+            order = order[:1]
+        chosen: list[tuple[_Job, ForwardItem, bool]] = []  # (job, item to run, whether it finishes the job's item)
+        rows = 0
+        for job in order:  # verifies first: latency-bound, never split
+            if job.item.logits == "all" and (not chosen or rows + len(job.item.tokens) <= self.max_rows):
+                chosen.append((job, job.item, True))
+                rows += len(job.item.tokens)
+        prompts = 0
+        for job in order:  # then prompts, chunked into what is left (the oldest gets a minimum)
+            if job.item.logits == "all":
+                continue
+            room = self.max_rows - rows
+            if not prompts:
+                room = max(room, self.min_prefill_rows)
+            if room <= 0:
+                break
+            remaining = job.item.tokens[job.prefilled :]
+            take = min(len(remaining), room)
+            finishes = take == len(remaining)
+            chosen.append((job, ForwardItem(job.item.seq, remaining[:take], job.item.logits if finishes else "none"), finishes))
+            rows += take
+            prompts += 1
+        try:
+            outputs = self.engine.forward_batch([item for _, item, _ in chosen])
+        except BaseException as exc:  # noqa: BLE001 - the forward failed: every job in it fails, the thread lives
+            log.exception("target forward failed")
+            for job, _, _ in chosen:
+                job.steps.close()
+                job.future.set_exception(exc)
+            return
+        self.stats.record(rows, len(chosen))
+        for (job, item, finishes), logits in zip(chosen, outputs):
+            if finishes:
+                self._advance(job, logits)
+            else:
+                job.prefilled += len(item.tokens)

@@ -1,0 +1,184 @@
+"""Attention over per-sequence KV slots, for a forward that packs many sequences' rows.
+
+The engine packs the rows of several sequences (each at its own position)
+into one batch-1 sequence, so every linear layer runs once for all of them;
+this module is the attention that the packing needs. It is registered with
+transformers' ``AttentionInterface`` as ``"splitspec_slots"`` and reads the
+packing from ``RowLayout`` (set by the engine around each forward). For each
+sequence it writes the new keys and values into that sequence's slot, then
+attends every row to its own slot's keys only.
+
+Batch invariance. In canonical mode a row's output depends only on its own
+token, position and the keys before it, never on how rows are grouped:
+
+- the keys a row sees are its slot's first ``bucket(position + 1)`` entries
+  (multiples of ``KEY_BUCKET``), fixed by the row's own position; later
+  entries are masked, their weights are exactly 0, and 0 * v adds nothing;
+- rows are grouped by bucket, and every product runs on at least
+  ``MIN_ROWS`` rows. On CPU (MKL, one thread) a GEMM's rows are bit-identical
+  for any M >= 4 and any row order, so a row's result does not depend on its
+  group-mates; M = 1..3 take other kernels (the engine checks the property at
+  load, ``row_invariant_gemm``).
+
+Free mode (``canonical=False``) attends each sequence over exactly its keys
+with SDPA: what the cost of invariance is measured against.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["ATTENTION_NAME", "KEY_BUCKET", "MIN_ROWS", "RowLayout", "SlotKV", "current_layout", "register"]
+
+ATTENTION_NAME = "splitspec_slots"
+KEY_BUCKET = 64  # keys a row attends over are padded to a multiple of this
+MIN_ROWS = 4  # products run on at least this many rows (smaller M takes other BLAS kernels)
+
+_local = threading.local()
+
+
+class SlotKV:
+    """One sequence's keys and values, per layer [kv_heads, capacity, head_dim]; grows by buckets."""
+
+    def __init__(self) -> None:
+        self.keys: list[torch.Tensor | None] = []
+        self.values: list[torch.Tensor | None] = []
+
+    def reserve(self, layer: int, like: torch.Tensor, needed: int) -> None:
+        """Room for ``needed`` positions in ``layer`` (``like``: [kv_heads, n, head_dim] new keys)."""
+        while len(self.keys) <= layer:
+            self.keys.append(None)
+            self.values.append(None)
+        current = self.keys[layer]
+        if current is not None and current.shape[1] >= needed:
+            return
+        capacity = max(_bucket(needed), 2 * (current.shape[1] if current is not None else 0))
+        keys = like.new_zeros(like.shape[0], capacity, like.shape[2])
+        values = like.new_zeros(like.shape[0], capacity, like.shape[2])
+        if current is not None:
+            keys[:, : current.shape[1]] = current
+            values[:, : current.shape[1]] = self.values[layer]
+        self.keys[layer], self.values[layer] = keys, values
+
+    def bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values) if t is not None)
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """Which rows of a packed forward belong to which slot: ``spans[i]`` = (first row, rows, first
+    position) for ``slots[i]``; rows past the last span are padding (no slot, output zeros)."""
+
+    slots: list[SlotKV]
+    spans: list[tuple[int, int, int]]
+    canonical: bool = True
+
+
+def current_layout() -> RowLayout | None:
+    return getattr(_local, "layout", None)
+
+
+class using_layout:
+    """Context manager: ``layout`` is what ``slot_attention`` reads on this thread."""
+
+    def __init__(self, layout: RowLayout) -> None:
+        self.layout = layout
+
+    def __enter__(self) -> RowLayout:
+        _local.layout = self.layout
+        return self.layout
+
+    def __exit__(self, *exc) -> None:
+        _local.layout = None
+
+
+def _bucket(n: int) -> int:
+    return -(-n // KEY_BUCKET) * KEY_BUCKET
+
+
+def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """``x`` [..., m, d] with zero rows appended up to ``rows``."""
+    missing = rows - x.shape[-2]
+    return x if missing <= 0 else torch.cat([x, x.new_zeros(*x.shape[:-2], missing, x.shape[-1])], dim=-2)
+
+
+def _attend_canonical(q, keys, values, positions, scaling, window, softcap):
+    """Rows of one slot that share a key bucket: q [KV, r, d] ((head, query) pairs), keys and
+    values [KV, L, d] (the bucket), positions [r]; returns [KV, r, d]."""
+    rows, length = q.shape[1], keys.shape[1]
+    key_index = torch.arange(length, device=q.device)
+    allowed = key_index[None, :] <= positions[:, None]  # [r, L]: causal ...
+    if window:
+        allowed &= key_index[None, :] > positions[:, None] - window  # ... within the sliding window
+    if rows < MIN_ROWS:  # padding rows see key 0 (their output is dropped)
+        q = _pad_rows(q, MIN_ROWS)
+        allowed = torch.cat([allowed, key_index[None, :].expand(MIN_ROWS - rows, length) == 0])
+    scores = torch.matmul(q, keys.transpose(-1, -2)) * scaling  # [KV, r', L]
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(weights, values)[:, :rows]
+
+
+def slot_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None,
+                   softcap=None, **kwargs):
+    """The ``AttentionInterface`` function: query [1, H, M, d], key/value [1, KV, M, d] (rotary
+    applied) for the packed rows; returns ([1, M, H, d], None). ``attention_mask`` is ignored:
+    masks come from each row's position."""
+    layout = current_layout()
+    if layout is None:
+        raise RuntimeError("slot attention runs only inside TargetEngine.forward_batch")
+    layer = module.layer_idx
+    _, heads, total, dim = query.shape
+    kv_heads = key.shape[1]
+    rep = heads // kv_heads
+    scaling = module.head_dim ** -0.5 if scaling is None else scaling
+    window = sliding_window or None
+    out = query.new_zeros(total, heads, dim)
+    for slot, (first, rows, position) in zip(layout.slots, layout.spans):
+        k_new = key[0, :, first : first + rows]  # [KV, rows, d]
+        slot.reserve(layer, k_new, position + rows)
+        slot.keys[layer][:, position : position + rows] = k_new
+        slot.values[layer][:, position : position + rows] = value[0, :, first : first + rows]
+        q = query[0, :, first : first + rows]  # [H, rows, d]
+        positions = torch.arange(position, position + rows, device=query.device)
+        if not layout.canonical:
+            end = position + rows
+            allowed = torch.arange(end, device=query.device)[None, :] <= positions[:, None]
+            if window:
+                allowed &= torch.arange(end, device=query.device)[None, :] > positions[:, None] - window
+            result = F.scaled_dot_product_attention(
+                q[None], slot.keys[layer][None, :, :end], slot.values[layer][None, :, :end],
+                attn_mask=allowed, scale=scaling, enable_gqa=rep > 1,
+            )[0]  # [H, rows, d]
+            out[first : first + rows] = result.transpose(0, 1)
+            continue
+        # Canonical: group rows by their key bucket; fold the heads sharing a KV head into the rows.
+        buckets = [_bucket(int(p) + 1) for p in positions.tolist()]
+        start = 0
+        while start < rows:
+            stop = start
+            while stop < rows and buckets[stop] == buckets[start]:
+                stop += 1
+            length = buckets[start]
+            g = stop - start
+            q_group = q[:, start:stop].reshape(kv_heads, rep * g, dim)  # rows are (head, query) pairs
+            group_positions = positions[start:stop].repeat(rep)
+            result = _attend_canonical(
+                q_group, slot.keys[layer][:, :length], slot.values[layer][:, :length], group_positions,
+                scaling, window, softcap,
+            )  # [KV, rep*g, d]
+            out[first + start : first + stop] = result.reshape(heads, g, dim).transpose(0, 1)
+            start = stop
+    return out[None], None
+
+
+def register() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION_NAME, slot_attention)
