@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from cloud import slot_attention
-from cloud.slot_attention import MIN_ROWS, RowLayout, SlotKV
+from cloud.slot_attention import ROW_TILE, RowLayout, SlotKV, tiled
 from shared.vocab import vocab_fingerprint
 
 __all__ = ["TargetEngine", "CachedSequence", "ForwardItem", "EngineStats", "Steps", "run_alone", "row_invariant_gemm"]
@@ -79,21 +79,20 @@ class EngineStats:
 
 
 class RowPaddedHead(torch.nn.Module):
-    """The output projection, run on at least ``min_rows`` rows.
+    """The output projection, its rows padded as the module docstring of ``cloud.slot_attention`` needs.
 
     CPU BLAS takes other kernels for 1-3 row products: measured here on
     Gemma's 262144 x 640 head (one thread), 1 row 44 ms, 2 rows 91 ms,
-    3 rows 137 ms, 4 rows 77 ms, and rows of any M >= 4 are bit-identical.
-    Products of 2-3 rows are padded with zero rows (faster), and in canonical
-    mode (``pad_single``) one row too (bit-identical to the same row in a
-    bigger batch); the padding's outputs are dropped.
+    3 rows 137 ms, 4 rows 77 ms. Products of 2-3 rows are padded to 4 zero
+    rows (faster); in canonical mode every product is padded to a multiple of
+    ``ROW_TILE`` rows (bit-identical to the same row in any bigger batch, see
+    ``cloud.slot_attention``). The padding's outputs are dropped.
     """
 
-    def __init__(self, head: torch.nn.Module, min_rows: int = MIN_ROWS, pad_single: bool = False) -> None:
+    def __init__(self, head: torch.nn.Module, canonical: bool = False) -> None:
         super().__init__()
         self.head = head
-        self.min_rows = min_rows
-        self.pad_single = pad_single  # canonical shapes: one row takes the padded path too
+        self.canonical = canonical  # every product on a multiple of ROW_TILE rows
 
     @property
     def weight(self) -> torch.Tensor:
@@ -101,9 +100,10 @@ class RowPaddedHead(torch.nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         rows = hidden.shape[-2]
-        if rows >= self.min_rows or (rows == 1 and not self.pad_single):
+        padded = tiled(rows) if self.canonical else (ROW_TILE if 1 < rows < ROW_TILE else rows)
+        if padded == rows:
             return self.head(hidden)
-        pad = hidden.new_zeros(*hidden.shape[:-2], self.min_rows - rows, hidden.shape[-1])
+        pad = hidden.new_zeros(*hidden.shape[:-2], padded - rows, hidden.shape[-1])
         return self.head(torch.cat([hidden, pad], dim=-2))[..., :rows, :]
 
 
@@ -124,17 +124,18 @@ def pick_device(device: str | None) -> torch.device:
 
 
 def row_invariant_gemm(device: torch.device, dtype: torch.dtype, width: int = 640, out: int = 2048) -> bool:
-    """Whether this device's matrix products give each row the same bits for any M >= ``MIN_ROWS``
-    and any row order (what canonical mode builds on); checked once at load on random data."""
+    """Whether this device's matrix products give each row the same bits for any M that is a
+    multiple of ``ROW_TILE`` and any row order (what canonical mode builds on), with torch's
+    current thread count; checked at load on random data."""
     gen = torch.Generator().manual_seed(0)
     weight = torch.randn(out, width, generator=gen).to(device, dtype)
-    rows = torch.randn(37, width, generator=gen).to(device, dtype)
+    rows = torch.randn(16 * ROW_TILE, width, generator=gen).to(device, dtype)
     full = torch.nn.functional.linear(rows, weight)
-    for m in (MIN_ROWS, 5, 9, 16):
+    for m in range(ROW_TILE, 16 * ROW_TILE, ROW_TILE):
         if not torch.equal(torch.nn.functional.linear(rows[:m], weight), full[:m]):
             return False
-    flipped = torch.nn.functional.linear(rows.flip(0)[: MIN_ROWS + 3], weight)
-    return torch.equal(flipped, full.flip(0)[: MIN_ROWS + 3])
+    flipped = torch.nn.functional.linear(rows.flip(0)[: 3 * ROW_TILE], weight)
+    return torch.equal(flipped, full.flip(0)[: 3 * ROW_TILE])
 
 
 class TargetEngine:
@@ -174,7 +175,7 @@ class TargetEngine:
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
         # Positions the model was trained for (None when the config does not say).
         self.max_positions: int | None = getattr(self.model.config, "max_position_embeddings", None)
-        self.head = RowPaddedHead(self.model.get_output_embeddings(), pad_single=canonical)
+        self.head = RowPaddedHead(self.model.get_output_embeddings(), canonical=canonical)
         self.logit_softcap: float | None = getattr(self.model.config, "final_logit_softcapping", None)
         self.model_name = path.name
         self.eos_token_ids = self._eos_ids()
@@ -236,9 +237,9 @@ class TargetEngine:
             positions.extend(range(item.seq.length, item.seq.length + n))
             keep.extend(range(first, first + n) if item.logits == "all" else [first + n - 1] if item.logits == "last" else [])
         real = len(tokens)
-        if self.canonical and real < MIN_ROWS:  # padding rows: no slot, position 0, outputs dropped
-            tokens += [0] * (MIN_ROWS - real)
-            positions += [0] * (MIN_ROWS - real)
+        if self.canonical and real != tiled(real):  # padding rows: no slot, position 0, outputs dropped
+            tokens += [0] * (tiled(real) - real)
+            positions += [0] * (tiled(real) - real)
         ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
         position_ids = torch.tensor([positions], dtype=torch.long, device=self.device)
         layout = RowLayout([item.seq.slot for item in items], spans, self.canonical)

@@ -14,11 +14,12 @@ token, position and the keys before it, never on how rows are grouped:
 - the keys a row sees are its slot's first ``bucket(position + 1)`` entries
   (multiples of ``KEY_BUCKET``), fixed by the row's own position; later
   entries are masked, their weights are exactly 0, and 0 * v adds nothing;
-- rows are grouped by bucket, and every product runs on at least
-  ``MIN_ROWS`` rows. On CPU (MKL, one thread) a GEMM's rows are bit-identical
-  for any M >= 4 and any row order, so a row's result does not depend on its
-  group-mates; M = 1..3 take other kernels (the engine checks the property at
-  load, ``row_invariant_gemm``).
+- rows are grouped by bucket, and every product runs on a multiple of
+  ``ROW_TILE`` rows (zero rows appended). On CPU (MKL, measured with 1, 2
+  and 4 threads) a GEMM's rows are then bit-identical for any such M and any
+  row order, so a row's result does not depend on its group-mates; other M
+  (1-3 rows, or 5 and 9 with two threads) take other kernels or splits. The
+  engine checks the property on its device at load (``row_invariant_gemm``).
 
 Free mode (``canonical=False``) attends each sequence over exactly its keys
 with SDPA: what the cost of invariance is measured against.
@@ -32,11 +33,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-__all__ = ["ATTENTION_NAME", "KEY_BUCKET", "MIN_ROWS", "RowLayout", "SlotKV", "current_layout", "register"]
+__all__ = ["ATTENTION_NAME", "KEY_BUCKET", "ROW_TILE", "RowLayout", "SlotKV", "current_layout", "register", "tiled"]
 
 ATTENTION_NAME = "splitspec_slots"
 KEY_BUCKET = 64  # keys a row attends over are padded to a multiple of this
-MIN_ROWS = 4  # products run on at least this many rows (smaller M takes other BLAS kernels)
+ROW_TILE = 4  # products run on a multiple of this many rows (other M take other BLAS kernels)
 
 _local = threading.local()
 
@@ -100,6 +101,11 @@ def _bucket(n: int) -> int:
     return -(-n // KEY_BUCKET) * KEY_BUCKET
 
 
+def tiled(rows: int) -> int:
+    """``rows`` rounded up to a multiple of ``ROW_TILE`` (at least one tile)."""
+    return max(-(-rows // ROW_TILE), 1) * ROW_TILE
+
+
 def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
     """``x`` [..., m, d] with zero rows appended up to ``rows``."""
     missing = rows - x.shape[-2]
@@ -114,9 +120,9 @@ def _attend_canonical(q, keys, values, positions, scaling, window, softcap):
     allowed = key_index[None, :] <= positions[:, None]  # [r, L]: causal ...
     if window:
         allowed &= key_index[None, :] > positions[:, None] - window  # ... within the sliding window
-    if rows < MIN_ROWS:  # padding rows see key 0 (their output is dropped)
-        q = _pad_rows(q, MIN_ROWS)
-        allowed = torch.cat([allowed, key_index[None, :].expand(MIN_ROWS - rows, length) == 0])
+    if rows != tiled(rows):  # padding rows see key 0 (their output is dropped)
+        q = _pad_rows(q, tiled(rows))
+        allowed = torch.cat([allowed, key_index[None, :].expand(tiled(rows) - rows, length) == 0])
     scores = torch.matmul(q, keys.transpose(-1, -2)) * scaling  # [KV, r', L]
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
