@@ -40,6 +40,15 @@ class ServiceMetrics:
         self.verify_latency = Histogram(
             "splitspec_verify_latency_seconds", "Verify step wall time, forward included", buckets=_LATENCY_BUCKETS, registry=r
         )
+        self.engine_forwards = Counter(
+            "splitspec_engine_forwards", "Packed target forwards (each may carry many sessions' rows)", registry=r
+        )
+        self.engine_rows = Counter("splitspec_engine_rows", "Token rows in packed forwards (padding excluded)", registry=r)
+        self.engine_sequences = Histogram(
+            "splitspec_engine_sequences", "Sessions sharing one packed forward",
+            buckets=(1, 2, 4, 8, 16, 32, 64), registry=r,
+        )
+        self.engine_busy = Counter("splitspec_engine_busy_seconds", "Wall time inside target forwards", registry=r)
         self.service_overhead = Histogram(
             "splitspec_verify_overhead_seconds",
             "Per-verify service time outside the target forward",
@@ -61,6 +70,13 @@ class ServiceMetrics:
         self.generated.inc(record.committed)
         for i in range(record.accepted):
             self.accepted_at.labels(position=str(i)).inc()
+
+    def observe_forward(self, *, rows: int, sequences: int, seconds: float) -> None:
+        """One packed target forward (called on the engine thread)."""
+        self.engine_forwards.inc()
+        self.engine_rows.inc(rows)
+        self.engine_sequences.observe(sequences)
+        self.engine_busy.inc(seconds)
 
     def serve(self, port: int, host: str = "127.0.0.1") -> None:
         start_http_server(port, addr=host, registry=self.registry)

@@ -65,8 +65,10 @@ class Scheduler:
     """One engine thread; ``run`` awaits a job's result from asyncio, ``submit`` from any thread."""
 
     def __init__(
-        self, engine: TargetEngine, *, max_rows: int = 256, min_prefill_rows: int = 32, batching: bool = True
+        self, engine: TargetEngine, *, max_rows: int = 256, min_prefill_rows: int = 32, batching: bool = True,
+        on_forward: Callable[..., None] | None = None,
     ) -> None:
+        """``on_forward(rows=, sequences=, seconds=)`` is called on the engine thread after each forward."""
         if max_rows < 1 or not 0 < min_prefill_rows <= max_rows:
             raise ValueError("need max_rows >= min_prefill_rows >= 1")
         self.engine = engine
@@ -74,6 +76,7 @@ class Scheduler:
         self.min_prefill_rows = min_prefill_rows
         self.batching = batching
         self.stats = SchedulerStats()
+        self.on_forward = on_forward
         self.pending = 0  # jobs submitted and not finished
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._stopped = False
@@ -192,6 +195,7 @@ class Scheduler:
             chosen.append((job, ForwardItem(job.item.seq, remaining[:take], job.item.logits if finishes else "none"), finishes))
             rows += take
             prompts += 1
+        started = time.perf_counter()
         try:
             outputs = self.engine.forward_batch([item for _, item, _ in chosen])
         except BaseException as exc:  # noqa: BLE001 - the forward failed: every job in it fails, the thread lives
@@ -201,6 +205,8 @@ class Scheduler:
                 job.future.set_exception(exc)
             return
         self.stats.record(rows, len(chosen))
+        if self.on_forward is not None:
+            self.on_forward(rows=rows, sequences=len(chosen), seconds=time.perf_counter() - started)
         for (job, item, finishes), logits in zip(chosen, outputs):
             if finishes:
                 self._advance(job, logits)

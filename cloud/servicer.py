@@ -74,7 +74,8 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         self.recent_latencies_s: deque[float] = deque(maxlen=1_000)  # block arrival -> verdict, per chain
         self.replica = ""  # this replica's name, told to edges in Opened (their key to its MQTT load)
         # One engine thread: sessions' forwards are packed together; torch parallelises inside each.
-        self.scheduler = Scheduler(engine, max_rows=limits.max_batch_rows, batching=batching)
+        self.scheduler = Scheduler(engine, max_rows=limits.max_batch_rows, batching=batching,
+                                   on_forward=self.metrics.observe_forward)
 
     @property
     def engine_queue(self) -> int:

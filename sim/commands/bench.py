@@ -1,4 +1,4 @@
-"""``splitspec bench …`` subcommands: ``wire``, ``split``, ``service``, ``fuzz``, ``serve``.
+"""``splitspec bench …`` subcommands: ``wire``, ``split``, ``service``, ``fuzz``, ``serve``, ``capacity``.
 
 Flags only: each ``run_*`` turns its flags into keyword arguments of the
 matching ``sim.bench`` function and prints the result (text or JSON). The
@@ -36,6 +36,7 @@ def add_bench_commands(subparsers: argparse._SubParsersAction) -> None:
     _add_service(subparsers)
     _add_fuzz(subparsers)
     _add_serve(subparsers)
+    _add_capacity(subparsers)
 
 
 def _add_wire(subparsers: argparse._SubParsersAction) -> None:
@@ -137,6 +138,53 @@ def _add_serve(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--drafter", default=None, help="drafter GGUF (default: Gemma 3 270M Q4_K_M)")
     serve.add_argument("--json", action="store_true", help="print the result as JSON")
     serve.set_defaults(func=run_serve)
+
+
+def _add_capacity(subparsers: argparse._SubParsersAction) -> None:
+    capacity = subparsers.add_parser(
+        "capacity", help="sessions one verifier carries: split vs cloud-only, both batched, at a per-session SLO",
+        description="Starts one `splitspec-cloud serve` pinned to one core and runs N concurrent edge sessions "
+                    "against it for each --sessions count, cloud-only and split (each --mode), reporting aggregate "
+                    "and per-session tokens/s, cloud forwards and CPU seconds per token, the verifier's busy "
+                    "fraction, batch sizes and whether every output equals target-only decoding. The edges replay "
+                    "blocks recorded from the real llama.cpp drafter (so N edges fit on the other cores) and the "
+                    "acceptance they reach is reported. Capacity at --slo is the largest N whose median session "
+                    "gets at least that many tokens/s.")
+    capacity.add_argument("--sessions", type=positive_int, nargs="+", default=[1, 2, 4, 8, 16],
+                          help="concurrent session counts (default %(default)s)")
+    capacity.add_argument("--mode", dest="modes", nargs="+", choices=_MODES, default=["coupled"],
+                          help="split modes beside cloud-only (default %(default)s)")
+    capacity.add_argument("--slo", type=float, default=4.0, help="tokens/s per session (p50) for capacity (default %(default)s)")
+    capacity.add_argument("--max-new-tokens", type=positive_int, default=32, help="tokens per session (default %(default)s)")
+    capacity.add_argument("--draft-len", type=positive_int, default=DEFAULT_DRAFT_LEN,
+                          help="drafted tokens per block D (default %(default)s)")
+    capacity.add_argument("--temperature", type=float, default=DEFAULT_TEMPERATURE,
+                          help="sampling temperature; 0 is greedy (default %(default)s)")
+    capacity.add_argument("--no-batching", action="store_true",
+                          help="also run every count with the verifier serving one forward at a time")
+    capacity.add_argument("--scenario", default=None,
+                          help="each edge reaches the verifier through its own emulated link of this scenario "
+                               "(default: plain loopback)")
+    capacity.add_argument("--target", default=None, help="target folder or GGUF (default: Gemma 3 270M)")
+    capacity.add_argument("--drafter", default=None, help="drafter GGUF to record (default: Gemma 3 270M Q4_K_M)")
+    capacity.add_argument("--tiny", action="store_true", help="generated tiny models (a quick self-check)")
+    capacity.add_argument("--json", action="store_true", help="print the report as JSON")
+    capacity.set_defaults(func=run_capacity)
+
+
+def run_capacity(args: argparse.Namespace) -> int:
+    import sys
+
+    from sim.bench.capacity import format_capacity_report, run_capacity_bench
+
+    report = run_capacity_bench(
+        sessions=sorted(set(args.sessions)), modes=args.modes, slo=args.slo, max_new_tokens=args.max_new_tokens,
+        draft_len=args.draft_len, temperature=args.temperature, compare_unbatched=args.no_batching,
+        target=args.target, drafter=args.drafter, tiny=args.tiny, scenario=args.scenario,
+        progress=lambda line: print(line, file=sys.stderr, flush=True),
+    )
+    print(json.dumps(report) if args.json else format_capacity_report(report))
+    return 0 if all(run["identical"] for run in report["runs"]) else 1
 
 
 def run_serve(args: argparse.Namespace) -> int:

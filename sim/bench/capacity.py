@@ -1,0 +1,365 @@
+"""``splitspec bench capacity``: how many sessions one verifier carries, split against cloud-only.
+
+One ``splitspec-cloud serve`` process pinned to one core (one torch thread)
+serves N concurrent edge sessions; at each N the same sessions run cloud-only
+(``Generate``, the cloud decodes every token) and split (each listed mode),
+both batched by the same scheduler. Capacity is what the verifier carries when
+it is the bottleneck, so the edges must not be: they run as threads of this
+process on the other cores and replay **recorded drafts**: before the runs,
+each session is decoded once alone with the real llama.cpp drafter, which
+records what it proposed after each prefix; in the runs a ``ReplayDrafter``
+proposes the same blocks for the same prefixes (verification is exact, so the
+prefixes recur; lock-step schedule, fixed D), costing microseconds. The
+acceptance the recording reached is reported.
+
+Every session's output is checked against target-only decoding (each session
+alone, cloud-only, one token per forward), so the runs also test batch
+invariance under load.
+
+Contract. ``run_capacity_bench(...)`` returns the report dict (the JSON of
+``--json``); ``format_capacity_report`` renders it. No argparse, no printing
+but ``progress``; flags are in ``sim.commands.bench``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import Any
+
+from edge.drafter import DraftBlock, DrafterStats, Speculation, one_hot_block
+
+__all__ = ["ReplayDrafter", "RecordingDrafter", "run_capacity_bench", "format_capacity_report", "capacity_at_slo"]
+
+CLOUD_ONLY = "cloud-only"
+PROMPTS = [
+    "Explain in a few sentences why the sky is blue.",
+    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "List five tips for writing clear technical documentation.",
+    "What is the difference between a virus and a bacterium?",
+    "Describe how a bicycle works to a child.",
+    "Give three reasons to learn a second language.",
+    "Summarize the plot of a detective novel in one paragraph.",
+    "How do plants turn sunlight into food?",
+]
+
+
+class RecordingDrafter:
+    """Wraps a real drafter and records, per sequence drafted from, the block it proposed."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.vocab_size = inner.vocab_size
+        self.stats = inner.stats
+        self.blocks: dict[tuple[int, ...], DraftBlock] = {}
+        self._spec = Speculation.start([])
+
+    def begin(self, prompt: Sequence[int], params) -> None:
+        self._spec = Speculation.start(prompt)
+        self.inner.begin(prompt, params)
+
+    def draft(self, n: int) -> DraftBlock:
+        key = tuple(self._spec.tokens)
+        block = self.inner.draft(n)
+        self.blocks[key] = block
+        self._spec.tokens.extend(block.tokens)
+        return block
+
+    def commit(self, tokens: Sequence[int]) -> None:
+        self._spec.commit(tokens)
+        self.inner.commit(tokens)
+
+    def rewind(self) -> None:
+        self._spec.rewind()
+        self.inner.rewind()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class ReplayDrafter:
+    """Proposes the blocks a ``RecordingDrafter`` recorded, keyed by the sequence drafted from;
+    an unrecorded sequence gets an empty block (the cloud then decodes that position alone)."""
+
+    def __init__(self, blocks: dict[tuple[int, ...], DraftBlock], vocab_size: int) -> None:
+        self.blocks = blocks
+        self.vocab_size = vocab_size
+        self.stats = DrafterStats()
+        self.misses = 0
+        self._spec = Speculation.start([])
+        self._params = None
+
+    def begin(self, prompt: Sequence[int], params) -> None:
+        self._spec = Speculation.start(prompt)
+        self._params = params
+
+    def draft(self, n: int) -> DraftBlock:
+        started = time.perf_counter()
+        block = self.blocks.get(tuple(self._spec.tokens))
+        if block is None:
+            self.misses += 1
+            block = one_hot_block([], self._params)
+        block = DraftBlock(block.tokens[:n], block.q[:n] if block.q else block.q)
+        self._spec.tokens.extend(block.tokens)
+        self.stats.record_draft(len(block.tokens), time.perf_counter() - started)
+        return block
+
+    def commit(self, tokens: Sequence[int]) -> None:
+        self._spec.commit(tokens)
+
+    def rewind(self) -> None:
+        self._spec.rewind()
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class _Session:
+    prompt: list[int]
+    seed: int
+
+
+def capacity_at_slo(runs: list[dict[str, Any]], slo: float) -> dict[str, int]:
+    """Per mode (batched runs), the largest N whose per-session p50 tokens/s is at least ``slo`` (0: none)."""
+    out: dict[str, int] = {}
+    for run in runs:
+        if not run["batching"]:
+            continue
+        ok = run["per_session_tokens_per_s_p50"] >= slo
+        out[run["mode"]] = max(out.get(run["mode"], 0), run["sessions"] if ok else 0)
+    return out
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def run_capacity_bench(
+    *,
+    sessions: Sequence[int] = (1, 2, 4, 8, 16),
+    modes: Sequence[str] = ("coupled",),
+    slo: float = 4.0,
+    max_new_tokens: int = 32,
+    draft_len: int = 8,
+    temperature: float = 0.8,
+    compare_unbatched: bool = False,
+    target: str | None = None,
+    drafter: str | None = None,
+    tiny: bool = False,
+    scenario: str | None = None,
+    cloud_cores: set[int] | None = None,
+    progress: Callable[[str], None] = lambda line: None,
+) -> dict[str, Any]:
+    """The capacity report (see the module docstring). ``tiny``: generated tiny models (tests).
+    ``compare_unbatched``: also run every N with the verifier serving one forward at a time.
+    ``scenario``: each edge reaches the verifier through its own emulated link of that scenario.
+    ValueError on bad arguments."""
+    from shared.params import Mode
+
+    if not sessions or min(sessions) < 1:
+        raise ValueError("--sessions needs counts >= 1")
+    for mode in modes:
+        if mode not in {m.value for m in Mode}:
+            raise ValueError(f"unknown mode {mode!r}")
+    if max_new_tokens < 1 or draft_len < 1:
+        raise ValueError("max_new_tokens and draft_len must be >= 1")
+    with tempfile.TemporaryDirectory(prefix="splitspec-capacity-") as tmp, ExitStack() as stack:
+        target, drafter = _models(target, drafter, tiny, tmp)
+        from edge.drafter_choice import open_llama_drafter
+
+        real = open_llama_drafter(drafter, n_threads=1)
+        stack.callback(real.close)
+        vocab = (real.vocab.size, real.vocab.fingerprint)
+        work = [_Session(real.vocab.tokenize(PROMPTS[i % len(PROMPTS)]), seed=i) for i in range(max(sessions))]
+        cores = cloud_cores if cloud_cores is not None else _first_core()
+        runs: list[dict[str, Any]] = []
+        alpha: dict[str, float] = {}
+        reference: list[list[int]] = []
+        recordings: dict[str, dict] = {}
+        for batching in (True, False) if compare_unbatched else (True,):
+            from sim.experiment.processes import CloudProcess
+
+            extra = ["--max-draft-len", str(max(draft_len, 1)), "--max-sessions", str(max(64, 2 * max(sessions)))]
+            with ExitStack() as per_cloud:
+                cloud = per_cloud.enter_context(
+                    CloudProcess(target, cores, extra_args=extra + ([] if batching else ["--no-batching"])))
+                addresses = _links(scenario, cloud.port, max(sessions), per_cloud) or [f"127.0.0.1:{cloud.port}"] * max(sessions)
+                if not reference:
+                    progress(f"reference: {len(work)} sessions decoded alone, cloud-only")
+                    reference = [_cloud_only(addresses[0], s, vocab, max_new_tokens, temperature)[0] for s in work]
+                    for mode in modes:
+                        progress(f"recording the real drafter's blocks ({mode}, D={draft_len})")
+                        recordings[mode], alpha[mode] = _record(real, addresses[0], work, vocab, mode, max_new_tokens,
+                                                                draft_len, temperature)
+                for n in sessions:
+                    for mode in (CLOUD_ONLY, *modes):
+                        progress(f"{'batched' if batching else 'one forward at a time'}: {n} sessions, {mode}")
+                        runs.append(_measure(cloud, addresses, work[:n], vocab, mode, recordings.get(mode), reference,
+                                             max_new_tokens, draft_len, temperature, batching))
+    return {
+        "slo_tokens_per_s": slo,
+        "capacity_at_slo": capacity_at_slo(runs, slo),
+        "drafter": "recorded real drafts replayed (llama.cpp, lock-step, fixed D)",
+        "acceptance": alpha,
+        "draft_len": draft_len,
+        "max_new_tokens": max_new_tokens,
+        "verifier_cores": sorted(cores) if cores else None,
+        "scenario": scenario,
+        "runs": runs,
+    }
+
+
+def _models(target: str | None, drafter: str | None, tiny: bool, tmp: str) -> tuple[str, str | None]:
+    if tiny:
+        from sim.fixtures.tiny_models import write_tiny_models
+
+        paths = write_tiny_models(tmp, seed=0)
+        return paths["target"], paths["drafter_noisy"]
+    from cloud.models import resolve_target
+
+    if target is not None and drafter is None:
+        raise ValueError("a target needs a matching drafter GGUF (--drafter)")
+    return str(resolve_target(target)), drafter
+
+
+def _first_core() -> set[int] | None:
+    import os
+
+    try:
+        return {sorted(os.sched_getaffinity(0))[0]}
+    except AttributeError:  # pragma: no cover - not Linux
+        return None
+
+
+def _links(scenario: str | None, port: int, count: int, stack: ExitStack) -> list[str]:
+    if scenario is None:
+        return []
+    from sim.experiment.processes import BackgroundLink
+    from sim.link.scenario import load_scenario
+
+    link = load_scenario(scenario).link
+    return [stack.enter_context(BackgroundLink(link, port)).address for _ in range(count)]
+
+
+def _params(mode: str, seed: int, temperature: float):
+    from shared.params import Mode, SamplingParams
+
+    if mode == Mode.GREEDY.value or mode == CLOUD_ONLY and temperature == 0:
+        return SamplingParams(mode=Mode.GREEDY)
+    return SamplingParams(mode=Mode(mode) if mode != CLOUD_ONLY else Mode.COUPLED, temperature=temperature, seed=seed)
+
+
+def _cloud_only(address: str, session: _Session, vocab, max_new_tokens: int, temperature: float):
+    from edge.client import cloud_only_generate
+
+    started = time.perf_counter()
+    result = cloud_only_generate(address, session.prompt, _params(CLOUD_ONLY, session.seed, temperature),
+                                 vocab_size=vocab[0], fingerprint=vocab[1], max_new_tokens=max_new_tokens)
+    return result.tokens, started, time.perf_counter()
+
+
+def _split(address: str, session: _Session, vocab, mode: str, drafter, max_new_tokens: int, draft_len: int,
+           temperature: float):
+    from edge.client import GrpcVerifier
+    from edge.decode_loop import run_decode
+
+    link = GrpcVerifier(address, vocab_size=vocab[0], fingerprint=vocab[1])
+    started = time.perf_counter()
+    result = run_decode(drafter, link, session.prompt, _params(mode, session.seed, temperature),
+                        max_new_tokens=max_new_tokens, draft_len=draft_len)
+    return result.tokens, started, time.perf_counter(), result.stats
+
+
+def _record(real, address, work, vocab, mode, max_new_tokens, draft_len, temperature):
+    """Each session decoded alone with the real drafter: the blocks it proposed, and its acceptance."""
+    blocks: dict = {}
+    drafted = accepted = 0
+    for session in work:
+        recorder = RecordingDrafter(real)
+        _, _, _, stats = _split(address, session, vocab, mode, recorder, max_new_tokens, draft_len, temperature)
+        blocks.update(recorder.blocks)
+        drafted += stats.drafted
+        accepted += stats.accepted
+    return blocks, accepted / drafted if drafted else 0.0
+
+
+def _measure(cloud, addresses, work, vocab, mode, blocks, reference, max_new_tokens, draft_len, temperature,
+             batching) -> dict[str, Any]:
+    """N = len(work) sessions at once; the run's entry of the report."""
+    metrics = ("splitspec_engine_forwards_total", "splitspec_engine_rows_total", "splitspec_engine_busy_seconds_total",
+               "splitspec_engine_sequences_sum", "splitspec_engine_sequences_count")
+    before = {name: cloud.metric(name) for name in metrics}
+    cpu_before = cloud.cpu_s()
+    results: list = [None] * len(work)
+    errors: list[str] = []
+    barrier = threading.Barrier(len(work))
+    misses = []
+
+    def edge(i: int) -> None:
+        try:
+            barrier.wait()
+            if mode == CLOUD_ONLY:
+                results[i] = _cloud_only(addresses[i], work[i], vocab, max_new_tokens, temperature)
+            else:
+                replay = ReplayDrafter(blocks, vocab[0])
+                results[i] = _split(addresses[i], work[i], vocab, mode, replay, max_new_tokens, draft_len, temperature)[:3]
+                misses.append(replay.misses)
+        except Exception as exc:  # noqa: BLE001 - reported, the run goes on
+            errors.append(f"session {i}: {exc}")
+
+    threads = [threading.Thread(target=edge, args=(i,)) for i in range(len(work))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    after = {name: cloud.metric(name) for name in metrics}
+    delta = {name: after[name] - before[name] for name in metrics}
+    cpu_s = cloud.cpu_s() - cpu_before
+    done = [r for r in results if r is not None]
+    tokens = sum(len(r[0]) for r in done)
+    wall = (max(r[2] for r in done) - min(r[1] for r in done)) if done else 0.0
+    per_session = [len(r[0]) / (r[2] - r[1]) for r in done]
+    forwards = delta["splitspec_engine_forwards_total"]
+    return {
+        "mode": mode,
+        "sessions": len(work),
+        "batching": batching,
+        "aggregate_tokens_per_s": tokens / wall if wall else 0.0,
+        "per_session_tokens_per_s_p50": statistics.median(per_session) if per_session else 0.0,
+        "per_session_tokens_per_s_p10": _percentile(per_session, 0.1) if per_session else 0.0,
+        "cloud_forwards_per_token": forwards / tokens if tokens else 0.0,
+        "cloud_cpu_s_per_token": cpu_s / tokens if tokens else 0.0,
+        "verifier_busy": delta["splitspec_engine_busy_seconds_total"] / wall if wall else 0.0,
+        "mean_batch_rows": delta["splitspec_engine_rows_total"] / forwards if forwards else 0.0,
+        "mean_batch_sessions": (delta["splitspec_engine_sequences_sum"] / delta["splitspec_engine_sequences_count"]
+                                if delta["splitspec_engine_sequences_count"] else 0.0),
+        "identical": not errors and all(r is not None and r[0] == reference[i] for i, r in enumerate(results)),
+        "replay_misses": sum(misses),
+        "errors": errors,
+        "wall_s": wall,
+    }
+
+
+def format_capacity_report(report: dict[str, Any]) -> str:
+    from tabulate import tabulate
+
+    rows = [
+        [r["mode"], r["sessions"], "yes" if r["batching"] else "no", f"{r['aggregate_tokens_per_s']:.1f}",
+         f"{r['per_session_tokens_per_s_p50']:.2f}", f"{r['per_session_tokens_per_s_p10']:.2f}",
+         f"{r['cloud_forwards_per_token']:.2f}", f"{r['cloud_cpu_s_per_token'] * 1e3:.0f}", f"{r['verifier_busy']:.0%}",
+         f"{r['mean_batch_rows']:.1f}", f"{r['mean_batch_sessions']:.1f}", "yes" if r["identical"] else "NO"]
+        for r in report["runs"]
+    ]
+    table = tabulate(rows, headers=["mode", "N", "batched", "agg tok/s", "p50 tok/s", "p10 tok/s", "fwd/tok",
+                                    "cloud CPU ms/tok", "busy", "rows/fwd", "sessions/fwd", "identical"])
+    alpha = ", ".join(f"{mode} {a:.2f}" for mode, a in report["acceptance"].items())
+    capacity = ", ".join(f"{mode} {n}" for mode, n in report["capacity_at_slo"].items())
+    return (f"{table}\n\ndrafter: {report['drafter']}; acceptance {alpha}; D={report['draft_len']}\n"
+            f"capacity at {report['slo_tokens_per_s']:g} tokens/s per session (p50): {capacity}")
