@@ -15,6 +15,7 @@ import statistics
 
 from cloud.servicer import VerifierServicer
 from shared.fleet import DEFAULT_TELEMETRY_PERIOD_S, FleetClient
+from shared.stats import percentile
 
 __all__ = ["load_document", "suggested_draft_len", "report_load_forever"]
 
@@ -33,7 +34,7 @@ def suggested_draft_len(max_draft_len: int, sessions: int, max_sessions: int) ->
 def load_document(servicer: VerifierServicer) -> dict:
     table, limits = servicer.table, servicer.limits
     latencies = sorted(servicer.recent_latencies_s)
-    p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] if latencies else None
+    p99 = percentile(latencies, 0.99) if latencies else None
     return {
         "sessions": len(table),
         "parked": table.parked,

@@ -300,6 +300,14 @@ class GrpcVerifier:
         except ValueError as exc:
             raise VerifierError(f"malformed verdict from the cloud: {exc}") from exc
 
+    def abandon(self) -> None:
+        """Drop the stream now without a Close, as an edge that vanished would (the cloud parks the
+        session until its TTL); for soaks and tests. ``close`` afterwards only releases the channel."""
+        if self._call is not None:
+            self._requests.put(_END)
+            self._call.cancel()
+            self._call = None
+
     def close(self) -> None:
         if self._call is not None:
             # After the final verdict, Close tells the cloud it arrived (until then the cloud keeps

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["DecodeStats", "RoundRecord"]
+__all__ = ["DecodeStats", "RoundRecord", "percentile"]
+
+
+def percentile(values, q: float) -> float:
+    """The nearest-rank ``q`` quantile (0 <= q <= 1) of a non-empty collection."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 @dataclass(frozen=True)

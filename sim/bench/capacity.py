@@ -2,8 +2,8 @@
 
 One ``splitspec-cloud serve`` process pinned to one core (one torch thread)
 serves N concurrent edge sessions; at each N the same sessions run cloud-only
-(``Generate``, the cloud decodes every token) and split (each listed mode),
-both batched by the same scheduler. Capacity is what the verifier carries when
+(``Generate``, the cloud decodes every token) and split (greedy, or coupled
+at the given temperature), both batched by the same scheduler. Capacity is what the verifier carries when
 it is the bottleneck, so the edges must not be: they run as threads of this
 process on the other cores and replay **recorded drafts**: before the runs,
 each session is decoded once alone with the real llama.cpp drafter, which
@@ -28,13 +28,17 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from edge.drafter import DraftBlock, DrafterStats, Speculation, one_hot_block
+from shared.stats import percentile
 
-__all__ = ["ReplayDrafter", "RecordingDrafter", "run_capacity_bench", "format_capacity_report", "capacity_at_slo"]
+__all__ = [
+    "BenchSession", "ReplayDrafter", "RecordingDrafter", "bench_models", "capacity_at_slo", "cloud_only_session",
+    "edges_off", "first_core", "format_capacity_report", "record_drafts", "run_capacity_bench", "session_params", "split_session",
+]
 
 CLOUD_ONLY = "cloud-only"
 PROMPTS = [
@@ -120,7 +124,7 @@ class ReplayDrafter:
 
 
 @dataclass(frozen=True)
-class _Session:
+class BenchSession:
     prompt: list[int]
     seed: int
 
@@ -136,15 +140,10 @@ def capacity_at_slo(runs: list[dict[str, Any]], slo: float) -> dict[str, int]:
     return out
 
 
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def run_capacity_bench(
     *,
     sessions: Sequence[int] = (1, 2, 4, 8, 16),
-    modes: Sequence[str] = ("coupled",),
+    mode: str = "coupled",
     slo: float = 4.0,
     max_new_tokens: int = 32,
     draft_len: int = 8,
@@ -161,24 +160,24 @@ def run_capacity_bench(
     ``compare_unbatched``: also run every N with the verifier serving one forward at a time.
     ``scenario``: each edge reaches the verifier through its own emulated link of that scenario.
     ValueError on bad arguments."""
-    from shared.params import Mode
-
     if not sessions or min(sessions) < 1:
         raise ValueError("--sessions needs counts >= 1")
-    for mode in modes:
-        if mode not in {m.value for m in Mode}:
-            raise ValueError(f"unknown mode {mode!r}")
+    if mode not in ("greedy", "coupled"):
+        raise ValueError(f"mode {mode!r}: capacity compares outputs token for token, so greedy or coupled")
+    if mode == "greedy":
+        temperature = 0.0
     if max_new_tokens < 1 or draft_len < 1:
         raise ValueError("max_new_tokens and draft_len must be >= 1")
     with tempfile.TemporaryDirectory(prefix="splitspec-capacity-") as tmp, ExitStack() as stack:
-        target, drafter = _models(target, drafter, tiny, tmp)
+        target, drafter = bench_models(target, drafter, tiny, tmp)
         from edge.drafter_choice import open_llama_drafter
 
         real = open_llama_drafter(drafter, n_threads=1)
         stack.callback(real.close)
         vocab = (real.vocab.size, real.vocab.fingerprint)
-        work = [_Session(real.vocab.tokenize(PROMPTS[i % len(PROMPTS)]), seed=i) for i in range(max(sessions))]
-        cores = cloud_cores if cloud_cores is not None else _first_core()
+        work = [BenchSession(real.vocab.tokenize(PROMPTS[i % len(PROMPTS)]), seed=i) for i in range(max(sessions))]
+        cores = cloud_cores if cloud_cores is not None else first_core()
+        stack.enter_context(edges_off(cores))
         runs: list[dict[str, Any]] = []
         alpha: dict[str, float] = {}
         reference: list[list[int]] = []
@@ -193,15 +192,14 @@ def run_capacity_bench(
                 addresses = _links(scenario, cloud.port, max(sessions), per_cloud) or [f"127.0.0.1:{cloud.port}"] * max(sessions)
                 if not reference:
                     progress(f"reference: {len(work)} sessions decoded alone, cloud-only")
-                    reference = [_cloud_only(addresses[0], s, vocab, max_new_tokens, temperature)[0] for s in work]
-                    for mode in modes:
-                        progress(f"recording the real drafter's blocks ({mode}, D={draft_len})")
-                        recordings[mode], alpha[mode] = _record(real, addresses[0], work, vocab, mode, max_new_tokens,
-                                                                draft_len, temperature)
+                    reference = [cloud_only_session(addresses[0], s, vocab, max_new_tokens, temperature)[0] for s in work]
+                    progress(f"recording the real drafter's blocks ({mode}, D={draft_len})")
+                    recordings[mode], alpha[mode] = record_drafts(real, addresses[0], work, vocab, max_new_tokens,
+                                                                  draft_len, temperature)
                 for n in sessions:
-                    for mode in (CLOUD_ONLY, *modes):
-                        progress(f"{'batched' if batching else 'one forward at a time'}: {n} sessions, {mode}")
-                        runs.append(_measure(cloud, addresses, work[:n], vocab, mode, recordings.get(mode), reference,
+                    for kind in (CLOUD_ONLY, mode):
+                        progress(f"{'batched' if batching else 'one forward at a time'}: {n} sessions, {kind}")
+                        runs.append(_measure(cloud, addresses, work[:n], vocab, kind, recordings.get(kind), reference,
                                              max_new_tokens, draft_len, temperature, batching))
     return {
         "slo_tokens_per_s": slo,
@@ -216,7 +214,7 @@ def run_capacity_bench(
     }
 
 
-def _models(target: str | None, drafter: str | None, tiny: bool, tmp: str) -> tuple[str, str | None]:
+def bench_models(target: str | None, drafter: str | None, tiny: bool, tmp: str) -> tuple[str, str | None]:
     if tiny:
         from sim.fixtures.tiny_models import write_tiny_models
 
@@ -229,13 +227,32 @@ def _models(target: str | None, drafter: str | None, tiny: bool, tmp: str) -> tu
     return str(resolve_target(target)), drafter
 
 
-def _first_core() -> set[int] | None:
+def first_core() -> set[int] | None:
     import os
 
     try:
         return {sorted(os.sched_getaffinity(0))[0]}
     except AttributeError:  # pragma: no cover - not Linux
         return None
+
+
+@contextmanager
+def edges_off(cores: set[int] | None):
+    """Keep this process (the edges) off the verifier's ``cores`` while the context lasts."""
+    import os
+
+    try:
+        mine = os.sched_getaffinity(0)
+    except AttributeError:  # pragma: no cover - not Linux
+        yield
+        return
+    others = mine - (cores or set())
+    if cores and others:
+        os.sched_setaffinity(0, others)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, mine)
 
 
 def _links(scenario: str | None, port: int, count: int, stack: ExitStack) -> list[str]:
@@ -248,42 +265,44 @@ def _links(scenario: str | None, port: int, count: int, stack: ExitStack) -> lis
     return [stack.enter_context(BackgroundLink(link, port)).address for _ in range(count)]
 
 
-def _params(mode: str, seed: int, temperature: float):
+def session_params(seed: int, temperature: float):
+    """A session's sampling: greedy at temperature 0, else coupled with its own seed (split and
+    cloud-only alike, so both must produce target-only's tokens)."""
     from shared.params import Mode, SamplingParams
 
-    if mode == Mode.GREEDY.value or mode == CLOUD_ONLY and temperature == 0:
+    if temperature == 0:
         return SamplingParams(mode=Mode.GREEDY)
-    return SamplingParams(mode=Mode(mode) if mode != CLOUD_ONLY else Mode.COUPLED, temperature=temperature, seed=seed)
+    return SamplingParams(mode=Mode.COUPLED, temperature=temperature, seed=seed)
 
 
-def _cloud_only(address: str, session: _Session, vocab, max_new_tokens: int, temperature: float):
+def cloud_only_session(address: str, session: BenchSession, vocab, max_new_tokens: int, temperature: float):
     from edge.client import cloud_only_generate
 
     started = time.perf_counter()
-    result = cloud_only_generate(address, session.prompt, _params(CLOUD_ONLY, session.seed, temperature),
+    result = cloud_only_generate(address, session.prompt, session_params(session.seed, temperature),
                                  vocab_size=vocab[0], fingerprint=vocab[1], max_new_tokens=max_new_tokens)
     return result.tokens, started, time.perf_counter()
 
 
-def _split(address: str, session: _Session, vocab, mode: str, drafter, max_new_tokens: int, draft_len: int,
+def split_session(address: str, session: BenchSession, vocab, drafter, max_new_tokens: int, draft_len: int,
            temperature: float):
     from edge.client import GrpcVerifier
     from edge.decode_loop import run_decode
 
     link = GrpcVerifier(address, vocab_size=vocab[0], fingerprint=vocab[1])
     started = time.perf_counter()
-    result = run_decode(drafter, link, session.prompt, _params(mode, session.seed, temperature),
+    result = run_decode(drafter, link, session.prompt, session_params(session.seed, temperature),
                         max_new_tokens=max_new_tokens, draft_len=draft_len)
     return result.tokens, started, time.perf_counter(), result.stats
 
 
-def _record(real, address, work, vocab, mode, max_new_tokens, draft_len, temperature):
+def record_drafts(real, address, work, vocab, max_new_tokens, draft_len, temperature):
     """Each session decoded alone with the real drafter: the blocks it proposed, and its acceptance."""
     blocks: dict = {}
     drafted = accepted = 0
     for session in work:
         recorder = RecordingDrafter(real)
-        _, _, _, stats = _split(address, session, vocab, mode, recorder, max_new_tokens, draft_len, temperature)
+        _, _, _, stats = split_session(address, session, vocab, recorder, max_new_tokens, draft_len, temperature)
         blocks.update(recorder.blocks)
         drafted += stats.drafted
         accepted += stats.accepted
@@ -306,10 +325,10 @@ def _measure(cloud, addresses, work, vocab, mode, blocks, reference, max_new_tok
         try:
             barrier.wait()
             if mode == CLOUD_ONLY:
-                results[i] = _cloud_only(addresses[i], work[i], vocab, max_new_tokens, temperature)
+                results[i] = cloud_only_session(addresses[i], work[i], vocab, max_new_tokens, temperature)
             else:
                 replay = ReplayDrafter(blocks, vocab[0])
-                results[i] = _split(addresses[i], work[i], vocab, mode, replay, max_new_tokens, draft_len, temperature)[:3]
+                results[i] = split_session(addresses[i], work[i], vocab, replay, max_new_tokens, draft_len, temperature)[:3]
                 misses.append(replay.misses)
         except Exception as exc:  # noqa: BLE001 - reported, the run goes on
             errors.append(f"session {i}: {exc}")
@@ -333,7 +352,7 @@ def _measure(cloud, addresses, work, vocab, mode, blocks, reference, max_new_tok
         "batching": batching,
         "aggregate_tokens_per_s": tokens / wall if wall else 0.0,
         "per_session_tokens_per_s_p50": statistics.median(per_session) if per_session else 0.0,
-        "per_session_tokens_per_s_p10": _percentile(per_session, 0.1) if per_session else 0.0,
+        "per_session_tokens_per_s_p10": percentile(per_session, 0.1) if per_session else 0.0,
         "cloud_forwards_per_token": forwards / tokens if tokens else 0.0,
         "cloud_cpu_s_per_token": cpu_s / tokens if tokens else 0.0,
         "verifier_busy": delta["splitspec_engine_busy_seconds_total"] / wall if wall else 0.0,

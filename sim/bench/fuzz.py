@@ -27,6 +27,7 @@ from google.protobuf.message import DecodeError
 from protos import splitspec_pb2 as pb
 from shared import codec
 from shared.wire import CHANNEL_OPTIONS, MAX_MESSAGE_BYTES, sampling_to_proto
+from sim.experiment.processes import process_rss_mb
 
 __all__ = ["HostileFrames", "SoakReport", "run_soak", "send_raw_stream", "DECODE_METHOD", "ALLOWED_ENDINGS"]
 
@@ -208,13 +209,6 @@ class SoakReport:
         return asdict(self)
 
 
-def _rss_mb(pid: int) -> float:
-    for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
 def send_raw_stream(channel: grpc.Channel, messages: list[bytes], ending: str, owner: str,
                  deadline_s: float) -> tuple[grpc.StatusCode, str, bool]:
     """One raw stream: (final code, details, hung)."""
@@ -265,7 +259,7 @@ def run_soak(
     """
     report = SoakReport()
     if server_pid:
-        report.rss_before_mb = report.rss_peak_mb = _rss_mb(server_pid)
+        report.rss_before_mb = report.rss_peak_mb = process_rss_mb(server_pid)
     stop = threading.Event()
     lockout = {"since": None}
 
@@ -287,7 +281,7 @@ def run_soak(
 
     def watch_memory() -> None:
         while not stop.wait(0.2):
-            report.rss_peak_mb = max(report.rss_peak_mb or 0.0, _rss_mb(server_pid))
+            report.rss_peak_mb = max(report.rss_peak_mb or 0.0, process_rss_mb(server_pid))
 
     threads = [threading.Thread(target=honest_loop, name="soak-honest", daemon=True)]
     if server_pid:
@@ -329,7 +323,7 @@ def run_soak(
     report.endings = dict(endings)
     if server_pid:
         try:
-            report.rss_after_mb = _rss_mb(server_pid)
+            report.rss_after_mb = process_rss_mb(server_pid)
         except FileNotFoundError:
             report.server_alive = False
     if sessions_left is not None and report.server_alive:

@@ -18,14 +18,11 @@ import statistics
 import tempfile
 from typing import Any
 
+from shared.stats import percentile
+
 __all__ = ["format_service_report", "run_service_bench"]
 
 _TEMPERATURE = 0.8  # every session samples (coupled mode), one seed per session
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def run_service_bench(
@@ -90,8 +87,8 @@ def run_service_bench(
         "verifies": len(overheads),
         "service_overhead_ms": {
             "p50": 1e3 * statistics.median(overheads),
-            "p90": 1e3 * _percentile(overheads, 0.9),
-            "p99": 1e3 * _percentile(overheads, 0.99),
+            "p90": 1e3 * percentile(overheads, 0.9),
+            "p99": 1e3 * percentile(overheads, 0.99),
         },
         "in_process_ms_per_round": 1e3 * local_wall / local_rounds,
         "loopback_grpc_ms_per_round": 1e3 * remote_wall / remote_rounds,

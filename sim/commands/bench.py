@@ -152,8 +152,9 @@ def _add_capacity(subparsers: argparse._SubParsersAction) -> None:
                     "gets at least that many tokens/s.")
     capacity.add_argument("--sessions", type=positive_int, nargs="+", default=[1, 2, 4, 8, 16],
                           help="concurrent session counts (default %(default)s)")
-    capacity.add_argument("--mode", dest="modes", nargs="+", choices=_MODES, default=["coupled"],
-                          help="split modes beside cloud-only (default %(default)s)")
+    capacity.add_argument("--mode", choices=("greedy", "coupled"), default="coupled",
+                          help="split mode (and the sampling cloud-only uses too): greedy, or coupled at "
+                               "--temperature (default %(default)s)")
     capacity.add_argument("--slo", type=float, default=4.0, help="tokens/s per session (p50) for capacity (default %(default)s)")
     capacity.add_argument("--max-new-tokens", type=positive_int, default=32, help="tokens per session (default %(default)s)")
     capacity.add_argument("--draft-len", type=positive_int, default=DEFAULT_DRAFT_LEN,
@@ -168,6 +169,11 @@ def _add_capacity(subparsers: argparse._SubParsersAction) -> None:
     capacity.add_argument("--target", default=None, help="target folder or GGUF (default: Gemma 3 270M)")
     capacity.add_argument("--drafter", default=None, help="drafter GGUF to record (default: Gemma 3 270M Q4_K_M)")
     capacity.add_argument("--tiny", action="store_true", help="generated tiny models (a quick self-check)")
+    capacity.add_argument("--soak", type=float, default=None, metavar="MINUTES",
+                          help="instead: max(--sessions) workers open, decode and close sessions for this long "
+                               "(one in ten abandoned mid-stream); reports errors, verdict latency per minute, "
+                               "the verifier's RSS over time and sessions left after the TTL")
+    capacity.add_argument("--out", default="out/capacity-soak", help="where --soak writes soak.png (default %(default)s)")
     capacity.add_argument("--json", action="store_true", help="print the report as JSON")
     capacity.set_defaults(func=run_capacity)
 
@@ -177,14 +183,40 @@ def run_capacity(args: argparse.Namespace) -> int:
 
     from sim.bench.capacity import format_capacity_report, run_capacity_bench
 
+    progress = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    if args.soak is not None:
+        return _run_soak(args, progress)
     report = run_capacity_bench(
-        sessions=sorted(set(args.sessions)), modes=args.modes, slo=args.slo, max_new_tokens=args.max_new_tokens,
+        sessions=sorted(set(args.sessions)), mode=args.mode, slo=args.slo, max_new_tokens=args.max_new_tokens,
         draft_len=args.draft_len, temperature=args.temperature, compare_unbatched=args.no_batching,
-        target=args.target, drafter=args.drafter, tiny=args.tiny, scenario=args.scenario,
-        progress=lambda line: print(line, file=sys.stderr, flush=True),
+        target=args.target, drafter=args.drafter, tiny=args.tiny, scenario=args.scenario, progress=progress,
     )
     print(json.dumps(report) if args.json else format_capacity_report(report))
     return 0 if all(run["identical"] for run in report["runs"]) else 1
+
+
+def _run_soak(args: argparse.Namespace, progress) -> int:
+    from pathlib import Path
+
+    from sim.bench.soak import plot_soak, run_soak_bench
+
+    report = run_soak_bench(
+        minutes=args.soak, sessions=max(args.sessions), max_new_tokens=args.max_new_tokens, draft_len=args.draft_len,
+        temperature=0.0 if args.mode == "greedy" else args.temperature, target=args.target, drafter=args.drafter,
+        tiny=args.tiny, progress=progress,
+    )
+    report["plot"] = str(plot_soak(report, Path(args.out)))
+    if args.json:
+        print(json.dumps(report))
+    else:
+        for key, value in report.items():
+            if key not in ("rss_mb", "verdict_latency"):
+                print(f"{key:>24}: {value}")
+        for minute in report["verdict_latency"]:
+            print(f"  minute {minute['minute']}: {minute['rounds']} rounds, verdict latency p50 "
+                  f"{minute['verdict_latency_p50_s'] * 1e3:.0f} ms, p99 {minute['verdict_latency_p99_s'] * 1e3:.0f} ms")
+    clean = not report["errors"] and not report["different"] and not report["leaked_sessions"]
+    return 0 if clean else 1
 
 
 def run_serve(args: argparse.Namespace) -> int:

@@ -29,6 +29,8 @@ def add_model_command(subparsers: Any) -> None:
     p.add_argument("--max-draft-len", type=int, default=16, metavar="D", help="largest D to model (default 16)")
     p.add_argument("--window", type=int, default=DEFAULT_WINDOW, metavar="W",
                    help=f"blocks in flight for the pipelined table (default {DEFAULT_WINDOW})")
+    p.add_argument("--slo", type=float, default=15.0, metavar="TOK_S",
+                   help="tokens/s per session for the capacity table's capacity (default 15)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=run_model)
 
@@ -36,6 +38,6 @@ def add_model_command(subparsers: Any) -> None:
 def run_model(args: argparse.Namespace) -> int:
     from sim.perf.report import format_report, model_report
 
-    report = model_report(args.hardware, args.scenario, args.max_draft_len, args.window)
+    report = model_report(args.hardware, args.scenario, args.max_draft_len, args.window, args.slo)
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     return 0

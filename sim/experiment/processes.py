@@ -19,7 +19,8 @@ from edge.report import EdgeReport
 from shared.loop_thread import LoopThread
 from sim.link.emulator import LinkConfig, LinkEmulator
 
-__all__ = ["core_split", "CloudProcess", "BrokerProcess", "run_edge_process", "BackgroundLink", "process_cpu_s"]
+__all__ = ["core_split", "CloudProcess", "BrokerProcess", "run_edge_process", "BackgroundLink", "process_cpu_s",
+           "process_rss_mb"]
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -59,6 +60,14 @@ def process_cpu_s(pid: int) -> float:
     """User + system CPU seconds the process has used (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+
+
+def process_rss_mb(pid: int) -> float:
+    """Resident memory of the process in MiB (Linux /proc; 0 when unreadable)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
 
 
 class CloudProcess:

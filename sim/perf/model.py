@@ -357,6 +357,15 @@ class HardwareProfile:
     prefill_ms: float = 0.0
     draft_prefill_ms: float = 0.0
     open_bytes: float = 0.0
+    # Rows at which a packed forward stops being memory-bound (the roofline's ridge point):
+    # below it the weights' streaming time (verify_fixed) is paid once whatever the rows.
+    ridge_rows: float = 1.0
+
+    def batch_forward_s(self, rows: int) -> float:
+        """One packed forward over ``rows`` rows (many sessions'): memory-bound until ``ridge_rows``,
+        then the fixed part grows with the rows (compute-bound); plus the per-row part."""
+        fixed = self.verify_fixed_ms * max(1.0, rows / self.ridge_rows)
+        return (fixed + self.verify_per_token_ms * rows) / 1e3
 
     def to_timings(self) -> Timings:
         return Timings(
@@ -376,7 +385,7 @@ class HardwareProfile:
 
 _KEYS = {
     "": {"name", "description", "target", "drafter", "acceptance", "bytes"},
-    "target": {"model", "verify_fixed_ms", "verify_per_token_ms", "prefill_ms", "vocab_size"},
+    "target": {"model", "verify_fixed_ms", "verify_per_token_ms", "prefill_ms", "vocab_size", "ridge_rows"},
     "drafter": {"model", "draft_ms_per_token", "draft_prefill_ms"},
     "acceptance": {"alpha"},
     "bytes": {"up_fixed", "up_per_draft", "down_per_round", "down_per_token_cloud_only", "open"},
@@ -392,7 +401,7 @@ def load_hardware(name_or_path: str | Path) -> HardwareProfile:
     """Load a shipped profile by bare name, or a user file by path (anything with a separator or `.toml`).
 
     File layout: `name`, `description`; `[target]` model, verify_fixed_ms,
-    verify_per_token_ms, prefill_ms, vocab_size; `[drafter]` model,
+    verify_per_token_ms, prefill_ms, vocab_size, ridge_rows (default 1: compute-bound at once); `[drafter]` model,
     draft_ms_per_token, draft_prefill_ms; `[acceptance]` alpha (a number or a
     list per position); optional `[bytes]` up_fixed, up_per_draft,
     down_per_round, down_per_token_cloud_only, open, defaulting to
@@ -452,4 +461,5 @@ def _profile_from_dict(data: dict[str, Any], default_name: str) -> HardwareProfi
         prefill_ms=number(target, "prefill_ms", "target", 0.0),
         draft_prefill_ms=number(drafter, "draft_prefill_ms", "drafter", 0.0),
         open_bytes=number(given, "open", "bytes", 0.0),
+        ridge_rows=max(number(target, "ridge_rows", "target", 1.0), 1.0),
     )

@@ -34,10 +34,13 @@ _TABLE_COLUMNS = (
 )
 
 
-def model_report(hardware: str, scenario: str, max_draft_len: int = 16, window: int = DEFAULT_WINDOW) -> dict[str, Any]:
+def model_report(hardware: str, scenario: str, max_draft_len: int = 16, window: int = DEFAULT_WINDOW,
+                 slo: float = 15.0) -> dict[str, Any]:
     """The predictions as a JSON-ready dict: ``rows`` lock-step (cloud-only first), ``pipelined_rows``
-    with ``window`` blocks in flight. ValueError on a bad profile, scenario, D or window."""
+    with ``window`` blocks in flight, ``capacity`` (sessions per verifier, batched, at ``slo``
+    tokens/s per session). ValueError on a bad profile, scenario, D or window."""
     from sim.link.scenario import load_scenario
+    from sim.perf.capacity import capacity_at_slo, capacity_rows
     from sim.perf.model import (
         NetworkModel,
         best_draft_len,
@@ -81,6 +84,8 @@ def model_report(hardware: str, scenario: str, max_draft_len: int = 16, window: 
         "window": window,
         "pipelined_rows": pipelined,
         "best_pipelined": max(pipelined, key=lambda r: (r["tokens_per_s"], -r["draft_len"])),
+        "capacity": {"rows": (cap := capacity_rows(profile, link, max_draft_len=max_draft_len, window=window)),
+                     "ridge_rows": profile.ridge_rows, **capacity_at_slo(cap, slo)},
     }
 
 
@@ -153,5 +158,29 @@ def format_report(r: dict[str, Any], tablefmt: str = "simple") -> str:
         f"best pipelined D = {p['draft_len']}: {p['tokens_per_s']:.2f} tok/s ({p['speedup_vs_cloud_only']:.2f}x "
         f"cloud-only, {p['tokens_per_s'] / b['tokens_per_s']:.2f}x the best lock-step), cloud compute "
         f"{p['cloud_compute_vs_cloud_only']:.2f}x cloud-only per token",
-        f"({LABEL}: predictions of sim.perf.model; measure with `splitspec sim run`.)",
+        "",
+        _capacity_text(r["capacity"], tablefmt),
+        f"({LABEL}: predictions of sim.perf.model; measure with `splitspec sim run` and `splitspec bench capacity`.)",
+    ])
+
+
+def _capacity_text(c: dict[str, Any], tablefmt: str) -> str:
+    table = tabulate(
+        [[r["sessions"], f"{r['cloud_only_tokens_per_s']:.2f}", f"{r['split_tokens_per_s']:.2f}",
+          f"{r['cloud_only_aggregate']:.0f}", f"{r['split_aggregate']:.0f}",
+          f"{r['cloud_only_cloud_s_per_token'] * 1e3:.2f}", f"{r['split_cloud_s_per_token'] * 1e3:.2f}",
+          r["split_draft_len"] or "alone", r["forward_rows"]] for r in c["rows"]],
+        headers=["N", "cloud-only tok/s", "split tok/s", "cloud-only agg", "split agg", "cloud-only ms/tok",
+                 "split ms/tok", "split D", "rows/fwd"],
+        tablefmt=tablefmt, disable_numparse=True,
+    )
+    stops = c["split_stops_paying_at"]
+    return "\n".join([
+        f"capacity, N sessions batched on one verifier (roofline ridge at {c['ridge_rows']:g} rows; per session):",
+        "",
+        table,
+        "",
+        f"capacity at {c['slo_tokens_per_s']:g} tok/s per session: split {c['split']} sessions, cloud-only "
+        f"{c['cloud-only']}; the split stops paying at "
+        + (f"N = {stops}" if stops else "no N up to the largest modelled"),
     ])
