@@ -54,6 +54,8 @@ def add_cloud_commands(commands) -> None:
     )
     serve.add_argument("--target", default=None, help="Hugging Face folder or GGUF file (default: Gemma 3 270M)")
     serve.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    serve.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
+                       help="target weights and activations (default: float32 on CPU, bfloat16 on GPU)")
     serve.add_argument("--host", default=None, help="listen address (default: 127.0.0.1, or 0.0.0.0 with --auth-token-file and TLS)")
     serve.add_argument("--port", type=port_number, default=50051, help="listen port; 0 picks a free one (default 50051)")
     limits = ServiceLimits()
@@ -72,6 +74,10 @@ def add_cloud_commands(commands) -> None:
     serve.add_argument("--idle-timeout", type=positive_float, default=limits.idle_timeout_s,
                        help="seconds a stream may go without a block to verify before its session is parked "
                        f"(default {limits.idle_timeout_s:g}); a full table evicts parked sessions first")
+    serve.add_argument("--max-kv-tokens", type=positive_int, default=limits.max_kv_tokens,
+                       help="KV cache positions all sessions may reserve; each reserves its prompt plus max new "
+                            "tokens, and an Open that does not fit gets RESOURCE_EXHAUSTED "
+                            f"(default {limits.max_kv_tokens})")
     serve.add_argument("--max-batch-rows", type=positive_int, default=limits.max_batch_rows,
                        help="rows one target forward packs across sessions; long prompts are prefilled in chunks "
                             f"that fill what verifies leave (default {limits.max_batch_rows})")
@@ -126,6 +132,7 @@ def run_serve(args: argparse.Namespace) -> int:
             idle_timeout_s=args.idle_timeout,
             max_new_tokens=args.max_new_tokens,
             max_batch_rows=args.max_batch_rows,
+            max_kv_tokens=args.max_kv_tokens,
         ),
         batching=not args.no_batching,
         auth_token=token,
@@ -141,7 +148,7 @@ def run_serve(args: argparse.Namespace) -> int:
     pick_device(args.device)  # a bad --device fails before a minute of model loading
     target = resolve_target(args.target)
     try:
-        engine = TargetEngine(target, device=args.device, canonical=args.shapes == "canonical")
+        engine = TargetEngine(target, device=args.device, dtype=args.dtype, canonical=args.shapes == "canonical")
     except Exception as exc:  # a truncated or foreign checkpoint (safetensors raises its own type), a bad config
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CliError(f"cannot load the target model from {target}: {detail}") from exc

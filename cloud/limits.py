@@ -21,6 +21,7 @@ class ServiceLimits:
     max_new_tokens: int = 4096
     max_prompt_tokens: int = 16384
     open_timeout_s: float = 30.0  # the first frame must arrive within this
+    max_kv_tokens: int = 262_144  # KV positions all sessions may reserve (prompt + max new tokens each)
     max_batch_rows: int = 256  # rows one target forward packs across sessions (prompts are prefilled in chunks)
 
     def __post_init__(self) -> None:

@@ -67,7 +67,8 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         self.engine = engine
         self.limits = limits
         self.metrics = metrics or ServiceMetrics()
-        self.table = SessionTable(limits.max_sessions, limits.session_ttl_s, max_per_owner=limits.max_sessions_per_client)
+        self.table = SessionTable(limits.max_sessions, limits.session_ttl_s, max_per_owner=limits.max_sessions_per_client,
+                                  max_tokens=limits.max_kv_tokens)
         self._log_window_start, self._log_lines, self._log_skipped = 0.0, 0, 0
         # The latest per-verify service times outside the forward, seconds (for benchmarks and debugging).
         self.recent_overheads_s: deque[float] = deque(maxlen=10_000)
@@ -135,7 +136,8 @@ class VerifierServicer(pb_grpc.VerifierServicer):
     async def _new_session(self, opened: OpenRequest, max_draft_len: int, owner: str) -> SessionEntry:
         params, prompt, max_new_tokens = opened.params, opened.prompt, opened.max_new_tokens
         try:
-            self.table.reserve(owner)  # refuse before spending a prefill on a session that cannot be kept
+            # Refuse before spending a prefill on a session that cannot be kept.
+            self.table.reserve(owner, len(prompt) + max_new_tokens)
 
             def open_session():
                 session = VerifierSession(
@@ -478,6 +480,10 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                     f"the limit is {self.limits.max_prompt_tokens}",
                 )
             max_draft_len = min(request.max_draft_len or self.limits.max_draft_len, self.limits.max_draft_len)
+            try:
+                self.table.resize(entry, request.committed_length + len(turn.prompt) + turn.max_new_tokens)
+            except TableFull as exc:
+                raise _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)) from exc
             try:
                 await self._in_engine(
                     lambda: entry.session.extend_steps(request.committed_length, turn.prompt, turn.params,

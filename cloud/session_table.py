@@ -11,7 +11,10 @@ new session evicts the longest-parked one (a parked session is only a
 convenience: its edge can reopen with its committed tokens); only attached
 sessions can make the table refuse. No owner (a bearer token, else the
 peer's address) holds more than ``max_per_owner`` entries, attached or
-parked. Everything here is bookkeeping: no I/O, and the clock is injectable.
+parked. Each session reserves its worst-case KV cache (prompt plus new
+tokens) against ``max_tokens``; a reservation that does not fit evicts parked
+sessions first, then is refused. Everything here is bookkeeping: no I/O, and
+the clock is injectable.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ class SessionEntry:
     owner: str = ""
     attached: bool = True  # a stream is driving it
     stream: int = 0  # bumped on every attach: the stream that holds the current number drives the session
+    tokens: int = 0  # KV cache positions reserved (prompt + max new tokens)
     last_active: float = field(default_factory=time.monotonic)
 
 
@@ -57,9 +61,11 @@ class SessionTable:
         ttl_s: float,
         clock: Callable[[], float] = time.monotonic,
         max_per_owner: int | None = None,
+        max_tokens: int | None = None,
     ) -> None:
         self.max_sessions = max_sessions
         self.max_per_owner = max_per_owner or max_sessions
+        self.max_tokens = max_tokens  # KV positions all sessions may reserve (None: no budget)
         self.ttl_s = ttl_s
         self._clock = clock
         self._by_ticket: dict[bytes, SessionEntry] = {}
@@ -72,12 +78,16 @@ class SessionTable:
     def parked(self) -> int:
         return sum(not e.attached for e in self._by_ticket.values())
 
-    def reserve(self, owner: str = "") -> None:
-        """Make room for a session of ``owner`` or raise ``TableFull``.
+    @property
+    def reserved_tokens(self) -> int:
+        return sum(e.tokens for e in self._by_ticket.values())
+
+    def reserve(self, owner: str = "", tokens: int = 0) -> None:
+        """Make room for a session of ``owner`` reserving ``tokens`` KV positions, or raise ``TableFull``.
 
         Reaps expired sessions, then evicts the owner's own longest-parked
         session when the owner is at its share, and anyone's longest-parked
-        one when the table is full.
+        one when the table or the token budget is full.
         """
         self.reap()
         mine = [e for e in self._by_ticket.values() if e.owner == owner]
@@ -87,11 +97,32 @@ class SessionTable:
             )
         if len(self._by_ticket) >= self.max_sessions and not self._evict_parked(list(self._by_ticket.values())):
             raise TableFull(f"the verifier is at its limit of {self.max_sessions} sessions; retry later")
+        self._fit_tokens(tokens)
+
+    def resize(self, entry: SessionEntry, tokens: int) -> None:
+        """``entry`` now reserves ``tokens`` KV positions (a conversation's next turn), or ``TableFull``."""
+        self._fit_tokens(tokens - entry.tokens, keep=entry)
+        entry.tokens = tokens
+
+    def _fit_tokens(self, tokens: int, keep: SessionEntry | None = None) -> None:
+        if self.max_tokens is None:
+            return
+        if tokens > self.max_tokens:
+            raise TableFull(f"a session reserving {tokens} KV positions exceeds the verifier's budget of "
+                            f"{self.max_tokens}; ask for fewer new tokens or a shorter prompt")
+        others = [e for e in self._by_ticket.values() if e is not keep]
+        while self.reserved_tokens + tokens > self.max_tokens:
+            if not self._evict_parked(others):
+                raise TableFull(f"the verifier's KV cache budget is full ({self.reserved_tokens} of "
+                                f"{self.max_tokens} positions reserved); retry later or ask for fewer new tokens")
+            others = [e for e in self._by_ticket.values() if e is not keep]
 
     def add(self, session: VerifierSession, owner: str = "") -> SessionEntry:
-        self.reserve(owner)
+        tokens = session.prompt_len + session.max_new_tokens
+        self.reserve(owner, tokens)
         entry = SessionEntry(
-            session_id=secrets.token_hex(8), ticket=secrets.token_bytes(16), session=session, owner=owner
+            session_id=secrets.token_hex(8), ticket=secrets.token_bytes(16), session=session, owner=owner,
+            tokens=tokens,
         )
         entry.last_active = self._clock()
         self._by_ticket[entry.ticket] = entry

@@ -39,6 +39,7 @@ from shared.params import SamplingParams
 from shared.verdict import StopReason, Verdict
 from shared.wire import (
     CHANNEL_OPTIONS,
+    REPLICA_HEADER,
     is_loopback,
     message_wire_bytes,
     sampling_to_proto,
@@ -454,7 +455,9 @@ class GrpcVerifier:
             self._call.cancel()
         self._requests, self._responses = queue.Queue(), queue.Queue()
         self._in_flight.clear()
-        self._call = pb_grpc.VerifierStub(self._channel).Decode(iter(self._requests.get, _END))
+        # A resume names the session's replica, for a proxy that routes by it (deploy/envoy.yaml).
+        metadata = ((REPLICA_HEADER, self.replica),) if self.replica else None
+        self._call = pb_grpc.VerifierStub(self._channel).Decode(iter(self._requests.get, _END), metadata=metadata)
         self._reader = threading.Thread(
             target=self._read_forever, args=(self._call, self._responses), name="edge-link-reader", daemon=True
         )

@@ -28,6 +28,7 @@ __all__ = [
     "GRPC_PREFIX_BYTES",
     "HTTP2_FRAME_HEADER_BYTES",
     "MAX_MESSAGE_BYTES",
+    "REPLICA_HEADER",
     "CHANNEL_OPTIONS",
     "SERVER_OPTIONS",
     "OpenRequest",
@@ -51,6 +52,9 @@ HTTP2_FRAME_HEADER_BYTES = 9  # each message rides in (at least) one HTTP/2 DATA
 # Largest gRPC message either side sends or accepts: a full codec payload plus the frame around it.
 MAX_MESSAGE_BYTES = codec.MAX_PAYLOAD_BYTES + (64 << 10)
 _MAX_SERVER_US = 2**32 - 1  # a uint32 field
+# Request metadata naming the replica that holds a session (Opened.replica): a resume carries it,
+# so a proxy in front of several verifiers can route the stream back to its session.
+REPLICA_HEADER = "x-splitspec-replica"
 
 CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),

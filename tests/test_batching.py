@@ -19,46 +19,8 @@ from cloud.server import BackgroundServer, ServerConfig
 from protos import splitspec_pb2 as pb
 from shared.params import Mode, SamplingParams
 from sim.bench.fuzz import HostileFrames, send_raw_stream
+from sim.bench.invariance import chunked_beside_mates, one_at_a_time
 from sim.inprocess import generate
-
-
-def _one_at_a_time(engine, tokens, start):
-    """Logits for positions start.. of ``tokens``, decoding one token per forward after a prefill."""
-    seq = engine.new_sequence()
-    rows = [engine.forward(seq, tokens[:start], last_only=True)[-1]]
-    rows += [engine.forward(seq, [t])[-1] for t in tokens[start:-1]]
-    return torch.stack(rows)
-
-
-def _chunked_beside_mates(engine, tokens, start, rng):
-    """The same rows computed in random blocks (with rejected blocks cropped away), each forward
-    shared with batch-mates at random positions, the prompt prefilled in random chunks."""
-    mates = [engine.new_sequence() for _ in range(rng.randrange(1, 4))]
-    for mate in mates:
-        engine.forward(mate, [rng.randrange(3, 400) for _ in range(rng.randrange(1, 150))], last_only=True)
-
-    seq = engine.new_sequence()
-    done = 0
-    while done < start:  # prefill in chunks; only the last returns its row
-        take = min(rng.randrange(1, 40), start - done)
-        item = ForwardItem(seq, tokens[done : done + take], "last" if done + take == start else "none")
-        outputs = engine.forward_batch([item, *[ForwardItem(m, [5]) for m in mates]])
-        done += take
-    rows = [outputs[0][-1]]
-    while len(rows) < len(tokens) - start:
-        if rng.random() < 0.3:  # a rejected block: forward garbage, crop it away
-            garbage = [rng.randrange(3, 400) for _ in range(rng.randrange(1, 6))]
-            engine.forward_batch([ForwardItem(seq, garbage), ForwardItem(mates[0], [7])])
-            engine.crop(seq, start + len(rows) - 1)
-        position = start + len(rows) - 1  # feed the last committed token and a block after it
-        block = tokens[position : position + rng.randrange(1, 9)]
-        items = [ForwardItem(seq, block), *[ForwardItem(m, [rng.randrange(3, 400)]) for m in mates]]
-        rng.shuffle(items)
-        out = engine.forward_batch(items)
-        got = out[[i for i, item in enumerate(items) if item.seq is seq][0]]
-        rows.extend(got)
-        engine.crop(seq, position + len(block))
-    return torch.stack(rows[: len(tokens) - start])
 
 
 @pytest.mark.parametrize("trial", range(3))
@@ -66,8 +28,8 @@ def test_a_rows_logits_are_bit_identical_alone_in_a_block_or_beside_batch_mates(
     rng = random.Random(trial)
     tokens = [1] + [rng.randrange(3, 500) for _ in range(rng.randrange(70, 160))]
     start = rng.randrange(5, 60)
-    alone = _one_at_a_time(tiny_engine, tokens, start)
-    packed = _chunked_beside_mates(tiny_engine, tokens, start, rng)
+    alone = one_at_a_time(tiny_engine, tokens, start)
+    packed = chunked_beside_mates(tiny_engine, tokens, start, rng)
     assert torch.equal(alone, packed)
 
 
@@ -75,15 +37,15 @@ def test_gemma_rows_are_bit_identical_across_batches_including_the_sliding_windo
     rng = random.Random(5)
     tokens = [2] + [rng.randrange(100, 20_000) for _ in range(530)]  # past the 512-token local window
     start = 500
-    assert torch.equal(_one_at_a_time(gemma_engine, tokens, start), _chunked_beside_mates(gemma_engine, tokens, start, rng))
+    assert torch.equal(one_at_a_time(gemma_engine, tokens, start), chunked_beside_mates(gemma_engine, tokens, start, rng))
 
 
 def test_free_shapes_compute_the_same_model(tiny_models, tiny_engine):
     free = TargetEngine(tiny_models["target"], canonical=False)
     rng = random.Random(3)
     tokens = [1] + [rng.randrange(3, 500) for _ in range(80)]
-    want = _one_at_a_time(tiny_engine, tokens, 20)
-    got = _one_at_a_time(free, tokens, 20)
+    want = one_at_a_time(tiny_engine, tokens, 20)
+    got = one_at_a_time(free, tokens, 20)
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
     assert tiny_engine.invariant and not free.invariant
 
@@ -322,3 +284,28 @@ def test_a_client_that_vanishes_mid_batch_gives_its_slot_back(tiny_models, tiny_
     finally:
         drafter.close()
 
+
+
+def test_a_full_kv_budget_refuses_with_resource_exhausted_and_recovers(tiny_models, tiny_engine, tiny_vocab):
+    from edge.client import GrpcVerifier, VerifierError
+
+    params = PARAMS[0]
+    prompt = tiny_prompt(tiny_engine, "Hello")
+    budget = len(prompt) + 40 + 10  # room for one session of 40 new tokens, not two
+    with BackgroundServer(tiny_engine, ServerConfig(port=0, limits=ServiceLimits(max_kv_tokens=budget))) as server:
+        holder = GrpcVerifier(server.address, vocab_size=tiny_vocab[0], fingerprint=tiny_vocab[1])
+        holder.open(prompt, params, 40, 4)
+        try:
+            refused = GrpcVerifier(server.address, vocab_size=tiny_vocab[0], fingerprint=tiny_vocab[1])
+            with pytest.raises(VerifierError, match="RESOURCE_EXHAUSTED.*KV cache budget"):
+                refused.open(prompt, params, 40, 4)
+            refused.close()
+        finally:
+            holder.close()
+        # The holder's reservation is released with its session: a new one fits again.
+        results = _edges_at_once(server, tiny_models, tiny_engine, tiny_vocab, [("Hello", params, 4, 40)])
+    drafter = tiny_drafter(tiny_models)
+    try:
+        assert results[0] == generate(tiny_engine, drafter, prompt, params, max_new_tokens=40, draft_len=0).tokens
+    finally:
+        drafter.close()

@@ -7,6 +7,7 @@ import shlex
 import tomllib
 from pathlib import Path
 
+import pytest
 import yaml
 
 import cloud.cli
@@ -18,10 +19,10 @@ ROOT = Path(__file__).resolve().parents[1]
 PARSERS = {"splitspec": sim.cli.build_parser, "splitspec-cloud": cloud.cli.build_parser, "splitspec-edge": edge.cli.build_parser}
 
 
-def _dockerfile_instructions() -> list[tuple[str, list[str]]]:
+def _dockerfile_instructions(name: str = "Dockerfile") -> list[tuple[str, list[str]]]:
     """(INSTRUCTION, arguments) per Dockerfile instruction, continuation lines joined, comments dropped;
     exec-form (JSON array) arguments are parsed as JSON."""
-    text = "\n".join(line for line in (ROOT / "Dockerfile").read_text().splitlines() if not line.lstrip().startswith("#"))
+    text = "\n".join(line for line in (ROOT / name).read_text().splitlines() if not line.lstrip().startswith("#"))
     out = []
     for instruction in text.replace("\\\n", " ").splitlines():
         if instruction.strip():
@@ -64,12 +65,33 @@ def test_compose_commands_parse_with_the_real_cli():
     assert mqtt == {"mqtt://broker:1883"} and services["broker"]["image"].startswith("eclipse-mosquitto")
 
 
-def test_dockerfile_copies_every_package_and_pins_torch_as_the_makefile_does():
+@pytest.mark.parametrize("dockerfile", ["Dockerfile", "Dockerfile.gpu"])
+def test_dockerfile_copies_every_package_and_pins_torch_as_the_makefile_does(dockerfile):
     packaged = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
-    copies = {tuple(args) for word, args in _dockerfile_instructions() if word == "COPY"}
+    copies = {tuple(args) for word, args in _dockerfile_instructions(dockerfile) if word == "COPY"}
     for pattern in packaged:
         package = pattern.rstrip("*")
-        assert (package, package) in copies, f"the Dockerfile does not COPY {package}"
-    runs = " ".join(" ".join(args) for word, args in _dockerfile_instructions() if word == "RUN")
+        assert (package, package) in copies, f"{dockerfile} does not COPY {package}"
+    runs = " ".join(" ".join(args) for word, args in _dockerfile_instructions(dockerfile) if word == "RUN")
     makefile_pin = next(word for word in (ROOT / "Makefile").read_text().split() if word.startswith("torch=="))
     assert makefile_pin in runs.split()
+
+
+def test_replicas_sit_behind_a_proxy_that_routes_resumes_by_replica():
+    from shared.wire import REPLICA_HEADER
+
+    services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    envoy = yaml.safe_load((ROOT / "deploy" / "envoy.yaml").read_text())
+    routes = envoy["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"][
+        "route_config"]["virtual_hosts"][0]["routes"]
+    routed = {route["match"]["headers"][0]["string_match"]["exact"]: route["route"]["cluster"]
+              for route in routes if "headers" in route["match"]}
+    assert {route["match"]["headers"][0]["name"] for route in routes if "headers" in route["match"]} == {REPLICA_HEADER}
+    for name in ("cloud-1", "cloud-2"):
+        args = PARSERS["splitspec-cloud"]().parse_args(services[name]["command"])
+        assert args.replica == name and routed[name] == name and services[name]["profiles"] == ["replicas"]
+    assert routes[-1]["route"]["cluster"] == "verifiers"  # new sessions: either replica
+    clusters = {c["name"]: c for c in envoy["static_resources"]["clusters"]}
+    hosts = [e["endpoint"]["address"]["socket_address"]["address"]
+             for e in clusters["verifiers"]["load_assignment"]["endpoints"][0]["lb_endpoints"]]
+    assert hosts == ["cloud-1", "cloud-2"]

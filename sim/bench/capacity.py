@@ -130,10 +130,11 @@ class BenchSession:
 
 
 def capacity_at_slo(runs: list[dict[str, Any]], slo: float) -> dict[str, int]:
-    """Per mode (batched runs), the largest N whose per-session p50 tokens/s is at least ``slo`` (0: none)."""
+    """Per mode (batched runs, canonical shapes), the largest N whose per-session p50 tokens/s is at
+    least ``slo`` (0: none)."""
     out: dict[str, int] = {}
     for run in runs:
-        if not run["batching"]:
+        if not run["batching"] or run.get("shapes", "canonical") != "canonical":
             continue
         ok = run["per_session_tokens_per_s_p50"] >= slo
         out[run["mode"]] = max(out.get(run["mode"], 0), run["sessions"] if ok else 0)
@@ -149,17 +150,22 @@ def run_capacity_bench(
     draft_len: int = 8,
     temperature: float = 0.8,
     compare_unbatched: bool = False,
+    compare_free_shapes: bool = False,
     target: str | None = None,
     drafter: str | None = None,
     tiny: bool = False,
     scenario: str | None = None,
     cloud_cores: set[int] | None = None,
+    cloud_args: Sequence[str] = (),
     progress: Callable[[str], None] = lambda line: None,
 ) -> dict[str, Any]:
     """The capacity report (see the module docstring). ``tiny``: generated tiny models (tests).
-    ``compare_unbatched``: also run every N with the verifier serving one forward at a time.
+    ``compare_unbatched``: also run every N with the verifier serving one forward at a time;
+    ``compare_free_shapes``: also with free (not batch-invariant) shapes, to see what invariance costs.
     ``scenario``: each edge reaches the verifier through its own emulated link of that scenario.
-    ValueError on bad arguments."""
+    ``cloud_cores``: where the verifier runs (default: the first core; an empty set: unpinned,
+    e.g. on a GPU machine); ``cloud_args``: more ``splitspec-cloud serve`` flags (--device,
+    --dtype, --shapes). ValueError on bad arguments."""
     if not sessions or min(sessions) < 1:
         raise ValueError("--sessions needs counts >= 1")
     if mode not in ("greedy", "coupled"):
@@ -176,16 +182,18 @@ def run_capacity_bench(
         stack.callback(real.close)
         vocab = (real.vocab.size, real.vocab.fingerprint)
         work = [BenchSession(real.vocab.tokenize(PROMPTS[i % len(PROMPTS)]), seed=i) for i in range(max(sessions))]
-        cores = cloud_cores if cloud_cores is not None else first_core()
+        cores = (cloud_cores or None) if cloud_cores is not None else first_core()
         stack.enter_context(edges_off(cores))
         runs: list[dict[str, Any]] = []
         alpha: dict[str, float] = {}
         reference: list[list[int]] = []
         recordings: dict[str, dict] = {}
-        for batching in (True, False) if compare_unbatched else (True,):
+        variants = [(True, "canonical")] + [(False, "canonical")] * compare_unbatched + [(True, "free")] * compare_free_shapes
+        for batching, shapes in variants:
             from sim.experiment.processes import CloudProcess
 
-            extra = ["--max-draft-len", str(max(draft_len, 1)), "--max-sessions", str(max(64, 2 * max(sessions)))]
+            extra = ["--max-draft-len", str(draft_len), "--max-sessions", str(max(64, 2 * max(sessions))),
+                     "--max-sessions-per-client", str(max(64, 2 * max(sessions))), "--shapes", shapes, *cloud_args]
             with ExitStack() as per_cloud:
                 cloud = per_cloud.enter_context(
                     CloudProcess(target, cores, extra_args=extra + ([] if batching else ["--no-batching"])))
@@ -198,9 +206,11 @@ def run_capacity_bench(
                                                                   draft_len, temperature)
                 for n in sessions:
                     for kind in (CLOUD_ONLY, mode):
-                        progress(f"{'batched' if batching else 'one forward at a time'}: {n} sessions, {kind}")
-                        runs.append(_measure(cloud, addresses, work[:n], vocab, kind, recordings.get(kind), reference,
-                                             max_new_tokens, draft_len, temperature, batching))
+                        progress(f"{'batched' if batching else 'one forward at a time'}, {shapes} shapes: "
+                                 f"{n} sessions, {kind}")
+                        run = _measure(cloud, addresses, work[:n], vocab, kind, recordings.get(kind), reference,
+                                       max_new_tokens, draft_len, temperature, batching)
+                        runs.append({**run, "shapes": shapes})
     return {
         "slo_tokens_per_s": slo,
         "capacity_at_slo": capacity_at_slo(runs, slo),
@@ -209,6 +219,7 @@ def run_capacity_bench(
         "draft_len": draft_len,
         "max_new_tokens": max_new_tokens,
         "verifier_cores": sorted(cores) if cores else None,
+        "verifier_flags": list(cloud_args),
         "scenario": scenario,
         "runs": runs,
     }
@@ -370,13 +381,13 @@ def format_capacity_report(report: dict[str, Any]) -> str:
     from tabulate import tabulate
 
     rows = [
-        [r["mode"], r["sessions"], "yes" if r["batching"] else "no", f"{r['aggregate_tokens_per_s']:.1f}",
+        [r["mode"], r["sessions"], "yes" if r["batching"] else "no", r["shapes"], f"{r['aggregate_tokens_per_s']:.1f}",
          f"{r['per_session_tokens_per_s_p50']:.2f}", f"{r['per_session_tokens_per_s_p10']:.2f}",
          f"{r['cloud_forwards_per_token']:.2f}", f"{r['cloud_cpu_s_per_token'] * 1e3:.0f}", f"{r['verifier_busy']:.0%}",
          f"{r['mean_batch_rows']:.1f}", f"{r['mean_batch_sessions']:.1f}", "yes" if r["identical"] else "NO"]
         for r in report["runs"]
     ]
-    table = tabulate(rows, headers=["mode", "N", "batched", "agg tok/s", "p50 tok/s", "p10 tok/s", "fwd/tok",
+    table = tabulate(rows, headers=["mode", "N", "batched", "shapes", "agg tok/s", "p50 tok/s", "p10 tok/s", "fwd/tok",
                                     "cloud CPU ms/tok", "busy", "rows/fwd", "sessions/fwd", "identical"])
     alpha = ", ".join(f"{mode} {a:.2f}" for mode, a in report["acceptance"].items())
     capacity = ", ".join(f"{mode} {n}" for mode, n in report["capacity_at_slo"].items())

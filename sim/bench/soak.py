@@ -39,7 +39,6 @@ from sim.bench.capacity import (
 
 __all__ = ["run_soak_bench", "plot_soak"]
 
-_TTL_S = 10.0  # the verifier's session TTL during a soak: abandoned sessions must be gone this long after
 _ABANDON_EVERY = 10  # one session in this many is dropped mid-stream
 _CLOUD_ONLY_EVERY = 4  # one session in this many is cloud-only
 
@@ -59,8 +58,11 @@ def run_soak_bench(
     drafter: str | None = None,
     tiny: bool = False,
     seed: int = 0,
+    session_ttl_s: float = 10.0,
     progress: Callable[[str], None] = lambda line: None,
 ) -> dict[str, Any]:
+    """The soak report (module docstring); ``session_ttl_s``: the verifier's TTL for parked sessions
+    (abandoned ones must be gone this long after the end)."""
     if minutes <= 0 or sessions < 1:
         raise ValueError("--soak needs minutes > 0 and --sessions >= 1")
     from edge.client import GrpcVerifier
@@ -73,7 +75,7 @@ def run_soak_bench(
         real = open_llama_drafter(drafter, n_threads=1)
         vocab = (real.vocab.size, real.vocab.fingerprint)
         work = [BenchSession(real.vocab.tokenize(PROMPTS[i % len(PROMPTS)]), seed=i) for i in range(len(PROMPTS))]
-        extra = ["--session-ttl", str(_TTL_S), "--max-sessions", str(2 * sessions + 8),
+        extra = ["--session-ttl", str(session_ttl_s), "--max-sessions", str(2 * sessions + 8),
                  "--max-sessions-per-client", str(2 * sessions + 8), "--max-draft-len", str(draft_len)]
         cores = first_core()
         with edges_off(cores), CloudProcess(target, cores, extra_args=extra) as cloud:
@@ -149,8 +151,8 @@ def run_soak_bench(
                 if not threads[-1].is_alive():
                     for t in threads:
                         t.join()
-            progress(f"waiting {_TTL_S + 5:.0f} s for abandoned sessions to expire")
-            time.sleep(_TTL_S + 5)
+            progress(f"waiting {session_ttl_s + 5:.0f} s for abandoned sessions to expire")
+            time.sleep(session_ttl_s + 5)
             leaked = int(cloud.metric("splitspec_sessions_active"))
     return _report(minutes, sessions, "greedy" if temperature == 0 else "coupled", alpha, counts, errors, latencies, rss, leaked)
 

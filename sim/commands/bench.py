@@ -1,4 +1,5 @@
-"""``splitspec bench …`` subcommands: ``wire``, ``split``, ``service``, ``fuzz``, ``serve``, ``capacity``.
+"""``splitspec bench …`` subcommands: ``wire``, ``split``, ``service``, ``fuzz``, ``serve``, ``capacity``,
+``invariance``.
 
 Flags only: each ``run_*`` turns its flags into keyword arguments of the
 matching ``sim.bench`` function and prints the result (text or JSON). The
@@ -37,6 +38,7 @@ def add_bench_commands(subparsers: argparse._SubParsersAction) -> None:
     _add_fuzz(subparsers)
     _add_serve(subparsers)
     _add_capacity(subparsers)
+    _add_invariance(subparsers)
 
 
 def _add_wire(subparsers: argparse._SubParsersAction) -> None:
@@ -169,6 +171,14 @@ def _add_capacity(subparsers: argparse._SubParsersAction) -> None:
     capacity.add_argument("--target", default=None, help="target folder or GGUF (default: Gemma 3 270M)")
     capacity.add_argument("--drafter", default=None, help="drafter GGUF to record (default: Gemma 3 270M Q4_K_M)")
     capacity.add_argument("--tiny", action="store_true", help="generated tiny models (a quick self-check)")
+    capacity.add_argument("--device", default=None, help="the verifier's torch device (e.g. cuda; default: cpu here)")
+    capacity.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
+                          help="the verifier's dtype (default: float32 on CPU, bfloat16 on GPU)")
+    capacity.add_argument("--free-shapes", action="store_true",
+                          help="also run every count with the verifier's free (not batch-invariant) shapes: what "
+                               "invariance costs (their identity column says whether luck held)")
+    capacity.add_argument("--unpinned", action="store_true",
+                          help="do not pin the verifier to one core (a GPU verifier, or a many-core CPU one)")
     capacity.add_argument("--soak", type=float, default=None, metavar="MINUTES",
                           help="instead: max(--sessions) workers open, decode and close sessions for this long "
                                "(one in ten abandoned mid-stream); reports errors, verdict latency per minute, "
@@ -190,9 +200,52 @@ def run_capacity(args: argparse.Namespace) -> int:
         sessions=sorted(set(args.sessions)), mode=args.mode, slo=args.slo, max_new_tokens=args.max_new_tokens,
         draft_len=args.draft_len, temperature=args.temperature, compare_unbatched=args.no_batching,
         target=args.target, drafter=args.drafter, tiny=args.tiny, scenario=args.scenario, progress=progress,
+        compare_free_shapes=args.free_shapes, cloud_cores=set() if args.unpinned else None,
+        cloud_args=_cloud_flags(args),
     )
     print(json.dumps(report) if args.json else format_capacity_report(report))
-    return 0 if all(run["identical"] for run in report["runs"]) else 1
+    return 0 if all(run["identical"] for run in report["runs"] if run["shapes"] == "canonical") else 1
+
+
+def _add_invariance(subparsers: argparse._SubParsersAction) -> None:
+    check = subparsers.add_parser(
+        "invariance", help="are a row's logits bit-identical alone, in a block and beside batch-mates?",
+        description="Runs random token sequences through the target engine twice: one token per forward (as "
+                    "target-only decoding does) and in random blocks, chunked prefills and crops, every forward "
+                    "shared with batch-mates. Reports whether every row's logits were bit-identical (torch.equal) "
+                    "and the largest difference; exits 1 when canonical shapes were not bit-identical.")
+    check.add_argument("--target", default=None, help="target folder or GGUF (default: Gemma 3 270M)")
+    check.add_argument("--tiny", action="store_true", help="generated tiny target")
+    check.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    check.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
+                       help="default: float32 on CPU, bfloat16 on GPU")
+    check.add_argument("--shapes", choices=("canonical", "free"), default="canonical")
+    check.add_argument("--trials", type=positive_int, default=5, help="random sequences (default %(default)s)")
+    check.add_argument("--json", action="store_true", help="print the report as JSON")
+    check.set_defaults(func=run_invariance)
+
+
+def run_invariance(args: argparse.Namespace) -> int:
+    from sim.bench.invariance import run_invariance_check
+
+    report = run_invariance_check(target=args.target, tiny=args.tiny, device=args.device, dtype=args.dtype,
+                                  trials=args.trials, canonical=args.shapes == "canonical")
+    if args.json:
+        print(json.dumps(report))
+    else:
+        for key, value in report.items():
+            print(f"{key:>22}: {value}")
+    return 0 if report["bit_identical"] or args.shapes == "free" else 1
+
+
+def _cloud_flags(args: argparse.Namespace) -> list[str]:
+    """``splitspec-cloud serve`` flags from the capacity bench's own."""
+    flags = []
+    if args.device:
+        flags += ["--device", args.device]
+    if args.dtype:
+        flags += ["--dtype", args.dtype]
+    return flags
 
 
 def _run_soak(args: argparse.Namespace, progress) -> int:
