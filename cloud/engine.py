@@ -19,14 +19,15 @@ import time
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import torch
 
 from cloud import slot_attention
-from cloud.slot_attention import ROW_TILE, RowLayout, SlotKV, tiled
+from cloud.slot_attention import ROW_TILE, RowLayout, RowPadding, SlotKV
 from shared.vocab import vocab_fingerprint
 
-__all__ = ["TargetEngine", "CachedSequence", "ForwardItem", "EngineStats", "Steps", "run_alone", "row_invariant_gemm"]
+__all__ = ["TargetEngine", "CachedSequence", "ForwardItem", "Steps", "run_alone", "invariant_row_padding"]
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ class ForwardItem:
 
     seq: CachedSequence
     tokens: Sequence[int]
-    logits: str = "all"
+    logits: Literal["all", "last", "none"] = "all"
 
 
 Steps = Generator[ForwardItem, "torch.Tensor | None", object]
@@ -65,34 +66,21 @@ def run_alone(steps: Steps, engine: TargetEngine):
         return done.value
 
 
-@dataclass
-class EngineStats:
-    """What the engine did: forwards, rows in them, and the time inside them."""
-
-    forwards: int = 0
-    rows: int = 0  # real rows (padding excluded)
-    sequences: int = 0  # sum over forwards of the sequences in each
-    busy_s: float = 0.0
-
-    def snapshot(self) -> EngineStats:
-        return EngineStats(self.forwards, self.rows, self.sequences, self.busy_s)
-
-
 class RowPaddedHead(torch.nn.Module):
     """The output projection, its rows padded as the module docstring of ``cloud.slot_attention`` needs.
 
     CPU BLAS takes other kernels for 1-3 row products: measured here on
     Gemma's 262144 x 640 head (one thread), 1 row 44 ms, 2 rows 91 ms,
     3 rows 137 ms, 4 rows 77 ms. Products of 2-3 rows are padded to 4 zero
-    rows (faster); in canonical mode every product is padded to a multiple of
-    ``ROW_TILE`` rows (bit-identical to the same row in any bigger batch, see
+    rows (faster); in canonical mode every product is padded as ``padding``
+    says (bit-identical to the same row in any bigger batch, see
     ``cloud.slot_attention``). The padding's outputs are dropped.
     """
 
-    def __init__(self, head: torch.nn.Module, canonical: bool = False) -> None:
+    def __init__(self, head: torch.nn.Module, padding: RowPadding | None = None) -> None:
         super().__init__()
         self.head = head
-        self.canonical = canonical  # every product on a multiple of ROW_TILE rows
+        self.padding = padding  # canonical mode's row padding (None: free)
 
     @property
     def weight(self) -> torch.Tensor:
@@ -100,7 +88,7 @@ class RowPaddedHead(torch.nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         rows = hidden.shape[-2]
-        padded = tiled(rows) if self.canonical else (ROW_TILE if 1 < rows < ROW_TILE else rows)
+        padded = self.padding(rows) if self.padding else (ROW_TILE if 1 < rows < ROW_TILE else rows)
         if padded == rows:
             return self.head(hidden)
         pad = hidden.new_zeros(*hidden.shape[:-2], padded - rows, hidden.shape[-1])
@@ -123,19 +111,26 @@ def pick_device(device: str | None) -> torch.device:
     return chosen
 
 
-def row_invariant_gemm(device: torch.device, dtype: torch.dtype, width: int = 640, out: int = 2048) -> bool:
-    """Whether this device's matrix products give each row the same bits for any M that is a
-    multiple of ``ROW_TILE`` and any row order (what canonical mode builds on), with torch's
-    current thread count; checked at load on random data."""
+def invariant_row_padding(model: torch.nn.Module, max_rows: int = 64) -> RowPadding | None:
+    """The row padding under which this device's matrix products give each row the same bits for
+    any row count and order (with torch's current thread count): at least ``ROW_TILE`` rows, else
+    multiples of it, else None. Checked at load on random rows against every distinct weight shape
+    of the model's linear layers (the output head included), up to ``max_rows`` rows."""
+    weights = {tuple(m.weight.shape): m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)}
     gen = torch.Generator().manual_seed(0)
-    weight = torch.randn(out, width, generator=gen).to(device, dtype)
-    rows = torch.randn(16 * ROW_TILE, width, generator=gen).to(device, dtype)
-    full = torch.nn.functional.linear(rows, weight)
-    for m in range(ROW_TILE, 16 * ROW_TILE, ROW_TILE):
-        if not torch.equal(torch.nn.functional.linear(rows[:m], weight), full[:m]):
-            return False
-    flipped = torch.nn.functional.linear(rows.flip(0)[: 3 * ROW_TILE], weight)
-    return torch.equal(flipped, full.flip(0)[: 3 * ROW_TILE])
+    checks = []
+    for weight in weights.values():
+        rows = torch.randn(max_rows, weight.shape[1], generator=gen).to(weight.device, weight.dtype)
+        full = torch.nn.functional.linear(rows, weight)
+        if not torch.equal(torch.nn.functional.linear(rows.flip(0), weight).flip(0), full):
+            return None
+        checks.append((rows, weight, full))
+    for padding in (RowPadding(multiple=False), RowPadding(multiple=True)):
+        counts = sorted({padding(m) for m in (1, 2, 3, 5, 6, 7, 9, 13, 17, 31, 33, 47, 63) if m < max_rows} - {max_rows})
+        if all(torch.equal(torch.nn.functional.linear(rows[:m], weight), full[:m])
+               for rows, weight, full in checks for m in counts):
+            return padding
+    return None
 
 
 class TargetEngine:
@@ -175,22 +170,23 @@ class TargetEngine:
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
         # Positions the model was trained for (None when the config does not say).
         self.max_positions: int | None = getattr(self.model.config, "max_position_embeddings", None)
-        self.head = RowPaddedHead(self.model.get_output_embeddings(), canonical=canonical)
+        self.padding = invariant_row_padding(self.model) if canonical else None
+        self.invariant = self.padding is not None
+        if canonical and self.padding is None:
+            log.warning("this device's matrix products are not row-invariant under any padding tried: batched "
+                        "logits may differ in the last bits from a session run alone")
+            self.padding = RowPadding(multiple=True)  # still the likeliest to agree
+        self.head = RowPaddedHead(self.model.get_output_embeddings(), self.padding)
         self.logit_softcap: float | None = getattr(self.model.config, "final_logit_softcapping", None)
         self.model_name = path.name
         self.eos_token_ids = self._eos_ids()
         self.pieces = self._pieces()
         self.fingerprint = vocab_fingerprint(self.pieces)
-        self.stats = EngineStats()
-        self.invariant = canonical and row_invariant_gemm(self.device, self.dtype)
-        if canonical and not self.invariant:
-            log.warning("this device's matrix products are not row-invariant: batched logits may differ "
-                        "in the last bits from a session run alone")
         self.load_s = time.perf_counter() - started
         log.info(
             "target %s loaded in %.1fs on %s/%s (vocab %d, %s shapes)",
             path.name, self.load_s, self.device, str(self.dtype).removeprefix("torch."), self.vocab_size,
-            "batch-invariant" if self.invariant else "free",
+            "free" if not canonical else "batch-invariant" if self.invariant else "canonical but NOT row-invariant",
         )
 
     def _eos_ids(self) -> set[int]:
@@ -237,16 +233,16 @@ class TargetEngine:
             positions.extend(range(item.seq.length, item.seq.length + n))
             keep.extend(range(first, first + n) if item.logits == "all" else [first + n - 1] if item.logits == "last" else [])
         real = len(tokens)
-        if self.canonical and real != tiled(real):  # padding rows: no slot, position 0, outputs dropped
-            tokens += [0] * (tiled(real) - real)
-            positions += [0] * (tiled(real) - real)
+        if self.padding is not None and self.padding(real) != real:  # padding rows: no slot, position 0, dropped
+            tokens += [0] * (self.padding(real) - real)
+            positions += [0] * (self.padding(real) - real)
         ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
         position_ids = torch.tensor([positions], dtype=torch.long, device=self.device)
-        layout = RowLayout([item.seq.slot for item in items], spans, self.canonical)
+        layout = RowLayout([item.seq.slot for item in items], spans, self.padding)
         # A 4-D mask is taken as given by transformers' mask builders; slot attention ignores it.
         dummy_mask = torch.zeros(1, 1, 1, 1, dtype=self.dtype, device=self.device)
         with slot_attention.using_layout(layout):
-            hidden = self.model.model(
+            hidden = self.model.get_decoder()(
                 input_ids=ids, position_ids=position_ids, attention_mask=dummy_mask, use_cache=False
             ).last_hidden_state
         logits = None
@@ -265,10 +261,6 @@ class TargetEngine:
             item.seq.length += len(item.tokens)
             item.seq.forwards += 1
             item.seq.forward_s += elapsed
-        self.stats.forwards += 1
-        self.stats.rows += real
-        self.stats.sequences += len(items)
-        self.stats.busy_s += elapsed
         return out
 
     def crop(self, seq: CachedSequence, length: int) -> None:
@@ -276,9 +268,3 @@ class TargetEngine:
         if not 0 <= length <= seq.length:
             raise ValueError(f"cannot crop a {seq.length}-token cache to {length}")
         seq.length = length
-
-    @staticmethod
-    def release(seq: CachedSequence) -> None:
-        """Free the slot's memory; the sequence is empty afterwards."""
-        seq.slot = SlotKV()
-        seq.length = 0

@@ -8,9 +8,11 @@ returns ``Steps`` (a generator of ``ForwardItem``), the scheduler drives it:
 each forward packs the items every waiting job yields, up to ``max_rows``
 rows, so many sessions' verifies (and cloud-only decode steps) share one
 target forward. Fairness: items are taken oldest first; verify items (all of
-their logits wanted) go whole; a prompt is prefilled in chunks that fill the
-rows the verifies leave (at least ``min_prefill_rows`` per forward, so a long
-prompt never starves and never stalls the others for more than a chunk).
+their logits wanted) go whole while they fit in ``max_rows`` (the oldest
+always goes); a prompt is prefilled in chunks that fill the rows the verifies
+leave, the oldest prompt getting at least ``min_prefill_rows`` per forward
+even past ``max_rows``, so a long prompt never starves and never stalls the
+others for more than a chunk.
 ``batching=False`` runs one item per forward, oldest first (the same work, for comparison).
 """
 
@@ -62,7 +64,8 @@ class _Job:
 
 
 class Scheduler:
-    """One engine thread; ``run`` awaits a job's result from asyncio, ``submit`` from any thread."""
+    """One engine thread; ``run`` awaits a job's result from asyncio, ``submit`` from any thread.
+    Jobs of one ``key`` are ordered by the key's identity (the same object), not equality."""
 
     def __init__(
         self, engine: TargetEngine, *, max_rows: int = 256, min_prefill_rows: int = 32, batching: bool = True,
@@ -78,8 +81,10 @@ class Scheduler:
         self.stats = SchedulerStats()
         self.on_forward = on_forward
         self.pending = 0  # jobs submitted and not finished
+        self._pending_lock = threading.Lock()
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._stopped = False
+        self._stop_lock = threading.Lock()  # a job is either queued before the stop or refused
         self._thread = threading.Thread(target=self._loop, name="target", daemon=True)
         self._thread.start()
 
@@ -87,27 +92,32 @@ class Scheduler:
     def submit(self, fn: Callable[[], object], key: object = None) -> Future:
         """Run ``fn`` on the engine thread, after every earlier job of the same ``key`` (None: no
         order); if it returns ``Steps``, drive them. The future gets the result."""
-        if self._stopped:
-            raise RuntimeError("the scheduler is shut down")
         future: Future = Future()
-        self.pending += 1
-        future.add_done_callback(lambda _: self._done())
-        self._inbox.put((fn, future, key))
+        with self._stop_lock:
+            if self._stopped:
+                raise RuntimeError("the scheduler is shut down")
+            with self._pending_lock:
+                self.pending += 1
+            future.add_done_callback(lambda _: self._done())
+            self._inbox.put((fn, future, key))
         return future
 
     async def run(self, fn: Callable[[], object], key: object = None):
         return await asyncio.wrap_future(self.submit(fn, key))
 
     def shutdown(self, wait: bool = True) -> None:
-        """Stop taking jobs; the thread ends after the work in hand (``wait``: join it)."""
-        if not self._stopped:
-            self._stopped = True
-            self._inbox.put(None)
+        """Stop taking jobs and end the thread after the current forward; jobs not finished by then
+        fail with ``RuntimeError`` (the server drains its calls first). ``wait``: join the thread."""
+        with self._stop_lock:
+            if not self._stopped:
+                self._stopped = True
+                self._inbox.put(None)
         if wait and self._thread is not threading.current_thread():
             self._thread.join()
 
     def _done(self) -> None:
-        self.pending -= 1
+        with self._pending_lock:
+            self.pending -= 1
 
     # -- the engine thread ----------------------------------------------------
     def _loop(self) -> None:
@@ -120,11 +130,14 @@ class Scheduler:
                     arrivals.append(self._inbox.get_nowait())
             except queue.Empty:
                 pass
-            if None in arrivals:
+            if None in arrivals:  # nothing can follow the stop in the inbox (``_stop_lock``)
+                stopping = RuntimeError("the verifier is shutting down")
                 for job in jobs:
-                    job.future.set_exception(RuntimeError("the verifier is shutting down"))
-                for _, future, _ in queued:
-                    future.set_exception(RuntimeError("the verifier is shutting down"))
+                    job.steps.close()
+                    job.future.set_exception(stopping)
+                for _, future, _ in [*queued, *(a for a in arrivals if a is not None)]:
+                    if future.set_running_or_notify_cancel():
+                        future.set_exception(stopping)
                 return
             queued.extend(arrivals)
             busy = {id(job.key) for job in jobs if job.key is not None}
@@ -206,7 +219,10 @@ class Scheduler:
             return
         self.stats.record(rows, len(chosen))
         if self.on_forward is not None:
-            self.on_forward(rows=rows, sequences=len(chosen), seconds=time.perf_counter() - started)
+            try:
+                self.on_forward(rows=rows, sequences=len(chosen), seconds=time.perf_counter() - started)
+            except Exception:  # noqa: BLE001 - an observer never stops the engine
+                log.exception("forward observer failed")
         for (job, item, finishes), logits in zip(chosen, outputs):
             if finishes:
                 self._advance(job, logits)

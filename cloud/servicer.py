@@ -76,7 +76,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         self.replica = ""  # this replica's name, told to edges in Opened (their key to its MQTT load)
         # One engine thread: sessions' forwards are packed together; torch parallelises inside each.
         self.scheduler = Scheduler(engine, max_rows=limits.max_batch_rows, batching=batching,
-                                   on_forward=self.metrics.observe_forward)
+                                   min_prefill_rows=min(32, limits.max_batch_rows), on_forward=self.metrics.observe_forward)
 
     @property
     def engine_queue(self) -> int:
@@ -434,6 +434,8 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         session, stream = entry.session, entry.stream
 
         def missed() -> tuple[list[int], int, int]:
+            if session.broken:
+                raise LookupError("the session's last turn failed half-way")
             committed = len(session.tokens)
             if request.committed_length > committed:
                 raise ValueError(
@@ -444,6 +446,10 @@ class VerifierServicer(pb_grpc.VerifierServicer):
 
         try:
             tail, epoch, committed = await self._in_engine(missed, session)
+        except LookupError as exc:
+            if entry.stream == stream:
+                self._end(entry, True)
+            raise _Abort(grpc.StatusCode.NOT_FOUND, f"{exc}; reopen with the committed tokens as the prompt") from exc
         except ValueError as exc:
             if entry.stream == stream:
                 self._end(entry, True)
@@ -480,6 +486,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                     f"the limit is {self.limits.max_prompt_tokens}",
                 )
             max_draft_len = min(request.max_draft_len or self.limits.max_draft_len, self.limits.max_draft_len)
+            forwards_before = entry.session.forwards
             try:
                 self.table.resize(entry, request.committed_length + len(turn.prompt) + turn.max_new_tokens)
             except TableFull as exc:
@@ -500,7 +507,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             if entry.stream == stream:
                 self._end(entry, False)
             raise
-        self.metrics.observe_open(forwards=1)
+        self.metrics.observe_open(forwards=entry.session.forwards - forwards_before)
         log.info("session %s extended: kept %d tokens, appended %d, max %d new", entry.session_id,
                  request.committed_length, len(turn.prompt), turn.max_new_tokens)
         return entry, stream

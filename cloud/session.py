@@ -76,6 +76,8 @@ class VerifierSession:
         self.stop_reason = StopReason.NONE
         self.stats = DecodeStats()
         self.seq = engine.new_sequence()
+        self.seq.slot.limit = len(self.tokens) + max_new_tokens + max_draft_len  # the most it will ever hold
+        self.broken = False  # an extend failed half-way: the cache is inconsistent
         # The cache holds every committed token but the last, which is fed with the next block;
         # after a deferred bonus it holds them all, and ``_deferred`` is the logits row [V] for
         # the next position (what the bonus would have been sampled from). The prefill reads the
@@ -88,7 +90,8 @@ class VerifierSession:
 
     def prefill_steps(self) -> Steps:
         """Read the prompt into the cache; its last row answers the first position."""
-        self._deferred = (yield ForwardItem(self.seq, self.tokens, "last"))[-1]
+        # A copy: the forward's logits tensor holds every batch-mate's rows too.
+        self._deferred = (yield ForwardItem(self.seq, self.tokens, "last"))[-1].clone()
         self.stats.target_forwards = self.forwards
 
     def extend(
@@ -113,7 +116,12 @@ class VerifierSession:
         _check_request(self.engine, full, max_new_tokens)
         cached = min(keep, self.seq.length, len(full) - 1)  # at least the last token is fed again
         self.engine.crop(self.seq, cached)
-        self._deferred = (yield ForwardItem(self.seq, full[cached:], "last"))[-1]
+        self.seq.slot.limit = len(full) + max_new_tokens + max_draft_len
+        try:
+            self._deferred = (yield ForwardItem(self.seq, full[cached:], "last"))[-1].clone()
+        except BaseException:
+            self.broken = True  # the cache no longer matches the committed tokens: never verify on it again
+            raise
         self.tokens, self.prompt_len = full, len(full)
         self.params, self.max_new_tokens, self.max_draft_len = params, max_new_tokens, max_draft_len
         self.epoch, self.done, self.stop_reason = 0, False, StopReason.NONE
@@ -172,6 +180,8 @@ class VerifierSession:
         """
         if self.done:
             raise BlockRejected("session already finished")
+        if self.broken:
+            raise BlockRejected("the session's last turn failed half-way; reopen it")
         chain = self.take_chain(pending)
         if not chain:
             return []

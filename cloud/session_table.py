@@ -101,21 +101,24 @@ class SessionTable:
 
     def resize(self, entry: SessionEntry, tokens: int) -> None:
         """``entry`` now reserves ``tokens`` KV positions (a conversation's next turn), or ``TableFull``."""
-        self._fit_tokens(tokens - entry.tokens, keep=entry)
+        self._fit_tokens(tokens, keep=entry)
         entry.tokens = tokens
 
     def _fit_tokens(self, tokens: int, keep: SessionEntry | None = None) -> None:
+        """Room for a reservation of ``tokens`` beside every session but ``keep`` (evicting parked ones)."""
         if self.max_tokens is None:
             return
         if tokens > self.max_tokens:
             raise TableFull(f"a session reserving {tokens} KV positions exceeds the verifier's budget of "
                             f"{self.max_tokens}; ask for fewer new tokens or a shorter prompt")
-        others = [e for e in self._by_ticket.values() if e is not keep]
-        while self.reserved_tokens + tokens > self.max_tokens:
-            if not self._evict_parked(others):
+
+        def others() -> list[SessionEntry]:
+            return [e for e in self._by_ticket.values() if e is not keep]
+
+        while sum(e.tokens for e in others()) + tokens > self.max_tokens:
+            if not self._evict_parked(others()):
                 raise TableFull(f"the verifier's KV cache budget is full ({self.reserved_tokens} of "
                                 f"{self.max_tokens} positions reserved); retry later or ask for fewer new tokens")
-            others = [e for e in self._by_ticket.values() if e is not keep]
 
     def add(self, session: VerifierSession, owner: str = "") -> SessionEntry:
         tokens = session.prompt_len + session.max_new_tokens

@@ -14,12 +14,14 @@ token, position and the keys before it, never on how rows are grouped:
 - the keys a row sees are its slot's first ``bucket(position + 1)`` entries
   (multiples of ``KEY_BUCKET``), fixed by the row's own position; later
   entries are masked, their weights are exactly 0, and 0 * v adds nothing;
-- rows are grouped by bucket, and every product runs on a multiple of
-  ``ROW_TILE`` rows (zero rows appended). On CPU (MKL, measured with 1, 2
-  and 4 threads) a GEMM's rows are then bit-identical for any such M and any
-  row order, so a row's result does not depend on its group-mates; other M
-  (1-3 rows, or 5 and 9 with two threads) take other kernels or splits. The
-  engine checks the property on its device at load (``row_invariant_gemm``).
+- rows are grouped by bucket, and every product runs on rows padded as
+  ``RowPadding`` says (zero rows appended): at least ``ROW_TILE`` rows, and
+  with several threads a multiple of it. On CPU (MKL) a GEMM's rows are then
+  bit-identical for any such M and any row order, so a row's result does not
+  depend on its group-mates; other M take other kernels (1-3 rows) or other
+  splits between threads (5 and 9 rows with two threads, measured). The
+  engine picks the padding by checking the property on its device at load
+  (``cloud.engine.invariant_row_padding``).
 
 Free mode (``canonical=False``) attends each sequence over exactly its keys
 with SDPA: what the cost of invariance is measured against.
@@ -33,11 +35,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-__all__ = ["ATTENTION_NAME", "KEY_BUCKET", "ROW_TILE", "RowLayout", "SlotKV", "current_layout", "register", "tiled"]
+__all__ = ["ATTENTION_NAME", "KEY_BUCKET", "ROW_TILE", "RowLayout", "RowPadding", "SlotKV", "current_layout", "register"]
 
 ATTENTION_NAME = "splitspec_slots"
 KEY_BUCKET = 64  # keys a row attends over are padded to a multiple of this
-ROW_TILE = 4  # products run on a multiple of this many rows (other M take other BLAS kernels)
+ROW_TILE = 4  # products run on at least (or a multiple of) this many rows (other M take other BLAS kernels)
 
 _local = threading.local()
 
@@ -45,9 +47,10 @@ _local = threading.local()
 class SlotKV:
     """One sequence's keys and values, per layer [kv_heads, capacity, head_dim]; grows by buckets."""
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int | None = None) -> None:
         self.keys: list[torch.Tensor | None] = []
         self.values: list[torch.Tensor | None] = []
+        self.limit = limit  # positions the sequence may ever need (growth stops there; None: unbounded)
 
     def reserve(self, layer: int, like: torch.Tensor, needed: int) -> None:
         """Room for ``needed`` positions in ``layer`` (``like``: [kv_heads, n, head_dim] new keys)."""
@@ -58,6 +61,8 @@ class SlotKV:
         if current is not None and current.shape[1] >= needed:
             return
         capacity = max(_bucket(needed), 2 * (current.shape[1] if current is not None else 0))
+        if self.limit is not None:  # doubling never allocates past what the sequence may need
+            capacity = max(_bucket(needed), min(capacity, _bucket(self.limit)))
         keys = like.new_zeros(like.shape[0], capacity, like.shape[2])
         values = like.new_zeros(like.shape[0], capacity, like.shape[2])
         if current is not None:
@@ -70,13 +75,27 @@ class SlotKV:
 
 
 @dataclass(frozen=True)
+class RowPadding:
+    """How many rows a product of ``rows`` runs on in canonical mode: at least ``ROW_TILE``, and a
+    multiple of it when ``multiple`` (several threads split products by rows)."""
+
+    multiple: bool
+
+    def __call__(self, rows: int) -> int:
+        if self.multiple:
+            return max(-(-rows // ROW_TILE), 1) * ROW_TILE
+        return max(rows, ROW_TILE)
+
+
+@dataclass(frozen=True)
 class RowLayout:
     """Which rows of a packed forward belong to which slot: ``spans[i]`` = (first row, rows, first
-    position) for ``slots[i]``; rows past the last span are padding (no slot, output zeros)."""
+    position) for ``slots[i]``; rows past the last span are padding (no slot, output zeros).
+    ``padding``: canonical mode's row padding; None is free mode."""
 
     slots: list[SlotKV]
     spans: list[tuple[int, int, int]]
-    canonical: bool = True
+    padding: RowPadding | None = None
 
 
 def current_layout() -> RowLayout | None:
@@ -101,18 +120,13 @@ def _bucket(n: int) -> int:
     return -(-n // KEY_BUCKET) * KEY_BUCKET
 
 
-def tiled(rows: int) -> int:
-    """``rows`` rounded up to a multiple of ``ROW_TILE`` (at least one tile)."""
-    return max(-(-rows // ROW_TILE), 1) * ROW_TILE
-
-
 def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
     """``x`` [..., m, d] with zero rows appended up to ``rows``."""
     missing = rows - x.shape[-2]
     return x if missing <= 0 else torch.cat([x, x.new_zeros(*x.shape[:-2], missing, x.shape[-1])], dim=-2)
 
 
-def _attend_canonical(q, keys, values, positions, scaling, window, softcap):
+def _attend_canonical(q, keys, values, positions, scaling, window, softcap, padding: RowPadding):
     """Rows of one slot that share a key bucket: q [KV, r, d] ((head, query) pairs), keys and
     values [KV, L, d] (the bucket), positions [r]; returns [KV, r, d]."""
     rows, length = q.shape[1], keys.shape[1]
@@ -120,9 +134,10 @@ def _attend_canonical(q, keys, values, positions, scaling, window, softcap):
     allowed = key_index[None, :] <= positions[:, None]  # [r, L]: causal ...
     if window:
         allowed &= key_index[None, :] > positions[:, None] - window  # ... within the sliding window
-    if rows != tiled(rows):  # padding rows see key 0 (their output is dropped)
-        q = _pad_rows(q, tiled(rows))
-        allowed = torch.cat([allowed, key_index[None, :].expand(tiled(rows) - rows, length) == 0])
+    padded = padding(rows)
+    if padded != rows:  # padding rows see key 0 (their output is dropped)
+        q = _pad_rows(q, padded)
+        allowed = torch.cat([allowed, key_index[None, :].expand(padded - rows, length) == 0])
     scores = torch.matmul(q, keys.transpose(-1, -2)) * scaling  # [KV, r', L]
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
@@ -153,7 +168,7 @@ def slot_attention(module, query, key, value, attention_mask, scaling=None, drop
         slot.values[layer][:, position : position + rows] = value[0, :, first : first + rows]
         q = query[0, :, first : first + rows]  # [H, rows, d]
         positions = torch.arange(position, position + rows, device=query.device)
-        if not layout.canonical:
+        if layout.padding is None and softcap is None:  # (soft-capped scores: the canonical path does them)
             end = position + rows
             allowed = torch.arange(end, device=query.device)[None, :] <= positions[:, None]
             if window:
@@ -177,7 +192,7 @@ def slot_attention(module, query, key, value, attention_mask, scaling=None, drop
             group_positions = positions[start:stop].repeat(rep)
             result = _attend_canonical(
                 q_group, slot.keys[layer][:, :length], slot.values[layer][:, :length], group_positions,
-                scaling, window, softcap,
+                scaling, window, softcap, layout.padding or RowPadding(multiple=False),
             )  # [KV, rep*g, d]
             out[first + start : first + stop] = result.reshape(heads, g, dim).transpose(0, 1)
             start = stop

@@ -51,8 +51,8 @@ def test_replay_drafter_proposes_what_was_recorded_and_an_empty_block_otherwise(
     from edge.drafter import DraftBlock
     from shared.params import Mode, SamplingParams
 
-    replay = ReplayDrafter({(1, 2): DraftBlock([5, 6, 7]), (1, 2, 5, 9): DraftBlock([4])}, vocab_size=16)
-    replay.begin([1, 2], SamplingParams(mode=Mode.GREEDY))
+    replay = ReplayDrafter({(0, 1, 2): DraftBlock([5, 6, 7]), (0, 1, 2, 5, 9): DraftBlock([4])}, vocab_size=16)
+    replay.begin([1, 2], SamplingParams(mode=Mode.GREEDY, seed=0))
     assert replay.draft(2).tokens == [5, 6]
     replay.commit([5, 9])  # a correction at the second draft
     assert replay.draft(4).tokens == [4]

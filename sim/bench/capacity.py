@@ -54,21 +54,23 @@ PROMPTS = [
 
 
 class RecordingDrafter:
-    """Wraps a real drafter and records, per sequence drafted from, the block it proposed."""
+    """Wraps a real drafter and records, per (seed, sequence drafted from), the block it proposed."""
 
     def __init__(self, inner) -> None:
         self.inner = inner
         self.vocab_size = inner.vocab_size
         self.stats = inner.stats
-        self.blocks: dict[tuple[int, ...], DraftBlock] = {}
+        self.blocks: dict[tuple, DraftBlock] = {}
         self._spec = Speculation.start([])
+        self._seed = 0
 
     def begin(self, prompt: Sequence[int], params) -> None:
         self._spec = Speculation.start(prompt)
+        self._seed = params.seed
         self.inner.begin(prompt, params)
 
     def draft(self, n: int) -> DraftBlock:
-        key = tuple(self._spec.tokens)
+        key = (self._seed, *self._spec.tokens)
         block = self.inner.draft(n)
         self.blocks[key] = block
         self._spec.tokens.extend(block.tokens)
@@ -87,10 +89,10 @@ class RecordingDrafter:
 
 
 class ReplayDrafter:
-    """Proposes the blocks a ``RecordingDrafter`` recorded, keyed by the sequence drafted from;
+    """Proposes the blocks a ``RecordingDrafter`` recorded, keyed by (seed, sequence drafted from);
     an unrecorded sequence gets an empty block (the cloud then decodes that position alone)."""
 
-    def __init__(self, blocks: dict[tuple[int, ...], DraftBlock], vocab_size: int) -> None:
+    def __init__(self, blocks: dict[tuple, DraftBlock], vocab_size: int) -> None:
         self.blocks = blocks
         self.vocab_size = vocab_size
         self.stats = DrafterStats()
@@ -104,7 +106,7 @@ class ReplayDrafter:
 
     def draft(self, n: int) -> DraftBlock:
         started = time.perf_counter()
-        block = self.blocks.get(tuple(self._spec.tokens))
+        block = self.blocks.get((self._params.seed, *self._spec.tokens))
         if block is None:
             self.misses += 1
             block = one_hot_block([], self._params)

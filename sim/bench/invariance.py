@@ -59,7 +59,6 @@ def chunked_beside_mates(engine, tokens, start, rng):
         out = engine.forward_batch(items)
         got = out[[i for i, item in enumerate(items) if item.seq is seq][0]]
         rows.extend(got)
-        engine.crop(seq, position + len(block))
     return torch.stack(rows[: len(tokens) - start])
 
 
@@ -93,6 +92,8 @@ def run_invariance_check(*, target: str | None = None, tiny: bool = False, devic
     return {
         "device": str(engine.device), "dtype": str(engine.dtype).removeprefix("torch."),
         "shapes": "canonical" if canonical else "free", "row_invariant_products": engine.invariant,
+        "row_padding": (None if engine.padding is None else
+                        "a multiple of 4 rows" if engine.padding.multiple else "at least 4 rows"),
         "trials": trials, "rows_compared": rows, "identical_trials": identical,
         "bit_identical": identical == trials, "max_abs_diff": worst,
     }

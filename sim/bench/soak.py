@@ -20,7 +20,7 @@ import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,14 +59,17 @@ def run_soak_bench(
     tiny: bool = False,
     seed: int = 0,
     session_ttl_s: float = 10.0,
+    cloud_cores: set[int] | None = None,
+    cloud_args: Sequence[str] = (),
     progress: Callable[[str], None] = lambda line: None,
 ) -> dict[str, Any]:
     """The soak report (module docstring); ``session_ttl_s``: the verifier's TTL for parked sessions
-    (abandoned ones must be gone this long after the end)."""
+    (abandoned ones must be gone this long after the end); ``cloud_cores`` and ``cloud_args`` as in
+    ``run_capacity_bench``."""
     if minutes <= 0 or sessions < 1:
         raise ValueError("--soak needs minutes > 0 and --sessions >= 1")
     from edge.client import GrpcVerifier
-    from edge.decode_loop import VerifierError, run_decode
+    from edge.decode_loop import run_decode
     from edge.drafter_choice import open_llama_drafter
     from sim.experiment.processes import CloudProcess, process_rss_mb
 
@@ -76,8 +79,8 @@ def run_soak_bench(
         vocab = (real.vocab.size, real.vocab.fingerprint)
         work = [BenchSession(real.vocab.tokenize(PROMPTS[i % len(PROMPTS)]), seed=i) for i in range(len(PROMPTS))]
         extra = ["--session-ttl", str(session_ttl_s), "--max-sessions", str(2 * sessions + 8),
-                 "--max-sessions-per-client", str(2 * sessions + 8), "--max-draft-len", str(draft_len)]
-        cores = first_core()
+                 "--max-sessions-per-client", str(2 * sessions + 8), "--max-draft-len", str(draft_len), *cloud_args]
+        cores = (cloud_cores or None) if cloud_cores is not None else first_core()
         with edges_off(cores), CloudProcess(target, cores, extra_args=extra) as cloud:
             address = f"127.0.0.1:{cloud.port}"
             progress("reference outputs and recorded drafts")
@@ -105,7 +108,8 @@ def run_soak_bench(
                                 counts["different"] += tokens != reference[number]
                             continue
                         link = GrpcVerifier(address, vocab_size=vocab[0], fingerprint=vocab[1], outage_budget_s=0)
-                        vanish_at = rng.randrange(1, max_new_tokens) if rng.randrange(_ABANDON_EVERY) == 0 else None
+                        vanish_at = (rng.randrange(1, max_new_tokens)
+                                     if max_new_tokens > 1 and rng.randrange(_ABANDON_EVERY) == 0 else None)
                         made: list[int] = []
 
                         def on_tokens(new, link=link, made=made, vanish_at=vanish_at):
@@ -114,6 +118,7 @@ def run_soak_bench(
                                 link.abandon()
                                 raise _Vanish
 
+                        begun = time.monotonic() - started
                         try:
                             result = run_decode(ReplayDrafter(blocks, vocab[0]), link, session.prompt,
                                                 session_params(session.seed, temperature),
@@ -122,15 +127,15 @@ def run_soak_bench(
                             with lock:
                                 counts["abandoned"] += 1
                             continue
-                        now = time.monotonic() - started
                         round_s = [rtt + block.cloud_s for rtt, block in zip(link.rtt_samples_s, link.block_log)]
+                        stamps = [begun + sum(round_s[: i + 1]) for i in range(len(round_s))]  # about when each came
                         with lock:
                             counts["completed"] += 1
                             counts["different"] += result.tokens != reference[number]
-                            latencies.extend((now, s) for s in round_s)
-                    except VerifierError as exc:
+                            latencies.extend(zip(stamps, round_s))
+                    except Exception as exc:  # noqa: BLE001 - every failure is counted, the worker goes on
                         with lock:
-                            errors.append(str(exc))
+                            errors.append(f"{type(exc).__name__}: {exc}")
 
             def watch() -> None:
                 while time.monotonic() < deadline + 1:

@@ -256,7 +256,7 @@ def _run_soak(args: argparse.Namespace, progress) -> int:
     report = run_soak_bench(
         minutes=args.soak, sessions=max(args.sessions), max_new_tokens=args.max_new_tokens, draft_len=args.draft_len,
         temperature=0.0 if args.mode == "greedy" else args.temperature, target=args.target, drafter=args.drafter,
-        tiny=args.tiny, progress=progress,
+        tiny=args.tiny, progress=progress, cloud_cores=set() if args.unpinned else None, cloud_args=_cloud_flags(args),
     )
     report["plot"] = str(plot_soak(report, Path(args.out)))
     if args.json:
