@@ -12,6 +12,7 @@ Each drafter keeps its own ``DrafterStats`` (llama.cpp's per-proposer
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, NamedTuple, Protocol
@@ -27,6 +28,7 @@ __all__ = [
     "DraftBlock",
     "Drafter",
     "DrafterStats",
+    "ModelFreeDrafter",
     "Speculation",
     "Proposal",
     "propose",
@@ -163,6 +165,41 @@ class Drafter(Protocol):
 
     def close(self) -> None:
         """Release native resources."""
+
+
+class ModelFreeDrafter:
+    """The ``Drafter`` lifecycle for proposers without a model: the speculation is a
+    ``Speculation``, and a subclass says what to propose next (``propose_block``)."""
+
+    def __init__(self, vocab_size: int) -> None:
+        self.vocab_size = vocab_size
+        self.stats = DrafterStats()  # no model: the eval counters stay 0
+        self._spec = Speculation.start([])
+        self._params = SamplingParams()
+
+    def propose_block(self, n: int) -> DraftBlock:
+        """Up to ``n`` proposals continuing ``self._spec.tokens`` (may be fewer, or none)."""
+        raise NotImplementedError
+
+    def begin(self, prompt: Sequence[int], params: SamplingParams) -> None:
+        self._spec = Speculation.start(prompt)
+        self._params = params
+
+    def draft(self, n: int) -> DraftBlock:
+        started = time.perf_counter()
+        block = self.propose_block(n)
+        self._spec.tokens.extend(block.tokens)
+        self.stats.record_draft(len(block.tokens), time.perf_counter() - started)
+        return block
+
+    def commit(self, tokens: Sequence[int]) -> None:
+        self._spec.commit(tokens)
+
+    def rewind(self) -> None:
+        self._spec.rewind()
+
+    def close(self) -> None:
+        pass
 
 
 class Proposal(NamedTuple):

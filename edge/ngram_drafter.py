@@ -5,16 +5,12 @@ inputs that repeat (code edits, extraction, summaries quoting the prompt).
 
 from __future__ import annotations
 
-import time
-from collections.abc import Sequence
-
-from edge.drafter import DraftBlock, DrafterStats, Speculation, one_hot_block
-from shared.params import SamplingParams
+from edge.drafter import DraftBlock, ModelFreeDrafter, one_hot_block
 
 __all__ = ["NgramDrafter"]
 
 
-class NgramDrafter:
+class NgramDrafter(ModelFreeDrafter):
     """``Drafter`` that copies continuations from the sequence's own history.
 
     Tries n-gram sizes from ``max_ngram`` down to ``min_ngram``; proposes
@@ -25,32 +21,12 @@ class NgramDrafter:
     def __init__(self, vocab_size: int, max_ngram: int = 3, min_ngram: int = 1) -> None:
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
-        self.vocab_size = vocab_size
+        super().__init__(vocab_size)
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
-        self._spec = Speculation.start([])
-        self._params = SamplingParams()
-        self.stats = DrafterStats()  # no model: the eval counters stay 0
 
-    def begin(self, prompt: Sequence[int], params: SamplingParams) -> None:
-        self._spec = Speculation.start(prompt)
-        self._params = params
-
-    def draft(self, n: int) -> DraftBlock:
-        started = time.perf_counter()
-        block = one_hot_block(self._lookup(n), self._params)
-        self._spec.tokens.extend(block.tokens)
-        self.stats.record_draft(len(block.tokens), time.perf_counter() - started)
-        return block
-
-    def commit(self, tokens: Sequence[int]) -> None:
-        self._spec.commit(tokens)
-
-    def rewind(self) -> None:
-        self._spec.rewind()
-
-    def close(self) -> None:
-        pass
+    def propose_block(self, n: int) -> DraftBlock:
+        return one_hot_block(self._lookup(n), self._params)
 
     def _lookup(self, n: int) -> list[int]:
         seq = self._spec.tokens

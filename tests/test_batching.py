@@ -216,6 +216,18 @@ def _run_edges(server, tiny_models, tiny_engine, tiny_vocab, jobs, hostile):
     return results
 
 
+def _assert_target_only(tiny_models, tiny_engine, jobs, results):
+    """Each edge's tokens equal target-only decoding of its (text, params, _, max_new) job."""
+    drafter = tiny_drafter(tiny_models)
+    try:
+        for (text, params, _, max_new), got in zip(jobs, results):
+            want = generate(tiny_engine, drafter, tiny_prompt(tiny_engine, text), params, max_new_tokens=max_new,
+                            draft_len=0)
+            assert got == want.tokens
+    finally:
+        drafter.close()
+
+
 @pytest.mark.parametrize("sessions", [2, 8])
 def test_concurrent_edges_equal_target_only_and_share_forwards(tiny_models, tiny_engine, tiny_vocab, sessions):
     texts = ["The cat sat", "We have 3 dogs", "It was the best of times", "Hello", "A dog ran up", "She said no",
@@ -224,13 +236,7 @@ def test_concurrent_edges_equal_target_only_and_share_forwards(tiny_models, tiny
     with BackgroundServer(tiny_engine, ServerConfig(port=0, limits=ServiceLimits(max_draft_len=16))) as server:
         results = _edges_at_once(server, tiny_models, tiny_engine, tiny_vocab, jobs)
         stats = server.server.servicer.scheduler.stats
-    drafter = tiny_drafter(tiny_models)
-    try:
-        for (text, params, _, max_new), got in zip(jobs, results):
-            want = generate(tiny_engine, drafter, tiny_prompt(tiny_engine, text), params, max_new_tokens=max_new, draft_len=0)
-            assert got == want.tokens
-    finally:
-        drafter.close()
+    _assert_target_only(tiny_models, tiny_engine, jobs, results)
     assert stats.max_sequences >= 2  # sessions really shared forwards
 
 
@@ -247,13 +253,7 @@ def test_a_hostile_stream_beside_honest_batch_mates_changes_nothing(tiny_models,
 
     with BackgroundServer(tiny_engine, ServerConfig(port=0, limits=ServiceLimits(max_draft_len=16))) as server:
         results = _edges_at_once(server, tiny_models, tiny_engine, tiny_vocab, jobs, hostile=hostile)
-    drafter = tiny_drafter(tiny_models)
-    try:
-        for (text, params, _, max_new), got in zip(jobs, results):
-            assert got == generate(tiny_engine, drafter, tiny_prompt(tiny_engine, text), params, max_new_tokens=max_new,
-                                   draft_len=0).tokens
-    finally:
-        drafter.close()
+    _assert_target_only(tiny_models, tiny_engine, jobs, results)
     assert len(endings) == 30 and grpc.StatusCode.INVALID_ARGUMENT in endings
 
 
@@ -276,14 +276,7 @@ def test_a_client_that_vanishes_mid_batch_gives_its_slot_back(tiny_models, tiny_
         jobs = [("The cat sat", params, 4, 12), ("Hello", params, 3, 12)]
         results = _edges_at_once(server, tiny_models, tiny_engine, tiny_vocab, jobs)
         assert len(table) <= 2
-    drafter = tiny_drafter(tiny_models)
-    try:
-        for (text, p, _, max_new), got in zip(jobs, results):
-            assert got == generate(tiny_engine, drafter, tiny_prompt(tiny_engine, text), p, max_new_tokens=max_new,
-                                   draft_len=0).tokens
-    finally:
-        drafter.close()
-
+    _assert_target_only(tiny_models, tiny_engine, jobs, results)
 
 
 def test_a_full_kv_budget_refuses_with_resource_exhausted_and_recovers(tiny_models, tiny_engine, tiny_vocab):
@@ -303,9 +296,6 @@ def test_a_full_kv_budget_refuses_with_resource_exhausted_and_recovers(tiny_mode
         finally:
             holder.close()
         # The holder's reservation is released with its session: a new one fits again.
-        results = _edges_at_once(server, tiny_models, tiny_engine, tiny_vocab, [("Hello", params, 4, 40)])
-    drafter = tiny_drafter(tiny_models)
-    try:
-        assert results[0] == generate(tiny_engine, drafter, prompt, params, max_new_tokens=40, draft_len=0).tokens
-    finally:
-        drafter.close()
+        jobs = [("Hello", params, 4, 40)]
+        results = _edges_at_once(server, tiny_models, tiny_engine, tiny_vocab, jobs)
+    _assert_target_only(tiny_models, tiny_engine, jobs, results)

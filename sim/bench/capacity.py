@@ -32,7 +32,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from edge.drafter import DraftBlock, DrafterStats, Speculation, one_hot_block
+from edge.drafter import DraftBlock, ModelFreeDrafter, Speculation, one_hot_block
 from shared.stats import percentile
 
 __all__ = [
@@ -88,41 +88,21 @@ class RecordingDrafter:
         self.inner.close()
 
 
-class ReplayDrafter:
+class ReplayDrafter(ModelFreeDrafter):
     """Proposes the blocks a ``RecordingDrafter`` recorded, keyed by (seed, sequence drafted from);
     an unrecorded sequence gets an empty block (the cloud then decodes that position alone)."""
 
     def __init__(self, blocks: dict[tuple, DraftBlock], vocab_size: int) -> None:
+        super().__init__(vocab_size)
         self.blocks = blocks
-        self.vocab_size = vocab_size
-        self.stats = DrafterStats()
         self.misses = 0
-        self._spec = Speculation.start([])
-        self._params = None
 
-    def begin(self, prompt: Sequence[int], params) -> None:
-        self._spec = Speculation.start(prompt)
-        self._params = params
-
-    def draft(self, n: int) -> DraftBlock:
-        started = time.perf_counter()
+    def propose_block(self, n: int) -> DraftBlock:
         block = self.blocks.get((self._params.seed, *self._spec.tokens))
         if block is None:
             self.misses += 1
-            block = one_hot_block([], self._params)
-        block = DraftBlock(block.tokens[:n], block.q[:n] if block.q else block.q)
-        self._spec.tokens.extend(block.tokens)
-        self.stats.record_draft(len(block.tokens), time.perf_counter() - started)
-        return block
-
-    def commit(self, tokens: Sequence[int]) -> None:
-        self._spec.commit(tokens)
-
-    def rewind(self) -> None:
-        self._spec.rewind()
-
-    def close(self) -> None:
-        pass
+            return one_hot_block([], self._params)
+        return DraftBlock(block.tokens[:n], block.q[:n] if block.q else block.q)
 
 
 @dataclass(frozen=True)
