@@ -50,7 +50,8 @@ def add_cloud_commands(commands) -> None:
         description="Verify draft blocks from edge clients with the target model. The server listens on loopback "
         "only unless --host is given (or a token with TLS, then 0.0.0.0). A bearer token on a non-loopback "
         "address needs TLS (--tls-cert/--tls-key) or an explicit --insecure. SIGTERM drains in-flight verdicts, "
-        "then exits.",
+        "then exits. Tensor parallel: start it under torchrun (torchrun --nproc-per-node N -m cloud.cli serve "
+        "...); the target is sharded across the N ranks and rank 0 serves.",
     )
     serve.add_argument("--target", default=None, help="Hugging Face folder or GGUF file (default: Gemma 3 270M)")
     serve.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
@@ -145,17 +146,25 @@ def run_serve(args: argparse.Namespace) -> int:
         mqtt_url=args.mqtt,
     )
 
+    from cloud.tensor_parallel import follow, rank, world_size
+
     pick_device(args.device)  # a bad --device fails before a minute of model loading
     target = resolve_target(args.target)
     try:
-        engine = TargetEngine(target, device=args.device, dtype=args.dtype, canonical=args.shapes == "canonical")
+        engine = TargetEngine(target, device=args.device, dtype=args.dtype, canonical=args.shapes == "canonical",
+                              tensor_parallel=world_size())
     except Exception as exc:  # a truncated or foreign checkpoint (safetensors raises its own type), a bad config
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CliError(f"cannot load the target model from {target}: {detail}") from exc
+    if rank() != 0:  # tensor parallelism: rank 0 serves, the others run its forwards on their shards
+        follow(engine)
+        return 0
     try:
         asyncio.run(_serve(engine, config))
     except OSError as exc:  # the port is taken
         raise CliError(str(exc)) from exc
+    finally:
+        engine.close()
     return 0
 
 

@@ -38,6 +38,7 @@ class CachedSequence:
 
     slot: SlotKV = field(default_factory=SlotKV)
     length: int = 0  # tokens in the slot
+    shard_id: int = 0  # its name on the other ranks (tensor parallelism)
     forwards: int = 0  # forwards that carried rows of this sequence
     forward_s: float = 0.0  # wall time of those forwards
 
@@ -116,7 +117,10 @@ def invariant_row_padding(model: torch.nn.Module, max_rows: int = 64) -> RowPadd
     any row count and order (with torch's current thread count): at least ``ROW_TILE`` rows, else
     multiples of it, else None. Checked at load on random rows against every distinct weight shape
     of the model's linear layers (the output head included), up to ``max_rows`` rows."""
-    weights = {tuple(m.weight.shape): m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)}
+    def local(weight: torch.Tensor) -> torch.Tensor:  # a tensor-parallel shard is a DTensor
+        return weight.to_local() if hasattr(weight, "to_local") else weight
+
+    weights = {tuple(local(m.weight).shape): local(m.weight) for m in model.modules() if isinstance(m, torch.nn.Linear)}
     gen = torch.Generator().manual_seed(0)
     checks = []
     for weight in weights.values():
@@ -139,11 +143,14 @@ class TargetEngine:
     float32 on CPU; bfloat16 on GPU unless ``dtype`` says otherwise.
     ``canonical``: batch-invariant shapes (see the module docstring); False
     runs each sequence's attention over exactly its keys and one-row
-    products unpadded (faster alone, not invariant).
+    products unpadded (faster alone, not invariant). ``tensor_parallel``:
+    shard the target across that many ranks started by torchrun
+    (``cloud.tensor_parallel``); rank 0's engine then leads the others.
     """
 
     def __init__(
-        self, model_path: str | Path, *, device: str | None = None, dtype: str | None = None, canonical: bool = True
+        self, model_path: str | Path, *, device: str | None = None, dtype: str | None = None, canonical: bool = True,
+        tensor_parallel: int = 1,
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
@@ -163,8 +170,19 @@ class TargetEngine:
             folder = str(path.parent)
         else:
             folder = str(path)
+        self.leader = None  # set on rank 0 of a tensor-parallel group
+        if tensor_parallel > 1:
+            from transformers.distributed import DistributedConfig
+
+            kwargs["distributed_config"] = DistributedConfig(tp_size=tensor_parallel)
         slot_attention.register()
         self.model = AutoModelForCausalLM.from_pretrained(folder, **kwargs).to(self.device).eval()
+        if tensor_parallel > 1:
+            import torch.distributed as dist
+
+            from cloud.tensor_parallel import Leader
+
+            self.leader = Leader() if dist.get_rank() == 0 else None
         self.model.config._attn_implementation = slot_attention.ATTENTION_NAME
         self.tokenizer = AutoTokenizer.from_pretrained(folder, **({"gguf_file": path.name} if path.is_file() else {}))
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
@@ -184,9 +202,10 @@ class TargetEngine:
         self.fingerprint = vocab_fingerprint(self.pieces)
         self.load_s = time.perf_counter() - started
         log.info(
-            "target %s loaded in %.1fs on %s/%s (vocab %d, %s shapes)",
+            "target %s loaded in %.1fs on %s/%s (vocab %d, %s shapes%s)",
             path.name, self.load_s, self.device, str(self.dtype).removeprefix("torch."), self.vocab_size,
             "free" if not canonical else "batch-invariant" if self.invariant else "canonical but NOT row-invariant",
+            f", tensor parallel over {tensor_parallel} ranks" if tensor_parallel > 1 else "",
         )
 
     def _eos_ids(self) -> set[int]:
@@ -203,7 +222,16 @@ class TargetEngine:
         return [p if p is not None else "" for p in pieces] + [f"<pad_{i}>" for i in range(len(pieces), self.vocab_size)]
 
     def new_sequence(self) -> CachedSequence:
-        return CachedSequence()
+        seq = CachedSequence()
+        if self.leader is not None:
+            self.leader.register(seq)
+        return seq
+
+    def close(self) -> None:
+        """Release the follower ranks (tensor parallelism); nothing to do otherwise."""
+        if self.leader is not None:
+            self.leader.stop()
+            self.leader = None
 
     def forward(self, seq: CachedSequence, tokens: list[int], *, last_only: bool = False) -> torch.Tensor:
         """Append ``tokens`` to one sequence; return their next-token logits [n, V] float32
@@ -218,6 +246,10 @@ class TargetEngine:
             return []
         if len({id(item.seq) for item in items}) != len(items):
             raise ValueError("a sequence can appear only once in a forward")
+        if any(not item.tokens for item in items):
+            raise ValueError("forward needs at least one token per sequence")
+        if self.leader is not None:
+            self.leader.forward(list(items))
         started = time.perf_counter()
         tokens: list[int] = []
         positions: list[int] = []
@@ -225,8 +257,6 @@ class TargetEngine:
         keep: list[int] = []  # packed rows whose logits are returned
         for item in items:
             n = len(item.tokens)
-            if n == 0:
-                raise ValueError("forward needs at least one token per sequence")
             first = len(tokens)
             spans.append((first, n, item.seq.length))
             tokens.extend(int(t) for t in item.tokens)
@@ -267,4 +297,6 @@ class TargetEngine:
         """Keep the first ``length`` tokens of the slot (what lies past them is overwritten later)."""
         if not 0 <= length <= seq.length:
             raise ValueError(f"cannot crop a {seq.length}-token cache to {length}")
+        if self.leader is not None and length != seq.length:
+            self.leader.crop(seq, length)
         seq.length = length

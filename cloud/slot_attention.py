@@ -30,7 +30,7 @@ with SDPA: what the cost of invariance is measured against.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -96,6 +96,7 @@ class RowLayout:
     slots: list[SlotKV]
     spans: list[tuple[int, int, int]]
     padding: RowPadding | None = None
+    masks: dict = field(default_factory=dict)  # attention masks, built once per forward
 
 
 def current_layout() -> RowLayout | None:
@@ -126,18 +127,23 @@ def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
     return x if missing <= 0 else torch.cat([x, x.new_zeros(*x.shape[:-2], missing, x.shape[-1])], dim=-2)
 
 
-def _attend_canonical(q, keys, values, positions, scaling, window, softcap, padding: RowPadding):
-    """Rows of one slot that share a key bucket: q [KV, r, d] ((head, query) pairs), keys and
-    values [KV, L, d] (the bucket), positions [r]; returns [KV, r, d]."""
-    rows, length = q.shape[1], keys.shape[1]
-    key_index = torch.arange(length, device=q.device)
-    allowed = key_index[None, :] <= positions[:, None]  # [r, L]: causal ...
+def _mask(positions: torch.Tensor, length: int, window: int | None, padded_rows: int) -> torch.Tensor:
+    """Which of ``length`` keys each row at ``positions`` [r] may see: causal, within the sliding
+    window; padding rows up to ``padded_rows`` see key 0 (their output is dropped). [padded_rows, L]."""
+    key_index = torch.arange(length, device=positions.device)
+    allowed = key_index[None, :] <= positions[:, None]
     if window:
-        allowed &= key_index[None, :] > positions[:, None] - window  # ... within the sliding window
-    padded = padding(rows)
-    if padded != rows:  # padding rows see key 0 (their output is dropped)
-        q = _pad_rows(q, padded)
-        allowed = torch.cat([allowed, key_index[None, :].expand(padded - rows, length) == 0])
+        allowed &= key_index[None, :] > positions[:, None] - window
+    if padded_rows > positions.shape[0]:
+        allowed = torch.cat([allowed, key_index[None, :].expand(padded_rows - positions.shape[0], length) == 0])
+    return allowed
+
+
+def _attend_canonical(q, keys, values, allowed, scaling, softcap):
+    """Rows of one slot that share a key bucket: q [KV, r, d] ((head, query) pairs), keys and
+    values [KV, L, d] (the bucket), ``allowed`` [r', L] from ``_mask``; returns [KV, r, d]."""
+    rows = q.shape[1]
+    q = _pad_rows(q, allowed.shape[0])
     scores = torch.matmul(q, keys.transpose(-1, -2)) * scaling  # [KV, r', L]
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
@@ -161,7 +167,8 @@ def slot_attention(module, query, key, value, attention_mask, scaling=None, drop
     scaling = module.head_dim ** -0.5 if scaling is None else scaling
     window = sliding_window or None
     out = query.new_zeros(total, heads, dim)
-    for slot, (first, rows, position) in zip(layout.slots, layout.spans):
+    masks = layout.masks  # built by the first layer, reused by the others (same rows, same positions)
+    for index, (slot, (first, rows, position)) in enumerate(zip(layout.slots, layout.spans)):
         k_new = key[0, :, first : first + rows]  # [KV, rows, d]
         slot.reserve(layer, k_new, position + rows)
         slot.keys[layer][:, position : position + rows] = k_new
@@ -170,9 +177,9 @@ def slot_attention(module, query, key, value, attention_mask, scaling=None, drop
         positions = torch.arange(position, position + rows, device=query.device)
         if layout.padding is None and softcap is None:  # (soft-capped scores: the canonical path does them)
             end = position + rows
-            allowed = torch.arange(end, device=query.device)[None, :] <= positions[:, None]
-            if window:
-                allowed &= torch.arange(end, device=query.device)[None, :] > positions[:, None] - window
+            allowed = masks.get((index, window))
+            if allowed is None:
+                allowed = masks[(index, window)] = _mask(positions, end, window, rows)
             result = F.scaled_dot_product_attention(
                 q[None], slot.keys[layer][None, :, :end], slot.values[layer][None, :, :end],
                 attn_mask=allowed, scale=scaling, enable_gqa=rep > 1,
@@ -189,10 +196,13 @@ def slot_attention(module, query, key, value, attention_mask, scaling=None, drop
             length = buckets[start]
             g = stop - start
             q_group = q[:, start:stop].reshape(kv_heads, rep * g, dim)  # rows are (head, query) pairs
-            group_positions = positions[start:stop].repeat(rep)
+            allowed = masks.get((index, start, window))
+            if allowed is None:
+                padding = layout.padding or RowPadding(multiple=False)
+                allowed = masks[(index, start, window)] = _mask(positions[start:stop].repeat(rep), length, window,
+                                                                padding(rep * g))
             result = _attend_canonical(
-                q_group, slot.keys[layer][:, :length], slot.values[layer][:, :length], group_positions,
-                scaling, window, softcap, layout.padding or RowPadding(multiple=False),
+                q_group, slot.keys[layer][:, :length], slot.values[layer][:, :length], allowed, scaling, softcap,
             )  # [KV, rep*g, d]
             out[first + start : first + stop] = result.reshape(heads, g, dim).transpose(0, 1)
             start = stop

@@ -31,9 +31,9 @@ def _batched(profile: HardwareProfile, sessions: int, rows_per_session: int):
                                verify_one_s=profile.batch_forward_s(sessions))
 
 
-def _split(profile: HardwareProfile, link: NetworkModel, sessions: int, max_draft_len: int, window: int) -> Prediction:
+def _drafting(profile: HardwareProfile, link: NetworkModel, sessions: int, max_draft_len: int, window: int) -> Prediction:
+    """The best pipelined split with drafting (D >= 1) when ``sessions`` share each forward."""
     options = [predict_pipelined(_batched(profile, sessions, d + 1), link, d, window) for d in range(1, max_draft_len + 1)]
-    options.append(predict_cloud_only(_batched(profile, sessions, 1), link))  # the cloud decodes alone
     return max(options, key=lambda p: p.tokens_per_s)
 
 
@@ -43,7 +43,8 @@ def capacity_rows(profile: HardwareProfile, link: NetworkModel, sessions=DEFAULT
     rows = []
     for n in sessions:
         base = predict_cloud_only(_batched(profile, n, 1), link)
-        split = _split(profile, link, n, max_draft_len, window)
+        drafting = _drafting(profile, link, n, max_draft_len, window)
+        split = drafting if drafting.tokens_per_s > base.tokens_per_s else base  # adaptive: the cloud alone
         rows.append({
             "sessions": n,
             "cloud_only_tokens_per_s": base.tokens_per_s,
@@ -54,6 +55,9 @@ def capacity_rows(profile: HardwareProfile, link: NetworkModel, sessions=DEFAULT
             "split_cloud_s_per_token": split.cloud_s_per_token / n,
             "split_draft_len": split.draft_len,
             "forward_rows": n * (split.draft_len + 1),
+            "drafting_tokens_per_s": drafting.tokens_per_s,  # the split kept drafting (best D >= 1)
+            "drafting_cloud_s_per_token": drafting.cloud_s_per_token / n,
+            "drafting_draft_len": drafting.draft_len,
         })
     return rows
 
@@ -64,7 +68,10 @@ def capacity_at_slo(rows: list[dict[str, Any]], slo: float) -> dict[str, Any]:
     def largest(key: str) -> int:
         return max((r["sessions"] for r in rows if r[key] >= slo), default=0)
 
+
+
     stops = next((r["sessions"] for r in rows
                   if r["split_draft_len"] == 0 or r["split_tokens_per_s"] <= r["cloud_only_tokens_per_s"]), None)
     return {"slo_tokens_per_s": slo, "cloud-only": largest("cloud_only_tokens_per_s"),
-            "split": largest("split_tokens_per_s"), "split_stops_paying_at": stops}
+            "split": largest("split_tokens_per_s"), "split_drafting": largest("drafting_tokens_per_s"),
+            "split_stops_paying_at": stops}

@@ -169,9 +169,10 @@ def _capacity_text(c: dict[str, Any], tablefmt: str) -> str:
         [[r["sessions"], f"{r['cloud_only_tokens_per_s']:.2f}", f"{r['split_tokens_per_s']:.2f}",
           f"{r['cloud_only_aggregate']:.0f}", f"{r['split_aggregate']:.0f}",
           f"{r['cloud_only_cloud_s_per_token'] * 1e3:.2f}", f"{r['split_cloud_s_per_token'] * 1e3:.2f}",
-          r["split_draft_len"] or "alone", r["forward_rows"]] for r in c["rows"]],
+          r["split_draft_len"] or "alone", r["forward_rows"], f"{r['drafting_tokens_per_s']:.2f}",
+          f"{r['drafting_cloud_s_per_token'] * 1e3:.2f}", r["drafting_draft_len"]] for r in c["rows"]],
         headers=["N", "cloud-only tok/s", "split tok/s", "cloud-only agg", "split agg", "cloud-only ms/tok",
-                 "split ms/tok", "split D", "rows/fwd"],
+                 "split ms/tok", "split D", "rows/fwd", "drafting tok/s", "drafting ms/tok", "drafting D"],
         tablefmt=tablefmt, disable_numparse=True,
     )
     stops = c["split_stops_paying_at"]
@@ -180,7 +181,9 @@ def _capacity_text(c: dict[str, Any], tablefmt: str) -> str:
         "",
         table,
         "",
-        f"capacity at {c['slo_tokens_per_s']:g} tok/s per session: split {c['split']} sessions, cloud-only "
-        f"{c['cloud-only']}; the split stops paying at "
+        "(split: the adaptive schedule, which lets the cloud decode alone where drafting is slower; drafting: "
+        "the best D >= 1 kept, for its cloud time per token)",
+        f"capacity at {c['slo_tokens_per_s']:g} tok/s per session: split {c['split']} sessions (kept drafting: "
+        f"{c['split_drafting']}), cloud-only {c['cloud-only']}; the split stops paying at "
         + (f"N = {stops}" if stops else "no N up to the largest modelled"),
     ])

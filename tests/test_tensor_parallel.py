@@ -1,0 +1,61 @@
+"""Tensor parallelism: the tiny target sharded over two CPU ranks (gloo) under torchrun."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from helpers import tiny_prompt
+from test_service import remote, tiny_drafter
+
+from edge.client import cloud_only_generate
+from shared.params import Mode, SamplingParams
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Address:
+    def __init__(self, port: int) -> None:
+        self.address = f"127.0.0.1:{port}"
+
+
+def test_a_verifier_sharded_over_two_ranks_serves_token_identical_output(tiny_models, tiny_engine, tiny_vocab):
+    torchrun = Path(sys.executable).with_name("torchrun")
+    log = tempfile.NamedTemporaryFile(prefix="splitspec-tp-", suffix=".log", delete=False)
+    cmd = [str(torchrun), "--nproc-per-node", "2", "--master-port", str(_free_port()), "-m", "cloud.cli", "-v",
+           "serve", "--target", tiny_models["target"], "--port", "0", "--grace", "1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True,
+                            env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"))
+    drafter = tiny_drafter(tiny_models)
+    try:
+        port = None
+        for line in proc.stdout:
+            if line.startswith("splitspec cloud: serving"):
+                port = int(line.rsplit(":", 1)[1])
+                break
+        assert port, Path(log.name).read_text()[-3000:]
+        server = _Address(port)
+        prompt = tiny_prompt(tiny_engine, "The cat sat on the mat.")
+        for params in (SamplingParams(mode=Mode.GREEDY), SamplingParams(mode=Mode.COUPLED, temperature=0.9, seed=5)):
+            # target-only through the same sharded engine, then the split
+            want = cloud_only_generate(server.address, prompt, params, vocab_size=tiny_vocab[0],
+                                       fingerprint=tiny_vocab[1], max_new_tokens=24).tokens
+            got, _ = remote(server, tiny_vocab, drafter, prompt, params, draft_len=4, max_new_tokens=24)
+            assert got.tokens == want
+            assert len(want) == 24
+    finally:
+        drafter.close()
+        proc.send_signal(signal.SIGTERM)  # torchrun passes it on to both ranks (and itself exits 1 on a signal)
+        rest, _ = proc.communicate(timeout=60)
+    # Rank 0 drained its calls and told the follower to stop.
+    assert "splitspec cloud: stopped" in rest, Path(log.name).read_text()[-3000:]
+    assert "tensor parallel over 2 ranks" in Path(log.name).read_text()
