@@ -148,7 +148,8 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                 return session
 
             session = await self._in_engine(open_session)
-            entry = self.table.add(session, owner)  # checks again: others may have opened during the prefill
+            # Checks again: others may have opened during the prefill.
+            entry = self.table.add(session, owner, len(prompt) + max_new_tokens)
         except TableFull as exc:
             raise _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)) from exc
         except ValueError as exc:  # the session refused the request (e.g. longer than the target's context)

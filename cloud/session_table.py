@@ -120,8 +120,8 @@ class SessionTable:
                 raise TableFull(f"the verifier's KV cache budget is full ({self.reserved_tokens} of "
                                 f"{self.max_tokens} positions reserved); retry later or ask for fewer new tokens")
 
-    def add(self, session: VerifierSession, owner: str = "") -> SessionEntry:
-        tokens = session.prompt_len + session.max_new_tokens
+    def add(self, session: VerifierSession, owner: str = "", tokens: int = 0) -> SessionEntry:
+        """Keep ``session`` for ``owner``, reserving ``tokens`` KV positions; ``TableFull`` if no room."""
         self.reserve(owner, tokens)
         entry = SessionEntry(
             session_id=secrets.token_hex(8), ticket=secrets.token_bytes(16), session=session, owner=owner,

@@ -130,6 +130,22 @@ def test_silent_streams_cannot_lock_honest_clients_out(tiny_engine, server):
     assert kinds == ["opened"] and lockout < 3.0, lockout
 
 
+def test_the_kv_budget_evicts_parked_sessions_then_refuses_and_a_turn_can_grow_within_it():
+    table = SessionTable(max_sessions=10, ttl_s=60, max_tokens=100)
+    first = table.add("s", "alice", 60)
+    with pytest.raises(TableFull, match="KV cache budget is full"):
+        table.add("s", "bob", 50)
+    table.detach(first)  # parked: its reservation can be taken back
+    second = table.add("s", "bob", 50)
+    assert table.resume(first.ticket) is None and table.reserved_tokens == 50
+    table.resize(second, 100)  # the conversation's next turn fits exactly
+    with pytest.raises(TableFull, match="exceeds the verifier's budget of 100"):
+        table.resize(second, 101)
+    assert second.tokens == 100
+    table.remove(second)
+    assert table.reserved_tokens == 0
+
+
 def test_the_table_evicts_parked_sessions_and_caps_each_client():
     now = [0.0]
     table = SessionTable(max_sessions=3, ttl_s=60, clock=lambda: now[0], max_per_owner=2)
