@@ -3,7 +3,7 @@
 Every frame is untrusted. Problems with a frame end only its own stream with
 ``INVALID_ARGUMENT`` (bad payload, wrong position, too long a block, a frame
 before Open), ``FAILED_PRECONDITION`` (vocabulary mismatch) or
-``RESOURCE_EXHAUSTED`` (session table full); other streams never notice.
+``RESOURCE_EXHAUSTED`` (session table or KV budget full); other streams never notice.
 Torch work runs on the scheduler's engine thread, off the event loop, so a
 long forward never stalls the other streams' I/O; the scheduler packs what
 every session waits for into shared forwards (``cloud.scheduler``).
