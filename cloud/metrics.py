@@ -27,6 +27,9 @@ class ServiceMetrics:
         self.sessions_resumed = Counter(
             "splitspec_sessions_resumed", "Sessions reattached by ticket after a broken stream", registry=r
         )
+        self.misrouted = Counter(
+            "splitspec_misrouted_streams", "Resumes and next turns that named another replica", registry=r
+        )
         self.sessions_failed = Counter("splitspec_sessions_failed", "Sessions ended by an error", ["code"], registry=r)
         self.drafted = Counter("splitspec_drafted_tokens", "Draft tokens received for verification", registry=r)
         self.accepted = Counter("splitspec_accepted_tokens", "Draft tokens accepted", registry=r)

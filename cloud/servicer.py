@@ -31,6 +31,7 @@ from shared.stats import RoundRecord
 from shared.verdict import Verdict
 from shared.vocab import describe_vocab
 from shared.wire import (
+    REPLICA_HEADER,
     OpenRequest,
     message_wire_bytes,
     parse_open_request,
@@ -267,6 +268,8 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             answer_first = first.open.first_token
             # The stream number is the one this stream's attach got: another resume may bump it
             # while we wait on the engine, and then this stream must not drive the session.
+            if first.open.resume_ticket:
+                self._check_routing(context)
             if first.open.resume_ticket and first.open.extend:
                 entry, stream = await self._extend(first.open, self._owner(context))
                 opened = pb.Opened(committed_length=len(entry.session.tokens), answers_first_position=answer_first)
@@ -413,6 +416,15 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                     break  # only stale blocks were left
             for key in [k for k in received if k[0] < entry.session.epoch]:
                 del received[key]  # stale blocks a chain consumed without answering
+
+    def _check_routing(self, context) -> None:
+        """A resume or a next turn names the replica that holds its session; one that names another
+        replica was misrouted (a proxy without affinity): counted, then answered as usual (the
+        ticket is unknown here, so NOT_FOUND, and the edge reopens)."""
+        named = str(dict(context.invocation_metadata() or ()).get(REPLICA_HEADER, ""))
+        if named and self.replica and named != self.replica:
+            self.metrics.misrouted.inc()
+            log.info("a stream for replica %s reached replica %s", named, self.replica)
 
     @staticmethod
     def _owner(context) -> str:

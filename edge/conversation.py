@@ -25,19 +25,22 @@ class Conversation:
 
     ticket: bytes = b""
     tokens: list[int] = field(default_factory=list)  # prompt and replies, as the cloud session holds them
+    replica: str = ""  # the verifier replica holding the session (a proxy routes the next turn there)
     turns: int = 0
 
     def verifier(self, address: str, **kwargs) -> GrpcVerifier:
         """A verifier for the next turn: it continues the session if there is one, and keeps it after."""
         continue_from = (self.ticket, self.tokens) if self.ticket else None
-        return GrpcVerifier(address, keep_session=True, continue_from=continue_from, **kwargs)
+        link = GrpcVerifier(address, keep_session=True, continue_from=continue_from, **kwargs)
+        link.replica = self.replica if self.ticket else ""
+        return link
 
     def record(self, verifier: GrpcVerifier, prompt: Sequence[int], generated: Sequence[int]) -> None:
         """The turn finished: its session now holds ``prompt`` + ``generated``."""
-        self.ticket = verifier.resume_ticket
+        self.ticket, self.replica = verifier.resume_ticket, verifier.replica
         self.tokens = [*prompt, *generated]
         self.turns += 1
 
     def forget(self) -> None:
         """The turn failed: the next one opens a new session."""
-        self.ticket, self.tokens = b"", []
+        self.ticket, self.tokens, self.replica = b"", [], ""
