@@ -70,9 +70,6 @@ class SlotKV:
             values[:, : current.shape[1]] = self.values[layer]
         self.keys[layer], self.values[layer] = keys, values
 
-    def bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values) if t is not None)
-
 
 @dataclass(frozen=True)
 class RowPadding:
