@@ -20,6 +20,7 @@ from shared.sparse import MAX_PROB_BITS
 
 __all__ = [
     "Mode",
+    "TOKEN_IDENTICAL_MODES",
     "SamplingParams",
     "DEFAULT_TEMPERATURE",
     "DEFAULT_TOP_K",
@@ -68,6 +69,10 @@ class Mode(str, enum.Enum):
     GREEDY = "greedy"  # temperature 0: accept while draft == argmax p
     COUPLED = "coupled"  # shared-noise exponential race; token-identical to target-only
     REJECTION = "rejection"  # speculative sampling against the sparse quantized q̃
+
+
+# Modes whose output equals target-only decoding token for token (rejection: in distribution only).
+TOKEN_IDENTICAL_MODES = frozenset({Mode.GREEDY.value, Mode.COUPLED.value})
 
 
 @dataclass(frozen=True)

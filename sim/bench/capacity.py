@@ -33,7 +33,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from edge.drafter import DraftBlock, ModelFreeDrafter, Speculation, one_hot_block
+from shared.params import TOKEN_IDENTICAL_MODES
 from shared.stats import percentile
+from sim.experiment.runner import DEFAULT_PROMPTS
 
 __all__ = [
     "BenchSession", "ReplayDrafter", "RecordingDrafter", "bench_models", "capacity_at_slo", "cloud_only_session",
@@ -42,9 +44,7 @@ __all__ = [
 
 CLOUD_ONLY = "cloud-only"
 PROMPTS = [
-    "Explain in a few sentences why the sky is blue.",
-    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
-    "List five tips for writing clear technical documentation.",
+    *DEFAULT_PROMPTS,
     "What is the difference between a virus and a bacterium?",
     "Describe how a bicycle works to a child.",
     "Give three reasons to learn a second language.",
@@ -150,7 +150,7 @@ def run_capacity_bench(
     --dtype, --shapes). ValueError on bad arguments."""
     if not sessions or min(sessions) < 1:
         raise ValueError("--sessions needs counts >= 1")
-    if mode not in ("greedy", "coupled"):
+    if mode not in TOKEN_IDENTICAL_MODES:
         raise ValueError(f"mode {mode!r}: capacity compares outputs token for token, so greedy or coupled")
     if mode == "greedy":
         temperature = 0.0

@@ -28,12 +28,11 @@ from dataclasses import dataclass, field
 
 from edge.drafter import common_prefix_length
 from edge.report import EdgeReport
+from shared.params import TOKEN_IDENTICAL_MODES
 from sim.experiment.processes import BackgroundLink, CloudProcess, core_split, run_edge_process
 from sim.link.scenario import Scenario
 
 __all__ = ["FaultConfig", "run_faults"]
-
-_IDENTICAL_MODES = {"greedy", "coupled"}
 
 
 @dataclass
@@ -174,8 +173,8 @@ def _row(mode: str, reference: EdgeReport, faulted: EdgeReport, cuts: int, fired
         "cuts_by_direction": fired,
         "restarted": restarted,
         "completed": not faulted.error and faulted.stop_reason == reference.stop_reason,
-        "identical": faulted.tokens == reference.tokens if mode in _IDENTICAL_MODES else None,
-        "tokens_lost": _tokens_lost(reference.tokens, faulted.tokens) if mode in _IDENTICAL_MODES else
+        "identical": faulted.tokens == reference.tokens if mode in TOKEN_IDENTICAL_MODES else None,
+        "tokens_lost": _tokens_lost(reference.tokens, faulted.tokens) if mode in TOKEN_IDENTICAL_MODES else
         max(len(reference.tokens) - len(faulted.tokens), 0),
         "error": faulted.error,
         "wall_s": faulted.wall_s,

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 
 from edge.report import EdgeReport
-from shared.params import DEFAULT_TEMPERATURE, DEFAULT_WINDOW, SCHEDULES, window_for
+from shared.params import DEFAULT_TEMPERATURE, DEFAULT_WINDOW, SCHEDULES, TOKEN_IDENTICAL_MODES, window_for
 from sim.experiment.labels import config_label
 from sim.experiment.processes import BackgroundLink, BrokerProcess, CloudProcess, core_split, run_edge_process
 from sim.link.scenario import Scenario
@@ -31,9 +31,6 @@ DEFAULT_PROMPTS = [
     "Write a short story about a lighthouse keeper who finds a message in a bottle.",
     "List five tips for writing clear technical documentation.",
 ]
-# Modes whose output must equal the baseline token for token.
-_IDENTICAL_MODES = {"greedy", "coupled"}
-
 
 @dataclass
 class SimConfig:
@@ -175,7 +172,7 @@ def run_simulation(cfg: SimConfig, progress=lambda line: print(line, file=sys.st
             run = _aggregate(mode, draft_len, reports, meters, schedule, window)
             reference = baselines[_baseline_kind(mode)]
             # Rejection mode is lossless in distribution, not token for token: no identity to check.
-            run["identical_to_baseline"] = run["outputs"] == reference["outputs"] if mode in _IDENTICAL_MODES else None
+            run["identical_to_baseline"] = run["outputs"] == reference["outputs"] if mode in TOKEN_IDENTICAL_MODES else None
             runs.append(_Measured(run, model_fit.timings_from_reports(reports), _baseline_kind(mode)))
             progress(
                 f"    {name}: {run['tokens_per_s']:.2f} tok/s, AL {run['acceptance_length']:.2f}, "
