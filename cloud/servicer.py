@@ -266,25 +266,32 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             if first.WhichOneof("kind") != "open":
                 raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"the first frame must be Open, got {first.WhichOneof('kind') or 'an empty frame'}")
             answer_first = first.open.first_token
+            opened_at = time.perf_counter()  # the first verdict's cloud time counts from the Open (prefill included)
             # The stream number is the one this stream's attach got: another resume may bump it
             # while we wait on the engine, and then this stream must not drive the session.
             if first.open.resume_ticket:
                 self._check_routing(context)
             if first.open.resume_ticket and first.open.extend:
                 entry, stream = await self._extend(first.open, self._owner(context))
-                opened = pb.Opened(committed_length=len(entry.session.tokens), answers_first_position=answer_first)
+                opened = pb.Opened(committed_length=len(entry.session.tokens))
             elif first.open.resume_ticket:
                 entry, stream, opened = await self._resume(first.open, self._owner(context))
                 answer_first = answer_first and not entry.session.done
-                opened.answers_first_position = answer_first
             else:
                 entry = await self._open(first.open, self._owner(context))
                 stream = entry.stream  # no await since the table added it
-                opened = pb.Opened(committed_length=len(entry.session.tokens), answers_first_position=answer_first)
+                opened = pb.Opened(committed_length=len(entry.session.tokens))
             session = entry.session
+            if answer_first:  # the first position, answered from the prefill's last row, rides with the Opened
+                key = (session.epoch, len(session.tokens))
+                (verdict, seconds), = await self._verify_pending(
+                    entry, [PendingBlock(*key, drafts=[])], {key: (opened_at, 0)}, stream
+                )
+                opened.first_verdict.CopyFrom(
+                    verdict_to_proto(verdict, seconds=seconds, forwards=session.forwards if verdict.done else 0)
+                )
             opened.MergeFrom(
                 pb.Opened(
-                    session_id=entry.session_id,
                     resume_ticket=entry.ticket,
                     vocab_size=self.engine.vocab_size,
                     max_draft_len=session.max_draft_len,
@@ -294,21 +301,20 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                 )
             )
             yield self._count_out(pb.CloudFrame(opened=opened))
-            if session.done:  # resumed after its final verdict was lost: the Opened told the rest
+            if session.done and not answer_first:  # resumed after its final verdict was lost: the Opened told the rest
                 finished = True
                 return
             frames: asyncio.Queue = asyncio.Queue()
             ending: list = []  # _CLOSE or _EOF once the edge ends the stream
             reader = asyncio.create_task(self._read_frames(context, frames))
             try:
-                # Asked to, a new session answers its first position at once, from the prefill's last row.
-                first_block = PendingBlock(session.epoch, len(session.tokens), []) if answer_first else None
-                async for verdict, seconds in self._verdicts(entry, stream, frames, ending, first_block):
-                    # The forward count rides on the final verdict only: 0 is not sent, so rounds pay no bytes for it.
-                    message = verdict_to_proto(verdict, seconds=seconds, forwards=session.forwards if verdict.done else 0)
-                    yield self._count_out(pb.CloudFrame(verdict=message))
-                    if verdict.done:
-                        break
+                if not session.done:  # (the first verdict may have been the last)
+                    async for verdict, seconds in self._verdicts(entry, stream, frames, ending):
+                        # The forward count rides on the final verdict only: 0 is not sent, so rounds pay no bytes for it.
+                        message = verdict_to_proto(verdict, seconds=seconds, forwards=session.forwards if verdict.done else 0)
+                        yield self._count_out(pb.CloudFrame(verdict=message))
+                        if verdict.done:
+                            break
                 if session.done and not ending:
                     finished = await self._acknowledged(frames)
                 else:
@@ -373,18 +379,15 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                 park=True,
             ) from exc
 
-    async def _verdicts(
-        self, entry: SessionEntry, stream: int, frames: asyncio.Queue, ending: list, first: PendingBlock | None
-    ):
+    async def _verdicts(self, entry: SessionEntry, stream: int, frames: asyncio.Queue, ending: list):
         """Verdicts, with cloud seconds, for the blocks read from ``frames``: each forward takes
         every block pending (``VerifierSession.verify_chain``).
 
         Stops when the edge closes or hangs up (``ending`` gets ``_CLOSE`` or
         ``_EOF``); refuses more than ``max_blocks_in_flight`` blocks waiting.
-        ``first``: a block to answer before any frame (the first position).
         """
-        pending: list[PendingBlock] = [first] if first else []
-        received = {(first.epoch, first.start_position): (time.perf_counter(), 0)} if first else {}
+        pending: list[PendingBlock] = []
+        received: dict[tuple[int, int], tuple[float, int]] = {}
         idle_s = self.limits.idle_timeout_s
         progress = time.monotonic()  # the last verdict (or the open): stale blocks do not count
         while not ending:

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cloud.session import VerifierSession
+from shared.wire import session_id_of
 
 __all__ = ["SessionTable", "SessionEntry", "TableFull", "owner_of"]
 
@@ -123,8 +124,9 @@ class SessionTable:
     def add(self, session: VerifierSession, owner: str = "", tokens: int = 0) -> SessionEntry:
         """Keep ``session`` for ``owner``, reserving ``tokens`` KV positions; ``TableFull`` if no room."""
         self.reserve(owner, tokens)
+        ticket = secrets.token_bytes(16)
         entry = SessionEntry(
-            session_id=secrets.token_hex(8), ticket=secrets.token_bytes(16), session=session, owner=owner,
+            session_id=session_id_of(ticket), ticket=ticket, session=session, owner=owner,
             tokens=tokens,
         )
         entry.last_active = self._clock()

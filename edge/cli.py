@@ -210,7 +210,6 @@ def _run_edge(args, drafter, prompt, params, controller, options, fleet) -> int:
             args.cloud,
             vocab_size=vocab.size,
             fingerprint=vocab.fingerprint,
-            model_name=drafter.model_name,
             verdict_timeout_s=args.verdict_timeout,
             outage_budget_s=args.outage_budget,
             **options,

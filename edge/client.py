@@ -43,6 +43,7 @@ from shared.wire import (
     is_loopback,
     message_wire_bytes,
     sampling_to_proto,
+    session_id_of,
     stop_reason_from_proto,
     verdict_from_proto,
 )
@@ -117,7 +118,6 @@ class GrpcVerifier:
         *,
         vocab_size: int,
         fingerprint: bytes,
-        model_name: str = "",
         auth_token: str | None = None,
         root_certificates: bytes | None = None,
         connect_timeout_s: float = 10.0,
@@ -138,7 +138,6 @@ class GrpcVerifier:
         self.address = address
         self.vocab_size = vocab_size
         self.fingerprint = fingerprint
-        self.model_name = model_name
         self.connect_timeout_s = connect_timeout_s
         self.verdict_timeout_s = verdict_timeout_s
         self.outage_budget_s = outage_budget_s
@@ -175,6 +174,7 @@ class GrpcVerifier:
         self._lost_at: float | None = None  # when the stream broke, until the first verdict after it
         # (epoch, start position) -> (sent at, drafts, Draft bytes), for blocks not yet answered.
         self._in_flight: dict[tuple[int, int], tuple[float, int, int]] = {}
+        self._first_verdict: pb.Verdict | None = None  # the Opened's answer to the first position, not yet received
 
     # -- VerifierConnection ------------------------------------------------------
     def connect(self) -> None:
@@ -272,8 +272,14 @@ class GrpcVerifier:
         self._send(frame)
 
     def receive(self) -> Verdict:
+        if self._first_verdict is not None:  # it came inside the Opened (its bytes were counted there)
+            message, self._first_verdict = self._first_verdict, None
+            return self._take_verdict(message, message.ByteSize() + 2)
         reply = self._receive("verdict")
-        message = reply.verdict
+        return self._take_verdict(reply.verdict, message_wire_bytes(reply))
+
+    def _take_verdict(self, message: pb.Verdict, down_bytes: int) -> Verdict:
+        """Account for one verdict (``down_bytes``: what it cost the downlink) and decode it."""
         arrived = time.perf_counter()
         self.last_cloud_s = message.server_us * 1e-6
         if message.done:  # the total rides on the final verdict only
@@ -293,7 +299,7 @@ class GrpcVerifier:
                 forward_tokens=drafts + 1,
                 cloud_s=message.server_us * 1e-6,
                 up_bytes=up_bytes,
-                down_bytes=message_wire_bytes(reply),
+                down_bytes=down_bytes,
             )
         )
         try:
@@ -345,9 +351,9 @@ class GrpcVerifier:
         self.forwards = self._forwards_offset + opened.forwards
         log.info(
             "session %s opened at %s (blocks up to %d, %d in flight)",
-            opened.session_id, self.address, opened.max_draft_len, opened.max_blocks_in_flight,
+            self.session_id, self.address, opened.max_draft_len, opened.max_blocks_in_flight,
         )
-        if opened.answers_first_position:
+        if self._first_verdict is not None:
             self._in_flight[(0, len(committed))] = (started, 0, 0)  # as if an empty block went up with the Open
         return Resumption(self._terms(opened), epoch=0, missed=[], reopened=reopening)
 
@@ -355,7 +361,6 @@ class GrpcVerifier:
         """An Open carrying ``tokens`` as its prompt, ``generated`` tokens of the budget spent."""
         encoded = codec.encode_tokens(tokens, self.vocab_size)
         return pb.Open(
-            model=self.model_name,
             vocab_fingerprint=self.fingerprint,
             vocab_size=self.vocab_size,
             sampling=sampling_to_proto(self._params),
@@ -392,8 +397,8 @@ class GrpcVerifier:
         # The session's count spans every turn; this turn's starts with the prefill just run.
         self._forwards_offset = 1 - opened.forwards
         self.forwards = 1
-        log.info("session %s continued: %d tokens kept, %d sent", opened.session_id, keep, len(prompt) - keep)
-        if opened.answers_first_position:
+        log.info("session %s continued: %d tokens kept, %d sent", self.session_id, keep, len(prompt) - keep)
+        if self._first_verdict is not None:
             self._in_flight[(0, len(prompt))] = (started, 0, 0)
         return Resumption(self._terms(opened), epoch=0, missed=[])
 
@@ -422,7 +427,7 @@ class GrpcVerifier:
                 f"but we hold {len(committed)}"
             )
         self.forwards = self._forwards_offset + opened.forwards  # the session's count so far
-        if opened.answers_first_position:
+        if self._first_verdict is not None:
             self._in_flight[(opened.epoch, opened.committed_length)] = (started, 0, 0)
         return Resumption(
             self._terms(opened),
@@ -433,7 +438,9 @@ class GrpcVerifier:
 
     def _opened(self, timeout_s: float | None = None) -> pb.Opened:
         opened = self._receive("opened", timeout_s).opened
-        self.session_id, self.resume_ticket = opened.session_id, opened.resume_ticket
+        self.session_id, self.resume_ticket = session_id_of(opened.resume_ticket), opened.resume_ticket
+        # The answer to the first position (Open.first_token), which ``receive`` returns first.
+        self._first_verdict = opened.first_verdict if opened.HasField("first_verdict") else None
         self.replica = opened.replica
         if opened.vocab_size != self.vocab_size:
             raise VerifierError(f"cloud vocabulary has {opened.vocab_size} tokens, ours {self.vocab_size}")
@@ -444,7 +451,7 @@ class GrpcVerifier:
         return SessionTerms(
             min(self._max_draft_len, opened.max_draft_len),
             max(opened.max_blocks_in_flight, 1),
-            answers_first_position=opened.answers_first_position,
+            answers_first_position=opened.HasField("first_verdict"),
         )
 
     # -- internals ---------------------------------------------------------
@@ -455,6 +462,7 @@ class GrpcVerifier:
             self._call.cancel()
         self._requests, self._responses = queue.Queue(), queue.Queue()
         self._in_flight.clear()
+        self._first_verdict = None
         # A resume names the session's replica, for a proxy that routes by it (deploy/envoy.yaml).
         metadata = ((REPLICA_HEADER, self.replica),) if self.replica else None
         self._call = pb_grpc.VerifierStub(self._channel).Decode(iter(self._requests.get, _END), metadata=metadata)

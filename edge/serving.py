@@ -179,7 +179,7 @@ class EdgeService:
         conversation = self._conversation_for(job.prompt)
         verifier = conversation.verifier(
             self.config.cloud, vocab_size=self.vocab.size, fingerprint=self.vocab.fingerprint,
-            model_name=self.config.model_name, auth_token=self.config.auth_token,
+            auth_token=self.config.auth_token,
             root_certificates=self.config.root_certificates, connect_timeout_s=self.config.connect_timeout_s,
             verdict_timeout_s=self.config.verdict_timeout_s, outage_budget_s=self.config.outage_budget_s,
         )

@@ -218,7 +218,7 @@ def test_the_cloud_bounds_blocks_in_flight(tiny_engine, greedy_path):
             draft = pb.Draft(epoch=0, start_position=len(prompt) + 2 * b, payload=payload, more_follows=b < blocks - 1)
             frames.put_nowait((draft, time.perf_counter()))
         forwards = entry.session.forwards
-        verdicts = servicer._verdicts(entry, entry.stream, frames, [], None)
+        verdicts = servicer._verdicts(entry, entry.stream, frames, [])
         out = []
         try:
             async for verdict, _ in verdicts:
@@ -252,7 +252,7 @@ def test_the_edge_respects_the_window_the_cloud_allows(tiny_engine, tiny_vocab, 
 
 
 def test_the_first_token_comes_with_the_open_when_asked(tiny_engine, tiny_vocab, greedy_path, verifier):
-    """Open.first_token: the verdict for the first position follows Opened before any draft is sent."""
+    """Open.first_token: the verdict for the first position rides inside Opened, before any draft is sent."""
     prompt, want = greedy_path
     encoded = codec.encode_tokens(prompt, tiny_vocab[0])
     opening = pb.EdgeFrame(open=pb.Open(vocab_size=tiny_vocab[0], vocab_fingerprint=tiny_vocab[1], first_token=True,
@@ -261,9 +261,9 @@ def test_the_first_token_comes_with_the_open_when_asked(tiny_engine, tiny_vocab,
     frames.put(opening)
     with grpc.insecure_channel(verifier.address) as channel:
         replies = pb_grpc.VerifierStub(channel).Decode(iter(frames.get, None), timeout=30)
-        opened = next(replies).opened
-        first = next(replies).verdict  # nothing was sent after the Open
-        assert opened.answers_first_position and opened.forwards == 1
+        opened = next(replies).opened  # nothing was sent after the Open
+        first = opened.first_verdict
+        assert opened.HasField("first_verdict") and opened.forwards == 1
         assert (first.epoch, first.start_position, first.accepted, first.token, first.bonus) == (0, len(prompt), 0, want[0], True)
         frames.put(pb.EdgeFrame(draft=pb.Draft(epoch=0, start_position=len(prompt) + 1,
                                                payload=codec.encode_tokens(want[1:4], tiny_vocab[0]).data)))

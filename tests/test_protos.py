@@ -72,7 +72,6 @@ def _sampling():
 def test_edge_frames_roundtrip():
     open_ = pb.EdgeFrame(
         open=pb.Open(
-            model="gemma-3-270m",
             vocab_fingerprint=b"\x01" * 32,
             vocab_size=262144,
             sampling=_sampling(),
@@ -100,7 +99,6 @@ def test_edge_frames_roundtrip():
 def test_cloud_frames_roundtrip():
     opened = pb.CloudFrame(
         opened=pb.Opened(
-            session_id="s-1",
             resume_ticket=b"t",
             vocab_size=300,
             committed_length=17,
@@ -125,7 +123,6 @@ def test_cloud_frames_roundtrip():
 
 def test_generate_messages_roundtrip():
     request = pb.GenerateRequest(
-        model="m",
         vocab_fingerprint=b"f",
         vocab_size=300,
         sampling=_sampling(),

@@ -233,11 +233,11 @@ def test_a_resume_takes_over_a_stream_the_server_still_holds(tiny_engine, tiny_v
 
     old = stub.Decode(old_requests())
     opened = next(old).opened
-    first = next(old).verdict  # the first position, answered with the Open
+    first = opened.first_verdict  # the first position, answered with the Open
     new = stub.Decode(iter([pb.EdgeFrame(open=pb.Open(resume_ticket=opened.resume_ticket,
                                                       committed_length=len(prompt)))]))
     resumed = next(new).opened
-    assert resumed.session_id == opened.session_id
+    assert resumed.resume_ticket == opened.resume_ticket
     assert resumed.committed_length == len(prompt) + 1 and resumed.epoch == 0  # a bonus keeps the epoch
     assert codec.decode_tokens(resumed.committed_tail, resumed.committed_tail_compressed, tiny_vocab[0], max_tokens=8).tolist() == [
         first.token
@@ -268,7 +268,7 @@ def test_a_final_verdict_lost_in_a_cut_is_recovered_by_resuming(tiny_engine, tin
 
     call = stub.Decode(requests())
     opened = next(call).opened
-    final = next(call).verdict
+    final = opened.first_verdict
     assert final.done and final.stop_reason == pb.STOP_REASON_LENGTH
     call.cancel()  # the link breaks before the edge could say it has the final verdict
     gate.set()
@@ -284,7 +284,7 @@ def test_a_final_verdict_lost_in_a_cut_is_recovered_by_resuming(tiny_engine, tin
             time.sleep(0.05)
     (only,) = answers  # the Opened, no verdict: the session is over
     resumed = only.opened
-    assert resumed.stop_reason == pb.STOP_REASON_LENGTH and not resumed.answers_first_position
+    assert resumed.stop_reason == pb.STOP_REASON_LENGTH and not resumed.HasField("first_verdict")
     assert codec.decode_tokens(resumed.committed_tail, resumed.committed_tail_compressed, tiny_vocab[0],
                                max_tokens=4).tolist() == [final.token]
     assert not server.server.servicer.table.parked  # answered once, then gone

@@ -442,7 +442,7 @@ def test_message_over_the_grpc_limit_ends_the_stream(stub, tiny_vocab, prompt):
             break
         time.sleep(0.05)
     assert got == grpc.StatusCode.OK, (got, details)
-    assert (responses[0].opened.session_id, responses[0].opened.committed_length) == (opened.session_id, P)
+    assert (responses[0].opened.resume_ticket, responses[0].opened.committed_length) == (opened.resume_ticket, P)
 
 
 # ---------------------------------------------------------------- zstd bombs

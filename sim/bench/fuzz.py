@@ -99,7 +99,7 @@ class HostileFrames:
             lambda o: setattr(o, "max_draft_len", rng.choice(_WEIRD_UINT32)),
             lambda o: setattr(o, "resume_ticket", rng.randbytes(rng.choice([1, 16]))),
             lambda o: setattr(o, "committed_length", rng.choice([0, 2**64 - 1])),
-            lambda o: setattr(o, "model", "x" * rng.choice([1, 5000])),
+            lambda o: setattr(o, "extend", True),
         ]
         for mutate in rng.sample(mutations, rng.choice([0, 0, 1, 1, 2, 3])):
             mutate(frame.open)
