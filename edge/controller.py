@@ -3,9 +3,11 @@
 Pure bookkeeping and arithmetic (no I/O, no clock of its own): the decode
 loop reports what it measured and asks for a plan. Moving estimates:
 
-- α, the acceptance of one draft given the ones before it (from verdicts, and
-  from *shadow* proposals while the cloud decodes alone: the drafter's token
-  for a position compared with the cloud's);
+- α_i, the acceptance of draft i given the ones before it, per position in a
+  block (acceptance is not geometric: the first draft of a block, right after
+  a verified token, is often likelier than the sixth); from verdicts, and from
+  *shadow* proposals while the cloud decodes alone (the drafter's token for a
+  position compared with the cloud's, a position-0 trial);
 - the drafter's seconds per drafted token;
 - the network's share of a block's trip (send to verdict, less the cloud's
   own time) and the cloud's time on a drafted block;
@@ -26,10 +28,15 @@ from dataclasses import dataclass
 
 from shared.acceptance import chain_expectation
 
-__all__ = ["Controller", "Plan", "Ewma", "controller_for", "CLOUD_WINDOW"]
+__all__ = ["Controller", "Plan", "Ewma", "AcceptanceEstimate", "controller_for", "CLOUD_WINDOW"]
 
 CLOUD_WINDOW = 16  # empty blocks in flight while the cloud decodes alone (the verifier may allow fewer)
 _MIN_SAMPLES_TO_LEAVE_CLOUD = 24  # acceptance samples (shadow ones included) before drafting again
+# Giving drafting up asks for a gap of (1 + hysteresis) * (1 + this / acceptance samples): one unlucky
+# first block (measured: a q3_k_s drafter's first block rejected at draft 0, on a prompt where drafting
+# pays 1.3x) must not hand the session to the cloud, while a drafter that cannot pay at all (a satellite
+# round trip) is dropped after a block or two.
+_EVIDENCE_TO_LEAVE_DRAFTING = 2.0
 
 
 def controller_for(schedule: str, max_draft_len: int, window: int) -> Controller | None:
@@ -50,6 +57,52 @@ class Ewma:
         self.value = sample if self.value is None else (1 - self.weight) * self.value + self.weight * sample
 
 
+class AcceptanceEstimate:
+    """Per-position acceptance α_i (draft i of a block accepted, given drafts < i were), from counts
+    that forget: each new trial at a position scales that position's counts by 1 - 1/``memory``.
+
+    A position seldom reached is shrunk toward the pooled rate by ``strength`` pseudo-trials; the
+    pooled rate starts from ``prior_weight`` pseudo-trials at ``prior``, which are forgotten like
+    any trial (one early rejection reads as about 1/3, not 0). ``samples`` counts every trial added.
+    """
+
+    def __init__(self, memory: float = 32.0, strength: float = 4.0, prior: float = 0.5, prior_weight: float = 2.0) -> None:
+        self.keep = 1.0 - 1.0 / memory
+        self.strength = strength
+        self.hits: list[float] = []
+        self.trials: list[float] = []
+        self.pooled_hits, self.pooled_trials = prior * prior_weight, prior_weight
+        self.samples = 0
+
+    def add(self, position: int, hit: bool) -> None:
+        while len(self.trials) <= position:
+            self.hits.append(0.0)
+            self.trials.append(0.0)
+        self.hits[position] = self.hits[position] * self.keep + hit
+        self.trials[position] = self.trials[position] * self.keep + 1.0
+        self.pooled_hits = self.pooled_hits * self.keep + hit
+        self.pooled_trials = self.pooled_trials * self.keep + 1.0
+        self.samples += 1
+
+    @property
+    def pooled(self) -> float | None:
+        """All positions together (None before any trial)."""
+        if not self.samples:
+            return None
+        return self.pooled_hits / self.pooled_trials
+
+    def per_position(self, n: int) -> list[float] | None:
+        """[α_0 .. α_{n-1}] (None before any trial)."""
+        pooled = self.pooled
+        if pooled is None:
+            return None
+        out = []
+        for i in range(n):
+            hits, trials = (self.hits[i], self.trials[i]) if i < len(self.trials) else (0.0, 0.0)
+            out.append((hits + pooled * self.strength) / (trials + self.strength))
+        return out
+
+
 @dataclass(frozen=True)
 class Plan:
     draft_len: int  # drafts per block; 0: the cloud decodes alone (empty blocks)
@@ -67,7 +120,7 @@ class Controller:
         self.window = window
         self.cloud_window = cloud_window
         self.hysteresis = hysteresis
-        self.alpha = Ewma(0.2)
+        self.acceptance = AcceptanceEstimate()
         self.draft_s_per_token = Ewma()
         self.network_s = Ewma()  # a block's trip less the cloud's time on it: uplink, RTT, downlink
         self.block_cloud_s = Ewma()  # the cloud's time on a drafted block
@@ -76,7 +129,6 @@ class Controller:
         # alone cost the self-drafting Gemma pair 1.47x instead of 2.2x cloud-only on acespec-50k).
         self.draft_len = max_draft_len
         self.switches = 0
-        self.alpha_samples = 0
 
     # -- what the loop measured ------------------------------------------
     def observe_block(self, drafted: int, accepted: int, trip_s: float, draft_s: float, cloud_s: float = 0.0) -> None:
@@ -84,17 +136,15 @@ class Controller:
         drafting time and the cloud's time on it (arrival there to verdict, queueing included)."""
         if drafted <= 0:
             return
-        for i in range(min(accepted + 1, drafted)):  # drafts reached: Bernoulli(α) trials until a rejection
-            self.alpha.add(1.0 if i < accepted else 0.0)
-            self.alpha_samples += 1
+        for i in range(min(accepted + 1, drafted)):  # drafts reached: Bernoulli(α_i) trials until a rejection
+            self.acceptance.add(i, i < accepted)
         self.draft_s_per_token.add(draft_s / drafted)
         self.block_cloud_s.add(cloud_s)
         self.network_s.add(max(trip_s - cloud_s, 0.0))
 
     def observe_shadow(self, hit: bool, draft_s: float) -> None:
         """While the cloud decodes alone: would the drafter have proposed the cloud's token?"""
-        self.alpha.add(1.0 if hit else 0.0)
-        self.alpha_samples += 1
+        self.acceptance.add(0, hit)  # a proposal right after a committed token: a block's first draft
         self.draft_s_per_token.add(draft_s)
 
     def observe_cloud_token(self, trip_s: float, cloud_s: float, interval_s: float | None) -> None:
@@ -119,9 +169,10 @@ class Controller:
     def predict_drafting(self, draft_len: int) -> float | None:
         """Tokens/s of chains of ``draft_len``-draft blocks, or None before the needed measurements."""
         verify = self.block_cloud_s.value or self.cloud_s_per_token.value
-        if None in (self.alpha.value, self.network_s.value, self.draft_s_per_token.value) or not verify:
+        alphas = self.acceptance.per_position(draft_len)
+        if None in (alphas, self.network_s.value, self.draft_s_per_token.value) or not verify:
             return None
-        blocks, tokens, _ = chain_expectation([self.alpha.value], draft_len)
+        blocks, tokens, _ = chain_expectation(alphas, draft_len)
         draft = draft_len * self.draft_s_per_token.value
         trip = self.network_s.value + verify
         interval = max(draft, verify, (draft + trip) / self.window)
@@ -140,17 +191,23 @@ class Controller:
 
     def plan(self) -> Plan:
         """The choice for the next chain (call when nothing is in flight or a chain just ended)."""
-        # Leaving the cloud costs a drained pipeline (a round trip): do it on enough evidence only.
-        settled = self.draft_len != 0 or self.alpha_samples >= _MIN_SAMPLES_TO_LEAVE_CLOUD
+        # Switching costs a drained pipeline (a round trip) each way: do it on enough evidence only.
+        samples = self.acceptance.samples
+        settled = self.draft_len != 0 or samples >= _MIN_SAMPLES_TO_LEAVE_CLOUD
         options = {d: self.predict_drafting(d) if settled else None for d in range(1, self.max_draft_len + 1)}
         options[0] = self.predict_cloud()
         known = {d: v for d, v in options.items() if v is not None}
         current = known.get(self.draft_len)
-        if known:
-            best = max(known, key=lambda d: (known[d], d))
-            if current is None or known[best] > (1 + self.hysteresis) * current:
-                if (best == 0) != (self.draft_len == 0):
+        for choice in sorted(known, key=lambda d: (known[d], d), reverse=True):  # the best first
+            if choice == self.draft_len:
+                break
+            margin = 1 + self.hysteresis
+            if choice == 0 and self.draft_len != 0:  # on few acceptance samples, only a wide gap gives drafting up
+                margin *= 1 + _EVIDENCE_TO_LEAVE_DRAFTING / max(samples, 1)
+            if current is None or known[choice] > margin * current:
+                if (choice == 0) != (self.draft_len == 0):
                     self.switches += 1
-                self.draft_len = best
+                self.draft_len = choice
+                break
         window = self.cloud_window if self.draft_len == 0 else self.window
         return Plan(self.draft_len, window, known.get(self.draft_len))

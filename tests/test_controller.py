@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from helpers import tiny_prompt
 
-from edge.controller import Controller, Ewma, controller_for
+from edge.controller import AcceptanceEstimate, Controller, Ewma, controller_for
 from edge.llama_drafter import LlamaDrafter
 from edge.ngram_drafter import NgramDrafter
 from shared.params import Mode, SamplingParams
@@ -52,11 +52,38 @@ def test_a_drafter_that_is_always_wrong_hands_decoding_to_the_cloud_and_comes_ba
         c.observe_block(drafted=6, accepted=0, trip_s=0.7, draft_s=0.06, cloud_s=0.1)
     plan = c.plan()
     assert plan.draft_len == 0 and plan.window == 16 and c.switches == 1
-    # In the shadow the drafter turns out right every time: drafting pays again.
-    for _ in range(80):
+    # In the shadow the drafter turns out right every time: once the rejections are forgotten, drafting pays again.
+    for _ in range(200):
         c.observe_shadow(True, 0.01)
         c.observe_cloud_token(trip_s=0.7, cloud_s=0.07, interval_s=0.07)
     assert c.plan().draft_len > 0 and c.switches == 2
+
+
+def test_acceptance_is_estimated_per_position_and_forgets():
+    estimate = AcceptanceEstimate(memory=8)
+    assert estimate.pooled is None and estimate.per_position(3) is None
+    estimate.add(0, False)  # one early rejection is evidence, not a verdict
+    assert 0.2 < estimate.pooled < 0.5
+    for _ in range(40):  # the first draft of a block is nearly always right, the third seldom
+        estimate.add(0, True)
+        estimate.add(1, True)
+        estimate.add(2, False)
+    first, second, third, unseen = estimate.per_position(4)
+    assert first > 0.85 and second > 0.85 and third < 0.3  # (each shrunk toward the pooled rate)
+    assert unseen == pytest.approx(estimate.pooled)  # never reached: the pooled rate
+    for _ in range(60):  # the drafter changes (a new topic): the old counts fade
+        estimate.add(2, True)
+    assert estimate.per_position(3)[2] > 0.85
+
+
+def test_one_unlucky_first_block_does_not_give_drafting_up():
+    c = Controller(max_draft_len=6, window=2, cloud_window=16, hysteresis=0.0)
+    c.observe_block(drafted=6, accepted=0, trip_s=0.25, draft_s=0.08, cloud_s=0.16)
+    c.observe_cloud_token(trip_s=0.25, cloud_s=0.13, interval_s=0.13)
+    assert c.plan().draft_len > 0  # (shorter blocks, perhaps: that costs no round trip)
+    for _ in range(12):  # but a drafter that keeps missing does
+        c.observe_block(drafted=6, accepted=0, trip_s=0.25, draft_s=0.08, cloud_s=0.16)
+    assert c.plan().draft_len == 0
 
 
 def test_hysteresis_keeps_a_choice_that_is_nearly_as_good():
