@@ -18,6 +18,7 @@ from shared.cli import (
     add_verbosity,
     mqtt_url,
     non_negative_float,
+    non_negative_int,
     port_number,
     positive_float,
     positive_int,
@@ -64,6 +65,9 @@ def add_cloud_commands(commands) -> None:
                        help=f"concurrent sessions (default {limits.max_sessions})")
     serve.add_argument("--max-draft-len", type=positive_int, default=limits.max_draft_len,
                        help=f"largest block D accepted (default {limits.max_draft_len})")
+    serve.add_argument("--max-branches", type=non_negative_int, default=limits.max_branches,
+                       help=f"hedge branches a block may carry, each verified in the block's forward (default "
+                       f"{limits.max_branches}; 0 turns hedging off)")
     serve.add_argument("--max-new-tokens", type=positive_int, default=limits.max_new_tokens,
                        help=f"largest generation per session (default {limits.max_new_tokens})")
     serve.add_argument("--session-ttl", type=positive_float, default=limits.session_ttl_s,
@@ -128,6 +132,7 @@ def run_serve(args: argparse.Namespace) -> int:
         limits=ServiceLimits(
             max_sessions=args.max_sessions,
             max_draft_len=args.max_draft_len,
+            max_branches=args.max_branches,
             session_ttl_s=args.session_ttl,
             max_sessions_per_client=args.max_sessions_per_client,
             idle_timeout_s=args.idle_timeout,

@@ -10,6 +10,12 @@ In canonical mode (the default) a row's logits are bit-identical however the
 rows are packed: alone or beside any batch-mates, one token at a time or as
 row j of a block (``cloud.slot_attention`` says how). So greedy and coupled
 output equals target-only decoding token for token at any batch composition.
+
+A forward item may carry hedge *branches*: rows that continue the sequence's
+first ``position`` tokens with tokens of their own instead of the item's
+(a tree, verified in the same forward). Their logits equal those of the same
+tokens decoded on that path alone; their keys and values are kept aside, and
+``adopt_branch`` puts a taken branch's into the slot.
 """
 
 from __future__ import annotations
@@ -41,16 +47,28 @@ class CachedSequence:
     shard_id: int = 0  # its name on the other ranks (tensor parallelism)
     forwards: int = 0  # forwards that carried rows of this sequence
     forward_s: float = 0.0  # wall time of those forwards
+    branch_kv: dict[int, SlotKV] = field(default_factory=dict)  # the last forward's branches, by position
 
 
 @dataclass(frozen=True)
 class ForwardItem:
     """Rows for one sequence in a packed forward: ``tokens`` appended at its length; ``logits``
-    says which rows' logits to return: "all", "last" or "none" (a prefill chunk before the last)."""
+    says which rows' logits to return: "all", "last" or "none" (a prefill chunk before the last).
+
+    ``branches``: (position, tokens) pairs, each continuing the sequence's first ``position``
+    tokens (its cache and this item's rows) with ``tokens``; at distinct positions, each at most
+    the end of this item's rows. Their logits follow the item's rows ("all" only); the slot keeps
+    the item's rows, and ``seq.branch_kv[position]`` each branch's keys and values.
+    """
 
     seq: CachedSequence
     tokens: Sequence[int]
     logits: Literal["all", "last", "none"] = "all"
+    branches: Sequence[tuple[int, Sequence[int]]] = ()
+
+    @property
+    def rows(self) -> int:
+        return len(self.tokens) + sum(len(tokens) for _, tokens in self.branches)
 
 
 Steps = Generator[ForwardItem, "torch.Tensor | None", object]
@@ -248,27 +266,44 @@ class TargetEngine:
             raise ValueError("a sequence can appear only once in a forward")
         if any(not item.tokens for item in items):
             raise ValueError("forward needs at least one token per sequence")
+        for item in items:
+            end = item.seq.length + len(item.tokens)
+            positions_used = [position for position, _ in item.branches]
+            if item.branches and (item.logits != "all" or len(set(positions_used)) != len(positions_used)
+                                  or any(not 0 <= p <= end or not t for p, t in item.branches)):
+                raise ValueError("branches need logits='all', distinct positions within the item, and tokens")
         if self.leader is not None:
+            if any(item.branches for item in items):
+                raise ValueError("hedge branches are not supported with tensor parallelism")
             self.leader.forward(list(items))
         started = time.perf_counter()
         tokens: list[int] = []
         positions: list[int] = []
         spans: list[tuple[int, int, int]] = []
+        slots: list[SlotKV] = []
+        branch_stores: list[SlotKV | None] = []  # per span: where a branch's keys and values go
         keep: list[int] = []  # packed rows whose logits are returned
         for item in items:
-            n = len(item.tokens)
-            first = len(tokens)
-            spans.append((first, n, item.seq.length))
-            tokens.extend(int(t) for t in item.tokens)
-            positions.extend(range(item.seq.length, item.seq.length + n))
-            keep.extend(range(first, first + n) if item.logits == "all" else [first + n - 1] if item.logits == "last" else [])
+            item.seq.branch_kv = {}
+            rows = [(item.seq.length, item.tokens, None)]
+            for position, branch in item.branches:
+                item.seq.branch_kv[position] = SlotKV()
+                rows.append((position, branch, item.seq.branch_kv[position]))
+            for start, row_tokens, store in rows:  # the item's own rows first, then its branches
+                n, first = len(row_tokens), len(tokens)
+                spans.append((first, n, start))
+                slots.append(item.seq.slot)
+                branch_stores.append(store)
+                tokens.extend(int(t) for t in row_tokens)
+                positions.extend(range(start, start + n))
+                keep.extend(range(first, first + n) if item.logits == "all" else [first + n - 1] if item.logits == "last" else [])
         real = len(tokens)
         if self.padding is not None and self.padding(real) != real:  # padding rows: no slot, position 0, dropped
             tokens += [0] * (self.padding(real) - real)
             positions += [0] * (self.padding(real) - real)
         ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
         position_ids = torch.tensor([positions], dtype=torch.long, device=self.device)
-        layout = RowLayout([item.seq.slot for item in items], spans, self.padding)
+        layout = RowLayout(slots, spans, self.padding, branch_stores=branch_stores)
         # A 4-D mask is taken as given by transformers' mask builders; slot attention ignores it.
         dummy_mask = torch.zeros(1, 1, 1, 1, dtype=self.dtype, device=self.device)
         with slot_attention.using_layout(layout):
@@ -285,7 +320,7 @@ class TargetEngine:
         out: list[torch.Tensor | None] = []
         offset = 0
         for item in items:
-            count = len(item.tokens) if item.logits == "all" else 1 if item.logits == "last" else 0
+            count = item.rows if item.logits == "all" else 1 if item.logits == "last" else 0
             out.append(logits[offset : offset + count] if count else None)
             offset += count
             item.seq.length += len(item.tokens)
@@ -300,3 +335,21 @@ class TargetEngine:
         if self.leader is not None and length != seq.length:
             self.leader.crop(seq, length)
         seq.length = length
+        seq.branch_kv = {}
+
+    @torch.inference_mode()
+    def adopt_branch(self, seq: CachedSequence, position: int, count: int) -> None:
+        """Make the first ``count`` tokens of the last forward's branch at ``position`` the slot's
+        positions ``position ..``; the sequence then holds ``position + count`` tokens."""
+        store = seq.branch_kv.get(position)
+        if store is None or not 0 <= position <= seq.length or count < 0 or (
+                count and (not store.keys or store.keys[0].shape[1] < count)):
+            raise ValueError(f"no branch of {count} tokens at position {position} to adopt")
+        if self.leader is not None:
+            raise RuntimeError("hedge branches are not supported with tensor parallelism")
+        for layer, (keys, values) in enumerate(zip(store.keys, store.values)):
+            seq.slot.reserve(layer, keys, position + count)
+            seq.slot.keys[layer][:, position : position + count] = keys[:, :count]
+            seq.slot.values[layer][:, position : position + count] = values[:, :count]
+        seq.length = position + count
+        seq.branch_kv = {}

@@ -23,9 +23,13 @@ class ServiceLimits:
     open_timeout_s: float = 30.0  # the first frame must arrive within this
     max_kv_tokens: int = 262_144  # KV positions all sessions may reserve (prompt + max new tokens each)
     max_batch_rows: int = 256  # rows one target forward packs across sessions (prompts are prefilled in chunks)
+    max_branches: int = 4  # hedge branches per block, each up to max_draft_len tokens (0: hedging off)
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if not value > 0:
+            if not (value >= 0 if f.name in _MAY_BE_ZERO else value > 0):
                 raise ValueError(f"{f.name} must be > 0, got {value}")
+
+
+_MAY_BE_ZERO = {"max_branches"}

@@ -190,9 +190,9 @@ class Scheduler:
         chosen: list[tuple[_Job, ForwardItem, bool]] = []  # (job, item to run, whether it finishes the job's item)
         rows = 0
         for job in order:  # verifies first: latency-bound, never split
-            if job.item.logits == "all" and (not chosen or rows + len(job.item.tokens) <= self.max_rows):
+            if job.item.logits == "all" and (not chosen or rows + job.item.rows <= self.max_rows):
                 chosen.append((job, job.item, True))
-                rows += len(job.item.tokens)
+                rows += job.item.rows
         prompts = 0
         for job in order:  # then prompts, chunked into what is left (the oldest gets a minimum)
             if job.item.logits == "all":

@@ -80,6 +80,11 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                                    min_prefill_rows=min(32, limits.max_batch_rows), on_forward=self.metrics.observe_forward)
 
     @property
+    def max_branches(self) -> int:
+        """Hedge branches a block may carry here (none where the engine cannot verify a tree)."""
+        return 0 if self.engine.leader is not None else self.limits.max_branches
+
+    @property
     def engine_queue(self) -> int:
         """Engine jobs submitted and not finished (the running ones included)."""
         return self.scheduler.pending
@@ -143,6 +148,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             def open_session():
                 session = VerifierSession(
                     self.engine, prompt, params, max_new_tokens=max_new_tokens, max_draft_len=max_draft_len,
+                    max_branches=self.max_branches,
                     prefill=False,
                 )
                 yield from session.prefill_steps()
@@ -197,9 +203,16 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                 draft_top_k=params.draft_top_k if params.sends_q else None,
                 prob_bits=params.prob_bits if params.sends_q else None,
             )
+            if len(draft.branches) > session.max_branches:  # checked before decoding any of them
+                raise ValueError(f"{len(draft.branches)} branches, the limit is {session.max_branches}")
+            branches = tuple(
+                (branch.at, codec.decode_tokens(branch.payload, branch.compressed, self.engine.vocab_size,
+                                                max_tokens=session.max_draft_len).tolist())
+                for branch in draft.branches
+            )
         except ValueError as exc:
             raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad draft block: {exc}") from exc
-        return PendingBlock(draft.epoch, draft.start_position, tokens.tolist(), q, draft.more_follows)
+        return PendingBlock(draft.epoch, draft.start_position, tokens.tolist(), q, draft.more_follows, branches)
 
     async def _verify_pending(
         self,
@@ -297,6 +310,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                     max_draft_len=session.max_draft_len,
                     forwards=session.forwards,
                     max_blocks_in_flight=self.limits.max_blocks_in_flight,
+                    max_branches=session.max_branches,
                     replica=self.replica,
                 )
             )

@@ -48,6 +48,7 @@ class PendingBlock:
     drafts: list[int]  # [n]
     q: list[SparseDist] | None = None  # [n] rejection mode
     more_follows: bool = False
+    branches: tuple[tuple[int, list[int]], ...] = ()  # hedges: (index of the draft replaced, tokens)
 
 
 class VerifierSession:
@@ -61,14 +62,17 @@ class VerifierSession:
         *,
         max_new_tokens: int,
         max_draft_len: int,
+        max_branches: int = 0,
         prefill: bool = True,
     ) -> None:
-        """``prefill``: read the prompt now; False leaves it to ``prefill_steps`` (the scheduler's way)."""
+        """``prefill``: read the prompt now; False leaves it to ``prefill_steps`` (the scheduler's way).
+        ``max_branches``: hedge branches a block may carry (greedy and coupled modes)."""
         _check_request(engine, prompt, max_new_tokens)
         self.engine = engine
         self.params = params
         self.max_new_tokens = max_new_tokens
         self.max_draft_len = max_draft_len
+        self.max_branches = max_branches
         self.tokens = [int(t) for t in prompt]
         self.prompt_len = len(self.tokens)
         self.epoch = 0
@@ -85,6 +89,7 @@ class VerifierSession:
         # forward (the first token can leave right after the prefill, as in cloud-only decoding).
         self.verify_s = 0.0  # wall time inside verify(), forward included
         self._deferred: torch.Tensor | None = None
+        self._taken_branch: tuple[int, int] | None = None  # (position, tokens) of a branch to adopt into the cache
         if prefill:
             run_alone(self.prefill_steps(), engine)
 
@@ -187,13 +192,17 @@ class VerifierSession:
             return []
         started = time.perf_counter()
         drafts = [t for block in chain for t in block.drafts]
-        rows = yield from self._distributions(drafts)  # [len(drafts) + 1, V]: one per drafted position, then one more
-        verdicts, offset = [], 0
+        branches = [(block.start_position + at, tokens) for block in chain for at, tokens in block.branches]
+        # [len(drafts) + 1, V]: one per drafted position, then one more; and each branch's rows
+        rows, branch_rows = yield from self._distributions(drafts, branches)
+        verdicts, offset, first_branch = [], 0, 0
         for block in chain:
             n = len(block.drafts)
-            verdict = self._verify_one(block, rows[offset : offset + n + 1])
+            mine = branch_rows[first_branch : first_branch + len(block.branches)]
+            verdict = self._verify_one(block, rows[offset : offset + n + 1], mine)
             verdicts.append(verdict)
             offset += n
+            first_branch += len(block.branches)
             if not verdict.is_deferred:
                 break
         self._settle(rows[offset] if verdicts[-1].is_deferred else None)
@@ -213,26 +222,56 @@ class VerifierSession:
             raise BlockRejected(f"block of {len(block.drafts)} drafts exceeds the limit of {self.max_draft_len}")
         if block.more_follows and not block.drafts:
             raise BlockRejected("an empty block cannot be continued (more_follows)")
+        if block.branches:
+            at = [index for index, _ in block.branches]
+            if len(block.branches) > self.max_branches:
+                raise BlockRejected(f"a block with {len(block.branches)} branches exceeds the limit of {self.max_branches}")
+            if block.q is not None:
+                raise BlockRejected("hedge branches are for greedy and coupled modes, not rejection mode")
+            if len(set(at)) != len(at) or not all(0 <= i < len(block.drafts) for i in at):
+                raise BlockRejected(f"branches must hang on distinct drafts of the block (0..{len(block.drafts) - 1}), got {at}")
+            if any(not 1 <= len(tokens) <= self.max_draft_len for _, tokens in block.branches):
+                raise BlockRejected(f"a branch must hold 1 to {self.max_draft_len} tokens")
 
-    def _distributions(self, drafts: list[int]) -> Steps:
-        """Logits [len(drafts) + 1, V] for the positions len(tokens) .. len(tokens) + len(drafts).
+    def _distributions(self, drafts: list[int], branches: list[tuple[int, list[int]]]) -> Steps:
+        """Logits [len(drafts) + 1, V] for the positions len(tokens) .. len(tokens) + len(drafts),
+        and per branch (absolute position p, its k tokens) its rows [k, V] for positions p+1 .. p+k.
 
         One forward over what the cache lacks (the last committed token unless a
-        bonus was deferred) and the drafts; a deferred row stands for the first
-        position. A deferred row and no drafts need no forward at all.
+        bonus was deferred), the drafts and the branches; a deferred row stands for
+        the first position. A deferred row and no drafts need no forward at all.
         """
         feed = drafts if self._deferred is not None else [self.tokens[-1], *drafts]
         parts = [] if self._deferred is None else [self._deferred[None]]
+        branch_rows = []
         if feed:
-            parts.append((yield ForwardItem(self.seq, feed, "all")))
-        return torch.cat(parts) if len(parts) > 1 else parts[0]
+            out = yield ForwardItem(self.seq, feed, "all", branches)
+            parts.append(out[: len(feed)])
+            offset = len(feed)
+            for _, tokens in branches:
+                branch_rows.append(out[offset : offset + len(tokens)])
+                offset += len(tokens)
+        return (torch.cat(parts) if len(parts) > 1 else parts[0]), branch_rows
 
-    def _verify_one(self, block: PendingBlock, logits: torch.Tensor) -> Verdict:
-        """Verify one block against its rows [n+1, V] and commit what it decides."""
+    def _verify_one(self, block: PendingBlock, logits: torch.Tensor, branch_rows: list[torch.Tensor]) -> Verdict:
+        """Verify one block against its rows [n+1, V] (and its branches' rows) and commit what it decides.
+
+        At a rejection whose correction is a branch's first token, the branch's
+        later tokens are verified as drafts after it (its rows are the target's
+        on exactly that path), so what is committed is what the target alone
+        would have decoded.
+        """
         drafts = block.drafts
         result = verify_block(self.params, drafts, logits, block.start_position, block.q)
         deferred = result.bonus and block.more_follows
         committed = [*drafts[: result.accepted]] + ([] if deferred else [result.token])
+        taken = None  # (branch number, the verification of its continuation)
+        for number, ((at, tokens), rows) in enumerate(zip(block.branches, branch_rows), start=1):
+            if not result.bonus and at == result.accepted and tokens[0] == result.token:
+                tail = verify_block(self.params, tokens[1:], rows, block.start_position + at + 1)
+                committed += [*tokens[1 : 1 + tail.accepted], tail.token]
+                taken = (number, tail)
+                break
         # An EOS or the token limit may end the generation inside the block.
         end = len(committed)
         for i, token in enumerate(committed):
@@ -244,7 +283,17 @@ class VerifierSession:
                 break
         committed = committed[:end]
         accepted = min(result.accepted, end)
-        token = committed[-1] if end > accepted else None
+        branch = branch_accepted = 0
+        if taken is not None and end > accepted + 1:  # more than the correction itself came from the branch
+            branch, tail = taken
+            branch_accepted = min(tail.accepted, end - accepted - 1)
+            token = committed[-1] if end > accepted + 1 + branch_accepted else None
+            bonus = tail.bonus and token is not None
+            position = block.start_position + accepted  # the branch's first token; its keys go into the cache
+            self._taken_branch = (position, len(self.tokens) + end - 1 - position)
+        else:
+            token = committed[-1] if end > accepted else None
+            bonus = result.bonus and token is not None
         self.tokens.extend(committed)
         self.done = self.stop_reason is not StopReason.NONE
         verdict = Verdict(
@@ -252,9 +301,11 @@ class VerifierSession:
             start_position=block.start_position,
             accepted=accepted,
             token=token,
-            bonus=result.bonus and token is not None,
+            bonus=bonus,
             done=self.done,
             stop_reason=self.stop_reason,
+            branch=branch,
+            branch_accepted=branch_accepted,
         )
         self.epoch = next_epoch(self.epoch, verdict)
         self.stats.record_round(len(drafts), accepted, len(committed))
@@ -262,6 +313,12 @@ class VerifierSession:
 
     def _settle(self, deferred_row: torch.Tensor | None) -> None:
         """Cut the cache back to the committed state after a chain."""
+        if self._taken_branch is not None:  # the cache holds the branch's tokens, all committed but the last
+            position, count = self._taken_branch
+            self._taken_branch = None
+            self._deferred = None
+            self.engine.adopt_branch(self.seq, position, count)
+            return
         if deferred_row is not None:  # every committed token is in the cache; keep the next position's row
             self._deferred = deferred_row.clone()
             self.engine.crop(self.seq, len(self.tokens))

@@ -25,6 +25,13 @@ token, position and the keys before it, never on how rows are grouped:
 
 Free mode (``canonical=False``) attends each sequence over exactly its keys
 with SDPA: what the cost of invariance is measured against.
+
+Hedge branches (a tree). A span may be a branch: rows continuing its slot's
+first ``position`` entries with tokens of their own. Its keys and values are
+written over the slot's entries at ``position ..`` (after the sequence's own
+span has attended, in the same layer), its rows attend exactly as the same
+tokens would on that path alone, and then the slot's entries are put back;
+the branch's keys and values go to its store (``RowLayout.branch_stores``).
 """
 
 from __future__ import annotations
@@ -94,6 +101,7 @@ class RowLayout:
     spans: list[tuple[int, int, int]]
     padding: RowPadding | None = None
     masks: dict = field(default_factory=dict)  # attention masks, built once per forward
+    branch_stores: list[SlotKV | None] | None = None  # per span: a branch's store (None: the slot's own rows)
 
 
 def current_layout() -> RowLayout | None:
@@ -164,46 +172,70 @@ def slot_attention(module, query, key, value, attention_mask, scaling=None, drop
     scaling = module.head_dim ** -0.5 if scaling is None else scaling
     window = sliding_window or None
     out = query.new_zeros(total, heads, dim)
-    masks = layout.masks  # built by the first layer, reused by the others (same rows, same positions)
-    for index, (slot, (first, rows, position)) in enumerate(zip(layout.slots, layout.spans)):
+    stores = layout.branch_stores or [None] * len(layout.spans)
+    for index, (slot, (first, rows, position), store) in enumerate(zip(layout.slots, layout.spans, stores)):
         k_new = key[0, :, first : first + rows]  # [KV, rows, d]
+        v_new = value[0, :, first : first + rows]
         slot.reserve(layer, k_new, position + rows)
+        if store is not None:  # a branch: keep its keys and values, and what it overwrites in the slot
+            _keep(store, layer, k_new, v_new)
+            kept = (slot.keys[layer][:, position : position + rows].clone(),
+                    slot.values[layer][:, position : position + rows].clone())
         slot.keys[layer][:, position : position + rows] = k_new
-        slot.values[layer][:, position : position + rows] = value[0, :, first : first + rows]
-        q = query[0, :, first : first + rows]  # [H, rows, d]
-        positions = torch.arange(position, position + rows, device=query.device)
-        if layout.padding is None and softcap is None:  # (soft-capped scores: the canonical path does them)
-            end = position + rows
-            allowed = masks.get((index, window))
-            if allowed is None:
-                allowed = masks[(index, window)] = _mask(positions, end, window, rows)
-            result = F.scaled_dot_product_attention(
-                q[None], slot.keys[layer][None, :, :end], slot.values[layer][None, :, :end],
-                attn_mask=allowed, scale=scaling, enable_gqa=rep > 1,
-            )[0]  # [H, rows, d]
-            out[first : first + rows] = result.transpose(0, 1)
-            continue
-        # Canonical: group rows by their key bucket; fold the heads sharing a KV head into the rows.
-        buckets = [_bucket(int(p) + 1) for p in positions.tolist()]
-        start = 0
-        while start < rows:
-            stop = start
-            while stop < rows and buckets[stop] == buckets[start]:
-                stop += 1
-            length = buckets[start]
-            g = stop - start
-            q_group = q[:, start:stop].reshape(kv_heads, rep * g, dim)  # rows are (head, query) pairs
-            allowed = masks.get((index, start, window))
-            if allowed is None:
-                padding = layout.padding or RowPadding(multiple=False)
-                allowed = masks[(index, start, window)] = _mask(positions[start:stop].repeat(rep), length, window,
-                                                                padding(rep * g))
-            result = _attend_canonical(
-                q_group, slot.keys[layer][:, :length], slot.values[layer][:, :length], allowed, scaling, softcap,
-            )  # [KV, rep*g, d]
-            out[first + start : first + stop] = result.reshape(heads, g, dim).transpose(0, 1)
-            start = stop
+        slot.values[layer][:, position : position + rows] = v_new
+        _attend_span(layout, index, slot, layer, query[0, :, first : first + rows], position, out[first : first + rows],
+                     scaling, window, softcap, rep)
+        if store is not None:
+            slot.keys[layer][:, position : position + rows], slot.values[layer][:, position : position + rows] = kept
     return out[None], None
+
+
+def _keep(store: SlotKV, layer: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+    while len(store.keys) <= layer:
+        store.keys.append(None)
+        store.values.append(None)
+    store.keys[layer], store.values[layer] = keys.clone(), values.clone()
+
+
+def _attend_span(layout: RowLayout, index: int, slot: SlotKV, layer: int, q: torch.Tensor, position: int,
+                 out: torch.Tensor, scaling: float, window: int | None, softcap, rep: int) -> None:
+    """Attend span ``index``'s rows ``q`` [H, rows, d] at positions ``position ..`` to its slot's
+    keys; writes ``out`` [rows, H, d]."""
+    heads, rows, dim = q.shape
+    kv_heads = heads // rep
+    masks = layout.masks  # built by the first layer, reused by the others (same rows, same positions)
+    positions = torch.arange(position, position + rows, device=q.device)
+    if layout.padding is None and softcap is None:  # (soft-capped scores: the canonical path does them)
+        end = position + rows
+        allowed = masks.get((index, window))
+        if allowed is None:
+            allowed = masks[(index, window)] = _mask(positions, end, window, rows)
+        result = F.scaled_dot_product_attention(
+            q[None], slot.keys[layer][None, :, :end], slot.values[layer][None, :, :end],
+            attn_mask=allowed, scale=scaling, enable_gqa=rep > 1,
+        )[0]  # [H, rows, d]
+        out[:] = result.transpose(0, 1)
+        return
+    # Canonical: group rows by their key bucket; fold the heads sharing a KV head into the rows.
+    buckets = [_bucket(int(p) + 1) for p in positions.tolist()]
+    start = 0
+    while start < rows:
+        stop = start
+        while stop < rows and buckets[stop] == buckets[start]:
+            stop += 1
+        length = buckets[start]
+        g = stop - start
+        q_group = q[:, start:stop].reshape(kv_heads, rep * g, dim)  # rows are (head, query) pairs
+        allowed = masks.get((index, start, window))
+        if allowed is None:
+            padding = layout.padding or RowPadding(multiple=False)
+            allowed = masks[(index, start, window)] = _mask(positions[start:stop].repeat(rep), length, window,
+                                                            padding(rep * g))
+        result = _attend_canonical(
+            q_group, slot.keys[layer][:, :length], slot.values[layer][:, :length], allowed, scaling, softcap,
+        )  # [KV, rep*g, d]
+        out[start:stop] = result.reshape(heads, g, dim).transpose(0, 1)
+        start = stop
 
 
 def register() -> None:

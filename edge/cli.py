@@ -224,6 +224,7 @@ def _run_edge(args, drafter, prompt, params, controller, options, fleet) -> int:
             draft_len=args.draft_len,
             window=window_from_args(args),
             controller=controller,
+            hedge_width=args.hedge,
             on_tokens=None if args.json else TextStream(vocab.detokenize),
         )
     except VerifierError as exc:
@@ -271,6 +272,8 @@ def _run_edge(args, drafter, prompt, params, controller, options, fleet) -> int:
         f"acceptance rate {stats.acceptance_rate:.2f}, acceptance length {stats.acceptance_length:.2f}, "
         f"up {verifier.bytes_up / n:.1f} B/tok, down {verifier.bytes_down / n:.1f} B/tok, rtt {verifier.rtt_ms:.1f} ms, "
         f"cloud forwards {verifier.forwards}"
+        + (f", hedges {stats.hedges_taken}/{stats.hedges_sent} taken (+{stats.hedge_tokens} tokens)"
+           if stats.hedges_sent else "")
         + (f", {len(verifier.recoveries)} link recoveries" if verifier.recoveries else ""),
     )
     return 0

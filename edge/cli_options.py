@@ -48,6 +48,10 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> None:
                        f"(--draft-len is then the cap; default {defaults.DEFAULT_SCHEDULE})")
     group.add_argument("--window", type=positive_int, default=defaults.DEFAULT_WINDOW,
                        help=f"pipelined: blocks in flight at most (default {defaults.DEFAULT_WINDOW}; the cloud may allow fewer)")
+    group.add_argument("--hedge", type=non_negative_int, default=0,
+                       help="hedge branches per block, greedy and coupled modes: at the least certain drafts, the "
+                       "drafter's guess for the target's correction and two tokens after it, verified in the same "
+                       "forward, so a rejection there need not end the round (default 0 = off; the cloud may allow fewer)")
     group.add_argument("--draft-top-k", type=positive_int, default=defaults.DEFAULT_DRAFT_TOP_K,
                        help=f"rejection mode: support of q̃ (default {defaults.DEFAULT_DRAFT_TOP_K})")
     group.add_argument("--prob-bits", type=positive_int, default=defaults.DEFAULT_PROB_BITS,

@@ -259,6 +259,10 @@ class GrpcVerifier:
         encoded = codec.encode_draft(
             block.tokens, self.vocab_size, block.q, draft_top_k=params.draft_top_k if block.q is not None else None
         )
+        branches = []
+        for at, tokens in block.branches:
+            packed = codec.encode_tokens(tokens, self.vocab_size)
+            branches.append(pb.Branch(at=at, payload=packed.data, compressed=packed.compressed))
         frame = pb.EdgeFrame(
             draft=pb.Draft(
                 epoch=epoch,
@@ -266,6 +270,7 @@ class GrpcVerifier:
                 payload=encoded.data,
                 compressed=encoded.compressed,
                 more_follows=more_follows,
+                branches=branches,
             )
         )
         self._in_flight[(epoch, start_position)] = (time.perf_counter(), len(block.tokens), message_wire_bytes(frame))
@@ -452,6 +457,7 @@ class GrpcVerifier:
             min(self._max_draft_len, opened.max_draft_len),
             max(opened.max_blocks_in_flight, 1),
             answers_first_position=opened.HasField("first_verdict"),
+            max_branches=opened.max_branches,
         )
 
     # -- internals ---------------------------------------------------------

@@ -31,6 +31,7 @@ from typing import Protocol
 
 from edge.controller import Controller
 from edge.drafter import DraftBlock, Drafter
+from edge.hedging import hedge
 from shared.params import SamplingParams
 from shared.stats import DecodeStats
 from shared.verdict import StopReason, Verdict
@@ -79,6 +80,7 @@ class SessionTerms:
     max_draft_len: int  # drafts per block
     max_blocks_in_flight: int  # blocks sent and not yet answered
     answers_first_position: bool = False  # a verdict for the first position comes unasked (an empty block)
+    max_branches: int = 0  # hedge branches a block may carry
 
 
 @dataclass(frozen=True)
@@ -149,6 +151,7 @@ def run_decode(
     draft_len: int,
     window: int = 1,
     controller: Controller | None = None,
+    hedge_width: int = 0,
     on_tokens: Callable[[list[int]], bool | None] | None = None,
 ) -> GenerationResult:
     """Generate up to ``max_new_tokens`` tokens; ``draft_len`` 0 is target-only decoding.
@@ -158,6 +161,8 @@ def run_decode(
     draft length comes from it, ``draft_len`` being the cap, and a draft
     length of 0 has the cloud decode alone: empty blocks, a window of them in
     flight, with the drafter's would-be proposals measured in the shadow.
+    ``hedge_width``: hedge branches per block (``edge.hedging``; greedy and coupled
+    modes, as many as the verifier allows).
     ``on_tokens`` sees each verdict's committed tokens as soon as they are final;
     when it returns True the generation stops there (``StopReason.STOP``).
     """
@@ -174,6 +179,7 @@ def run_decode(
     ttft = 0.0
     stop = StopReason.NONE
     cap = draft_len  # the caller's draft length; a resumed session may allow a different one
+    branches_cap = hedge_width  # (rejection mode's blocks carry q̃, and ``hedge`` leaves them alone)
 
     def commit(tokens: list[int]) -> bool:
         """Commit ``tokens``; True when the caller wants the generation to stop here."""
@@ -186,8 +192,9 @@ def run_decode(
 
     def adopt(terms: SessionTerms) -> None:
         """Fit the schedule to what the verifier allows."""
-        nonlocal draft_len, window, controller
+        nonlocal draft_len, window, controller, hedge_width
         draft_len = min(cap, terms.max_draft_len)
+        hedge_width = min(branches_cap, terms.max_branches)
         window = min(window, terms.max_blocks_in_flight) if draft_len else 1
         if controller is not None and draft_len:
             controller.cap(draft_len)
@@ -225,6 +232,8 @@ def run_decode(
                     break  # the limit is reached by what is in flight; wait for it
                 drafting = time.perf_counter()
                 block = drafter.draft(n) if n > 0 else DraftBlock([])
+                if hedge_width:
+                    block = hedge(drafter, block, hedge_width)
                 sent_at = time.perf_counter()
                 more = window > 1 and 0 < len(block.tokens) < room
                 verifier.send(epoch, end, block, more)
@@ -253,15 +262,19 @@ def run_decode(
                 or verdict.start_position != sent.start_position
                 or verdict.accepted > len(sent.block.tokens)
                 or (verdict.is_deferred and not sent.more_follows)
+                or not _answers_branch(verdict, sent.block)
             ):
                 raise ProtocolError(
                     f"verdict for epoch {verdict.epoch} position {verdict.start_position} ({verdict.accepted} accepted) "
                     f"does not answer the block sent at epoch {sent.epoch} position {sent.start_position}"
                 )
-            committed = verdict.committed(sent.block.tokens)
+            committed = verdict.committed(sent.block.tokens, sent.block.branches)
             guesses = sent.block.runner_up
             if verdict.is_correction and guesses and guesses[verdict.accepted] is not None:
-                stats.record_correction_guess(verdict.token == guesses[verdict.accepted])
+                stats.record_correction_guess(committed[verdict.accepted] == guesses[verdict.accepted])
+            if sent.block.branches:
+                stats.record_hedges(len(sent.block.branches), verdict.branch > 0,
+                                    len(committed) - verdict.accepted - 1 if verdict.branch else 0)
             arrived = time.perf_counter()
             if controller is not None and not sent.first:
                 # In a stretch the cloud decodes alone, the interval between its tokens is its real rate.
@@ -294,6 +307,17 @@ def run_decode(
 
 _CLOUD_STRETCH = 8  # while the cloud decodes alone, the controller chooses again every this many tokens
 _SHADOW_EVERY = 4  # ... and a drafter slower than half the cloud's pace is measured on every 4th token
+
+
+def _answers_branch(verdict: Verdict, block: DraftBlock) -> bool:
+    """Whether a verdict's branch fields fit the block sent: a branch it had, hung on the draft
+    the verdict rejected, no more of it accepted than it held."""
+    if not verdict.branch:
+        return verdict.branch_accepted == 0
+    if verdict.branch > len(block.branches):
+        return False
+    at, tokens = block.branches[verdict.branch - 1]
+    return at == verdict.accepted and verdict.branch_accepted < len(tokens)
 
 
 def _may_follow(in_flight: deque[_InFlight], draft_len: int) -> bool:

@@ -13,7 +13,8 @@ Each drafter keeps its own ``DrafterStats`` (llama.cpp's per-proposer
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from typing import Any, NamedTuple, Protocol
 
@@ -46,6 +47,8 @@ class DraftBlock:
     tokens: list[int]  # [n] proposed ids, positions start_position .. start_position + n - 1
     q: list[SparseDist] | None = None  # [n] q̃ per token, rejection mode only
     runner_up: list[int | None] | None = None  # [n] the drafter's second choice per position, when it has one
+    margins: list[float | None] | None = None  # [n] how far ahead the choice was of the runner-up (small: a likely flip)
+    branches: tuple[tuple[int, list[int]], ...] = ()  # hedges: (index of the draft, its guessed correction and more)
 
 
 @dataclass
@@ -144,6 +147,23 @@ class Speculation:
         del self.tokens[self.committed :]
         return self.committed
 
+    @contextmanager
+    def branched(self, back: int, first: int) -> Iterator[int]:
+        """Within the ``with`` body, the speculation's last ``back`` tokens are replaced by ``first``
+        (what is appended in the body is the branch's); after it, the speculation is restored.
+        Yields how many tokens the branch shares with the speculation."""
+        if not 1 <= back <= len(self.speculated):
+            raise ValueError(f"a branch replaces 1 to {len(self.speculated)} speculated tokens, not {back}")
+        keep = len(self.tokens) - back
+        saved = self.tokens[keep:]
+        del self.tokens[keep:]
+        self.tokens.append(int(first))
+        try:
+            yield keep
+        finally:
+            del self.tokens[keep:]
+            self.tokens.extend(saved)
+
 
 class Drafter(Protocol):
     """What the decode loop needs from a proposer."""
@@ -156,6 +176,10 @@ class Drafter(Protocol):
 
     def draft(self, n: int) -> DraftBlock:
         """Propose up to ``n`` tokens continuing the current speculation (may return fewer)."""
+
+    def draft_branch(self, back: int, first: int, n: int) -> list[int]:
+        """Up to ``n`` tokens continuing the speculation with its last ``back`` tokens replaced by
+        ``first`` (a hedge branch); the speculation itself is left as it was."""
 
     def commit(self, tokens: Sequence[int]) -> None:
         """Append the verifier's committed tokens; keep the speculation they confirm, drop the rest."""
@@ -192,6 +216,10 @@ class ModelFreeDrafter:
         self.stats.record_draft(len(block.tokens), time.perf_counter() - started)
         return block
 
+    def draft_branch(self, back: int, first: int, n: int) -> list[int]:
+        with self._spec.branched(back, first):
+            return self.draft(n).tokens
+
     def commit(self, tokens: Sequence[int]) -> None:
         self._spec.commit(tokens)
 
@@ -206,6 +234,7 @@ class Proposal(NamedTuple):
     token: int
     q: SparseDist | None  # q̃, rejection mode only
     runner_up: int | None  # the drafter's second choice: its guess for the target's correction (greedy, coupled)
+    margin: float | None = None  # greedy: logit gap to the runner-up; coupled: log of its race-key ratio
 
 
 def propose(logits: np.ndarray, params: SamplingParams, position: int) -> Proposal:
@@ -220,9 +249,12 @@ def propose(logits: np.ndarray, params: SamplingParams, position: int) -> Propos
     """
     if params.is_greedy:
         token = int(np.argmax(logits))
+        if logits.size < 2:
+            return Proposal(token, None, None)
         rest = logits.copy()
         rest[token] = -np.inf
-        return Proposal(token, None, int(np.argmax(rest)) if logits.size > 1 else None)
+        second = int(np.argmax(rest))
+        return Proposal(token, None, second, float(logits[token]) - float(logits[second]))
     if params.sends_q:
         ids, probs = top_candidates(logits, params, limit=max(CANDIDATES, params.draft_top_k))
         q = quantize(probs, params.draft_top_k, params.prob_bits, ids=ids)
@@ -230,7 +262,9 @@ def propose(logits: np.ndarray, params: SamplingParams, position: int) -> Propos
     ids, probs = top_candidates(logits, params, limit=CANDIDATES)
     keys = exponential(params.seed, position, ids, Purpose.SAMPLE) / probs
     order = np.argsort(keys)[:2]
-    return Proposal(int(ids[order[0]]), None, int(ids[order[1]]) if order.size > 1 else None)
+    if order.size < 2 or not np.isfinite(keys[order[1]]):
+        return Proposal(int(ids[order[0]]), None, None)
+    return Proposal(int(ids[order[0]]), None, int(ids[order[1]]), float(np.log(keys[order[1]] / keys[order[0]])))
 
 
 def _one_hot(token: int, params: SamplingParams) -> SparseDist:

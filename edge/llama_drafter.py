@@ -76,7 +76,7 @@ class LlamaDrafter:
         started = time.perf_counter()
         seq = self._spec.tokens
         n = min(n, self.context_size - len(seq) - 1)  # near a full context: fewer drafts, then none
-        tokens, q, runner_up = [], [], []
+        tokens, q, runner_up, margins = [], [], [], []
         for _ in range(max(n, 0)):
             logits = self.next_logits()
             proposal = propose(logits, self._params, position=len(seq))
@@ -84,8 +84,16 @@ class LlamaDrafter:
             tokens.append(proposal.token)
             q.append(proposal.q)
             runner_up.append(proposal.runner_up)
+            margins.append(proposal.margin)
         self.stats.record_draft(len(tokens), time.perf_counter() - started)
-        return DraftBlock(tokens, q if q and q[0] is not None else None, runner_up or None)
+        return DraftBlock(tokens, q if q and q[0] is not None else None, runner_up or None, margins or None)
+
+    def draft_branch(self, back: int, first: int, n: int) -> list[int]:
+        with self._spec.branched(back, first) as keep:
+            try:
+                return self.draft(n).tokens
+            finally:  # llama.cpp re-reads the speculation's tail, in one batch, on the next draft
+                self.llm.n_tokens = min(self.llm.n_tokens, keep)
 
     def commit(self, tokens: Sequence[int]) -> None:
         valid = self._spec.commit(tokens)

@@ -1,7 +1,8 @@
+from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Mapping as _Mapping
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -71,18 +72,30 @@ class Open(_message.Message):
     def __init__(self, vocab_fingerprint: _Optional[bytes] = ..., vocab_size: _Optional[int] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., prompt: _Optional[bytes] = ..., prompt_compressed: _Optional[bool] = ..., max_new_tokens: _Optional[int] = ..., max_draft_len: _Optional[int] = ..., resume_ticket: _Optional[bytes] = ..., committed_length: _Optional[int] = ..., first_token: _Optional[bool] = ..., extend: _Optional[bool] = ...) -> None: ...
 
 class Draft(_message.Message):
-    __slots__ = ("epoch", "start_position", "payload", "compressed", "more_follows")
+    __slots__ = ("epoch", "start_position", "payload", "compressed", "more_follows", "branches")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     START_POSITION_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
     COMPRESSED_FIELD_NUMBER: _ClassVar[int]
     MORE_FOLLOWS_FIELD_NUMBER: _ClassVar[int]
+    BRANCHES_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     start_position: int
     payload: bytes
     compressed: bool
     more_follows: bool
-    def __init__(self, epoch: _Optional[int] = ..., start_position: _Optional[int] = ..., payload: _Optional[bytes] = ..., compressed: _Optional[bool] = ..., more_follows: _Optional[bool] = ...) -> None: ...
+    branches: _containers.RepeatedCompositeFieldContainer[Branch]
+    def __init__(self, epoch: _Optional[int] = ..., start_position: _Optional[int] = ..., payload: _Optional[bytes] = ..., compressed: _Optional[bool] = ..., more_follows: _Optional[bool] = ..., branches: _Optional[_Iterable[_Union[Branch, _Mapping]]] = ...) -> None: ...
+
+class Branch(_message.Message):
+    __slots__ = ("at", "payload", "compressed")
+    AT_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    COMPRESSED_FIELD_NUMBER: _ClassVar[int]
+    at: int
+    payload: bytes
+    compressed: bool
+    def __init__(self, at: _Optional[int] = ..., payload: _Optional[bytes] = ..., compressed: _Optional[bool] = ...) -> None: ...
 
 class Close(_message.Message):
     __slots__ = ()
@@ -99,7 +112,7 @@ class EdgeFrame(_message.Message):
     def __init__(self, open: _Optional[_Union[Open, _Mapping]] = ..., draft: _Optional[_Union[Draft, _Mapping]] = ..., close: _Optional[_Union[Close, _Mapping]] = ...) -> None: ...
 
 class Opened(_message.Message):
-    __slots__ = ("resume_ticket", "vocab_size", "committed_length", "max_draft_len", "forwards", "max_blocks_in_flight", "epoch", "committed_tail", "committed_tail_compressed", "stop_reason", "replica", "first_verdict")
+    __slots__ = ("resume_ticket", "vocab_size", "committed_length", "max_draft_len", "forwards", "max_blocks_in_flight", "epoch", "committed_tail", "committed_tail_compressed", "stop_reason", "replica", "first_verdict", "max_branches")
     RESUME_TICKET_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_LENGTH_FIELD_NUMBER: _ClassVar[int]
@@ -112,6 +125,7 @@ class Opened(_message.Message):
     STOP_REASON_FIELD_NUMBER: _ClassVar[int]
     REPLICA_FIELD_NUMBER: _ClassVar[int]
     FIRST_VERDICT_FIELD_NUMBER: _ClassVar[int]
+    MAX_BRANCHES_FIELD_NUMBER: _ClassVar[int]
     resume_ticket: bytes
     vocab_size: int
     committed_length: int
@@ -124,10 +138,11 @@ class Opened(_message.Message):
     stop_reason: StopReason
     replica: str
     first_verdict: Verdict
-    def __init__(self, resume_ticket: _Optional[bytes] = ..., vocab_size: _Optional[int] = ..., committed_length: _Optional[int] = ..., max_draft_len: _Optional[int] = ..., forwards: _Optional[int] = ..., max_blocks_in_flight: _Optional[int] = ..., epoch: _Optional[int] = ..., committed_tail: _Optional[bytes] = ..., committed_tail_compressed: _Optional[bool] = ..., stop_reason: _Optional[_Union[StopReason, str]] = ..., replica: _Optional[str] = ..., first_verdict: _Optional[_Union[Verdict, _Mapping]] = ...) -> None: ...
+    max_branches: int
+    def __init__(self, resume_ticket: _Optional[bytes] = ..., vocab_size: _Optional[int] = ..., committed_length: _Optional[int] = ..., max_draft_len: _Optional[int] = ..., forwards: _Optional[int] = ..., max_blocks_in_flight: _Optional[int] = ..., epoch: _Optional[int] = ..., committed_tail: _Optional[bytes] = ..., committed_tail_compressed: _Optional[bool] = ..., stop_reason: _Optional[_Union[StopReason, str]] = ..., replica: _Optional[str] = ..., first_verdict: _Optional[_Union[Verdict, _Mapping]] = ..., max_branches: _Optional[int] = ...) -> None: ...
 
 class Verdict(_message.Message):
-    __slots__ = ("epoch", "start_position", "accepted", "token", "bonus", "done", "stop_reason", "server_us", "forwards")
+    __slots__ = ("epoch", "start_position", "accepted", "token", "bonus", "done", "stop_reason", "server_us", "forwards", "branch", "branch_accepted")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     START_POSITION_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
@@ -137,6 +152,8 @@ class Verdict(_message.Message):
     STOP_REASON_FIELD_NUMBER: _ClassVar[int]
     SERVER_US_FIELD_NUMBER: _ClassVar[int]
     FORWARDS_FIELD_NUMBER: _ClassVar[int]
+    BRANCH_FIELD_NUMBER: _ClassVar[int]
+    BRANCH_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     start_position: int
     accepted: int
@@ -146,7 +163,9 @@ class Verdict(_message.Message):
     stop_reason: StopReason
     server_us: int
     forwards: int
-    def __init__(self, epoch: _Optional[int] = ..., start_position: _Optional[int] = ..., accepted: _Optional[int] = ..., token: _Optional[int] = ..., bonus: _Optional[bool] = ..., done: _Optional[bool] = ..., stop_reason: _Optional[_Union[StopReason, str]] = ..., server_us: _Optional[int] = ..., forwards: _Optional[int] = ...) -> None: ...
+    branch: int
+    branch_accepted: int
+    def __init__(self, epoch: _Optional[int] = ..., start_position: _Optional[int] = ..., accepted: _Optional[int] = ..., token: _Optional[int] = ..., bonus: _Optional[bool] = ..., done: _Optional[bool] = ..., stop_reason: _Optional[_Union[StopReason, str]] = ..., server_us: _Optional[int] = ..., forwards: _Optional[int] = ..., branch: _Optional[int] = ..., branch_accepted: _Optional[int] = ...) -> None: ...
 
 class CloudFrame(_message.Message):
     __slots__ = ("opened", "verdict")

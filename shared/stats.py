@@ -41,6 +41,9 @@ class DecodeStats:
     drafted_at: list[int] = field(default_factory=list)  # [max D seen]
     corrections_guessed: int = 0  # corrections for which the drafter had a second choice
     corrections_hit: int = 0  # ... and it was the target's correction
+    hedges_sent: int = 0  # hedge branches sent with blocks
+    hedges_taken: int = 0  # ... whose guessed correction was the target's (the branch was verified on)
+    hedge_tokens: int = 0  # tokens committed from taken branches past their first (what hedging gained)
 
     def record_round(self, drafted: int, accepted: int, committed: int) -> None:
         """One verification round: ``committed`` tokens entered the sequence."""
@@ -64,6 +67,13 @@ class DecodeStats:
         of hedge branches, measured before building them."""
         self.corrections_guessed += 1
         self.corrections_hit += hit
+
+    def record_hedges(self, sent: int, taken: bool, gained: int) -> None:
+        """One verdict on a block that carried ``sent`` branches; ``taken``: one was, and
+        ``gained`` of its tokens past the correction were committed."""
+        self.hedges_sent += sent
+        self.hedges_taken += taken
+        self.hedge_tokens += gained
 
     @property
     def correction_hit_rate(self) -> float | None:
@@ -101,6 +111,9 @@ class DecodeStats:
             "drafted_at": list(self.drafted_at),
             "corrections_guessed": self.corrections_guessed,
             "corrections_hit": self.corrections_hit,
+            "hedges_sent": self.hedges_sent,
+            "hedges_taken": self.hedges_taken,
+            "hedge_tokens": self.hedge_tokens,
         }
 
     @classmethod

@@ -24,6 +24,10 @@ class Verdict:
     ended the generation at an EOS or the token limit, or when every draft was
     accepted in a block sent with ``more_follows`` (the next block's first
     draft is checked against the distribution the bonus would come from).
+
+    A taken hedge (``branch`` > 0, 1-based): the correction at ``accepted``
+    was that branch's first token, and its next ``branch_accepted`` tokens
+    were accepted too; ``token`` follows them.
     """
 
     epoch: int
@@ -33,20 +37,26 @@ class Verdict:
     bonus: bool
     done: bool
     stop_reason: StopReason = StopReason.NONE
+    branch: int = 0
+    branch_accepted: int = 0
 
     @property
     def is_correction(self) -> bool:
-        """A draft was rejected and ``token`` replaces it."""
-        return self.token is not None and not self.bonus
+        """A draft was rejected: ``token`` (or a taken branch) replaces it, and everything drafted
+        past it is void."""
+        return self.branch > 0 or (self.token is not None and not self.bonus)
 
     @property
     def is_deferred(self) -> bool:
         """Every draft accepted and the bonus left to the next block (``Draft.more_follows``)."""
         return self.token is None and not self.done
 
-    def committed(self, drafts) -> list[int]:
-        """The tokens this verdict appends to the sequence."""
+    def committed(self, drafts, branches=()) -> list[int]:
+        """The tokens this verdict appends to the sequence (``branches``: the block's, as
+        (at, tokens) pairs, when it had any)."""
         out = [int(t) for t in drafts[: self.accepted]]
+        if self.branch:
+            out += [int(t) for t in branches[self.branch - 1][1][: 1 + self.branch_accepted]]
         if self.token is not None:
             out.append(int(self.token))
         return out

@@ -223,6 +223,8 @@ def verdict_to_proto(verdict: Verdict, *, seconds: float = 0.0, forwards: int = 
         stop_reason=stop_reason_to_proto(verdict.stop_reason),
         server_us=server_us(seconds),
         forwards=forwards,
+        branch=verdict.branch,
+        branch_accepted=verdict.branch_accepted,
     )
     if verdict.token is not None:
         message.token = verdict.token
@@ -238,4 +240,6 @@ def verdict_from_proto(message: pb.Verdict) -> Verdict:
         bonus=message.bonus,
         done=message.done,
         stop_reason=stop_reason_from_proto(message.stop_reason),
+        branch=message.branch,
+        branch_accepted=message.branch_accepted,
     )

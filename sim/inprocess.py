@@ -31,9 +31,11 @@ class LocalVerifier:
     blocks can share one forward.
     """
 
-    def __init__(self, engine: TargetEngine, max_blocks_in_flight: int = ServiceLimits.max_blocks_in_flight) -> None:
+    def __init__(self, engine: TargetEngine, max_blocks_in_flight: int = ServiceLimits.max_blocks_in_flight,
+                 max_branches: int = ServiceLimits.max_branches) -> None:
         self.engine = engine
         self.max_blocks_in_flight = max_blocks_in_flight
+        self.max_branches = max_branches
         self.session: VerifierSession | None = None
         self._pending: list[PendingBlock] = []
         self._verdicts: deque[Verdict] = deque()
@@ -45,13 +47,16 @@ class LocalVerifier:
 
     def open(self, prompt: Sequence[int], params: SamplingParams, max_new_tokens: int, max_draft_len: int) -> SessionTerms:
         self.session = VerifierSession(
-            self.engine, prompt, params, max_new_tokens=max_new_tokens, max_draft_len=max_draft_len
+            self.engine, prompt, params, max_new_tokens=max_new_tokens, max_draft_len=max_draft_len,
+            max_branches=self.max_branches,
         )
         self._pending.append(PendingBlock(0, len(prompt), []))  # the first position, answered as the service does
-        return SessionTerms(max_draft_len, self.max_blocks_in_flight, answers_first_position=True)
+        return SessionTerms(max_draft_len, self.max_blocks_in_flight, answers_first_position=True,
+                            max_branches=self.max_branches)
 
     def send(self, epoch: int, start_position: int, block: DraftBlock, more_follows: bool) -> None:
-        self._pending.append(PendingBlock(epoch, start_position, list(block.tokens), block.q, more_follows))
+        self._pending.append(PendingBlock(epoch, start_position, list(block.tokens), block.q, more_follows,
+                                          tuple(block.branches)))
 
     def receive(self) -> Verdict:
         assert self.session is not None, "open() first"
@@ -72,7 +77,7 @@ class LocalVerifier:
             raise ValueError(f"resume from {len(committed)} committed tokens; the session has {len(session.tokens)}")
         self._pending.clear()
         self._verdicts.clear()
-        terms = SessionTerms(session.max_draft_len, self.max_blocks_in_flight)
+        terms = SessionTerms(session.max_draft_len, self.max_blocks_in_flight, max_branches=self.max_branches)
         return Resumption(terms, session.epoch, session.tokens[len(committed) :], session.stop_reason)
 
     def close(self) -> None:
@@ -89,10 +94,12 @@ def generate(
     draft_len: int,
     window: int = 1,
     controller: Controller | None = None,
+    hedge_width: int = 0,
     on_tokens: Callable[[list[int]], None] | None = None,
 ) -> GenerationResult:
-    """Split decoding in one process; ``draft_len`` 0 is target-only decoding, ``window`` blocks in flight."""
+    """Split decoding in one process; ``draft_len`` 0 is target-only decoding, ``window`` blocks in
+    flight, ``hedge_width`` hedge branches per block."""
     return run_decode(
         drafter, LocalVerifier(engine), prompt, params, max_new_tokens=max_new_tokens, draft_len=draft_len,
-        window=window, controller=controller, on_tokens=on_tokens,
+        window=window, controller=controller, hedge_width=hedge_width, on_tokens=on_tokens,
     )

@@ -35,3 +35,52 @@ def total_variation(counts: Counter, n: int, dist: dict) -> float:
 def tiny_prompt(engine, text: str) -> list[int]:
     """BOS + the tiny tokenizer's ids (the tiny GGUF does not add BOS itself)."""
     return [1, *engine.tokenizer(text, add_special_tokens=False).input_ids]
+
+
+class ScriptedDrafter:
+    """Drafts a wrong token at every position, with a second choice that is the target's own token
+    (``right``) or another wrong one: every correction is then a hit, or a miss. Its hedge branches
+    continue with the target's own tokens. ``target``: the target's tokens from position ``offset``."""
+
+    def __init__(self, vocab_size: int, target: list[int], offset: int, right: bool) -> None:
+        from edge.drafter import DrafterStats, Speculation
+
+        self.vocab_size, self.target, self.offset, self.right = vocab_size, target, offset, right
+        self.stats = DrafterStats()
+        self._spec = Speculation.start([])
+
+    def begin(self, prompt, params) -> None:
+        from edge.drafter import Speculation
+
+        self._spec = Speculation.start(prompt)
+
+    def _want(self) -> int:
+        return self.target[len(self._spec.tokens) - self.offset]
+
+    def draft(self, n: int):
+        from edge.drafter import DraftBlock
+
+        tokens, runner_up = [], []
+        for _ in range(n):
+            want = self._want()
+            tokens.append((want + 1) % self.vocab_size)
+            runner_up.append(want if self.right else (want + 2) % self.vocab_size)
+            self._spec.tokens.append(tokens[-1])
+        return DraftBlock(tokens, None, runner_up)
+
+    def draft_branch(self, back: int, first: int, n: int) -> list[int]:
+        out = []
+        with self._spec.branched(back, first):
+            for _ in range(n):
+                out.append(self._want())
+                self._spec.tokens.append(out[-1])
+        return out
+
+    def commit(self, tokens) -> None:
+        self._spec.commit(tokens)
+
+    def rewind(self) -> None:
+        self._spec.rewind()
+
+    def close(self) -> None:
+        pass

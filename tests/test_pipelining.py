@@ -12,7 +12,7 @@ from collections import Counter
 import grpc
 import numpy as np
 import pytest
-from helpers import exact_distribution, tiny_prompt, total_variation
+from helpers import ScriptedDrafter, exact_distribution, tiny_prompt, total_variation
 
 from cloud.session import BlockRejected, PendingBlock, VerifierSession
 from edge.client import GrpcVerifier, VerifierError
@@ -293,43 +293,6 @@ def test_the_runner_up_is_the_second_place_of_the_same_race():
     race = ids[np.argsort(exponential(3, 7, ids, Purpose.SAMPLE) / probs)]
     assert (coupled.token, coupled.runner_up) == (race[0], race[1])
     assert propose(logits, SamplingParams(mode=Mode.REJECTION, temperature=0.9), 7).runner_up is None
-
-
-class ScriptedDrafter:
-    """Drafts a wrong token at every position, with a second choice that is the target's own token
-    (``right``) or another wrong one: every correction is then a hit, or a miss."""
-
-    def __init__(self, vocab_size: int, target: list[int], offset: int, right: bool) -> None:
-        from edge.drafter import DrafterStats, Speculation
-
-        self.vocab_size, self.target, self.offset, self.right = vocab_size, target, offset, right
-        self.stats = DrafterStats()
-        self._spec = Speculation.start([])
-
-    def begin(self, prompt, params) -> None:
-        from edge.drafter import Speculation
-
-        self._spec = Speculation.start(prompt)
-
-    def draft(self, n: int):
-        from edge.drafter import DraftBlock
-
-        tokens, runner_up = [], []
-        for _ in range(n):
-            want = self.target[len(self._spec.tokens) - self.offset]
-            tokens.append((want + 1) % self.vocab_size)
-            runner_up.append(want if self.right else (want + 2) % self.vocab_size)
-            self._spec.tokens.append(tokens[-1])
-        return DraftBlock(tokens, None, runner_up)
-
-    def commit(self, tokens) -> None:
-        self._spec.commit(tokens)
-
-    def rewind(self) -> None:
-        self._spec.rewind()
-
-    def close(self) -> None:
-        pass
 
 
 @pytest.mark.parametrize("right", [True, False])

@@ -55,7 +55,8 @@ def run_generate(args: argparse.Namespace) -> int:
     try:
         result = generate(
             engine, drafter, prompt, params, max_new_tokens=args.max_new_tokens, draft_len=args.draft_len,
-            window=window_from_args(args), controller=controller_from_args(args), on_tokens=stream
+            window=window_from_args(args), controller=controller_from_args(args), hedge_width=args.hedge,
+            on_tokens=stream
         )
     finally:
         drafter.close()

@@ -33,6 +33,9 @@ def add_sim_commands(commands) -> None:
                      help="edge schedules to run each configuration with (default: all)")
     run.add_argument("--window", type=positive_int, default=DEFAULT_WINDOW,
                      help=f"blocks in flight for the pipelined schedule (default {DEFAULT_WINDOW})")
+    run.add_argument("--hedges", nargs="+", type=non_negative_int, default=[0],
+                     help="hedge branches per block to run each greedy and coupled configuration with (default: 0 = "
+                     "none; e.g. 0 2 runs each without and with two)")
     run.add_argument("--max-new-tokens", type=int, default=None, help="tokens per prompt (default 128; --quick: 64)")
     run.add_argument("--temperature", type=float, default=DEFAULT_TEMPERATURE,
                      help="for coupled and rejection (default %(default)s)")
@@ -115,6 +118,7 @@ def run_sim(args: argparse.Namespace) -> int:
         draft_lens=draft_lens,
         schedules=args.schedules,
         window=args.window,
+        hedges=sorted(set(args.hedges)),
         max_new_tokens=args.max_new_tokens or (64 if args.quick else 128),
         temperature=args.temperature,
         seed=args.seed,

@@ -29,7 +29,8 @@ _COLUMNS = [
 def _label(run: dict) -> str:
     if run["mode"] == "cloud-only":
         return "cloud-only"
-    return config_label(run["mode"], run["draft_len"], run.get("schedule") or "lockstep", run.get("window") or 1)
+    return config_label(run["mode"], run["draft_len"], run.get("schedule") or "lockstep", run.get("window") or 1,
+                        run.get("hedge"))
 
 
 def _cell(run: dict, key: str) -> str:
@@ -138,14 +139,18 @@ def markdown_report(result: dict) -> str:
 
 def _hedge_lines(result: dict) -> list[str]:
     """h per run: how often a correction was the drafter's second choice, the bet a hedge branch makes."""
-    rows = [[config_label(r["mode"], r["draft_len"], r["schedule"], r["window"]), f"{r['hedge_hit_rate']:.2f}"]
+    rows = [[config_label(r["mode"], r["draft_len"], r["schedule"], r["window"], r.get("hedge")),
+             f"{r['hedge_hit_rate']:.2f}",
+             f"{r['hedges_taken']}/{r['hedges_sent']}" if r.get("hedges_sent") else "-",
+             f"{r['hedge_tokens']}" if r.get("hedges_sent") else "-"]
             for r in result["runs"] if r.get("hedge_hit_rate") is not None]
     if not rows:
         return []
     return ["## Corrections the drafter saw coming", "",
             "h: the share of corrections that were the drafter's second choice (the runner-up of its race under "
-            "the target's noise; greedy: its second-highest logit). A hedge branch for that token would pay off "
-            "this often.", "", tabulate(rows, headers=["config", "h"], tablefmt="pipe"), ""]
+            "the target's noise; greedy: its second-highest logit). A hedge branch for that token pays off this "
+            "often; with `--hedges`, the branches taken and the tokens they committed past their correction.", "",
+            tabulate(rows, headers=["config", "h", "hedges taken", "tokens gained"], tablefmt="pipe"), ""]
 
 
 def _fleet_lines(fleet: dict | None) -> list[str]:

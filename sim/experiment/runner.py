@@ -42,6 +42,7 @@ class SimConfig:
     draft_lens: list[int] = field(default_factory=lambda: [2, 4, 8])
     schedules: list[str] = field(default_factory=lambda: list(SCHEDULES))
     window: int = DEFAULT_WINDOW  # blocks in flight for the pipelined schedule
+    hedges: list[int] = field(default_factory=lambda: [0])  # hedge branches per block (0: none), each a configuration
     max_new_tokens: int = 128
     temperature: float = DEFAULT_TEMPERATURE
     seed: int = 0
@@ -80,7 +81,7 @@ class _Measured:
 
 
 def _aggregate(mode: str, draft_len: int, reports: list[EdgeReport], meters: list[_Meter], schedule: str | None = None,
-               window: int | None = None) -> dict:
+               window: int | None = None, hedge: int = 0) -> dict:
     """One configuration's row; ``schedule``/``window`` are None for cloud-only."""
     tokens = sum(len(r.tokens) for r in reports) or 1
     wall = sum(r.wall_s for r in reports)
@@ -93,7 +94,10 @@ def _aggregate(mode: str, draft_len: int, reports: list[EdgeReport], meters: lis
         "draft_len": draft_len,
         "schedule": schedule,
         "window": window,
-        "hedge": None,  # hedge branches: not implemented yet
+        "hedge": hedge or None,
+        "hedges_sent": sum(r.decode.hedges_sent for r in reports),
+        "hedges_taken": sum(r.decode.hedges_taken for r in reports),
+        "hedge_tokens": sum(r.decode.hedge_tokens for r in reports),
         "mean_draft_len": drafted / rounds if rounds and schedule else None,
         # h: how often a correction was the drafter's second choice (what a hedge branch would bet on)
         "hedge_hit_rate": (sum(r.decode.corrections_hit for r in reports) / guessed) if guessed else None,
@@ -118,7 +122,8 @@ def run_simulation(cfg: SimConfig, progress=lambda line: print(line, file=sys.st
         f"scenario {cfg.scenario.name}: {cfg.scenario.description}\n"
         f"cores: edge {sorted(edge_cores) if edge_cores else 'shared'}, cloud {sorted(cloud_cores) if cloud_cores else 'shared'}"
     )
-    configs = [(mode, d, s) for mode in cfg.modes for d in cfg.draft_lens for s in cfg.schedules]
+    configs = [(mode, d, s, h) for mode in cfg.modes for d in cfg.draft_lens for s in cfg.schedules for h in cfg.hedges
+               if not h or mode in TOKEN_IDENTICAL_MODES]  # (rejection mode takes no hedges)
     # Greedy runs are checked against a greedy baseline, sampled modes against a sampled one.
     kinds = sorted({_baseline_kind(mode) for mode in cfg.modes}, key=lambda k: k != "sampled")
     total = (len(kinds) + len(configs)) * len(cfg.prompts)
@@ -153,9 +158,9 @@ def run_simulation(cfg: SimConfig, progress=lambda line: print(line, file=sys.st
             progress(f"    cloud-only ({kind}): {baselines[kind]['tokens_per_s']:.2f} tok/s")
         runs = []
         split_started = time.monotonic()
-        for mode, draft_len, schedule in configs:
+        for mode, draft_len, schedule, hedge in configs:
             window = window_for(schedule, cfg.window)
-            name = config_label(mode, draft_len, schedule, window)
+            name = config_label(mode, draft_len, schedule, window, hedge)
             reports, meters = [], []
             for i, prompt in enumerate(cfg.prompts):
                 step += 1
@@ -164,12 +169,12 @@ def run_simulation(cfg: SimConfig, progress=lambda line: print(line, file=sys.st
                 with _Meter(cloud, link) as meter:
                     args = ["run", *common, *fleet_args, "--drafter-threads", str(len(edge_cores) if edge_cores else 1),
                             *_sampling_args(cfg, prompt, mode), "--draft-len", str(draft_len),
-                            "--schedule", schedule, "--window", str(window)]
+                            "--schedule", schedule, "--window", str(window), "--hedge", str(hedge)]
                     reports.append(run_edge_process(args, edge_cores, stream_to=stream))
                 meters.append(meter)
                 if stream is not None:
                     print(flush=True)
-            run = _aggregate(mode, draft_len, reports, meters, schedule, window)
+            run = _aggregate(mode, draft_len, reports, meters, schedule, window, hedge)
             reference = baselines[_baseline_kind(mode)]
             # Rejection mode is lossless in distribution, not token for token: no identity to check.
             run["identical_to_baseline"] = run["outputs"] == reference["outputs"] if mode in TOKEN_IDENTICAL_MODES else None
