@@ -31,6 +31,7 @@ from shared.stats import RoundRecord
 from shared.verdict import Verdict
 from shared.vocab import describe_vocab
 from shared.wire import (
+    MAX_EARLY_DRAFTS,
     REPLICA_HEADER,
     OpenRequest,
     message_wire_bytes,
@@ -188,7 +189,8 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed frame: {type(exc).__name__}") from exc
 
     def _decode_draft(self, entry: SessionEntry, draft: pb.Draft) -> PendingBlock | None:
-        """A Draft frame as a pending block; None for a stale block (an older epoch), dropped undecoded."""
+        """A Draft frame as a pending block; None for a stale block (an older epoch), dropped undecoded,
+        and for a block sent before the Opened that exceeds the session's draft length."""
         session = entry.session
         if draft.epoch < session.epoch:
             log.debug("session %s: dropped stale block of epoch %d", entry.session_id, draft.epoch)
@@ -199,7 +201,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                 draft.payload,
                 draft.compressed,
                 self.engine.vocab_size,
-                max_tokens=session.max_draft_len,
+                max_tokens=MAX_EARLY_DRAFTS if draft.before_opened else session.max_draft_len,
                 draft_top_k=params.draft_top_k if params.sends_q else None,
                 prob_bits=params.prob_bits if params.sends_q else None,
             )
@@ -212,6 +214,9 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             )
         except ValueError as exc:
             raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad draft block: {exc}") from exc
+        if draft.before_opened and len(tokens) > session.max_draft_len:
+            log.debug("session %s: dropped a %d-draft block sent before the Opened", entry.session_id, len(tokens))
+            return None
         return PendingBlock(draft.epoch, draft.start_position, tokens.tolist(), q, draft.more_follows, branches)
 
     async def _verify_pending(

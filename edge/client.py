@@ -175,6 +175,7 @@ class GrpcVerifier:
         # (epoch, start position) -> (sent at, drafts, Draft bytes), for blocks not yet answered.
         self._in_flight: dict[tuple[int, int], tuple[float, int, int]] = {}
         self._first_verdict: pb.Verdict | None = None  # the Opened's answer to the first position, not yet received
+        self._early_block = None  # while opening: the caller's early block (``open``)
 
     # -- VerifierConnection ------------------------------------------------------
     def connect(self) -> None:
@@ -183,19 +184,23 @@ class GrpcVerifier:
             _wait_ready(self._channel, self.address, self.connect_timeout_s)
             self._connected = True
 
-    def open(self, prompt: Sequence[int], params: SamplingParams, max_new_tokens: int, max_draft_len: int) -> SessionTerms:
+    def open(self, prompt: Sequence[int], params: SamplingParams, max_new_tokens: int, max_draft_len: int,
+             early_block=None) -> SessionTerms:
         self.connect()
         self._params, self._prompt_len = params, len(prompt)
         self._max_new_tokens, self._max_draft_len = max_new_tokens, max_draft_len
+        self._early_block = early_block
         started = time.perf_counter()
         try:
             if self._continue_from is not None:
                 terms = self._extend_session(prompt).terms
             else:
                 terms = self._open_session(prompt).terms
-        except LinkLost:  # broken before the Opened came: open again, as after any cut
+        except LinkLost:  # broken before the Opened came: open again, as after any cut (no early block)
             self._lost_at = started
             terms = self.resume(prompt).terms
+        finally:
+            self._early_block = None
         self.open_s = time.perf_counter() - started
         return terms
 
@@ -254,7 +259,8 @@ class GrpcVerifier:
         )
         return resumed
 
-    def send(self, epoch: int, start_position: int, block: DraftBlock, more_follows: bool) -> None:
+    def send(self, epoch: int, start_position: int, block: DraftBlock, more_follows: bool, *,
+             before_opened: bool = False) -> None:
         params = self._params
         encoded = codec.encode_draft(
             block.tokens, self.vocab_size, block.q, draft_top_k=params.draft_top_k if block.q is not None else None
@@ -271,6 +277,7 @@ class GrpcVerifier:
                 compressed=encoded.compressed,
                 more_follows=more_follows,
                 branches=branches,
+                before_opened=before_opened,
             )
         )
         self._in_flight[(epoch, start_position)] = (time.perf_counter(), len(block.tokens), message_wire_bytes(frame))
@@ -351,6 +358,7 @@ class GrpcVerifier:
         started = time.perf_counter()
         self._send(pb.EdgeFrame(open=self._open_message(committed, len(committed) - self._prompt_len)))
         self.prompt_tokens_sent += len(committed)
+        early = self._send_early_block(len(committed) + 1)
         opened = self._opened()
         self._forwards_offset = self.forwards if reopening else 0
         self.forwards = self._forwards_offset + opened.forwards
@@ -360,7 +368,7 @@ class GrpcVerifier:
         )
         if self._first_verdict is not None:
             self._in_flight[(0, len(committed))] = (started, 0, 0)  # as if an empty block went up with the Open
-        return Resumption(self._terms(opened), epoch=0, missed=[], reopened=reopening)
+        return Resumption(self._terms(opened, early), epoch=0, missed=[], reopened=reopening)
 
     def _open_message(self, tokens: Sequence[int], generated: int, **fields) -> pb.Open:
         """An Open carrying ``tokens`` as its prompt, ``generated`` tokens of the budget spent."""
@@ -389,6 +397,7 @@ class GrpcVerifier:
         started = time.perf_counter()
         self._send(pb.EdgeFrame(open=self._open_message(prompt[keep:], 0, resume_ticket=ticket,
                                                         committed_length=keep, extend=True)))
+        early = self._send_early_block(len(prompt) + 1)
         try:
             opened = self._opened()
         except VerifierError as exc:
@@ -405,7 +414,7 @@ class GrpcVerifier:
         log.info("session %s continued: %d tokens kept, %d sent", self.session_id, keep, len(prompt) - keep)
         if self._first_verdict is not None:
             self._in_flight[(0, len(prompt))] = (started, 0, 0)
-        return Resumption(self._terms(opened), epoch=0, missed=[])
+        return Resumption(self._terms(opened, early), epoch=0, missed=[])
 
     def _reattach(self, committed: Sequence[int]) -> Resumption:
         """Take our session over on the current stream; the cloud says what we missed, then answers
@@ -451,13 +460,31 @@ class GrpcVerifier:
             raise VerifierError(f"cloud vocabulary has {opened.vocab_size} tokens, ours {self.vocab_size}")
         return opened
 
-    def _terms(self, opened: pb.Opened) -> SessionTerms:
+    def _send_early_block(self, start_position: int) -> tuple[int, int] | None:
+        """With the Open on its way: the caller's early block (``open``), sent at once for
+        ``start_position`` at epoch 0; (its start position, its length), or None when there was none."""
+        made = self._early_block() if self._early_block is not None else None
+        self._early_block = None  # once: a retried Open goes without one
+        if not made:
+            return None
+        block, more_follows = made
+        self.send(0, start_position, block, more_follows, before_opened=True)
+        return start_position, len(block.tokens)
+
+    def _terms(self, opened: pb.Opened, early: tuple[int, int] | None = None) -> SessionTerms:
+        """The session's terms; ``early``: (start, length) of a block sent before the Opened (the
+        verifier drops it, unanswered, when it exceeds the session's draft length)."""
+        max_draft_len = min(self._max_draft_len, opened.max_draft_len)
+        kept = early is not None and early[1] <= max_draft_len and opened.HasField("first_verdict")
+        if early is not None and not kept:
+            self._in_flight.pop((0, early[0]), None)
         # A verifier that predates pipelining sends no window: it takes one block at a time.
         return SessionTerms(
-            min(self._max_draft_len, opened.max_draft_len),
+            max_draft_len,
             max(opened.max_blocks_in_flight, 1),
             answers_first_position=opened.HasField("first_verdict"),
             max_branches=opened.max_branches,
+            kept_early_block=kept,
         )
 
     # -- internals ---------------------------------------------------------

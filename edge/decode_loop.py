@@ -35,7 +35,7 @@ from edge.hedging import hedge
 from shared.params import SamplingParams
 from shared.stats import DecodeStats
 from shared.verdict import StopReason, Verdict
-from shared.wire import next_epoch
+from shared.wire import MAX_EARLY_DRAFTS, next_epoch
 
 __all__ = [
     "VerifierConnection",
@@ -81,6 +81,7 @@ class SessionTerms:
     max_blocks_in_flight: int  # blocks sent and not yet answered
     answers_first_position: bool = False  # a verdict for the first position comes unasked (an empty block)
     max_branches: int = 0  # hedge branches a block may carry
+    kept_early_block: bool = False  # the block drafted while the Open was in flight went out and fits these terms
 
 
 @dataclass(frozen=True)
@@ -104,8 +105,14 @@ class VerifierConnection(Protocol):
     forwards: int  # target forwards the verifier reports for this session, prefill included
     last_cloud_s: float  # the cloud's own time for the last verdict received (its server_us)
 
-    def open(self, prompt: Sequence[int], params: SamplingParams, max_new_tokens: int, max_draft_len: int) -> SessionTerms:
-        """Start a session for ``prompt``; returns what the verifier allows."""
+    def open(self, prompt: Sequence[int], params: SamplingParams, max_new_tokens: int, max_draft_len: int,
+             early_block: Callable[[], tuple[DraftBlock, bool] | None] | None = None) -> SessionTerms:
+        """Start a session for ``prompt``; returns what the verifier allows.
+
+        ``early_block``: called once the Open is on its way; a (block, more_follows) it returns is
+        sent at once for the position after the first (which the verifier answers unasked), and
+        ``kept_early_block`` says whether it stands (it fits the session's draft length; the
+        verifier drops one that does not)."""
 
     def send(self, epoch: int, start_position: int, block: DraftBlock, more_follows: bool) -> None:
         """Queue one block for verification (returns at once)."""
@@ -203,13 +210,41 @@ def run_decode(
         else:
             controller = None
 
-    try:
-        terms = verifier.open(prompt, params, max_new_tokens, draft_len)
-        adopt(terms)
+    early: list = []  # the block drafted while the Open is in flight: [(block, more_follows, sent_at, draft_s, guess)]
+
+    def draft_early() -> tuple[DraftBlock, bool] | None:
+        """While the prefill runs: the first block, for the position after the first, drafted on the
+        drafter's own guess for the first token (lock-step keeps one block at a time: none)."""
         drafter.begin(prompt, params)
+        room = max_new_tokens - 2  # the first token, then the block's correction or bonus
+        if draft_len <= 0 or window < 2 or room < 1:
+            return None
+        started_at = time.perf_counter()
+        guess = drafter.draft(1).tokens
+        block = drafter.draft(min(draft_len, room, MAX_EARLY_DRAFTS)) if guess else DraftBlock([])
+        if not block.tokens:
+            return None
+        more = len(block.tokens) < room
+        sent_at = time.perf_counter()
+        early.append((block, more, sent_at, sent_at - started_at, guess[0]))
+        return block, more
+
+    hold = False  # blocks in flight were drafted past a token the verifier did not commit: send none until they drain
+    early_guess = None  # the first token the kept early block was drafted on, until the first verdict
+    try:
+        terms = verifier.open(prompt, params, max_new_tokens, draft_len, early_block=draft_early)
+        adopt(terms)
+        if not early:
+            drafter.begin(prompt, params)
+        elif not terms.kept_early_block:
+            drafter.rewind()  # the verifier dropped it (longer than the session allows), or the Open was retried
         end = len(prompt)  # the position after the last token committed or in flight
         if terms.answers_first_position:  # the first token comes right after the prefill
             in_flight.append(_InFlight(epoch, end, DraftBlock([]), False, time.perf_counter(), 0.0, first=True))
+            if terms.kept_early_block:
+                block, more, sent_at, draft_s, early_guess = early[0]
+                in_flight.append(_InFlight(epoch, end + 1, block, more, sent_at, draft_s))
+                end += 1 + len(block.tokens)
         since_plan = 0  # tokens committed since the controller last chose
         leaving_cloud = False  # a switch from cloud decoding to drafting waits for the pipeline to drain
         last_arrival = time.perf_counter()
@@ -222,7 +257,7 @@ def run_decode(
                 # pipeline; only a switch to drafting waits for the empty blocks still in flight.
                 since_plan = 0
                 leaving_cloud = controller.plan().draft_len > 0
-            while len(in_flight) < window and not leaving_cloud and _may_follow(in_flight, draft_len):
+            while len(in_flight) < window and not leaving_cloud and not hold and _may_follow(in_flight, draft_len):
                 produced = end - len(prompt)
                 if produced >= max_new_tokens:
                     break
@@ -246,6 +281,7 @@ def run_decode(
                 resumed = verifier.resume(prompt + generated)
                 drafter.rewind()  # what was in flight is drafted again, from the verifier's state
                 in_flight.clear()
+                hold, early_guess = False, None
                 halt = commit(resumed.missed)
                 stats.record_recovered(len(resumed.missed))
                 if halt or resumed.stop_reason is not StopReason.NONE:
@@ -281,6 +317,9 @@ def run_decode(
                 interval = arrived - last_arrival if not sent.block.tokens and since_plan > 0 else None
                 _observe(controller, drafter, sent, verdict, committed, verifier.last_cloud_s, since_plan, interval)
             last_arrival = arrived
+            if sent.first and early_guess is not None:
+                hold = committed[:1] != [early_guess] and bool(in_flight)  # the early block rests on a wrong guess:
+                early_guess = None  # it is verified all the same, but nothing is chained on it
             halt = commit(committed)
             since_plan += len(committed)
             stats.record_round(len(sent.block.tokens), verdict.accepted, len(committed))
@@ -292,6 +331,7 @@ def run_decode(
                 in_flight.clear()
             if not in_flight:
                 end = len(prompt) + len(generated)
+                hold = False
             if len(generated) >= max_new_tokens:
                 raise ProtocolError(f"verifier did not stop at the token limit of {max_new_tokens}")
         stats.wall_s = time.perf_counter() - started  # tearing the session down is not generation time

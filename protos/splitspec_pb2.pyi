@@ -72,20 +72,22 @@ class Open(_message.Message):
     def __init__(self, vocab_fingerprint: _Optional[bytes] = ..., vocab_size: _Optional[int] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., prompt: _Optional[bytes] = ..., prompt_compressed: _Optional[bool] = ..., max_new_tokens: _Optional[int] = ..., max_draft_len: _Optional[int] = ..., resume_ticket: _Optional[bytes] = ..., committed_length: _Optional[int] = ..., first_token: _Optional[bool] = ..., extend: _Optional[bool] = ...) -> None: ...
 
 class Draft(_message.Message):
-    __slots__ = ("epoch", "start_position", "payload", "compressed", "more_follows", "branches")
+    __slots__ = ("epoch", "start_position", "payload", "compressed", "more_follows", "branches", "before_opened")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     START_POSITION_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
     COMPRESSED_FIELD_NUMBER: _ClassVar[int]
     MORE_FOLLOWS_FIELD_NUMBER: _ClassVar[int]
     BRANCHES_FIELD_NUMBER: _ClassVar[int]
+    BEFORE_OPENED_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     start_position: int
     payload: bytes
     compressed: bool
     more_follows: bool
     branches: _containers.RepeatedCompositeFieldContainer[Branch]
-    def __init__(self, epoch: _Optional[int] = ..., start_position: _Optional[int] = ..., payload: _Optional[bytes] = ..., compressed: _Optional[bool] = ..., more_follows: _Optional[bool] = ..., branches: _Optional[_Iterable[_Union[Branch, _Mapping]]] = ...) -> None: ...
+    before_opened: bool
+    def __init__(self, epoch: _Optional[int] = ..., start_position: _Optional[int] = ..., payload: _Optional[bytes] = ..., compressed: _Optional[bool] = ..., more_follows: _Optional[bool] = ..., branches: _Optional[_Iterable[_Union[Branch, _Mapping]]] = ..., before_opened: _Optional[bool] = ...) -> None: ...
 
 class Branch(_message.Message):
     __slots__ = ("at", "payload", "compressed")

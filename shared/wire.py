@@ -30,6 +30,7 @@ __all__ = [
     "HTTP2_FRAME_HEADER_BYTES",
     "MAX_MESSAGE_BYTES",
     "REPLICA_HEADER",
+    "MAX_EARLY_DRAFTS",
     "CHANNEL_OPTIONS",
     "SERVER_OPTIONS",
     "OpenRequest",
@@ -57,6 +58,9 @@ _MAX_SERVER_US = 2**32 - 1  # a uint32 field
 # Request metadata naming the replica that holds a session (Opened.replica): a resume carries it,
 # so a proxy in front of several verifiers can route the stream back to its session.
 REPLICA_HEADER = "x-splitspec-replica"
+# Drafts a block sent before the Opened may hold (Draft.before_opened): the edge cannot know the
+# verifier's limit yet; one within this but past the session's limit is dropped, not refused.
+MAX_EARLY_DRAFTS = 64
 
 
 def session_id_of(ticket: bytes) -> str:

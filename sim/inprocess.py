@@ -45,14 +45,19 @@ class LocalVerifier:
     def forwards(self) -> int:
         return self.session.forwards if self.session is not None else 0
 
-    def open(self, prompt: Sequence[int], params: SamplingParams, max_new_tokens: int, max_draft_len: int) -> SessionTerms:
+    def open(self, prompt: Sequence[int], params: SamplingParams, max_new_tokens: int, max_draft_len: int,
+             early_block=None) -> SessionTerms:
         self.session = VerifierSession(
             self.engine, prompt, params, max_new_tokens=max_new_tokens, max_draft_len=max_draft_len,
             max_branches=self.max_branches,
         )
         self._pending.append(PendingBlock(0, len(prompt), []))  # the first position, answered as the service does
+        made = early_block() if early_block is not None else None
+        kept = bool(made) and len(made[0].tokens) <= max_draft_len
+        if kept:
+            self.send(0, len(prompt) + 1, *made)
         return SessionTerms(max_draft_len, self.max_blocks_in_flight, answers_first_position=True,
-                            max_branches=self.max_branches)
+                            max_branches=self.max_branches, kept_early_block=kept)
 
     def send(self, epoch: int, start_position: int, block: DraftBlock, more_follows: bool) -> None:
         self._pending.append(PendingBlock(epoch, start_position, list(block.tokens), block.q, more_follows,

@@ -221,17 +221,26 @@ def test_hostile_branches_end_only_their_stream(tiny_engine, tiny_vocab, verifie
 
     one = codec.encode_tokens([5], tiny_vocab[0]).data
     start = len(prompt) + 1
-    drafts = codec.encode_tokens([5, 6, 7], tiny_vocab[0]).data
+    packed = codec.encode_draft([5, 6, 7], tiny_vocab[0])
+    drafts = dict(start_position=start, payload=packed.data, compressed=packed.compressed)
     huge = codec.encode_tokens([5] * 40, tiny_vocab[0]).data
     cases = [
-        pb.Draft(start_position=start, payload=drafts, branches=[pb.Branch(at=3, payload=one)]),  # out of range
-        pb.Draft(start_position=start, payload=drafts, branches=[pb.Branch(at=0, payload=one)] * 5),  # too many
-        pb.Draft(start_position=start, payload=drafts, branches=[pb.Branch(at=0, payload=huge)]),  # too long
-        pb.Draft(start_position=start, payload=drafts, branches=[pb.Branch(at=0, payload=b"\xff" * 3)]),  # ids out of V
+        (pb.Draft(**drafts, branches=[pb.Branch(at=3, payload=one)]), "distinct drafts"),  # out of range
+        (pb.Draft(**drafts, branches=[pb.Branch(at=0, payload=one), pb.Branch(at=0, payload=one)]), "distinct drafts"),
+        (pb.Draft(**drafts, branches=[pb.Branch(at=i % 3, payload=one) for i in range(5)]), "limit is 4"),  # too many
+        (pb.Draft(**drafts, branches=[pb.Branch(at=0, payload=huge)]), "limit is 8"),  # too long
+        (pb.Draft(**drafts, branches=[pb.Branch(at=0, payload=b"\xff" * 3)]), "trailing bits"),  # malformed payload
     ]
-    for draft in cases:
+    for draft, message in cases:
         error = stream(draft)
-        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and message in error.details(), error.details()
+    # The same block with a sound branch is verified.
+    opening = pb.EdgeFrame(open=pb.Open(vocab_size=tiny_vocab[0], vocab_fingerprint=tiny_vocab[1], prompt=encoded.data,
+                                        max_new_tokens=16, max_draft_len=8, first_token=True,
+                                        sampling=sampling_to_proto(GREEDY)))
+    replies = list(stub.Decode(iter([opening, pb.EdgeFrame(draft=pb.Draft(**drafts, branches=[pb.Branch(at=1, payload=one)])),
+                                     pb.EdgeFrame(close=pb.Close())]), timeout=30))
+    assert [r.WhichOneof("kind") for r in replies] == ["opened", "verdict"]
     q = codec.encode_draft([5], tiny_vocab[0], [SparseDist(np.array([5]), np.array([256]), 8)], draft_top_k=16)
     error = stream(pb.Draft(start_position=start, payload=q.data, compressed=q.compressed,
                             branches=[pb.Branch(at=0, payload=one)]), mode=Mode.REJECTION)

@@ -305,3 +305,75 @@ def test_corrections_are_scored_against_the_drafters_second_choice(tiny_engine, 
     assert stats.corrections_guessed >= 10
     assert stats.corrections_hit == (stats.corrections_guessed if right else 0)
     assert stats.correction_hit_rate == (1.0 if right else 0.0)
+
+
+# ---------------------------------------------------------------- the first block leaves with the Open
+
+
+@pytest.mark.parametrize("cloud_limit", [16, 3])
+def test_the_first_block_leaves_before_the_opened(tiny_engine, tiny_models, tiny_vocab, cloud_limit):
+    """The edge drafts its first block while the prefill runs (on its own guess for the first
+    token) and sends it before the Opened comes; a verifier whose draft limit it exceeds drops it
+    unanswered, and the edge drafts again. Output is target-only's either way."""
+    from cloud.limits import ServiceLimits
+    from cloud.server import BackgroundServer, ServerConfig
+
+    drafter = LlamaDrafter(tiny_models["drafter_noisy"], n_ctx=512, n_threads=1, f32_kv_cache=True)
+    sent: list = []
+
+    class Watching(GrpcVerifier):
+        def send(self, epoch, start_position, block, more_follows, *, before_opened=False):
+            sent.append((before_opened, start_position, len(block.tokens)))
+            super().send(epoch, start_position, block, more_follows, before_opened=before_opened)
+
+    chained = 0
+    try:
+        with BackgroundServer(tiny_engine, ServerConfig(port=0, limits=ServiceLimits(max_draft_len=cloud_limit))) as server:
+            for seed in range(4):  # the noisy drafter's guess for the first token is sometimes wrong
+                prompt = tiny_prompt(tiny_engine, TEXTS[seed % len(TEXTS)])
+                params = SamplingParams(mode=Mode.COUPLED, temperature=0.9, seed=seed)
+                want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=30, draft_len=0)
+                sent.clear()
+                link = Watching(server.address, vocab_size=tiny_vocab[0], fingerprint=tiny_vocab[1])
+                got = run_decode(drafter, link, prompt, params, max_new_tokens=30, draft_len=5, window=2)
+                assert got.tokens == want.tokens
+                assert sent[0] == (True, len(prompt) + 1, 5) and not any(early for early, _, _ in sent[1:])
+                if cloud_limit < 5:  # dropped: drafted again after the first token, within the limit
+                    assert sent[1] == (False, len(prompt) + 1, cloud_limit)
+                else:  # kept: the next block continues it at once (when the guess was right)
+                    chained += sent[1][1] == len(prompt) + 6
+        assert chained or cloud_limit < 5
+    finally:
+        drafter.close()
+
+
+def test_a_wrong_guess_for_the_first_token_holds_the_chain_until_the_early_block_is_answered(tiny_engine, greedy_path):
+    """ScriptedDrafter's guesses are all wrong: the early block rests on a token the target did not
+    pick, so nothing may be chained on it (its positions would be off); it is answered, then
+    drafting resumes from the committed tokens."""
+    prompt, want = greedy_path
+    drafter = ScriptedDrafter(tiny_engine.vocab_size, want, len(prompt), right=False)
+    got = generate(tiny_engine, drafter, prompt, GREEDY, max_new_tokens=16, draft_len=3, window=3)
+    assert got.tokens == want[:16]
+
+
+def test_an_early_block_is_dropped_past_the_session_limit_and_refused_past_the_protocol_cap(tiny_engine, tiny_vocab,
+                                                                                          verifier):
+    from shared.wire import MAX_EARLY_DRAFTS
+
+    prompt = tiny_prompt(tiny_engine, TEXTS[0])
+    encoded = codec.encode_tokens(prompt, tiny_vocab[0])
+    opening = pb.EdgeFrame(open=pb.Open(vocab_size=tiny_vocab[0], vocab_fingerprint=tiny_vocab[1], first_token=True,
+                                        sampling=sampling_to_proto(GREEDY), prompt=encoded.data, max_new_tokens=8))
+    stub = pb_grpc.VerifierStub(grpc.insecure_channel(verifier.address))
+
+    def early(n: int) -> pb.EdgeFrame:
+        packed = codec.encode_draft([5] * n, tiny_vocab[0])
+        return pb.EdgeFrame(draft=pb.Draft(start_position=len(prompt) + 1, payload=packed.data, compressed=packed.compressed,
+                                           before_opened=True))
+
+    replies = list(stub.Decode(iter([opening, early(20), pb.EdgeFrame(close=pb.Close())]), timeout=30))
+    assert [r.WhichOneof("kind") for r in replies] == ["opened"]  # 20 > the session's 16: dropped, unanswered
+    with pytest.raises(grpc.RpcError) as caught:
+        list(stub.Decode(iter([opening, early(MAX_EARLY_DRAFTS + 1)]), timeout=30))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
