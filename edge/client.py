@@ -175,7 +175,10 @@ class GrpcVerifier:
         # (epoch, start position) -> (sent at, drafts, Draft bytes), for blocks not yet answered.
         self._in_flight: dict[tuple[int, int], tuple[float, int, int]] = {}
         self._first_verdict: pb.Verdict | None = None  # the Opened's answer to the first position, not yet received
-        self._early_block = None  # while opening: the caller's early block (``open``)
+        self._early_block = None  # while opening: the caller's early block (``open``), a Future
+        self._early_lock = threading.Lock()
+        self._early_sent: tuple[int, int] | None = None  # (start, length) of the early block, once sent
+        self._opened_seen = False
 
     # -- VerifierConnection ------------------------------------------------------
     def connect(self) -> None:
@@ -358,7 +361,7 @@ class GrpcVerifier:
         started = time.perf_counter()
         self._send(pb.EdgeFrame(open=self._open_message(committed, len(committed) - self._prompt_len)))
         self.prompt_tokens_sent += len(committed)
-        early = self._send_early_block(len(committed) + 1)
+        self._send_early_block(len(committed) + 1)
         opened = self._opened()
         self._forwards_offset = self.forwards if reopening else 0
         self.forwards = self._forwards_offset + opened.forwards
@@ -368,7 +371,7 @@ class GrpcVerifier:
         )
         if self._first_verdict is not None:
             self._in_flight[(0, len(committed))] = (started, 0, 0)  # as if an empty block went up with the Open
-        return Resumption(self._terms(opened, early), epoch=0, missed=[], reopened=reopening)
+        return Resumption(self._terms(opened, self._early_sent), epoch=0, missed=[], reopened=reopening)
 
     def _open_message(self, tokens: Sequence[int], generated: int, **fields) -> pb.Open:
         """An Open carrying ``tokens`` as its prompt, ``generated`` tokens of the budget spent."""
@@ -397,7 +400,7 @@ class GrpcVerifier:
         started = time.perf_counter()
         self._send(pb.EdgeFrame(open=self._open_message(prompt[keep:], 0, resume_ticket=ticket,
                                                         committed_length=keep, extend=True)))
-        early = self._send_early_block(len(prompt) + 1)
+        self._send_early_block(len(prompt) + 1)
         try:
             opened = self._opened()
         except VerifierError as exc:
@@ -414,7 +417,7 @@ class GrpcVerifier:
         log.info("session %s continued: %d tokens kept, %d sent", self.session_id, keep, len(prompt) - keep)
         if self._first_verdict is not None:
             self._in_flight[(0, len(prompt))] = (started, 0, 0)
-        return Resumption(self._terms(opened, early), epoch=0, missed=[])
+        return Resumption(self._terms(opened, self._early_sent), epoch=0, missed=[])
 
     def _reattach(self, committed: Sequence[int]) -> Resumption:
         """Take our session over on the current stream; the cloud says what we missed, then answers
@@ -451,7 +454,11 @@ class GrpcVerifier:
         )
 
     def _opened(self, timeout_s: float | None = None) -> pb.Opened:
-        opened = self._receive("opened", timeout_s).opened
+        try:
+            opened = self._receive("opened", timeout_s).opened
+        finally:
+            with self._early_lock:  # an early block not sent by now stays unsent (on any stream)
+                self._opened_seen = True
         self.session_id, self.resume_ticket = session_id_of(opened.resume_ticket), opened.resume_ticket
         # The answer to the first position (Open.first_token), which ``receive`` returns first.
         self._first_verdict = opened.first_verdict if opened.HasField("first_verdict") else None
@@ -460,16 +467,24 @@ class GrpcVerifier:
             raise VerifierError(f"cloud vocabulary has {opened.vocab_size} tokens, ours {self.vocab_size}")
         return opened
 
-    def _send_early_block(self, start_position: int) -> tuple[int, int] | None:
-        """With the Open on its way: the caller's early block (``open``), sent at once for
-        ``start_position`` at epoch 0; (its start position, its length), or None when there was none."""
-        made = self._early_block() if self._early_block is not None else None
-        self._early_block = None  # once: a retried Open goes without one
-        if not made:
-            return None
-        block, more_follows = made
-        self.send(0, start_position, block, more_follows, before_opened=True)
-        return start_position, len(block.tokens)
+    def _send_early_block(self, start_position: int) -> None:
+        """With the Open on its way: the caller's early block (``open``) goes out for
+        ``start_position`` at epoch 0 as soon as it is drafted, if that is before the Opened
+        arrives (``_opened`` says whether it went)."""
+        future, self._early_block = self._early_block, None  # once: a retried Open goes without one
+        self._early_sent, self._opened_seen = None, False
+        if future is None:
+            return
+
+        def ready(done) -> None:  # on the drafting thread (or here, when it is done already)
+            made = None if done.cancelled() or done.exception() else done.result()
+            with self._early_lock:
+                if made and not self._opened_seen:
+                    block, more_follows = made
+                    self.send(0, start_position, block, more_follows, before_opened=True)
+                    self._early_sent = (start_position, len(block.tokens))
+
+        future.add_done_callback(ready)
 
     def _terms(self, opened: pb.Opened, early: tuple[int, int] | None = None) -> SessionTerms:
         """The session's terms; ``early``: (start, length) of a block sent before the Opened (the

@@ -26,16 +26,18 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from edge.controller import Controller
 from edge.drafter import DraftBlock, Drafter
+from edge.early_block import EARLY_DRAFT_LEN, EarlyBlock
 from edge.hedging import hedge
 from shared.params import SamplingParams
 from shared.stats import DecodeStats
 from shared.verdict import StopReason, Verdict
-from shared.wire import MAX_EARLY_DRAFTS, next_epoch
+from shared.wire import next_epoch
 
 __all__ = [
     "VerifierConnection",
@@ -106,13 +108,13 @@ class VerifierConnection(Protocol):
     last_cloud_s: float  # the cloud's own time for the last verdict received (its server_us)
 
     def open(self, prompt: Sequence[int], params: SamplingParams, max_new_tokens: int, max_draft_len: int,
-             early_block: Callable[[], tuple[DraftBlock, bool] | None] | None = None) -> SessionTerms:
+             early_block: Future | None = None) -> SessionTerms:
         """Start a session for ``prompt``; returns what the verifier allows.
 
-        ``early_block``: called once the Open is on its way; a (block, more_follows) it returns is
-        sent at once for the position after the first (which the verifier answers unasked), and
-        ``kept_early_block`` says whether it stands (it fits the session's draft length; the
-        verifier drops one that does not)."""
+        ``early_block``: resolves (on another thread) to a (block, more_follows) for the position
+        after the first, which the verifier answers unasked; it is sent if it is ready before the
+        Opened arrives, and ``kept_early_block`` says whether it went and stands (it fits the
+        session's draft length: the verifier drops one that does not)."""
 
     def send(self, epoch: int, start_position: int, block: DraftBlock, more_follows: bool) -> None:
         """Queue one block for verification (returns at once)."""
@@ -191,11 +193,13 @@ def run_decode(
     def commit(tokens: list[int]) -> bool:
         """Commit ``tokens``; True when the caller wants the generation to stop here."""
         nonlocal ttft
-        drafter.commit(tokens)
         generated.extend(tokens)
         if tokens and not ttft:
             ttft = time.perf_counter() - started
-        return bool(on_tokens and tokens) and on_tokens(tokens) is True
+        halt = bool(on_tokens and tokens) and on_tokens(tokens) is True
+        settle()  # (the first token reaches the caller before the early block's drafting is waited for)
+        drafter.commit(tokens)
+        return halt
 
     def adopt(terms: SessionTerms) -> None:
         """Fit the schedule to what the verifier allows."""
@@ -210,41 +214,33 @@ def run_decode(
         else:
             controller = None
 
-    early: list = []  # the block drafted while the Open is in flight: [(block, more_follows, sent_at, draft_s, guess)]
-
-    def draft_early() -> tuple[DraftBlock, bool] | None:
-        """While the prefill runs: the first block, for the position after the first, drafted on the
-        drafter's own guess for the first token (lock-step keeps one block at a time: none)."""
+    # While the prefill runs, the first block is drafted on a thread (lock-step keeps one block at a
+    # time: none); the connection sends it if it is ready before the Opened (``edge.early_block``).
+    room = max_new_tokens - 2  # the first token, then the block's correction or bonus
+    early = None
+    if draft_len > 0 and window >= 2 and room >= 1:
+        early = EarlyBlock(drafter, prompt, params, min(draft_len, room, EARLY_DRAFT_LEN), room)
+    else:
         drafter.begin(prompt, params)
-        room = max_new_tokens - 2  # the first token, then the block's correction or bonus
-        if draft_len <= 0 or window < 2 or room < 1:
-            return None
-        started_at = time.perf_counter()
-        guess = drafter.draft(1).tokens
-        block = drafter.draft(min(draft_len, room, MAX_EARLY_DRAFTS)) if guess else DraftBlock([])
-        if not block.tokens:
-            return None
-        more = len(block.tokens) < room
-        sent_at = time.perf_counter()
-        early.append((block, more, sent_at, sent_at - started_at, guess[0]))
-        return block, more
-
+    kept_early = False
     hold = False  # blocks in flight were drafted past a token the verifier did not commit: send none until they drain
     early_guess = None  # the first token the kept early block was drafted on, until the first verdict
+
+    def settle() -> None:
+        """Before the drafter is touched: the early block's thread is done, and forgotten unless it stands."""
+        if early is not None:
+            early.settle(kept_early)
+
     try:
-        terms = verifier.open(prompt, params, max_new_tokens, draft_len, early_block=draft_early)
+        terms = verifier.open(prompt, params, max_new_tokens, draft_len, early_block=early and early.future)
         adopt(terms)
-        if not early:
-            drafter.begin(prompt, params)
-        elif not terms.kept_early_block:
-            drafter.rewind()  # the verifier dropped it (longer than the session allows), or the Open was retried
         end = len(prompt)  # the position after the last token committed or in flight
         if terms.answers_first_position:  # the first token comes right after the prefill
             in_flight.append(_InFlight(epoch, end, DraftBlock([]), False, time.perf_counter(), 0.0, first=True))
-            if terms.kept_early_block:
-                block, more, sent_at, draft_s, early_guess = early[0]
-                in_flight.append(_InFlight(epoch, end + 1, block, more, sent_at, draft_s))
-                end += 1 + len(block.tokens)
+            if early is not None and terms.kept_early_block:
+                kept_early, early_guess = True, early.guess
+                in_flight.append(_InFlight(epoch, end + 1, early.block, early.more_follows, early.sent_at, early.draft_s))
+                end += 1 + len(early.block.tokens)
         since_plan = 0  # tokens committed since the controller last chose
         leaving_cloud = False  # a switch from cloud decoding to drafting waits for the pipeline to drain
         last_arrival = time.perf_counter()
@@ -265,6 +261,7 @@ def run_decode(
                 n = min(draft_len, room)
                 if n <= 0 and in_flight and in_flight[-1].block.tokens:
                     break  # the limit is reached by what is in flight; wait for it
+                settle()
                 drafting = time.perf_counter()
                 block = drafter.draft(n) if n > 0 else DraftBlock([])
                 if hedge_width:
@@ -279,6 +276,7 @@ def run_decode(
             except LinkLost as lost:
                 log.warning("link to the verifier lost after %d tokens (%s); resuming", len(generated), lost)
                 resumed = verifier.resume(prompt + generated)
+                settle()
                 drafter.rewind()  # what was in flight is drafted again, from the verifier's state
                 in_flight.clear()
                 hold, early_guess = False, None
@@ -340,6 +338,10 @@ def run_decode(
         exc.partial = GenerationResult(list(generated), StopReason.NONE, stats, ttft)
         raise
     finally:
+        try:
+            settle()  # the drafter may be closed next: its thread must be done
+        except Exception:  # noqa: BLE001 - what drafting raised is secondary to why the generation ended
+            log.exception("drafting the early block failed")
         verifier.close()
     stats.target_forwards = verifier.forwards
     return GenerationResult(generated, stop, stats, ttft)

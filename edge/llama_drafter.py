@@ -56,7 +56,15 @@ class LlamaDrafter:
         self._params = SamplingParams()
         self._prompt_pending = False
         self.stats = DrafterStats()
+        self._warm_up()
         log.info("drafter %s loaded in %.2fs (vocab %d)", path.name, time.perf_counter() - started, self.vocab_size)
+
+    def _warm_up(self) -> None:
+        """One eval at load, as llama.cpp's own tools do: it faults the weights in and sets up the
+        compute buffers, so the first prompt of a generation runs at speed."""
+        bos = self.llm.token_bos()
+        self.llm.eval([bos if 0 <= bos < self.vocab_size else 0])
+        self.llm.n_tokens = 0
 
     # -- lifecycle ---------------------------------------------------------
     def begin(self, prompt: Sequence[int], params: SamplingParams) -> None:

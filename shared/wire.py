@@ -60,7 +60,7 @@ _MAX_SERVER_US = 2**32 - 1  # a uint32 field
 REPLICA_HEADER = "x-splitspec-replica"
 # Drafts a block sent before the Opened may hold (Draft.before_opened): the edge cannot know the
 # verifier's limit yet; one within this but past the session's limit is dropped, not refused.
-MAX_EARLY_DRAFTS = 64
+MAX_EARLY_DRAFTS = 64  # (the edge sends at most edge.early_block.EARLY_DRAFT_LEN)
 
 
 def session_id_of(ticket: bytes) -> str:

@@ -52,7 +52,7 @@ class LocalVerifier:
             max_branches=self.max_branches,
         )
         self._pending.append(PendingBlock(0, len(prompt), []))  # the first position, answered as the service does
-        made = early_block() if early_block is not None else None
+        made = early_block.result() if early_block is not None else None
         kept = bool(made) and len(made[0].tokens) <= max_draft_len
         if kept:
             self.send(0, len(prompt) + 1, *made)

@@ -317,6 +317,7 @@ def test_the_first_block_leaves_before_the_opened(tiny_engine, tiny_models, tiny
     unanswered, and the edge drafts again. Output is target-only's either way."""
     from cloud.limits import ServiceLimits
     from cloud.server import BackgroundServer, ServerConfig
+    from edge.early_block import EARLY_DRAFT_LEN
 
     drafter = LlamaDrafter(tiny_models["drafter_noisy"], n_ctx=512, n_threads=1, f32_kv_cache=True)
     sent: list = []
@@ -325,6 +326,12 @@ def test_the_first_block_leaves_before_the_opened(tiny_engine, tiny_models, tiny
         def send(self, epoch, start_position, block, more_follows, *, before_opened=False):
             sent.append((before_opened, start_position, len(block.tokens)))
             super().send(epoch, start_position, block, more_follows, before_opened=before_opened)
+
+        def _send_early_block(self, start_position):  # over loopback the Opened could beat the drafting
+            super()._send_early_block(start_position)
+            deadline = time.monotonic() + 10
+            while self._early_sent is None and time.monotonic() < deadline:
+                time.sleep(0.001)
 
     chained = 0
     try:
@@ -337,12 +344,12 @@ def test_the_first_block_leaves_before_the_opened(tiny_engine, tiny_models, tiny
                 link = Watching(server.address, vocab_size=tiny_vocab[0], fingerprint=tiny_vocab[1])
                 got = run_decode(drafter, link, prompt, params, max_new_tokens=30, draft_len=5, window=2)
                 assert got.tokens == want.tokens
-                assert sent[0] == (True, len(prompt) + 1, 5) and not any(early for early, _, _ in sent[1:])
-                if cloud_limit < 5:  # dropped: drafted again after the first token, within the limit
+                assert sent[0] == (True, len(prompt) + 1, EARLY_DRAFT_LEN) and not any(e for e, _, _ in sent[1:])
+                if cloud_limit < EARLY_DRAFT_LEN:  # dropped: drafted again after the first token, within the limit
                     assert sent[1] == (False, len(prompt) + 1, cloud_limit)
                 else:  # kept: the next block continues it at once (when the guess was right)
-                    chained += sent[1][1] == len(prompt) + 6
-        assert chained or cloud_limit < 5
+                    chained += sent[1][1] == len(prompt) + 1 + EARLY_DRAFT_LEN
+        assert chained or cloud_limit < EARLY_DRAFT_LEN
     finally:
         drafter.close()
 
