@@ -29,7 +29,7 @@ class ServiceLimits:
         for f in fields(self):
             value = getattr(self, f.name)
             if not (value >= 0 if f.name in _MAY_BE_ZERO else value > 0):
-                raise ValueError(f"{f.name} must be > 0, got {value}")
+                raise ValueError(f"{f.name} must be {'>= 0' if f.name in _MAY_BE_ZERO else '> 0'}, got {value}")
 
 
 _MAY_BE_ZERO = {"max_branches"}

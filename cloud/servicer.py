@@ -201,7 +201,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                 draft.payload,
                 draft.compressed,
                 self.engine.vocab_size,
-                max_tokens=MAX_EARLY_DRAFTS if draft.before_opened else session.max_draft_len,
+                max_tokens=max(MAX_EARLY_DRAFTS, session.max_draft_len) if draft.before_opened else session.max_draft_len,
                 draft_top_k=params.draft_top_k if params.sends_q else None,
                 prob_bits=params.prob_bits if params.sends_q else None,
             )
@@ -263,7 +263,8 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                 RoundRecord(
                     drafted=drafted,
                     accepted=verdict.accepted,
-                    committed=verdict.accepted + (verdict.token is not None),
+                    committed=verdict.accepted + (verdict.token is not None)
+                    + (1 + verdict.branch_accepted if verdict.branch else 0),
                     forwards=forwards if i == 0 else 0,
                 ),
                 latency_s=seconds,

@@ -32,7 +32,11 @@ from shared.stats import DecodeStats
 from shared.verdict import StopReason, Verdict
 from shared.wire import next_epoch
 
-__all__ = ["VerifierSession", "BlockRejected", "PendingBlock"]
+__all__ = ["VerifierSession", "BlockRejected", "PendingBlock", "MAX_BRANCH_LEN"]
+
+# Tokens a hedge branch may hold: a guessed correction and a short continuation (the edge sends 3);
+# the bound keeps a block's tree within (1 + max_branches) * this many rows past its drafts.
+MAX_BRANCH_LEN = 8
 
 
 class BlockRejected(ValueError):
@@ -230,8 +234,9 @@ class VerifierSession:
                 raise BlockRejected("hedge branches are for greedy and coupled modes, not rejection mode")
             if len(set(at)) != len(at) or not all(0 <= i < len(block.drafts) for i in at):
                 raise BlockRejected(f"branches must hang on distinct drafts of the block (0..{len(block.drafts) - 1}), got {at}")
-            if any(not 1 <= len(tokens) <= self.max_draft_len for _, tokens in block.branches):
-                raise BlockRejected(f"a branch must hold 1 to {self.max_draft_len} tokens")
+            longest = min(self.max_draft_len, MAX_BRANCH_LEN)
+            if any(not 1 <= len(tokens) <= longest for _, tokens in block.branches):
+                raise BlockRejected(f"a branch must hold 1 to {longest} tokens")
 
     def _distributions(self, drafts: list[int], branches: list[tuple[int, list[int]]]) -> Steps:
         """Logits [len(drafts) + 1, V] for the positions len(tokens) .. len(tokens) + len(drafts),

@@ -178,7 +178,7 @@ class GrpcVerifier:
         self._early_block = None  # while opening: the caller's early block (``open``), a Future
         self._early_lock = threading.Lock()
         self._early_sent: tuple[int, int] | None = None  # (start, length) of the early block, once sent
-        self._opened_seen = False
+        self._early_attempt: object | None = None  # the Open whose early block may still go (until its Opened)
 
     # -- VerifierConnection ------------------------------------------------------
     def connect(self) -> None:
@@ -426,7 +426,8 @@ class GrpcVerifier:
         self._send(pb.EdgeFrame(open=pb.Open(resume_ticket=self.resume_ticket, committed_length=len(committed),
                                              first_token=True)))
         try:
-            opened = self._opened(timeout_s=self.connect_timeout_s)  # no prefill: only the link can be slow
+            # No prefill, but the first verdict may need a forward, queued behind other sessions'.
+            opened = self._opened(timeout_s=self.verdict_timeout_s)
         except VerifierError as exc:
             if isinstance(exc.__cause__, grpc.RpcError) and exc.__cause__.code() == grpc.StatusCode.NOT_FOUND:
                 raise _SessionGone() from exc
@@ -458,7 +459,7 @@ class GrpcVerifier:
             opened = self._receive("opened", timeout_s).opened
         finally:
             with self._early_lock:  # an early block not sent by now stays unsent (on any stream)
-                self._opened_seen = True
+                self._early_attempt = None
         self.session_id, self.resume_ticket = session_id_of(opened.resume_ticket), opened.resume_ticket
         # The answer to the first position (Open.first_token), which ``receive`` returns first.
         self._first_verdict = opened.first_verdict if opened.HasField("first_verdict") else None
@@ -472,14 +473,16 @@ class GrpcVerifier:
         ``start_position`` at epoch 0 as soon as it is drafted, if that is before the Opened
         arrives (``_opened`` says whether it went)."""
         future, self._early_block = self._early_block, None  # once: a retried Open goes without one
-        self._early_sent, self._opened_seen = None, False
+        attempt = object()
+        with self._early_lock:
+            self._early_sent, self._early_attempt = None, attempt if future is not None else None
         if future is None:
             return
 
         def ready(done) -> None:  # on the drafting thread (or here, when it is done already)
             made = None if done.cancelled() or done.exception() else done.result()
             with self._early_lock:
-                if made and not self._opened_seen:
+                if made and self._early_attempt is attempt:  # (this Open's, and its Opened not come yet)
                     block, more_follows = made
                     self.send(0, start_position, block, more_follows, before_opened=True)
                     self._early_sent = (start_position, len(block.tokens))

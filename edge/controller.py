@@ -7,7 +7,9 @@ loop reports what it measured and asks for a plan. Moving estimates:
   block (acceptance is not geometric: the first draft of a block, right after
   a verified token, is often likelier than the sixth); from verdicts, and from
   *shadow* proposals while the cloud decodes alone (the drafter's token for a
-  position compared with the cloud's, a position-0 trial);
+  position compared with the cloud's, a position-0 trial; in a pipelined
+  chain, position 0 of a later block does not follow a verified token, so
+  α_0 mixes both cases);
 - the drafter's seconds per drafted token;
 - the network's share of a block's trip (send to verdict, less the cloud's
   own time) and the cloud's time on a drafted block;
@@ -136,11 +138,16 @@ class Controller:
         drafting time and the cloud's time on it (arrival there to verdict, queueing included)."""
         if drafted <= 0:
             return
-        for i in range(min(accepted + 1, drafted)):  # drafts reached: Bernoulli(α_i) trials until a rejection
-            self.acceptance.add(i, i < accepted)
+        self.observe_acceptance(drafted, accepted)
         self.draft_s_per_token.add(draft_s / drafted)
         self.block_cloud_s.add(cloud_s)
         self.network_s.add(max(trip_s - cloud_s, 0.0))
+
+    def observe_acceptance(self, drafted: int, accepted: int) -> None:
+        """Only what a verdict says of acceptance (for a block whose timings measure something
+        else, as the one sent before the Opened, whose trip spans the prefill)."""
+        for i in range(min(accepted + 1, drafted)):  # drafts reached: Bernoulli(α_i) trials until a rejection
+            self.acceptance.add(i, i < accepted)
 
     def observe_shadow(self, hit: bool, draft_s: float) -> None:
         """While the cloud decodes alone: would the drafter have proposed the cloud's token?"""

@@ -148,6 +148,7 @@ class _InFlight:
     sent_at: float = 0.0  # perf_counter at send
     draft_s: float = 0.0  # drafting time of this block
     first: bool = False  # the first position, answered with the Open (not a measurement)
+    early: bool = False  # sent before the Opened: its trip spans the prefill (only its acceptance is a measurement)
 
 
 def run_decode(
@@ -226,6 +227,14 @@ def run_decode(
     hold = False  # blocks in flight were drafted past a token the verifier did not commit: send none until they drain
     early_guess = None  # the first token the kept early block was drafted on, until the first verdict
 
+    def may_send() -> bool:
+        """Whether another block may go now."""
+        if len(in_flight) >= window or leaving_cloud or hold:
+            return False
+        if in_flight and in_flight[0].first:  # the first token is in hand: it reaches the caller first
+            return False
+        return _may_follow(in_flight, draft_len)
+
     def settle() -> None:
         """Before the drafter is touched: the early block's thread is done, and forgotten unless it stands."""
         if early is not None:
@@ -239,7 +248,8 @@ def run_decode(
             in_flight.append(_InFlight(epoch, end, DraftBlock([]), False, time.perf_counter(), 0.0, first=True))
             if early is not None and terms.kept_early_block:
                 kept_early, early_guess = True, early.guess
-                in_flight.append(_InFlight(epoch, end + 1, early.block, early.more_follows, early.sent_at, early.draft_s))
+                in_flight.append(_InFlight(epoch, end + 1, early.block, early.more_follows, early.sent_at, early.draft_s,
+                                           early=True))
                 end += 1 + len(early.block.tokens)
         since_plan = 0  # tokens committed since the controller last chose
         leaving_cloud = False  # a switch from cloud decoding to drafting waits for the pipeline to drain
@@ -253,7 +263,7 @@ def run_decode(
                 # pipeline; only a switch to drafting waits for the empty blocks still in flight.
                 since_plan = 0
                 leaving_cloud = controller.plan().draft_len > 0
-            while len(in_flight) < window and not leaving_cloud and not hold and _may_follow(in_flight, draft_len):
+            while may_send():
                 produced = end - len(prompt)
                 if produced >= max_new_tokens:
                     break
@@ -375,6 +385,9 @@ def _observe(controller: Controller, drafter: Drafter, sent: _InFlight, verdict:
              cloud_s: float, since_plan: int, interval_s: float | None) -> None:
     """Feed one verdict's measurements to the controller (before the drafter commits it)."""
     trip = time.perf_counter() - sent.sent_at
+    if sent.early:
+        controller.observe_acceptance(len(sent.block.tokens), verdict.accepted)
+        return
     if sent.block.tokens:
         controller.observe_block(len(sent.block.tokens), verdict.accepted, trip, sent.draft_s, cloud_s)
         return

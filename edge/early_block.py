@@ -80,8 +80,8 @@ class EarlyBlock:
         late or was dropped), the drafter forgets it and its guess. Raises what drafting raised."""
         if self._settled:
             return
-        self._settled = True
         self._thread.join()
+        self._settled = True
         self.future.result()
         if not kept:
             self.drafter.rewind()

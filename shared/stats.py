@@ -43,7 +43,7 @@ class DecodeStats:
     corrections_hit: int = 0  # ... and it was the target's correction
     hedges_sent: int = 0  # hedge branches sent with blocks
     hedges_taken: int = 0  # ... whose guessed correction was the target's (the branch was verified on)
-    hedge_tokens: int = 0  # tokens committed from taken branches past their first (what hedging gained)
+    hedge_tokens: int = 0  # tokens taken branches committed past the correction, the final token included (the gain)
 
     def record_round(self, drafted: int, accepted: int, committed: int) -> None:
         """One verification round: ``committed`` tokens entered the sequence."""

@@ -384,3 +384,51 @@ def test_an_early_block_is_dropped_past_the_session_limit_and_refused_past_the_p
     with pytest.raises(grpc.RpcError) as caught:
         list(stub.Decode(iter([opening, early(MAX_EARLY_DRAFTS + 1)]), timeout=30))
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_the_first_token_reaches_the_caller_before_the_main_thread_drafts(tiny_engine, tiny_models):
+    """With a wide window and the early block standing, the first token (in hand with the Opened)
+    is handed out before the loop drafts anything more; the early block's timings, which span the
+    prefill, are not fed to the controller."""
+    import threading
+
+    from edge.controller import Controller
+
+    events: list[str] = []
+    inner = LlamaDrafter(tiny_models["drafter_f32"], n_ctx=512, n_threads=1, f32_kv_cache=True)
+    main = threading.current_thread()
+
+    class Logged:
+        vocab_size, stats = inner.vocab_size, inner.stats
+
+        def __getattr__(self, name):
+            return getattr(inner, name)
+
+        def draft(self, n):
+            if threading.current_thread() is main:
+                events.append("draft")
+            return inner.draft(n)
+
+    class Counting(Controller):
+        acceptances = blocks = 0
+
+        def observe_acceptance(self, drafted, accepted):
+            self.acceptances += 1
+            super().observe_acceptance(drafted, accepted)
+
+        def observe_block(self, *args, **kwargs):
+            self.blocks += 1
+            super().observe_block(*args, **kwargs)
+
+    controller = Counting(max_draft_len=4, window=4, cloud_window=16)
+    try:
+        prompt = tiny_prompt(tiny_engine, TEXTS[0])
+        got = generate(tiny_engine, Logged(), prompt, GREEDY, max_new_tokens=24, draft_len=4, window=4,
+                       controller=controller, on_tokens=lambda tokens: events.append("tokens"))
+        assert len(got.tokens) == 24
+        assert events.index("tokens") < events.index("draft")
+        # Every drafted block fed acceptance (observe_block goes through observe_acceptance); the
+        # early block fed nothing else.
+        assert controller.acceptances == controller.blocks + 1 and controller.blocks > 0
+    finally:
+        inner.close()
