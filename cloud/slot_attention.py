@@ -59,11 +59,20 @@ class SlotKV:
         self.values: list[torch.Tensor | None] = []
         self.limit = limit  # positions the sequence may ever need (growth stops there; None: unbounded)
 
-    def reserve(self, layer: int, like: torch.Tensor, needed: int) -> None:
-        """Room for ``needed`` positions in ``layer`` (``like``: [kv_heads, n, head_dim] new keys)."""
+    def _reach(self, layer: int) -> None:
         while len(self.keys) <= layer:
             self.keys.append(None)
             self.values.append(None)
+
+    def keep(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Copies of ``keys`` and ``values`` [kv_heads, n, head_dim] as ``layer``'s, exactly sized
+        (a hedge branch's store)."""
+        self._reach(layer)
+        self.keys[layer], self.values[layer] = keys.clone(), values.clone()
+
+    def reserve(self, layer: int, like: torch.Tensor, needed: int) -> None:
+        """Room for ``needed`` positions in ``layer`` (``like``: [kv_heads, n, head_dim] new keys)."""
+        self._reach(layer)
         current = self.keys[layer]
         if current is not None and current.shape[1] >= needed:
             return
@@ -178,7 +187,7 @@ def slot_attention(module, query, key, value, attention_mask, scaling=None, drop
         v_new = value[0, :, first : first + rows]
         slot.reserve(layer, k_new, position + rows)
         if store is not None:  # a branch: keep its keys and values, and what it overwrites in the slot
-            _keep(store, layer, k_new, v_new)
+            store.keep(layer, k_new, v_new)
             kept = (slot.keys[layer][:, position : position + rows].clone(),
                     slot.values[layer][:, position : position + rows].clone())
         slot.keys[layer][:, position : position + rows] = k_new
@@ -188,13 +197,6 @@ def slot_attention(module, query, key, value, attention_mask, scaling=None, drop
         if store is not None:
             slot.keys[layer][:, position : position + rows], slot.values[layer][:, position : position + rows] = kept
     return out[None], None
-
-
-def _keep(store: SlotKV, layer: int, keys: torch.Tensor, values: torch.Tensor) -> None:
-    while len(store.keys) <= layer:
-        store.keys.append(None)
-        store.values.append(None)
-    store.keys[layer], store.values[layer] = keys.clone(), values.clone()
 
 
 def _attend_span(layout: RowLayout, index: int, slot: SlotKV, layer: int, q: torch.Tensor, position: int,
