@@ -68,6 +68,11 @@ def add_cloud_commands(commands) -> None:
     serve.add_argument("--max-branches", type=non_negative_int, default=limits.max_branches,
                        help=f"hedge branches a block may carry, each verified in the block's forward (default "
                        f"{limits.max_branches}; 0 turns hedging off)")
+    serve.add_argument("--stale-blocks", choices=("decode", "drop"), default="decode" if limits.decode_stale else "drop",
+                       help="what a stale block gets (one drafted past a correction the edge had not seen yet): "
+                       "'decode': the next token, decoded alone while no usable block of the session is pending, so "
+                       "a correction costs no idle round trip; 'drop': an empty answer, less cloud compute per "
+                       "token (default decode)")
     serve.add_argument("--max-new-tokens", type=positive_int, default=limits.max_new_tokens,
                        help=f"largest generation per session (default {limits.max_new_tokens})")
     serve.add_argument("--session-ttl", type=positive_float, default=limits.session_ttl_s,
@@ -133,6 +138,7 @@ def run_serve(args: argparse.Namespace) -> int:
             max_sessions=args.max_sessions,
             max_draft_len=args.max_draft_len,
             max_branches=args.max_branches,
+            decode_stale=args.stale_blocks == "decode",
             session_ttl_s=args.session_ttl,
             max_sessions_per_client=args.max_sessions_per_client,
             idle_timeout_s=args.idle_timeout,

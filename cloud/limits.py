@@ -24,6 +24,7 @@ class ServiceLimits:
     max_kv_tokens: int = 262_144  # KV positions all sessions may reserve (prompt + max new tokens each)
     max_batch_rows: int = 256  # rows one target forward packs across sessions (prompts are prefilled in chunks)
     max_branches: int = 4  # hedge branches per block, each up to max_draft_len tokens (0: hedging off)
+    decode_stale: bool = True  # a stale block gets the next token decoded alone when nothing usable is pending
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -32,4 +33,4 @@ class ServiceLimits:
                 raise ValueError(f"{f.name} must be {'>= 0' if f.name in _MAY_BE_ZERO else '> 0'}, got {value}")
 
 
-_MAY_BE_ZERO = {"max_branches"}
+_MAY_BE_ZERO = {"max_branches", "decode_stale"}

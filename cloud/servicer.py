@@ -149,7 +149,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             def open_session():
                 session = VerifierSession(
                     self.engine, prompt, params, max_new_tokens=max_new_tokens, max_draft_len=max_draft_len,
-                    max_branches=self.max_branches,
+                    max_branches=self.max_branches, decode_stale=self.limits.decode_stale,
                     prefill=False,
                 )
                 yield from session.prefill_steps()
@@ -189,12 +189,12 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed frame: {type(exc).__name__}") from exc
 
     def _decode_draft(self, entry: SessionEntry, draft: pb.Draft) -> PendingBlock | None:
-        """A Draft frame as a pending block; None for a stale block (an older epoch), dropped undecoded,
-        and for a block sent before the Opened that exceeds the session's draft length."""
+        """A Draft frame as a pending block (one of an older epoch is stale: left undecoded, it is
+        answered without its drafts); None for a block sent before the Opened that exceeds the
+        session's draft length (dropped unanswered)."""
         session = entry.session
         if draft.epoch < session.epoch:
-            log.debug("session %s: dropped stale block of epoch %d", entry.session_id, draft.epoch)
-            return None
+            return PendingBlock(draft.epoch, draft.start_position, [], more_follows=False)
         params = session.params
         try:
             tokens, q = codec.decode_draft(
@@ -223,12 +223,12 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         self,
         entry: SessionEntry,
         pending: list[PendingBlock],
-        received: dict[tuple[int, int], tuple[float, int]],
+        received: deque[tuple[float, int]],
         stream: int,
     ) -> list[tuple[Verdict, float]]:
         """Verify the next chain of ``pending`` in one forward on the engine thread, observed once.
 
-        ``received`` maps (epoch, start position) of each pending block to (arrival time, drafts).
+        ``received``: (arrival time, drafts) of each pending block, in the same order.
         ``stream``: the session's stream number this caller holds; once a resume
         has taken the session over, nothing is verified (checked on the engine
         thread, where every change to the session happens).
@@ -252,7 +252,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         forwards = session.forwards - forwards_before
         overhead = 0.0
         for i, verdict in enumerate(verdicts):
-            arrived, drafted = received.pop((verdict.epoch, verdict.start_position))
+            arrived, drafted = received.popleft()
             seconds = now - arrived
             out.append((verdict, seconds))
             if i == 0:  # the chain shared one forward: its cost and overhead go to its first block
@@ -302,9 +302,8 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                 opened = pb.Opened(committed_length=len(entry.session.tokens))
             session = entry.session
             if answer_first:  # the first position, answered from the prefill's last row, rides with the Opened
-                key = (session.epoch, len(session.tokens))
                 (verdict, seconds), = await self._verify_pending(
-                    entry, [PendingBlock(*key, drafts=[])], {key: (opened_at, 0)}, stream
+                    entry, [PendingBlock(session.epoch, len(session.tokens), [])], deque([(opened_at, 0)]), stream
                 )
                 opened.first_verdict.CopyFrom(
                     verdict_to_proto(verdict, seconds=seconds, forwards=session.forwards if verdict.done else 0)
@@ -407,9 +406,9 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         ``_EOF``); refuses more than ``max_blocks_in_flight`` blocks waiting.
         """
         pending: list[PendingBlock] = []
-        received: dict[tuple[int, int], tuple[float, int]] = {}
+        received: deque[tuple[float, int]] = deque()
         idle_s = self.limits.idle_timeout_s
-        progress = time.monotonic()  # the last verdict (or the open): stale blocks do not count
+        progress = time.monotonic()  # the last verdict (or the open)
         while not ending:
             items = [] if pending else [await self._next_frame(frames, idle_s - (time.monotonic() - progress))]
             while not frames.empty():
@@ -424,21 +423,16 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                 if block is None:
                     continue
                 pending.append(block)
-                received[(block.epoch, block.start_position)] = (item[1], len(block.drafts))
+                received.append((item[1], len(block.drafts)))
                 if len(pending) > self.limits.max_blocks_in_flight:
                     raise _Abort(
                         grpc.StatusCode.INVALID_ARGUMENT,
                         f"more than {self.limits.max_blocks_in_flight} blocks in flight",
                     )
-            while pending and not ending:
-                answered = await self._verify_pending(entry, pending, received, stream)
-                for verdict, seconds in answered:
+            if pending and not ending:  # one chain at a time: a stale block's answer depends on what arrived
+                for verdict, seconds in await self._verify_pending(entry, pending, received, stream):
                     yield verdict, seconds
                     progress = time.monotonic()
-                if not answered:
-                    break  # only stale blocks were left
-            for key in [k for k in received if k[0] < entry.session.epoch]:
-                del received[key]  # stale blocks a chain consumed without answering
 
     def _check_routing(self, context) -> None:
         """A resume or a next turn names the replica that holds its session; one that names another
@@ -568,9 +562,9 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             entry = await self._new_session(self._parse_request(request), 0, self._owner(context))
             session = entry.session
             while not session.done:
-                key = (session.epoch, len(session.tokens))
                 (verdict, seconds), = await self._verify_pending(
-                    entry, [PendingBlock(*key, drafts=[])], {key: (time.perf_counter(), 0)}, entry.stream
+                    entry, [PendingBlock(session.epoch, len(session.tokens), [])], deque([(time.perf_counter(), 0)]),
+                    entry.stream,
                 )
                 encoded = codec.encode_tokens([verdict.token] if verdict.token is not None else [], self.engine.vocab_size)
                 yield self._count_out(

@@ -5,9 +5,18 @@ Transport-agnostic: the gRPC servicer and the in-process decoder both drive a
 ``more_follows`` is continued by the next one, so when all its drafts are
 accepted no bonus is sampled; the distribution the bonus would come from is
 kept and checks the next block's first draft. A chain of pending blocks is
-verified in one target forward. Blocks of an older epoch are stale and
-dropped before any forward. Blocks that do not continue the committed state
-(an epoch ahead, a wrong start position, too long, after the end) are refused
+verified in one target forward.
+
+Every block gets exactly one verdict, in order. A block is *stale* when it is
+of an older epoch (drafted past a correction the edge had not seen yet) or
+does not continue the committed tokens; it is answered without verification,
+and when no usable block waits behind it the cloud decodes the next token
+alone for it (a rejection then costs no idle round trip: the cloud decodes
+while the edge's next block is on its way). A block may start before the next
+position when its first drafts guess such tokens: the ones the committed
+tokens match are skipped, the rest verified. Blocks that break the protocol
+(an epoch ahead, a position outside the session's, too long, malformed
+branches, after the end) are refused
 with ``BlockRejected``; the session never trusts the caller.
 
 Work that needs the target comes in two forms: ``*_steps`` generators yield
@@ -20,7 +29,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -67,16 +76,20 @@ class VerifierSession:
         max_new_tokens: int,
         max_draft_len: int,
         max_branches: int = 0,
+        decode_stale: bool = True,
         prefill: bool = True,
     ) -> None:
         """``prefill``: read the prompt now; False leaves it to ``prefill_steps`` (the scheduler's way).
-        ``max_branches``: hedge branches a block may carry (greedy and coupled modes)."""
+        ``max_branches``: hedge branches a block may carry (greedy and coupled modes).
+        ``decode_stale``: a stale block with no usable block pending behind it gets the next token
+        decoded alone (False: it is answered empty, without a forward)."""
         _check_request(engine, prompt, max_new_tokens)
         self.engine = engine
         self.params = params
         self.max_new_tokens = max_new_tokens
         self.max_draft_len = max_draft_len
         self.max_branches = max_branches
+        self.decode_stale = decode_stale
         self.tokens = [int(t) for t in prompt]
         self.prompt_len = len(self.tokens)
         self.epoch = 0
@@ -149,51 +162,50 @@ class VerifierSession:
         self, epoch: int, start_position: int, drafts: Sequence[int], q: Sequence[SparseDist] | None = None
     ) -> Verdict:
         """Verify one block (no ``more_follows``) in one target forward and commit its outcome."""
-        verdicts = self.verify_chain([PendingBlock(epoch, start_position, [int(t) for t in drafts], q and list(q))])
-        if not verdicts:
-            raise BlockRejected(f"stale block: epoch {epoch}, session is at epoch {self.epoch}")
-        return verdicts[0]
-
-    def take_chain(self, pending: list[PendingBlock]) -> list[PendingBlock]:
-        """Remove from the front of ``pending`` the stale blocks and the chain to verify next.
-
-        The chain is the current-epoch blocks up to and including the first one
-        without ``more_follows``; blocks after it stay pending. Raises
-        ``BlockRejected`` for a block that cannot continue the committed state.
-        """
-        while pending and pending[0].epoch < self.epoch:
-            pending.pop(0)  # stale: drafted past a correction the edge had not seen yet
-        chain: list[PendingBlock] = []
-        position = len(self.tokens)
-        while pending:
-            block = pending[0]
-            if block.epoch < self.epoch:
-                break  # cannot happen within one epoch's chain; left for the next call
-            self._check(block, position)
-            chain.append(pending.pop(0))
-            position += len(block.drafts)
-            if not block.more_follows:
-                break
-        return chain
+        block = PendingBlock(epoch, start_position, [int(t) for t in drafts], q and list(q))
+        if self._overlap(block) is None:
+            raise BlockRejected(f"stale block: epoch {epoch} at position {start_position}, the session is at "
+                                f"epoch {self.epoch} position {len(self.tokens)}")
+        return self.verify_chain([block])[0]
 
     def verify_chain(self, pending: list[PendingBlock]) -> list[Verdict]:
         """``verify_chain_steps`` run alone."""
         return run_alone(self.verify_chain_steps(pending), self.engine)
 
     def verify_chain_steps(self, pending: list[PendingBlock]) -> Steps:
-        """Verify the next chain of ``pending`` (``take_chain``, which removes it) in one forward.
+        """Answer the front of ``pending`` and remove what was answered (at least one block).
 
-        Returns one verdict per block answered: verification walks the chain in
-        order and stops at the first correction, bonus or end; blocks after a
-        correction are stale (their epoch is now old) and get no verdict.
+        A usable front block (``_overlap``), cut to its drafts past the committed
+        tokens, and the blocks that continue it (``more_follows``, contiguous, this
+        epoch) are verified in one forward; verification walks the chain in order
+        and stops at the first correction, bonus or end, leaving the blocks after
+        it pending (after a correction they are stale). A stale front block gets a
+        stale verdict: with a token decoded alone when no usable block is pending
+        behind it, without one (and no forward) otherwise.
         """
         if self.done:
             raise BlockRejected("session already finished")
         if self.broken:
             raise BlockRejected("the session's last turn failed half-way; reopen it")
-        chain = self.take_chain(pending)
-        if not chain:
+        if not pending:
             return []
+        front = pending[0]
+        self._check(front)
+        skip = self._overlap(front)
+        if skip is None:
+            if not self.decode_stale or any(self._overlap(block) is not None for block in pending[1:]):
+                del pending[0]  # a usable block waits (or the service does not decode for stale blocks)
+                return [Verdict(front.epoch, len(self.tokens), 0, None, False, False, stale=True)]
+            chain = [PendingBlock(self.epoch, len(self.tokens), [])]  # the next token, decoded alone
+        else:
+            chain = [_past(front, skip) if front.drafts else PendingBlock(self.epoch, len(self.tokens), [])]
+            position = chain[0].start_position + len(chain[0].drafts)
+            for block in pending[1:]:
+                if not chain[-1].more_follows or block.epoch != self.epoch or block.start_position != position:
+                    break
+                self._check(block)
+                chain.append(block)
+                position += len(block.drafts)
         started = time.perf_counter()
         drafts = [t for block in chain for t in block.drafts]
         branches = [(block.start_position + at, tokens) for block in chain for at, tokens in block.branches]
@@ -210,6 +222,9 @@ class VerifierSession:
             if not verdict.is_deferred:
                 break
         self._settle(rows[offset] if verdicts[-1].is_deferred else None)
+        del pending[: len(verdicts)]
+        if skip is None:
+            verdicts = [replace(verdicts[0], epoch=front.epoch, stale=True)]
         self.stats.target_forwards = self.forwards
         elapsed = time.perf_counter() - started
         self.verify_s += elapsed
@@ -217,11 +232,14 @@ class VerifierSession:
         return verdicts
 
     # -- internals ---------------------------------------------------------
-    def _check(self, block: PendingBlock, position: int) -> None:
+    def _check(self, block: PendingBlock) -> None:
+        """Refuse a block no honest edge sends (whether it is usable is ``_overlap``'s question)."""
         if block.epoch > self.epoch:
             raise BlockRejected(f"block epoch {block.epoch} is ahead of the session's epoch {self.epoch}")
-        if block.start_position != position:
-            raise BlockRejected(f"block starts at position {block.start_position}, expected {position}")
+        last = self.prompt_len + self.max_new_tokens
+        if not self.prompt_len <= block.start_position <= last:
+            raise BlockRejected(f"block starts at position {block.start_position}, outside the session's "
+                                f"{self.prompt_len}..{last}")
         if len(block.drafts) > self.max_draft_len:
             raise BlockRejected(f"block of {len(block.drafts)} drafts exceeds the limit of {self.max_draft_len}")
         if block.more_follows and not block.drafts:
@@ -237,6 +255,19 @@ class VerifierSession:
             longest = min(self.max_draft_len, MAX_BRANCH_LEN)
             if any(not 1 <= len(tokens) <= longest for _, tokens in block.branches):
                 raise BlockRejected(f"a branch must hold 1 to {longest} tokens")
+
+    def _overlap(self, block: PendingBlock) -> int | None:
+        """How many of ``block``'s drafts the committed tokens already hold, when it is usable: of
+        this epoch, starting at or before the next position, its drafts up to there equal to the
+        committed tokens, with drafts past them (an empty block: any of this epoch). None: stale."""
+        if block.epoch != self.epoch:
+            return None
+        if not block.drafts:
+            return 0  # it asks for the next token, wherever the edge thought that was
+        skip = len(self.tokens) - block.start_position
+        if skip < 0 or skip >= len(block.drafts) or block.drafts[:skip] != self.tokens[block.start_position :]:
+            return None
+        return skip
 
     def _distributions(self, drafts: list[int], branches: list[tuple[int, list[int]]]) -> Steps:
         """Logits [len(drafts) + 1, V] for the positions len(tokens) .. len(tokens) + len(drafts),
@@ -330,6 +361,17 @@ class VerifierSession:
         else:
             self._deferred = None
             self.engine.crop(self.seq, len(self.tokens) - 1)  # everything but the new pending token
+
+
+def _past(block: PendingBlock, skip: int) -> PendingBlock:
+    """``block`` without its first ``skip`` drafts (the committed tokens hold them), its branches on
+    them dropped."""
+    if not skip:
+        return block
+    return PendingBlock(
+        block.epoch, block.start_position + skip, block.drafts[skip:], block.q and block.q[skip:], block.more_follows,
+        tuple((at - skip, tokens) for at, tokens in block.branches if at >= skip),
+    )
 
 
 def _check_request(engine: TargetEngine, prompt: Sequence[int], max_new_tokens: int) -> None:

@@ -23,6 +23,7 @@ import queue
 import statistics
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -65,6 +66,16 @@ _TRANSIENT = {
     grpc.StatusCode.ABORTED,
     grpc.StatusCode.INTERNAL,
 }
+
+
+@dataclass(eq=False)  # compared by identity: the early block is found again in the queue
+class _Sent:
+    """A block sent and not yet answered."""
+
+    at: float  # perf_counter at send
+    start_position: int
+    drafts: int
+    up_bytes: int  # its Draft frame on the wire
 
 
 class _SessionGone(Exception):
@@ -172,12 +183,12 @@ class GrpcVerifier:
         self.resume_ticket = b""
         self.replica = ""  # the verifier replica serving the session (Opened)
         self._lost_at: float | None = None  # when the stream broke, until the first verdict after it
-        # (epoch, start position) -> (sent at, drafts, Draft bytes), for blocks not yet answered.
-        self._in_flight: dict[tuple[int, int], tuple[float, int, int]] = {}
+        # Blocks not yet answered, oldest first: each gets exactly one verdict, in order.
+        self._in_flight: deque[_Sent] = deque()
         self._first_verdict: pb.Verdict | None = None  # the Opened's answer to the first position, not yet received
         self._early_block = None  # while opening: the caller's early block (``open``), a Future
         self._early_lock = threading.Lock()
-        self._early_sent: tuple[int, int] | None = None  # (start, length) of the early block, once sent
+        self._early_sent: _Sent | None = None  # the early block, once sent
         self._early_attempt: object | None = None  # the Open whose early block may still go (until its Opened)
 
     # -- VerifierConnection ------------------------------------------------------
@@ -283,7 +294,7 @@ class GrpcVerifier:
                 before_opened=before_opened,
             )
         )
-        self._in_flight[(epoch, start_position)] = (time.perf_counter(), len(block.tokens), message_wire_bytes(frame))
+        self._in_flight.append(_Sent(time.perf_counter(), start_position, len(block.tokens), message_wire_bytes(frame)))
         self._send(frame)
 
     def receive(self) -> Verdict:
@@ -299,24 +310,22 @@ class GrpcVerifier:
         self.last_cloud_s = message.server_us * 1e-6
         if message.done:  # the total rides on the final verdict only
             self.forwards = self._forwards_offset + message.forwards
-        sent = self._in_flight.pop((message.epoch, message.start_position), None)
-        if sent is None:
+        if not self._in_flight:
             raise VerifierError(f"verdict for a block never sent (epoch {message.epoch}, position {message.start_position})")
-        for key in [k for k in self._in_flight if k[0] < message.epoch]:
-            del self._in_flight[key]  # drafted past a correction: the cloud dropped them
+        sent = self._in_flight.popleft()
         if self._lost_at is not None and self.recoveries:  # the first verdict after a recovery
             self.recoveries[-1].recover_s = arrived - self._lost_at
         self._lost_at = None
-        sent_at, drafts, up_bytes = sent
-        self.rtt_samples_s.append(max(arrived - sent_at - message.server_us * 1e-6, 0.0))
-        self.block_log.append(
-            BlockTiming(
-                forward_tokens=drafts + 1,
-                cloud_s=message.server_us * 1e-6,
-                up_bytes=up_bytes,
-                down_bytes=down_bytes,
+        self.rtt_samples_s.append(max(arrived - sent.at - message.server_us * 1e-6, 0.0))
+        if message.stale:  # answered without its drafts: one token decoded alone, or no forward at all
+            forward_tokens = int(message.HasField("token"))
+        else:  # drafts before the verdict's start were already committed: not in the forward
+            forward_tokens = sent.drafts + 1 - max(message.start_position - sent.start_position, 0)
+        if forward_tokens:
+            self.block_log.append(
+                BlockTiming(forward_tokens=forward_tokens, cloud_s=message.server_us * 1e-6, up_bytes=sent.up_bytes,
+                            down_bytes=down_bytes)
             )
-        )
         try:
             return verdict_from_proto(message)
         except ValueError as exc:
@@ -370,7 +379,7 @@ class GrpcVerifier:
             self.session_id, self.address, opened.max_draft_len, opened.max_blocks_in_flight,
         )
         if self._first_verdict is not None:
-            self._in_flight[(0, len(committed))] = (started, 0, 0)  # as if an empty block went up with the Open
+            self._in_flight.appendleft(_Sent(started, len(committed), 0, 0))  # as if an empty block went up with the Open
         return Resumption(self._terms(opened, self._early_sent), epoch=0, missed=[], reopened=reopening)
 
     def _open_message(self, tokens: Sequence[int], generated: int, **fields) -> pb.Open:
@@ -416,7 +425,7 @@ class GrpcVerifier:
         self.forwards = 1
         log.info("session %s continued: %d tokens kept, %d sent", self.session_id, keep, len(prompt) - keep)
         if self._first_verdict is not None:
-            self._in_flight[(0, len(prompt))] = (started, 0, 0)
+            self._in_flight.appendleft(_Sent(started, len(prompt), 0, 0))
         return Resumption(self._terms(opened, self._early_sent), epoch=0, missed=[])
 
     def _reattach(self, committed: Sequence[int]) -> Resumption:
@@ -446,7 +455,7 @@ class GrpcVerifier:
             )
         self.forwards = self._forwards_offset + opened.forwards  # the session's count so far
         if self._first_verdict is not None:
-            self._in_flight[(opened.epoch, opened.committed_length)] = (started, 0, 0)
+            self._in_flight.appendleft(_Sent(started, opened.committed_length, 0, 0))
         return Resumption(
             self._terms(opened),
             epoch=opened.epoch,
@@ -485,17 +494,17 @@ class GrpcVerifier:
                 if made and self._early_attempt is attempt:  # (this Open's, and its Opened not come yet)
                     block, more_follows = made
                     self.send(0, start_position, block, more_follows, before_opened=True)
-                    self._early_sent = (start_position, len(block.tokens))
+                    self._early_sent = self._in_flight[-1]  # (nothing else is sent before the Opened)
 
         future.add_done_callback(ready)
 
-    def _terms(self, opened: pb.Opened, early: tuple[int, int] | None = None) -> SessionTerms:
-        """The session's terms; ``early``: (start, length) of a block sent before the Opened (the
-        verifier drops it, unanswered, when it exceeds the session's draft length)."""
+    def _terms(self, opened: pb.Opened, early: _Sent | None = None) -> SessionTerms:
+        """The session's terms; ``early``: a block sent before the Opened (the verifier drops it,
+        unanswered, when it exceeds the session's draft length)."""
         max_draft_len = min(self._max_draft_len, opened.max_draft_len)
-        kept = early is not None and early[1] <= max_draft_len and opened.HasField("first_verdict")
-        if early is not None and not kept:
-            self._in_flight.pop((0, early[0]), None)
+        kept = early is not None and early.drafts <= max_draft_len and opened.HasField("first_verdict")
+        if early is not None and not kept and early in self._in_flight:
+            self._in_flight.remove(early)
         # A verifier that predates pipelining sends no window: it takes one block at a time.
         return SessionTerms(
             max_draft_len,

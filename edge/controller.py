@@ -15,11 +15,16 @@ loop reports what it measured and asks for a plan. Moving estimates:
   own time) and the cloud's time on a drafted block;
 - the cloud's seconds per token when it decodes alone (the interval between
   its tokens in a full pipeline: with enough empty blocks in flight the round
-  trip is hidden).
+  trip is hidden);
+- how often a stale block (in flight past a correction) came back with a token
+  the cloud decoded alone (a verifier may not, or may have had the next block
+  already).
 
 It predicts tokens/s for each draft length with the chain arithmetic of
 ``shared.acceptance`` (a chain of pipelined blocks runs until a correction)
-and for cloud decoding (one token per forward), and switches only when the
+plus what the stale blocks past each chain's correction bring
+(``shared.acceptance.stale_expectation``), and for cloud decoding (one token
+per forward), and switches only when the
 other choice is predicted ``hysteresis`` better, so noise does not make it
 flap. A load hint from the cloud caps the draft length.
 """
@@ -28,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shared.acceptance import chain_expectation
+from shared.acceptance import chain_expectation, stale_expectation
 
 __all__ = ["Controller", "Plan", "Ewma", "AcceptanceEstimate", "controller_for", "CLOUD_WINDOW"]
 
@@ -127,6 +132,7 @@ class Controller:
         self.network_s = Ewma()  # a block's trip less the cloud's time on it: uplink, RTT, downlink
         self.block_cloud_s = Ewma()  # the cloud's time on a drafted block
         self.cloud_s_per_token = Ewma()  # seconds per token while the cloud decodes alone
+        self.stale_filled = Ewma(value=1.0)  # share of stale blocks answered with a token
         # The current choice. A session starts drafting (measured here: starting with the cloud decoding
         # alone cost the self-drafting Gemma pair 1.47x instead of 2.2x cloud-only on acespec-50k).
         self.draft_len = max_draft_len
@@ -148,6 +154,10 @@ class Controller:
         else, as the one sent before the Opened, whose trip spans the prefill)."""
         for i in range(min(accepted + 1, drafted)):  # drafts reached: Bernoulli(α_i) trials until a rejection
             self.acceptance.add(i, i < accepted)
+
+    def observe_stale(self, filled: bool) -> None:
+        """A stale block's verdict: with a token the cloud decoded alone, or empty."""
+        self.stale_filled.add(float(filled))
 
     def observe_shadow(self, hit: bool, draft_s: float) -> None:
         """While the cloud decodes alone: would the drafter have proposed the cloud's token?"""
@@ -183,7 +193,11 @@ class Controller:
         draft = draft_len * self.draft_s_per_token.value
         trip = self.network_s.value + verify
         interval = max(draft, verify, (draft + trip) / self.window)
-        return tokens / (draft + trip + (blocks - 1) * interval)
+        stale = min(self.window - 1, int(1 + trip / max(draft, 1e-9)))  # blocks in flight past the correction
+        gap = self.network_s.value + (draft_len + stale) * self.draft_s_per_token.value
+        alone, waited = stale_expectation(alphas, stale, gap, self.cloud_s_per_token.value or verify)
+        share = self.stale_filled.value
+        return (tokens + share * alone) / (draft + trip + (blocks - 1) * interval + share * waited)
 
     def predict_cloud(self) -> float | None:
         """Tokens/s with the cloud decoding alone: one forward a token, the round trip hidden by a

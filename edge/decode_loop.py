@@ -3,10 +3,13 @@
 Up to ``window`` blocks are in flight: while one is verified, the next is
 drafted from the drafter's own unverified tokens and sent with
 ``more_follows`` on the one before it (``window`` 1 is lock-step). A
-correction voids every later block; they were drafted at the old epoch, so
-the verifier drops them, and the loop drafts again from the committed prefix
-plus the correction. Randomness is keyed by absolute position, so where
-drafting pauses or restarts never changes the output.
+correction voids every later block in flight: they were drafted at the old
+epoch, so the verifier answers each as stale, with the next token decoded
+alone while it has no usable block. The loop drafts again from the committed
+prefix plus the correction at once, the first drafts of the new block
+guessing the tokens those stale blocks will bring (the verifier skips the
+ones that match). Randomness is keyed by absolute position, so where drafting
+pauses or restarts never changes the output.
 
 Transport-agnostic: a ``VerifierConnection`` is answered in-process
 (``sim.inprocess``) or over gRPC (``edge.client``). The loop trusts only
@@ -27,7 +30,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from edge.controller import Controller
@@ -149,6 +152,12 @@ class _InFlight:
     draft_s: float = 0.0  # drafting time of this block
     first: bool = False  # the first position, answered with the Open (not a measurement)
     early: bool = False  # sent before the Opened: its trip spans the prefill (only its acceptance is a measurement)
+    void: bool = False  # drafted past a token the verifier did not commit: it will be answered stale
+
+    @property
+    def end(self) -> int:
+        """The position after the last one this block asks about (an empty block asks for one token)."""
+        return self.start_position + max(len(self.block.tokens), 1)
 
 
 def run_decode(
@@ -189,6 +198,7 @@ def run_decode(
     ttft = 0.0
     stop = StopReason.NONE
     cap = draft_len  # the caller's draft length; a resumed session may allow a different one
+    draft_limit = draft_len  # the verifier's limit on a block's drafts (guesses for void blocks' tokens included)
     branches_cap = hedge_width  # (rejection mode's blocks carry q̃, and ``hedge`` leaves them alone)
 
     def commit(tokens: list[int]) -> bool:
@@ -204,8 +214,8 @@ def run_decode(
 
     def adopt(terms: SessionTerms) -> None:
         """Fit the schedule to what the verifier allows."""
-        nonlocal draft_len, window, controller, hedge_width
-        draft_len = min(cap, terms.max_draft_len)
+        nonlocal draft_len, draft_limit, window, controller, hedge_width
+        draft_len, draft_limit = min(cap, terms.max_draft_len), terms.max_draft_len
         hedge_width = min(branches_cap, terms.max_branches)
         window = min(window, terms.max_blocks_in_flight) if draft_len else 1
         if controller is not None and draft_len:
@@ -241,21 +251,21 @@ def run_decode(
             early.settle(kept_early)
 
     try:
-        terms = verifier.open(prompt, params, max_new_tokens, draft_len, early_block=early and early.future)
+        # A block after a correction carries a guess for each void block in flight: room for window - 1 more.
+        terms = verifier.open(prompt, params, max_new_tokens, draft_len + window - 1 if draft_len else 0,
+                              early_block=early and early.future)
         adopt(terms)
-        end = len(prompt)  # the position after the last token committed or in flight
         if terms.answers_first_position:  # the first token comes right after the prefill
-            in_flight.append(_InFlight(epoch, end, DraftBlock([]), False, time.perf_counter(), 0.0, first=True))
+            in_flight.append(_InFlight(epoch, len(prompt), DraftBlock([]), False, time.perf_counter(), 0.0, first=True))
             if early is not None and terms.kept_early_block:
                 kept_early, early_guess = True, early.guess
-                in_flight.append(_InFlight(epoch, end + 1, early.block, early.more_follows, early.sent_at, early.draft_s,
-                                           early=True))
-                end += 1 + len(early.block.tokens)
+                in_flight.append(_InFlight(epoch, len(prompt) + 1, early.block, early.more_follows, early.sent_at,
+                                           early.draft_s, early=True))
         since_plan = 0  # tokens committed since the controller last chose
         leaving_cloud = False  # a switch from cloud decoding to drafting waits for the pipeline to drain
         last_arrival = time.perf_counter()
         while True:
-            if controller is not None and not in_flight:
+            if controller is not None and all(f.void for f in in_flight):  # a new chain starts
                 plan = controller.plan()
                 draft_len, window, since_plan, leaving_cloud = plan.draft_len, plan.window, 0, False
             elif controller is not None and draft_len == 0 and since_plan >= _CLOUD_STRETCH:
@@ -264,12 +274,18 @@ def run_decode(
                 since_plan = 0
                 leaving_cloud = controller.plan().draft_len > 0
             while may_send():
-                produced = end - len(prompt)
+                committed_end = len(prompt) + len(generated)
+                live = [f for f in in_flight if not f.void]
+                # A new chain starts at the committed prefix; its first drafts guess the tokens the
+                # void blocks in flight will bring (each at most one, decoded alone by the verifier).
+                start = live[-1].end if live else committed_end
+                guesses = 0 if live else len(in_flight)
+                produced = start - len(prompt)
                 if produced >= max_new_tokens:
                     break
                 room = max_new_tokens - produced - 1  # room for the correction/bonus inside the limit
-                n = min(draft_len, room)
-                if n <= 0 and in_flight and in_flight[-1].block.tokens:
+                n = min(draft_len + guesses if draft_len else 0, room, draft_limit)
+                if n <= 0 and live and live[-1].block.tokens:
                     break  # the limit is reached by what is in flight; wait for it
                 settle()
                 drafting = time.perf_counter()
@@ -278,9 +294,8 @@ def run_decode(
                     block = hedge(drafter, block, hedge_width)
                 sent_at = time.perf_counter()
                 more = window > 1 and 0 < len(block.tokens) < room
-                verifier.send(epoch, end, block, more)
-                in_flight.append(_InFlight(epoch, end, block, more, sent_at, sent_at - drafting))
-                end += len(block.tokens) if block.tokens else 1
+                verifier.send(epoch, start, block, more)
+                in_flight.append(_InFlight(epoch, start, block, more, sent_at, sent_at - drafting))
             try:
                 verdict = verifier.receive()
             except LinkLost as lost:
@@ -295,50 +310,68 @@ def run_decode(
                 if halt or resumed.stop_reason is not StopReason.NONE:
                     stop = StopReason.STOP if halt else resumed.stop_reason
                     break
-                epoch, end = resumed.epoch, len(prompt) + len(generated)
+                epoch = resumed.epoch
                 adopt(resumed.terms)
                 if resumed.terms.answers_first_position:
-                    in_flight.append(_InFlight(epoch, end, DraftBlock([]), False, time.perf_counter(), 0.0, first=True))
+                    in_flight.append(_InFlight(epoch, len(prompt) + len(generated), DraftBlock([]), False,
+                                               time.perf_counter(), 0.0, first=True))
                 continue
             sent = in_flight.popleft()
+            committed_end = len(prompt) + len(generated)
+            skip = verdict.start_position - sent.start_position  # drafts the verifier's own tokens already held
+            drafts = sent.block.tokens[skip:] if skip >= 0 else []
+            branches = tuple((at - skip, tokens) for at, tokens in sent.block.branches if at >= skip)
             if (
                 verdict.epoch != sent.epoch
-                or verdict.start_position != sent.start_position
-                or verdict.accepted > len(sent.block.tokens)
+                or verdict.start_position != committed_end
+                or (not verdict.stale and sent.block.tokens and not 0 <= skip <= len(sent.block.tokens))
+                or (verdict.stale and (verdict.accepted or verdict.branch))
+                or verdict.accepted > len(drafts)
                 or (verdict.is_deferred and not sent.more_follows)
-                or not _answers_branch(verdict, sent.block)
+                or not _answers_branch(verdict, branches)
             ):
                 raise ProtocolError(
                     f"verdict for epoch {verdict.epoch} position {verdict.start_position} ({verdict.accepted} accepted) "
-                    f"does not answer the block sent at epoch {sent.epoch} position {sent.start_position}"
+                    f"does not answer the block sent at epoch {sent.epoch} position {sent.start_position} "
+                    f"with {len(generated)} tokens committed"
                 )
-            committed = verdict.committed(sent.block.tokens, sent.block.branches)
-            guesses = sent.block.runner_up
-            if verdict.is_correction and guesses and guesses[verdict.accepted] is not None:
-                stats.record_correction_guess(committed[verdict.accepted] == guesses[verdict.accepted])
-            if sent.block.branches:
-                stats.record_hedges(len(sent.block.branches), verdict.branch > 0,
-                                    len(committed) - verdict.accepted - 1 if verdict.branch else 0)
+            committed = verdict.committed(drafts, branches)
+            if verdict.stale:
+                stats.record_stale(len(committed))
+                if controller is not None:
+                    controller.observe_stale(bool(committed))
+                live = [f for f in in_flight if not f.void]
+                # A block the loop thought usable was stale, or the token decoded alone contradicts a guess
+                # the blocks in flight were chained on: everything in flight is void.
+                if not sent.void or (live and committed and not _expects(live[0], committed_end, committed[0])):
+                    in_flight = _voided(in_flight)
+            else:
+                guesses = sent.block.runner_up[skip:] if sent.block.runner_up else None
+                if verdict.is_correction and guesses and guesses[verdict.accepted] is not None:
+                    stats.record_correction_guess(committed[verdict.accepted] == guesses[verdict.accepted])
+                if branches:
+                    stats.record_hedges(len(branches), verdict.branch > 0,
+                                        len(committed) - verdict.accepted - 1 if verdict.branch else 0)
+                stats.record_round(len(drafts), verdict.accepted, len(committed))
             arrived = time.perf_counter()
-            if controller is not None and not sent.first:
+            if controller is not None and not sent.first and not verdict.stale:
                 # In a stretch the cloud decodes alone, the interval between its tokens is its real rate.
-                interval = arrived - last_arrival if not sent.block.tokens and since_plan > 0 else None
-                _observe(controller, drafter, sent, verdict, committed, verifier.last_cloud_s, since_plan, interval)
+                interval = arrived - last_arrival if not drafts and since_plan > 0 else None
+                _observe(controller, drafter, sent, len(drafts), verdict, committed, verifier.last_cloud_s, since_plan,
+                         interval)
             last_arrival = arrived
             if sent.first and early_guess is not None:
                 hold = committed[:1] != [early_guess] and bool(in_flight)  # the early block rests on a wrong guess:
                 early_guess = None  # it is verified all the same, but nothing is chained on it
             halt = commit(committed)
             since_plan += len(committed)
-            stats.record_round(len(sent.block.tokens), verdict.accepted, len(committed))
             if verdict.done or halt:
                 stop = verdict.stop_reason if verdict.done else StopReason.STOP
                 break
             epoch = next_epoch(epoch, verdict)
             if verdict.is_correction:  # everything in flight was drafted past the corrected token
-                in_flight.clear()
+                in_flight = _voided(in_flight)
             if not in_flight:
-                end = len(prompt) + len(generated)
                 hold = False
             if len(generated) >= max_new_tokens:
                 raise ProtocolError(f"verifier did not stop at the token limit of {max_new_tokens}")
@@ -361,36 +394,53 @@ _CLOUD_STRETCH = 8  # while the cloud decodes alone, the controller chooses agai
 _SHADOW_EVERY = 4  # ... and a drafter slower than half the cloud's pace is measured on every 4th token
 
 
-def _answers_branch(verdict: Verdict, block: DraftBlock) -> bool:
-    """Whether a verdict's branch fields fit the block sent: a branch it had, hung on the draft
-    the verdict rejected, no more of it accepted than it held."""
+def _answers_branch(verdict: Verdict, branches: tuple[tuple[int, list[int]], ...]) -> bool:
+    """Whether a verdict's branch fields fit the block's ``branches`` (indexed from the verdict's
+    start): a branch it had, hung on the draft the verdict rejected, no more of it accepted than it held."""
     if not verdict.branch:
         return verdict.branch_accepted == 0
-    if verdict.branch > len(block.branches):
+    if verdict.branch > len(branches):
         return False
-    at, tokens = block.branches[verdict.branch - 1]
+    at, tokens = branches[verdict.branch - 1]
     return at == verdict.accepted and verdict.branch_accepted < len(tokens)
 
 
 def _may_follow(in_flight: deque[_InFlight], draft_len: int) -> bool:
-    """Whether another block may go now: after a block with more_follows, or after empty
-    blocks when this one is empty too (each asks for one token; none can be corrected)."""
+    """Whether another block may go now: after a block with more_follows, after empty blocks
+    when this one is empty too (each asks for one token; none can be corrected), or as a new
+    chain when everything in flight is void."""
     if not in_flight:
         return True
     last = in_flight[-1]
-    return last.more_follows or (not last.block.tokens and draft_len == 0)
+    return last.void or last.more_follows or (not last.block.tokens and draft_len == 0)
 
 
-def _observe(controller: Controller, drafter: Drafter, sent: _InFlight, verdict: Verdict, committed: list[int],
-             cloud_s: float, since_plan: int, interval_s: float | None) -> None:
-    """Feed one verdict's measurements to the controller (before the drafter commits it)."""
+def _voided(in_flight: deque[_InFlight]) -> deque[_InFlight]:
+    """Every block in flight marked void (the verifier will answer each as stale)."""
+    return deque(replace(f, void=True) for f in in_flight)
+
+
+def _expects(block: _InFlight, position: int, token: int) -> bool:
+    """Whether ``block`` is consistent with ``token`` at ``position``: its draft there is that token,
+    or it does not start before ``position`` (a block chained later stays live)."""
+    index = position - block.start_position
+    return index < 0 or index >= len(block.block.tokens) or block.block.tokens[index] == token
+
+
+def _observe(controller: Controller, drafter: Drafter, sent: _InFlight, drafted: int, verdict: Verdict,
+             committed: list[int], cloud_s: float, since_plan: int, interval_s: float | None) -> None:
+    """Feed one verdict's measurements to the controller (before the drafter commits it); ``drafted``:
+    the block's drafts the verifier verified."""
     trip = time.perf_counter() - sent.sent_at
     if sent.early:
-        controller.observe_acceptance(len(sent.block.tokens), verdict.accepted)
+        controller.observe_acceptance(drafted, verdict.accepted)
+        return
+    if drafted:
+        controller.observe_block(drafted, verdict.accepted, trip, sent.draft_s * drafted / len(sent.block.tokens),
+                                 cloud_s)
         return
     if sent.block.tokens:
-        controller.observe_block(len(sent.block.tokens), verdict.accepted, trip, sent.draft_s, cloud_s)
-        return
+        return  # every draft was already committed: nothing measured
     controller.observe_cloud_token(trip, cloud_s, interval_s)
     if committed and (controller.shadows_every_token() or since_plan % _SHADOW_EVERY == 0):
         started = time.perf_counter()

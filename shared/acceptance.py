@@ -9,7 +9,9 @@ its last value.
 
 from __future__ import annotations
 
-__all__ = ["expected_acceptance_length", "chain_expectation"]
+import math
+
+__all__ = ["expected_acceptance_length", "chain_expectation", "stale_expectation"]
 
 _MAX_FULL_BLOCK_P = 0.999  # a drafter that is never wrong would make chains endless
 
@@ -58,3 +60,21 @@ def chain_expectation(alpha_per_position: list[float], draft_len: int) -> tuple[
     blocks = 1 / (1 - p_full)
     tokens = (blocks - 1) * draft_len + tail / (1 - p_full) + 1
     return blocks, tokens, p_full
+
+
+def stale_expectation(alpha_per_position: list[float], stale_blocks: int, gap_s: float,
+                      one_token_s: float) -> tuple[float, float]:
+    """(tokens, seconds) the blocks in flight past a chain's correction add to the chain.
+
+    They are stale: the cloud answers each with a token it decodes alone (``one_token_s``
+    a forward) while the next chain's first block is on its way (``gap_s``: the correction
+    down, drafting, the block up), as many as fit. That block's first drafts guess those
+    tokens; when one is wrong (probability 1 - Π α_j over them) it is stale too: one more
+    gap, one more token decoded alone.
+    """
+    if stale_blocks <= 0:
+        return 0.0, 0.0
+    filled = min(stale_blocks, math.floor(gap_s / one_token_s)) if one_token_s > 0 else stale_blocks
+    alphas = [min(max(float(a), 0.0), 1.0) for a in alpha_per_position] or [0.0]
+    guessed = math.prod(alphas[min(i, len(alphas) - 1)] for i in range(filled))
+    return filled + (1 - guessed), (1 - guessed) * gap_s

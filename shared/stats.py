@@ -44,6 +44,8 @@ class DecodeStats:
     hedges_sent: int = 0  # hedge branches sent with blocks
     hedges_taken: int = 0  # ... whose guessed correction was the target's (the branch was verified on)
     hedge_tokens: int = 0  # tokens taken branches committed past the correction, the final token included (the gain)
+    stale: int = 0  # blocks answered stale (drafted past a token the verifier did not commit)
+    filled: int = 0  # ... with a token the verifier decoded alone meanwhile
 
     def record_round(self, drafted: int, accepted: int, committed: int) -> None:
         """One verification round: ``committed`` tokens entered the sequence."""
@@ -60,6 +62,12 @@ class DecodeStats:
     def record_recovered(self, committed: int) -> None:
         """``committed`` tokens from rounds whose verdicts a broken link lost (the edge learned them
         on resuming): counted as generated, not as rounds, so they do not skew α."""
+        self.generated += committed
+
+    def record_stale(self, committed: int) -> None:
+        """A stale block's verdict, with ``committed`` (0 or 1) tokens the verifier decoded alone."""
+        self.stale += 1
+        self.filled += committed
         self.generated += committed
 
     def record_correction_guess(self, hit: bool) -> None:
@@ -114,6 +122,8 @@ class DecodeStats:
             "hedges_sent": self.hedges_sent,
             "hedges_taken": self.hedges_taken,
             "hedge_tokens": self.hedge_tokens,
+            "stale": self.stale,
+            "filled": self.filled,
         }
 
     @classmethod

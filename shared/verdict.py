@@ -28,6 +28,12 @@ class Verdict:
     A taken hedge (``branch`` > 0, 1-based): the correction at ``accepted``
     was that branch's first token, and its next ``branch_accepted`` tokens
     were accepted too; ``token`` follows them.
+
+    ``stale``: the block could not be verified (drafted past a token the
+    verifier did not commit) and its drafts are void. ``token``, when set, is
+    the next token the cloud decoded alone at ``start_position`` because it
+    had no usable block (``accepted`` 0, ``bonus``): a rejection costs the
+    cloud no idle round trip. Every block sent gets exactly one verdict.
     """
 
     epoch: int
@@ -39,6 +45,7 @@ class Verdict:
     stop_reason: StopReason = StopReason.NONE
     branch: int = 0
     branch_accepted: int = 0
+    stale: bool = False
 
     @property
     def is_correction(self) -> bool:
@@ -49,11 +56,13 @@ class Verdict:
     @property
     def is_deferred(self) -> bool:
         """Every draft accepted and the bonus left to the next block (``Draft.more_follows``)."""
-        return self.token is None and not self.done
+        return self.token is None and not self.done and not self.stale
 
     def committed(self, drafts, branches=()) -> list[int]:
         """The tokens this verdict appends to the sequence (``branches``: the block's, as
-        (at, tokens) pairs, when it had any)."""
+        (at, tokens) pairs, when it had any), the drafts from ``start_position`` on."""
+        if self.stale:
+            return [] if self.token is None else [int(self.token)]
         out = [int(t) for t in drafts[: self.accepted]]
         if self.branch:
             out += [int(t) for t in branches[self.branch - 1][1][: 1 + self.branch_accepted]]

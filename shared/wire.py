@@ -229,6 +229,7 @@ def verdict_to_proto(verdict: Verdict, *, seconds: float = 0.0, forwards: int = 
         forwards=forwards,
         branch=verdict.branch,
         branch_accepted=verdict.branch_accepted,
+        stale=verdict.stale,
     )
     if verdict.token is not None:
         message.token = verdict.token
@@ -246,4 +247,5 @@ def verdict_from_proto(message: pb.Verdict) -> Verdict:
         stop_reason=stop_reason_from_proto(message.stop_reason),
         branch=message.branch,
         branch_accepted=message.branch_accepted,
+        stale=message.stale,
     )

@@ -79,18 +79,30 @@ def test_acceptance_is_estimated_per_position_and_forgets():
 def test_one_unlucky_first_block_does_not_give_drafting_up():
     c = Controller(max_draft_len=6, window=2, cloud_window=16, hysteresis=0.0)
     c.observe_block(drafted=6, accepted=0, trip_s=0.25, draft_s=0.08, cloud_s=0.16)
-    c.observe_cloud_token(trip_s=0.25, cloud_s=0.13, interval_s=0.13)
+    c.observe_cloud_token(trip_s=0.25, cloud_s=0.10, interval_s=0.10)
     assert c.plan().draft_len > 0  # (shorter blocks, perhaps: that costs no round trip)
-    for _ in range(12):  # but a drafter that keeps missing does
+    # But a drafter that keeps missing does. (Not by much: its stale blocks bring tokens the cloud
+    # decodes alone: it makes 0.79 of the cloud's rate here, 0.38 without them.)
+    for _ in range(12):
         c.observe_block(drafted=6, accepted=0, trip_s=0.25, draft_s=0.08, cloud_s=0.16)
     assert c.plan().draft_len == 0
+
+
+def test_stale_blocks_answered_empty_make_drafting_look_no_better_than_it_is():
+    c = Controller(max_draft_len=4, window=3, cloud_window=16)
+    for _ in range(20):
+        c.observe_block(drafted=4, accepted=1, trip_s=0.3, draft_s=0.04, cloud_s=0.1)
+    with_tokens = c.predict_drafting(4)
+    for _ in range(30):  # a verifier run with --stale-blocks drop
+        c.observe_stale(False)
+    assert c.predict_drafting(4) < 0.9 * with_tokens
 
 
 def test_hysteresis_keeps_a_choice_that_is_nearly_as_good():
     def measured(hysteresis: float) -> Controller:
         c = Controller(max_draft_len=4, window=2, cloud_window=16, hysteresis=hysteresis)
         for _ in range(20):
-            c.observe_block(drafted=4, accepted=2, trip_s=0.2, draft_s=0.04, cloud_s=0.1)
+            c.observe_block(drafted=4, accepted=1, trip_s=0.2, draft_s=0.04, cloud_s=0.1)
         c.draft_len = 3
         return c
 
@@ -191,6 +203,6 @@ def test_switching_over_grpc_is_token_identical(tiny_engine, tiny_models, tiny_v
         link = GrpcVerifier(verifier.address, vocab_size=tiny_vocab[0], fingerprint=tiny_vocab[1])
         got = run_decode(drafter, link, prompt, params, max_new_tokens=60, draft_len=4, window=2, controller=controller)
         assert got.tokens == want.tokens and len(controller.plans) >= 3
-        assert len(link.rtt_samples_s) == got.stats.rounds
+        assert len(link.rtt_samples_s) == got.stats.rounds + got.stats.stale
     finally:
         drafter.close()

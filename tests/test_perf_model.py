@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from shared.acceptance import stale_expectation
 from sim.link.emulator import DirectionConfig, LinkConfig
 from sim.link.scenario import list_scenarios, load_scenario
 from sim.perf.model import (
@@ -74,9 +75,25 @@ def test_pipelined_chain_by_hand():
     draft, verify = 0.020, 0.050 + 0.001 * 3
     trip = 0.1 + verify
     chain = draft + trip + (blocks - 1) * max(draft, verify, (draft + trip) / 2)
-    assert p.tokens_per_s == pytest.approx(tokens / chain)
-    assert p.cloud_s_per_token == pytest.approx(blocks * verify / tokens)
-    assert p.acceptance_length == pytest.approx(tokens / blocks)
+    unfilled = predict_pipelined(t, link, 2, 2, decode_stale=False)  # a verifier run with --stale-blocks drop
+    assert unfilled.tokens_per_s == pytest.approx(tokens / chain)
+    assert unfilled.cloud_s_per_token == pytest.approx(blocks * verify / tokens)
+    assert unfilled.acceptance_length == pytest.approx(tokens / blocks)
+    # The one block in flight past the correction is stale: within the gap (the RTT and drafting the next
+    # block, 2 drafts and 1 guess) the cloud decodes one token alone (51 ms) for it. The guess is right half
+    # the time; else that block is stale too: one more gap, one more token decoded alone.
+    gap, one = 0.1 + 3 * 0.010, 0.051
+    alone, waited = 1 + 0.5, 0.5 * gap
+    assert p.tokens_per_s == pytest.approx((tokens + alone) / (chain + waited))
+    assert p.cloud_s_per_token == pytest.approx((blocks * verify + alone * one) / (tokens + alone))
+    assert p.tokens_per_s > unfilled.tokens_per_s
+
+
+def test_stale_blocks_bring_as_many_tokens_as_fit_in_the_gap():
+    # Three stale blocks, room for two forwards: two tokens; both guesses right with 0.9 * 0.9.
+    assert stale_expectation([0.9], 3, gap_s=0.10, one_token_s=0.04) == pytest.approx((2 + 0.19, 0.19 * 0.10))
+    assert stale_expectation([0.9], 0, gap_s=1.0, one_token_s=0.01) == (0.0, 0.0)
+    assert stale_expectation([1.0, 0.0], 5, gap_s=1.0, one_token_s=0.01) == pytest.approx((5 + 1, 1.0))
 
 
 def test_pipelining_helps_when_the_round_trip_dominates_and_window_1_is_lockstep():
@@ -85,10 +102,14 @@ def test_pipelining_helps_when_the_round_trip_dominates_and_window_1_is_lockstep
     assert predict_pipelined(t, slow, 6, 1) == predict_split(t, slow, 6)
     speeds = [predict_pipelined(t, slow, 6, w).tokens_per_s for w in (1, 2, 3, 4)]
     assert speeds[0] < speeds[1] < speeds[2] <= speeds[3]
-    # A drafter that is never right gains nothing from blocks in flight: each chain is one block.
+    # A drafter that is never right gains nothing from blocks in flight: each chain is one block ...
     never = _timings(alpha_per_position=[0.0])
-    assert predict_pipelined(never, slow, 6, 4).tokens_per_s == pytest.approx(
-        1 / (6 * 0.010 + slow.up_s(never.up_bytes(6)) + 0.6 + never.verify_s(7) + slow.down_s(30.0)))
+    trip = 6 * 0.010 + slow.up_s(never.up_bytes(6)) + 0.6 + never.verify_s(7) + slow.down_s(30.0)
+    assert predict_pipelined(never, slow, 6, 4, decode_stale=False).tokens_per_s == pytest.approx(1 / trip)
+    # ... but its three stale blocks bring a token each, decoded alone while the next chain is on its way
+    # (its guess is wrong too: one more gap, one more token).
+    gap = slow.down_s(30.0) + 0.6 + 9 * 0.010 + slow.up_s(never.up_bytes(6))
+    assert predict_pipelined(never, slow, 6, 4).tokens_per_s == pytest.approx((1 + 3 + 1) / (trip + gap))
 
 
 def test_loss_stall_and_segments_by_hand():

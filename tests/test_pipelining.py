@@ -89,7 +89,7 @@ def test_a_deferred_bonus_is_answered_by_an_empty_block_without_a_forward(tiny_e
     assert next_round.token == want[9] and session.tokens[p:] == want[:10]
 
 
-def test_a_rejection_voids_the_blocks_after_it_which_are_dropped_before_any_forward(tiny_engine, greedy_path):
+def test_a_rejection_voids_the_blocks_after_it_which_the_cloud_answers_with_tokens_of_its_own(tiny_engine, greedy_path):
     prompt, want = greedy_path
     session = new_session(tiny_engine, prompt)
     p = len(prompt)
@@ -99,12 +99,55 @@ def test_a_rejection_voids_the_blocks_after_it_which_are_dropped_before_any_forw
     verdicts = session.verify_chain(pending)
     assert [(v.accepted, v.token, v.is_correction) for v in verdicts] == [(2, want[2], True)]
     assert session.epoch == 1 and session.tokens[p:] == want[:3]
-    # The next block the edge drafted before it saw the correction arrives: stale, no forward, no verdict.
+    assert len(pending) == 1  # the block after the correction stays pending: it is stale now
+    # Nothing usable waits behind it: the cloud decodes the next token alone and answers the stale block with it.
+    (filled,) = session.verify_chain(pending)
+    assert (filled.stale, filled.epoch, filled.start_position, filled.token) == (True, 0, p + 3, want[3])
+    assert not filled.is_correction and session.epoch == 1 and not pending
+    # The edge drafted again from the correction; its first draft guesses the token decoded alone. A stale
+    # block still ahead of it is answered without a forward (a usable block waits), then it is verified past
+    # the guess it got right.
     forwards = session.forwards
-    late = [PendingBlock(0, p + 8, want[8:10], more_follows=False)]
-    assert session.verify_chain(late) == [] and session.forwards == forwards and not late
-    (resumed,) = session.verify_chain([PendingBlock(1, p + 3, want[3:6])])
-    assert resumed.token == want[6] and session.tokens[p:] == want[:7]
+    pending = [PendingBlock(0, p + 8, want[8:10]), PendingBlock(1, p + 3, want[3:8])]
+    (dropped,) = session.verify_chain(pending)
+    assert dropped.stale and dropped.token is None and session.forwards == forwards and len(pending) == 1
+    (verified,) = session.verify_chain(pending)
+    assert (verified.start_position, verified.accepted, verified.token) == (p + 4, 4, want[8])
+    assert session.tokens[p:] == want[:9] and session.forwards == forwards + 1
+    # A service that does not decode for stale blocks answers them empty, without a forward.
+    session = VerifierSession(tiny_engine, prompt, GREEDY, max_new_tokens=64, max_draft_len=16, decode_stale=False)
+    forwards = session.forwards
+    (empty,) = session.verify_chain([PendingBlock(0, p + 8, want[8:10])])
+    assert empty.stale and empty.token is None and session.forwards == forwards and session.tokens[p:] == []
+
+
+def test_a_block_that_does_not_continue_the_committed_tokens_is_stale(tiny_engine, greedy_path):
+    prompt, want = greedy_path
+    q = len(prompt) + 2  # the next position once two tokens are committed
+
+    def two_committed() -> VerifierSession:
+        session = new_session(tiny_engine, prompt)
+        session.verify_chain([PendingBlock(0, len(prompt), [want[0]])])  # accepted, then the bonus
+        assert len(session.tokens) == q
+        return session
+
+    wrong = (want[1] + 1) % tiny_engine.vocab_size
+    for block in (
+        PendingBlock(0, q - 1, [wrong, want[2], want[3]]),  # its guess for a committed token is wrong
+        PendingBlock(0, q + 2, want[4:7]),  # it starts past the next position (chained on drafts not verified)
+        PendingBlock(0, q - 2, want[:2]),  # every draft is committed already: nothing to verify
+    ):
+        session = two_committed()
+        (verdict,) = session.verify_chain([block])
+        assert (verdict.stale, verdict.start_position, verdict.token) == (True, q, want[2]), block
+    session = two_committed()  # an empty block asks for the next token, wherever the edge thought that was
+    (verdict,) = session.verify_chain([PendingBlock(0, q + 5, [])])  # (tokens decoded alone came first)
+    assert not verdict.stale and (verdict.start_position, verdict.token) == (q, want[2])
+    session = two_committed()  # right guesses for the committed tokens: verified past them
+    (verdict,) = session.verify_chain([PendingBlock(0, q - 2, want[:5])])
+    assert not verdict.stale and (verdict.start_position, verdict.accepted, verdict.token) == (q, 3, want[5])
+    with pytest.raises(BlockRejected, match="outside the session's"):  # no honest edge drafts inside the prompt
+        two_committed().verify_chain([PendingBlock(0, len(prompt) - 1, [prompt[-1], *want[:3]])])
 
 
 def test_the_token_limit_and_eos_end_a_generation_inside_a_chain(tiny_engine, greedy_path):
@@ -132,10 +175,9 @@ def test_the_token_limit_and_eos_end_a_generation_inside_a_chain(tiny_engine, gr
     [
         (PendingBlock(1, 0, [5]), "ahead"),
         (PendingBlock(0, 0, [], more_follows=True), "empty block"),
-        (PendingBlock(0, 999, [5]), "expected"),
         (PendingBlock(0, 0, [5] * 17), "exceeds"),
     ],
-    ids=["epoch-ahead", "empty-more-follows", "wrong-position", "too-long"],
+    ids=["epoch-ahead", "empty-more-follows", "too-long"],
 )
 def test_blocks_that_cannot_continue_the_session_are_refused(tiny_engine, greedy_path, block, message):
     prompt, _ = greedy_path
@@ -197,8 +239,35 @@ def test_pipelined_edge_over_grpc_is_token_identical(tiny_engine, tiny_vocab, dr
             link = GrpcVerifier(verifier.address, vocab_size=tiny_vocab[0], fingerprint=tiny_vocab[1])
             got = run_decode(drafter, link, prompt, params, max_new_tokens=32, draft_len=draft_len, window=window)
             assert got.tokens == want.tokens, f"D={draft_len} W={window}"
-            assert len(link.rtt_samples_s) == got.stats.rounds == len(link.block_log)
-            assert got.stats.target_forwards <= got.stats.rounds + 1
+            assert len(link.rtt_samples_s) == got.stats.rounds + got.stats.stale
+            assert len(link.block_log) == got.stats.rounds + got.stats.filled  # a dropped block had no forward
+            assert got.stats.target_forwards <= got.stats.rounds + got.stats.filled + 1
+
+
+@pytest.mark.parametrize("stale_blocks", ["decode", "drop"])
+def test_stale_blocks_come_back_with_tokens_the_cloud_decoded_alone(tiny_engine, tiny_vocab, drafters, stale_blocks):
+    """A rejection while later blocks are in flight, over gRPC: each stale block gets one verdict, with
+    the next token decoded alone (``--stale-blocks drop``: empty), and the next chain's guesses for those
+    tokens are skipped where right. The output is target-only's either way."""
+    from cloud.limits import ServiceLimits
+    from cloud.server import BackgroundServer, ServerConfig
+
+    drafter = drafters["drafter_noisy"]
+    totals = Counter()
+    limits = ServiceLimits(decode_stale=stale_blocks == "decode")
+    with BackgroundServer(tiny_engine, ServerConfig(port=0, limits=limits)) as server:
+        for text, seed in itertools.product(TEXTS, (1, 2)):
+            prompt = tiny_prompt(tiny_engine, text)
+            params = SamplingParams(mode=Mode.COUPLED, temperature=0.9, seed=seed)
+            want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=32, draft_len=0)
+            link = GrpcVerifier(server.address, vocab_size=tiny_vocab[0], fingerprint=tiny_vocab[1])
+            got = run_decode(drafter, link, prompt, params, max_new_tokens=32, draft_len=3, window=4)
+            assert got.tokens == want.tokens, f"seed {seed}"
+            stats = got.stats
+            assert stats.generated == len(got.tokens) and stats.target_forwards <= stats.rounds + stats.filled + 1
+            totals.update(stale=stats.stale, filled=stats.filled, corrections=stats.corrections_guessed)
+    assert totals["corrections"] > 0 and totals["stale"] > 0
+    assert totals["filled"] > 0 if stale_blocks == "decode" else totals["filled"] == 0
 
 
 def test_the_cloud_bounds_blocks_in_flight(tiny_engine, greedy_path):
@@ -325,7 +394,7 @@ def test_the_first_block_leaves_before_the_opened(tiny_engine, tiny_models, tiny
     class Watching(GrpcVerifier):
         def send(self, epoch, start_position, block, more_follows, *, before_opened=False):
             sent.append((before_opened, start_position, len(block.tokens)))
-            super().send(epoch, start_position, block, more_follows, before_opened=before_opened)
+            return super().send(epoch, start_position, block, more_follows, before_opened=before_opened)
 
         def _send_early_block(self, start_position):  # over loopback the Opened could beat the drafting
             super()._send_early_block(start_position)

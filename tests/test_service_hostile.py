@@ -268,8 +268,8 @@ BAD_DRAFTS = {
                            INVALID, f"limit is {codec.MAX_PAYLOAD_BYTES}"),
     "block-too-long": (lambda c: [token_draft(0, c.P, [7] * (MAX_DRAFT_LEN + 1), c.V)],
                        INVALID, f"has {MAX_DRAFT_LEN + 1} tokens, limit is {MAX_DRAFT_LEN}"),
-    "wrong-start-position": (lambda c: [token_draft(0, c.P + 3, [7, 8], c.V)],
-                             INVALID, "block starts at position"),
+    "start-position-before-the-prompt-ends": (lambda c: [token_draft(0, c.P - 1, [7, 8], c.V)],
+                                              INVALID, "block starts at position"),
     "start-position-2**64-1": (lambda c: [token_draft(0, 2**64 - 1, [7], c.V)],
                                INVALID, f"starts at position {2**64 - 1}"),
     "future-epoch": (lambda c: [token_draft(3, c.P, [7, 8], c.V)],
@@ -403,7 +403,7 @@ def test_requested_block_limit_below_the_servers_is_enforced(stub, tiny_vocab, p
     assert got == grpc.StatusCode.OK and responses[0].opened.max_draft_len == MAX_DRAFT_LEN
 
 
-def test_past_epoch_is_dropped_and_the_session_goes_on(stub, tiny_vocab, prompt, want):
+def test_past_epoch_blocks_are_answered_stale_and_the_session_goes_on(stub, tiny_vocab, prompt, want):
     V, P = tiny_vocab[0], len(prompt)
     talk = Conversation(stub)
     talk.send(open_frame(tiny_vocab, prompt))
@@ -412,14 +412,20 @@ def test_past_epoch_is_dropped_and_the_session_goes_on(stub, tiny_vocab, prompt,
     talk.send(token_draft(0, P, [(want[0] + 1) % V], V))
     first = talk.receive().verdict
     assert (first.epoch, first.start_position, first.accepted, first.token, first.bonus) == (0, P, 0, want[0], False)
-    # Blocks of the old epoch (a pipelined edge has such in flight) are dropped silently ...
+    # Blocks of the old epoch (a pipelined edge has such in flight; one is garbage, never decoded) are each
+    # answered stale, with the next token decoded alone while nothing usable is pending, or empty.
     talk.send(token_draft(0, P + 1, [want[1]], V))
-    talk.send(token_draft(0, P + 1, [(want[1] + 1) % V, 9, 9], V))
-    # ... so the next frame on the stream is the verdict for the next correct block.
-    talk.send(token_draft(1, P + 1, want[1:3], V))
+    talk.send(raw_draft(0, P + 1, b"\xff" * 7))
+    talk.send(token_draft(1, P + 1, want[1:6], V))  # its first drafts guess those tokens
+    stale = [talk.receive().verdict for _ in range(2)]
+    filled = [v.token for v in stale if v.HasField("token")]
+    assert all(v.stale and v.epoch == 0 and v.accepted == 0 for v in stale)
+    assert filled == want[1 : 1 + len(filled)]
+    assert [v.start_position for v in stale] == [P + 1, P + 1 + stale[0].HasField("token")]
+    # The next correct block is verified past the tokens decoded alone.
     second = talk.receive().verdict
-    assert (second.epoch, second.start_position, second.accepted, second.token, second.bonus) == (
-        1, P + 1, 2, want[3], True)
+    assert not second.stale and (second.epoch, second.start_position, second.accepted, second.token) == (
+        1, P + 1 + len(filled), 5 - len(filled), want[6])
     talk.send(CLOSE)
     assert talk.finish() == (grpc.StatusCode.OK, [])
 

@@ -2,7 +2,7 @@
 
 Contract. Pure arithmetic on explicit inputs (`Timings`, `NetworkModel`, a draft
 length); the only I/O is reading a hardware profile TOML in `load_hardware`.
-It models the loop as it is today, **not pipelined**: one round is
+A lock-step round (``predict_split``; pipelined chains: ``predict_pipelined``) is
 
     draft D tokens on the edge      D * t_draft
     send one Draft frame up         serialization + expected loss stall
@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from shared.acceptance import chain_expectation, expected_acceptance_length
+from shared.acceptance import chain_expectation, expected_acceptance_length, stale_expectation
 from shared.wire import http2_framed_size
 from sim.package_data import list_shipped, load_toml
 
@@ -228,7 +228,8 @@ def first_token_s(timings: Timings, link: NetworkModel, first_message_bytes: flo
     return link.up_s(timings.open_up_bytes) + link.rtt_s + timings.prefill_s + link.down_s(first_message_bytes)
 
 
-def predict_pipelined(timings: Timings, link: NetworkModel, draft_len: int, window: int) -> Prediction:
+def predict_pipelined(timings: Timings, link: NetworkModel, draft_len: int, window: int,
+                      decode_stale: bool = True) -> Prediction:
     """Split decoding with up to `window` blocks of `draft_len` drafts in flight (window 1: lock-step).
 
     A *chain* of blocks runs from one correction to the next: each block is
@@ -239,14 +240,18 @@ def predict_pipelined(timings: Timings, link: NetworkModel, draft_len: int, wind
     downlink) = L; every later block adds the pipeline's interval
     max(draft, verify, (draft + L) / window): the drafter, the verifier and
     the window each bound how fast blocks flow. Blocks in flight past the
-    failing one are sent for nothing (uplink bytes only). Coalesced forwards
-    are not modelled (each block is charged its own).
+    failing one are stale: the cloud answers each with a token it decodes
+    alone while the next chain's first block is on its way
+    (``shared.acceptance.stale_expectation``; ``decode_stale`` False: a
+    verifier run with ``--stale-blocks drop``). Coalesced forwards are not
+    modelled (each block is charged its own).
     """
     if window < 1:
         raise ValueError(f"window must be >= 1, got {window}")
     if window == 1 or draft_len == 0:
         return predict_split(timings, link, draft_len)
-    blocks, tokens, p_full = chain_expectation(timings.alpha_per_position or [0.0], draft_len)
+    alphas = timings.alpha_per_position or [0.0]
+    blocks, tokens, p_full = chain_expectation(alphas, draft_len)
     draft = draft_len * timings.draft_s_per_token
     up_bytes = timings.up_bytes(draft_len)
     verify = timings.verify_s(draft_len + 1)
@@ -258,17 +263,24 @@ def predict_pipelined(timings: Timings, link: NetworkModel, draft_len: int, wind
     }
     trip = sum(latency.values())
     interval = max(draft, verify, (draft + trip) / window)
-    chain_s = draft + trip + (blocks - 1) * interval
-    wasted_blocks = min(window - 1, 1 + trip / max(draft, 1e-9)) * p_full  # in flight past the failing block
+    in_flight_past = min(window - 1, 1 + trip / max(draft, 1e-9))  # blocks in flight past the failing block
+    stale = math.floor(in_flight_past)
+    gap = latency["downlink"] + link.rtt_s + (draft_len + stale) * timings.draft_s_per_token + latency["uplink"]
+    one = timings.verify_s(1)
+    decoded_alone, waited = stale_expectation(alphas, stale, gap, one) if decode_stale else (0.0, 0.0)
+    chain_s = draft + trip + (blocks - 1) * interval + waited
+    tokens += decoded_alone
+    cloud_s = blocks * verify + decoded_alone * one
+    wasted_blocks = in_flight_past * p_full
     return Prediction(
         draft_len=draft_len,
         tokens_per_s=tokens / chain_s,
         round_s=chain_s / blocks,
         acceptance_length=tokens / blocks,
-        cloud_s_per_token=blocks * verify / tokens,
+        cloud_s_per_token=cloud_s / tokens,
         ttft_s=first_token_s(timings, link, timings.down_bytes_per_round),
         up_bytes_per_token=(blocks + wasted_blocks) * up_bytes / tokens,
-        down_bytes_per_token=blocks * timings.down_bytes_per_round / tokens,
+        down_bytes_per_token=(blocks + stale) * timings.down_bytes_per_round / tokens,
         breakdown={"draft": draft, **latency},  # one block's terms; the chain overlaps them
     )
 
