@@ -29,8 +29,10 @@ class ServiceLimits:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
+            if isinstance(value, bool):
+                continue
             if not (value >= 0 if f.name in _MAY_BE_ZERO else value > 0):
                 raise ValueError(f"{f.name} must be {'>= 0' if f.name in _MAY_BE_ZERO else '> 0'}, got {value}")
 
 
-_MAY_BE_ZERO = {"max_branches", "decode_stale"}
+_MAY_BE_ZERO = {"max_branches"}

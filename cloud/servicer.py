@@ -223,12 +223,12 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         self,
         entry: SessionEntry,
         pending: list[PendingBlock],
-        received: deque[tuple[float, int]],
+        received: deque[tuple[float, int, int]],
         stream: int,
     ) -> list[tuple[Verdict, float]]:
         """Verify the next chain of ``pending`` in one forward on the engine thread, observed once.
 
-        ``received``: (arrival time, drafts) of each pending block, in the same order.
+        ``received``: (arrival time, start position, drafts) of each pending block, in the same order.
         ``stream``: the session's stream number this caller holds; once a resume
         has taken the session over, nothing is verified (checked on the engine
         thread, where every change to the session happens).
@@ -252,7 +252,9 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         forwards = session.forwards - forwards_before
         overhead = 0.0
         for i, verdict in enumerate(verdicts):
-            arrived, drafted = received.popleft()
+            arrived, start, drafts = received.popleft()
+            # Verified drafts only: a stale block's were not, drafts before the verdict's start were committed.
+            drafted = 0 if verdict.stale else max(drafts - (verdict.start_position - start), 0)
             seconds = now - arrived
             out.append((verdict, seconds))
             if i == 0:  # the chain shared one forward: its cost and overhead go to its first block
@@ -271,6 +273,14 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                 overhead_s=overhead if i == 0 else 0.0,
             )
         return out
+
+    async def _decode_alone(self, entry: SessionEntry, arrived: float, stream: int) -> tuple[Verdict, float]:
+        """The session's next token, decoded alone (an empty block that arrived at ``arrived``)."""
+        position = len(entry.session.tokens)
+        (answered,) = await self._verify_pending(
+            entry, [PendingBlock(entry.session.epoch, position, [])], deque([(arrived, position, 0)]), stream
+        )
+        return answered
 
     # -- RPCs --------------------------------------------------------------
     async def Decode(self, request_iterator, context):
@@ -302,9 +312,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                 opened = pb.Opened(committed_length=len(entry.session.tokens))
             session = entry.session
             if answer_first:  # the first position, answered from the prefill's last row, rides with the Opened
-                (verdict, seconds), = await self._verify_pending(
-                    entry, [PendingBlock(session.epoch, len(session.tokens), [])], deque([(opened_at, 0)]), stream
-                )
+                verdict, seconds = await self._decode_alone(entry, opened_at, stream)
                 opened.first_verdict.CopyFrom(
                     verdict_to_proto(verdict, seconds=seconds, forwards=session.forwards if verdict.done else 0)
                 )
@@ -399,14 +407,15 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             ) from exc
 
     async def _verdicts(self, entry: SessionEntry, stream: int, frames: asyncio.Queue, ending: list):
-        """Verdicts, with cloud seconds, for the blocks read from ``frames``: each forward takes
-        every block pending (``VerifierSession.verify_chain``).
+        """Verdicts, with cloud seconds, for the blocks read from ``frames``, one per block, in
+        order: each step answers the chain at the front of what is pending, in one forward
+        (``VerifierSession.verify_chain``), or one stale block.
 
         Stops when the edge closes or hangs up (``ending`` gets ``_CLOSE`` or
         ``_EOF``); refuses more than ``max_blocks_in_flight`` blocks waiting.
         """
         pending: list[PendingBlock] = []
-        received: deque[tuple[float, int]] = deque()
+        received: deque[tuple[float, int, int]] = deque()
         idle_s = self.limits.idle_timeout_s
         progress = time.monotonic()  # the last verdict (or the open)
         while not ending:
@@ -423,7 +432,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                 if block is None:
                     continue
                 pending.append(block)
-                received.append((item[1], len(block.drafts)))
+                received.append((item[1], block.start_position, len(block.drafts)))
                 if len(pending) > self.limits.max_blocks_in_flight:
                     raise _Abort(
                         grpc.StatusCode.INVALID_ARGUMENT,
@@ -562,10 +571,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             entry = await self._new_session(self._parse_request(request), 0, self._owner(context))
             session = entry.session
             while not session.done:
-                (verdict, seconds), = await self._verify_pending(
-                    entry, [PendingBlock(session.epoch, len(session.tokens), [])], deque([(time.perf_counter(), 0)]),
-                    entry.stream,
-                )
+                verdict, seconds = await self._decode_alone(entry, time.perf_counter(), entry.stream)
                 encoded = codec.encode_tokens([verdict.token] if verdict.token is not None else [], self.engine.vocab_size)
                 yield self._count_out(
                     pb.GenerateChunk(

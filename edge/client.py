@@ -319,6 +319,8 @@ class GrpcVerifier:
         self.rtt_samples_s.append(max(arrived - sent.at - message.server_us * 1e-6, 0.0))
         if message.stale:  # answered without its drafts: one token decoded alone, or no forward at all
             forward_tokens = int(message.HasField("token"))
+        elif not sent.drafts:  # an empty block: one token, wherever it was asked for
+            forward_tokens = 1
         else:  # drafts before the verdict's start were already committed: not in the forward
             forward_tokens = sent.drafts + 1 - max(message.start_position - sent.start_position, 0)
         if forward_tokens:

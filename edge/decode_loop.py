@@ -82,7 +82,7 @@ class LinkLost(VerifierError):
 class SessionTerms:
     """What the verifier allows a session (its ``Opened``)."""
 
-    max_draft_len: int  # drafts per block
+    max_draft_len: int  # drafts per block (the loop asks for window - 1 more: guesses for stale blocks' tokens)
     max_blocks_in_flight: int  # blocks sent and not yet answered
     answers_first_position: bool = False  # a verdict for the first position comes unasked (an empty block)
     max_branches: int = 0  # hedge branches a block may carry
@@ -103,8 +103,9 @@ class Resumption:
 class VerifierConnection(Protocol):
     """One generation session with a verifier, wherever it runs.
 
-    Verdicts come back in the order the blocks were sent; a block drafted at
-    an epoch older than the session's gets none.
+    Every block sent gets exactly one verdict, in order; one drafted at an
+    epoch older than the session's, or that does not continue the committed
+    tokens, gets a stale one (``Verdict.stale``).
     """
 
     forwards: int  # target forwards the verifier reports for this session, prefill included
@@ -152,7 +153,7 @@ class _InFlight:
     draft_s: float = 0.0  # drafting time of this block
     first: bool = False  # the first position, answered with the Open (not a measurement)
     early: bool = False  # sent before the Opened: its trip spans the prefill (only its acceptance is a measurement)
-    void: bool = False  # drafted past a token the verifier did not commit: it will be answered stale
+    void: bool = False  # drafted past a token the verifier did not commit: likely answered stale (any verdict is taken)
 
     @property
     def end(self) -> int:
@@ -277,7 +278,8 @@ def run_decode(
                 committed_end = len(prompt) + len(generated)
                 live = [f for f in in_flight if not f.void]
                 # A new chain starts at the committed prefix; its first drafts guess the tokens the
-                # void blocks in flight will bring (each at most one, decoded alone by the verifier).
+                # void blocks in flight will bring (each at most one, decoded alone by the verifier:
+                # the session allows window - 1 drafts more than draft_len for them).
                 start = live[-1].end if live else committed_end
                 guesses = 0 if live else len(in_flight)
                 produced = start - len(prompt)
@@ -324,7 +326,8 @@ def run_decode(
             if (
                 verdict.epoch != sent.epoch
                 or verdict.start_position != committed_end
-                or (not verdict.stale and sent.block.tokens and not 0 <= skip <= len(sent.block.tokens))
+                or (not verdict.stale and sent.block.tokens and not _skips(sent, skip, generated[sent.start_position
+                                                                                                 - len(prompt):]))
                 or (verdict.stale and (verdict.accepted or verdict.branch))
                 or verdict.accepted > len(drafts)
                 or (verdict.is_deferred and not sent.more_follows)
@@ -336,15 +339,14 @@ def run_decode(
                     f"with {len(generated)} tokens committed"
                 )
             committed = verdict.committed(drafts, branches)
+            void_now = verdict.is_correction  # everything in flight was drafted past the corrected token
             if verdict.stale:
                 stats.record_stale(len(committed))
                 if controller is not None:
                     controller.observe_stale(bool(committed))
-                live = [f for f in in_flight if not f.void]
                 # A block the loop thought usable was stale, or the token decoded alone contradicts a guess
                 # the blocks in flight were chained on: everything in flight is void.
-                if not sent.void or (live and committed and not _expects(live[0], committed_end, committed[0])):
-                    in_flight = _voided(in_flight)
+                void_now = not sent.void or (bool(committed) and not _expects(in_flight, committed_end, committed[0]))
             else:
                 guesses = sent.block.runner_up[skip:] if sent.block.runner_up else None
                 if verdict.is_correction and guesses and guesses[verdict.accepted] is not None:
@@ -369,8 +371,9 @@ def run_decode(
                 stop = verdict.stop_reason if verdict.done else StopReason.STOP
                 break
             epoch = next_epoch(epoch, verdict)
-            if verdict.is_correction:  # everything in flight was drafted past the corrected token
+            if void_now:
                 in_flight = _voided(in_flight)
+                drafter.rewind()  # the next chain is drafted from the committed tokens
             if not in_flight:
                 hold = False
             if len(generated) >= max_new_tokens:
@@ -415,16 +418,25 @@ def _may_follow(in_flight: deque[_InFlight], draft_len: int) -> bool:
     return last.void or last.more_follows or (not last.block.tokens and draft_len == 0)
 
 
+def _skips(sent: _InFlight, skip: int, committed_since: list[int]) -> bool:
+    """Whether a verifier may skip the first ``skip`` drafts of ``sent``: the tokens committed
+    since its start position are exactly those drafts."""
+    return 0 <= skip <= len(sent.block.tokens) and sent.block.tokens[:skip] == committed_since
+
+
 def _voided(in_flight: deque[_InFlight]) -> deque[_InFlight]:
-    """Every block in flight marked void (the verifier will answer each as stale)."""
+    """Every block in flight marked void (the verifier will most likely answer each as stale)."""
     return deque(replace(f, void=True) for f in in_flight)
 
 
-def _expects(block: _InFlight, position: int, token: int) -> bool:
-    """Whether ``block`` is consistent with ``token`` at ``position``: its draft there is that token,
-    or it does not start before ``position`` (a block chained later stays live)."""
-    index = position - block.start_position
-    return index < 0 or index >= len(block.block.tokens) or block.block.tokens[index] == token
+def _expects(in_flight: deque[_InFlight], position: int, token: int) -> bool:
+    """Whether the live blocks in flight are consistent with ``token`` at ``position``: the one
+    drafted there, if any, drafted that token."""
+    for f in in_flight:
+        index = position - f.start_position
+        if not f.void and 0 <= index < len(f.block.tokens):
+            return f.block.tokens[index] == token
+    return True
 
 
 def _observe(controller: Controller, drafter: Drafter, sent: _InFlight, drafted: int, verdict: Verdict,

@@ -95,6 +95,21 @@ def test_a_hedge_hit_commits_past_the_correction(tiny_engine, greedy_path):
     assert (nxt.accepted, nxt.token) == (4, want[10])
 
 
+def test_branches_of_a_block_whose_first_drafts_are_skipped_are_renumbered(tiny_engine, greedy_path):
+    """A block starting before the next position (its first drafts guessed tokens decoded alone): the
+    branch hung on a skipped draft is dropped, the others count from the verdict's start."""
+    prompt, want = greedy_path
+    session = _session(tiny_engine, prompt)
+    p = len(prompt)
+    session.verify_chain([PendingBlock(0, p, [want[0]])])  # two tokens committed: want[0], then the bonus
+    wrong = (want[3] + 1) % tiny_engine.vocab_size
+    drafts = [want[1], want[2], wrong, want[4]]  # starts at p + 1: draft 0 is committed already
+    hedges = ((0, [(want[1] + 3) % 512]), (2, [want[3], want[4], want[5]]))
+    verdict, = session.verify_chain([PendingBlock(0, p + 1, drafts, branches=hedges)])
+    assert (verdict.start_position, verdict.accepted, verdict.branch, verdict.branch_accepted) == (p + 2, 1, 1, 2)
+    assert verdict.committed(drafts[1:], hedges[1:]) == want[2:7] and session.tokens[p:] == want[:7]
+
+
 def test_a_hedge_miss_is_a_plain_correction(tiny_engine, greedy_path):
     prompt, want = greedy_path
     session = _session(tiny_engine, prompt)

@@ -150,6 +150,64 @@ def test_a_block_that_does_not_continue_the_committed_tokens_is_stale(tiny_engin
         two_committed().verify_chain([PendingBlock(0, len(prompt) - 1, [prompt[-1], *want[:3]])])
 
 
+def test_skipped_drafts_leave_the_same_verification_in_rejection_mode(tiny_engine, drafters):
+    """A block whose first drafts the committed tokens hold is verified exactly as the block without
+    them would be: its q̃ are cut with its drafts (rejection mode's acceptance reads them)."""
+    prompt = tiny_prompt(tiny_engine, TEXTS[1])
+    drafter = drafters["drafter_noisy"]
+    for seed in range(6):
+        params = SamplingParams(mode=Mode.REJECTION, temperature=1.0, top_k=8, seed=seed)
+        drafter.begin(prompt, params)
+        block = drafter.draft(5)
+        twins = [VerifierSession(tiny_engine, prompt, params, max_new_tokens=32, max_draft_len=8) for _ in range(2)]
+        for session in twins:  # the first two tokens decoded alone
+            session.verify_chain([PendingBlock(0, len(prompt), [])])
+            session.verify_chain([PendingBlock(0, len(prompt) + 1, [])])
+        committed = twins[0].tokens[len(prompt):]
+        guessed = [*committed, *block.tokens[2:]]  # guesses right for the two committed positions
+        whole = twins[0].verify_chain([PendingBlock(0, len(prompt), guessed, block.q)])
+        cut = twins[1].verify_chain([PendingBlock(0, len(prompt) + 2, block.tokens[2:], block.q[2:])])
+        assert whole == cut and twins[0].tokens == twins[1].tokens
+    drafter.rewind()
+
+
+def test_a_deferred_bonus_then_a_stale_block_and_a_skip(tiny_engine, greedy_path):
+    """After a chain deferred its bonus, a stale block's token comes from the kept row (no forward),
+    and the next block is verified past its guess for it."""
+    prompt, want = greedy_path
+    session = new_session(tiny_engine, prompt)
+    p = len(prompt)
+    (deferred,) = session.verify_chain([PendingBlock(0, p, want[:3], more_follows=True)])
+    assert deferred.is_deferred and session.tokens[p:] == want[:3]
+    forwards = session.forwards
+    (filled,) = session.verify_chain([PendingBlock(0, p + 9, want[9:11])])  # stale: past the next position
+    assert filled.stale and filled.token == want[3] and session.forwards == forwards
+    (verified,) = session.verify_chain([PendingBlock(0, p + 3, want[3:7])])
+    assert (verified.start_position, verified.accepted, verified.token) == (p + 4, 3, want[7])
+    assert session.tokens[p:] == want[:8]
+
+
+@pytest.mark.parametrize("lie", ["skips-an-uncommitted-draft", "stale-with-accepted-drafts"])
+def test_the_edge_refuses_a_verdict_that_does_not_fit_what_it_sent(tiny_engine, drafters, lie):
+    from dataclasses import replace
+
+    from edge.decode_loop import ProtocolError
+    from sim.inprocess import LocalVerifier
+
+    class Lying(LocalVerifier):
+        def receive(self):
+            verdict = super().receive()
+            if verdict.accepted >= 2 and not verdict.stale:
+                if lie == "skips-an-uncommitted-draft":  # as if the block's first draft had been committed
+                    return replace(verdict, start_position=verdict.start_position + 1, accepted=verdict.accepted - 1)
+                return replace(verdict, stale=True)
+            return verdict
+
+    prompt = tiny_prompt(tiny_engine, TEXTS[0])
+    with pytest.raises(ProtocolError, match="does not answer the block"):
+        run_decode(drafters["drafter_f32"], Lying(tiny_engine), prompt, GREEDY, max_new_tokens=24, draft_len=4, window=2)
+
+
 def test_the_token_limit_and_eos_end_a_generation_inside_a_chain(tiny_engine, greedy_path):
     prompt, want = greedy_path
     session = new_session(tiny_engine, prompt, max_new_tokens=6)
