@@ -210,13 +210,16 @@ class Controller:
             rate = min(rate, self.cloud_window / (self.network_s.value + per_token))
         return rate
 
-    def plan(self) -> Plan:
-        """The choice for the next chain (call when nothing is in flight or a chain just ended)."""
+    def plan(self, drafting_only: bool = False) -> Plan:
+        """The choice for the next chain (call when nothing live is in flight: a chain just ended).
+        ``drafting_only``: within a chain, only its draft length may change (blocks of a chain may
+        differ in length; leaving drafting waits for the chain's end)."""
         # Switching costs a drained pipeline (a round trip) each way: do it on enough evidence only.
         samples = self.acceptance.samples
         settled = self.draft_len != 0 or samples >= _MIN_SAMPLES_TO_LEAVE_CLOUD
         options = {d: self.predict_drafting(d) if settled else None for d in range(1, self.max_draft_len + 1)}
-        options[0] = self.predict_cloud()
+        if not drafting_only:
+            options[0] = self.predict_cloud()
         known = {d: v for d, v in options.items() if v is not None}
         current = known.get(self.draft_len)
         for choice in sorted(known, key=lambda d: (known[d], d), reverse=True):  # the best first

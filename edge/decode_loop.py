@@ -274,6 +274,10 @@ def run_decode(
                 # pipeline; only a switch to drafting waits for the empty blocks still in flight.
                 since_plan = 0
                 leaving_cloud = controller.plan().draft_len > 0
+            elif controller is not None and draft_len > 0 and since_plan >= _CLOUD_STRETCH:
+                # A long chain (a drafter that is seldom wrong) chooses its draft length again on the way.
+                since_plan = 0
+                draft_len = controller.plan(drafting_only=True).draft_len
             while may_send():
                 committed_end = len(prompt) + len(generated)
                 live = [f for f in in_flight if not f.void]
@@ -360,7 +364,7 @@ def run_decode(
                 # In a stretch the cloud decodes alone, the interval between its tokens is its real rate.
                 interval = arrived - last_arrival if not drafts and since_plan > 0 else None
                 _observe(controller, drafter, sent, len(drafts), verdict, committed, verifier.last_cloud_s, since_plan,
-                         interval)
+                         interval, hold)
             last_arrival = arrived
             if sent.first and early_guess is not None:
                 hold = committed[:1] != [early_guess] and bool(in_flight)  # the early block rests on a wrong guess:
@@ -393,7 +397,7 @@ def run_decode(
     return GenerationResult(generated, stop, stats, ttft)
 
 
-_CLOUD_STRETCH = 8  # while the cloud decodes alone, the controller chooses again every this many tokens
+_CLOUD_STRETCH = 8  # within a cloud stretch or a chain, the controller chooses again every this many tokens
 _SHADOW_EVERY = 4  # ... and a drafter slower than half the cloud's pace is measured on every 4th token
 
 
@@ -440,12 +444,13 @@ def _expects(in_flight: deque[_InFlight], position: int, token: int) -> bool:
 
 
 def _observe(controller: Controller, drafter: Drafter, sent: _InFlight, drafted: int, verdict: Verdict,
-             committed: list[int], cloud_s: float, since_plan: int, interval_s: float | None) -> None:
+             committed: list[int], cloud_s: float, since_plan: int, interval_s: float | None, wrong_guess: bool) -> None:
     """Feed one verdict's measurements to the controller (before the drafter commits it); ``drafted``:
     the block's drafts the verifier verified."""
     trip = time.perf_counter() - sent.sent_at
     if sent.early:
-        controller.observe_acceptance(drafted, verdict.accepted)
+        if not wrong_guess:  # (drafted after a first token the target did not pick: measures nothing)
+            controller.observe_acceptance(drafted, verdict.accepted)
         return
     if drafted:
         controller.observe_block(drafted, verdict.accepted, trip, sent.draft_s * drafted / len(sent.block.tokens),

@@ -11,6 +11,8 @@ from edge.ngram_drafter import NgramDrafter
 from shared.params import Mode, SamplingParams
 from sim.inprocess import generate
 
+GREEDY_PARAMS = SamplingParams(mode=Mode.GREEDY)
+
 
 def test_ewma():
     average = Ewma(0.5)
@@ -162,13 +164,53 @@ class Alternating(Controller):
         super().__init__(max_draft_len=4, window=2, cloud_window=8)
         self.plans = []
 
-    def plan(self):
+    def plan(self, drafting_only=False):
         from edge.controller import Plan
 
+        if drafting_only:  # within a chain: keep it
+            return Plan(3, self.window, None)
         cloud = len(self.plans) % 4 in (0, 3)
         made = Plan(0, self.cloud_window, None) if cloud else Plan(3, self.window, None)
         self.plans.append(made.draft_len)
         return made
+
+
+def test_a_long_chain_chooses_its_draft_length_again_on_the_way(tiny_engine, tiny_models):
+    """A drafter that is seldom wrong makes chains that may never end: the draft length is chosen
+    again within the chain (measured: a rejection-mode run kept the 2 chosen after one unlucky first
+    block for all its 64 tokens, at half the speed of D=8)."""
+    from edge.controller import Plan
+
+    class Choosing(Controller):
+        within = 0
+
+        def plan(self, drafting_only=False):
+            if not drafting_only:
+                return Plan(2, self.window, None)
+            self.within += 1
+            return Plan(4, self.window, None)
+
+    drafter = LlamaDrafter(tiny_models["drafter_f32"], n_ctx=512, n_threads=1, f32_kv_cache=True)
+    sent = []
+    try:
+        prompt = tiny_prompt(tiny_engine, "It was the best of times")
+        want = generate(tiny_engine, drafter, prompt, GREEDY_PARAMS, max_new_tokens=40, draft_len=0)
+        controller = Choosing(max_draft_len=4, window=2, cloud_window=8)
+        from sim.inprocess import LocalVerifier
+
+        class Watching(LocalVerifier):
+            def send(self, epoch, start_position, block, more_follows):
+                sent.append(len(block.tokens))
+                super().send(epoch, start_position, block, more_follows)
+
+        from edge.decode_loop import run_decode
+
+        got = run_decode(drafter, Watching(tiny_engine), prompt, GREEDY_PARAMS, max_new_tokens=40, draft_len=4, window=2,
+                         controller=controller)
+        assert got.tokens == want.tokens and controller.within > 0
+        assert 2 in sent and 4 in sent  # the chain went on with the new length
+    finally:
+        drafter.close()
 
 
 @pytest.mark.parametrize("mode", [Mode.GREEDY, Mode.COUPLED, Mode.REJECTION])

@@ -489,6 +489,27 @@ def test_a_wrong_guess_for_the_first_token_holds_the_chain_until_the_early_block
     drafter = ScriptedDrafter(tiny_engine.vocab_size, want, len(prompt), right=False)
     got = generate(tiny_engine, drafter, prompt, GREEDY, max_new_tokens=16, draft_len=3, window=3)
     assert got.tokens == want[:16]
+    # Its verdict measures nothing about the drafter (it was drafted after a token the target did not
+    # pick): the controller's acceptance hears only of the blocks drafted after it.
+    from edge.controller import Controller
+
+    class Counting(Controller):
+        acceptances = blocks = 0
+
+        def observe_acceptance(self, drafted, accepted):
+            self.acceptances += 1
+            super().observe_acceptance(drafted, accepted)
+
+        def observe_block(self, *args, **kwargs):
+            self.blocks += 1
+            super().observe_block(*args, **kwargs)
+
+    controller = Counting(max_draft_len=3, window=3, cloud_window=16)
+    drafter = ScriptedDrafter(tiny_engine.vocab_size, want, len(prompt), right=False)
+    got = generate(tiny_engine, drafter, prompt, GREEDY, max_new_tokens=16, draft_len=3, window=3, controller=controller)
+    assert got.tokens == want[:16] and controller.blocks > 0
+    assert controller.acceptances == controller.blocks  # the early block (answered: a round) fed nothing
+    assert got.stats.rounds > controller.blocks
 
 
 def test_an_early_block_is_dropped_past_the_session_limit_and_refused_past_the_protocol_cap(tiny_engine, tiny_vocab,
