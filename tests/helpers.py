@@ -37,6 +37,18 @@ def tiny_prompt(engine, text: str) -> list[int]:
     return [1, *engine.tokenizer(text, add_special_tokens=False).input_ids]
 
 
+def greedy_continuation(engine, prompt: list[int], n: int = 40) -> list[int]:
+    """The target's own greedy continuation of ``prompt`` (``n`` tokens), decoded one token a forward."""
+    from cloud.session import VerifierSession
+    from shared.params import Mode, SamplingParams
+
+    session = VerifierSession(engine, prompt, SamplingParams(mode=Mode.GREEDY), max_new_tokens=n + 24, max_draft_len=16)
+    tokens = []
+    while len(tokens) < n:
+        tokens.append(session.verify(session.epoch, len(prompt) + len(tokens), []).token)
+    return tokens
+
+
 class ScriptedDrafter:
     """Drafts a wrong token at every position, with a second choice that is the target's own token
     (``right``) or another wrong one: every correction is then a hit, or a miss. Its hedge branches

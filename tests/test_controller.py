@@ -6,10 +6,11 @@ import pytest
 from helpers import tiny_prompt
 
 from edge.controller import AcceptanceEstimate, Controller, Ewma, controller_for
+from edge.decode_loop import run_decode
 from edge.llama_drafter import LlamaDrafter
 from edge.ngram_drafter import NgramDrafter
 from shared.params import Mode, SamplingParams
-from sim.inprocess import generate
+from sim.inprocess import LocalVerifier, generate
 
 GREEDY_PARAMS = SamplingParams(mode=Mode.GREEDY)
 
@@ -196,14 +197,11 @@ def test_a_long_chain_chooses_its_draft_length_again_on_the_way(tiny_engine, tin
         prompt = tiny_prompt(tiny_engine, "It was the best of times")
         want = generate(tiny_engine, drafter, prompt, GREEDY_PARAMS, max_new_tokens=40, draft_len=0)
         controller = Choosing(max_draft_len=4, window=2, cloud_window=8)
-        from sim.inprocess import LocalVerifier
 
         class Watching(LocalVerifier):
             def send(self, epoch, start_position, block, more_follows):
                 sent.append(len(block.tokens))
                 super().send(epoch, start_position, block, more_follows)
-
-        from edge.decode_loop import run_decode
 
         got = run_decode(drafter, Watching(tiny_engine), prompt, GREEDY_PARAMS, max_new_tokens=40, draft_len=4, window=2,
                          controller=controller)
@@ -234,7 +232,6 @@ def test_cloud_decoded_stretches_then_drafting_again(tiny_engine, tiny_models, m
 
 def test_switching_over_grpc_is_token_identical(tiny_engine, tiny_models, tiny_vocab, verifier):
     from edge.client import GrpcVerifier
-    from edge.decode_loop import run_decode
 
     drafter = LlamaDrafter(tiny_models["drafter_noisy"], n_ctx=512, n_threads=1, f32_kv_cache=True)
     try:

@@ -6,7 +6,7 @@ import grpc
 import numpy as np
 import pytest
 import torch
-from helpers import ScriptedDrafter, tiny_prompt
+from helpers import ScriptedDrafter, greedy_continuation, tiny_prompt
 
 from cloud.engine import ForwardItem
 from cloud.session import BlockRejected, PendingBlock, VerifierSession
@@ -32,11 +32,7 @@ TEXT = "The cat sat on the mat and looked at the"
 def greedy_path(tiny_engine):
     """A prompt and the target's own greedy continuation of it (40 tokens)."""
     prompt = tiny_prompt(tiny_engine, TEXT)
-    session = VerifierSession(tiny_engine, prompt, GREEDY, max_new_tokens=64, max_draft_len=16)
-    tokens = []
-    while len(tokens) < 40:
-        tokens.append(session.verify(session.epoch, len(prompt) + len(tokens), []).token)
-    return prompt, tokens
+    return prompt, greedy_continuation(tiny_engine, prompt)
 
 
 # ---------------------------------------------------------------- the tree forward

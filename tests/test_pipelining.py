@@ -8,15 +8,17 @@ import itertools
 import queue
 import time
 from collections import Counter
+from dataclasses import replace
 
 import grpc
 import numpy as np
 import pytest
-from helpers import ScriptedDrafter, exact_distribution, tiny_prompt, total_variation
+from helpers import ScriptedDrafter, exact_distribution, greedy_continuation, tiny_prompt, total_variation
 
 from cloud.session import BlockRejected, PendingBlock, VerifierSession
 from edge.client import GrpcVerifier, VerifierError
-from edge.decode_loop import run_decode
+from edge.controller import Controller
+from edge.decode_loop import ProtocolError, run_decode
 from edge.llama_drafter import LlamaDrafter
 from edge.ngram_drafter import NgramDrafter
 from protos import splitspec_pb2 as pb
@@ -25,7 +27,7 @@ from shared import codec
 from shared.params import Mode, SamplingParams
 from shared.verdict import StopReason
 from shared.wire import sampling_to_proto
-from sim.inprocess import generate
+from sim.inprocess import LocalVerifier, generate
 
 GREEDY = SamplingParams(mode=Mode.GREEDY)
 TEXTS = ["The cat sat on the mat.", "We have 3 dogs and 12 cats!"]
@@ -47,11 +49,21 @@ def drafters(tiny_models, tiny_engine):
 def greedy_path(tiny_engine):
     """A prompt and the target's own greedy continuation of it (40 tokens)."""
     prompt = tiny_prompt(tiny_engine, TEXTS[0])
-    session = VerifierSession(tiny_engine, prompt, GREEDY, max_new_tokens=64, max_draft_len=16)
-    tokens = []
-    while len(tokens) < 40:
-        tokens.append(session.verify(session.epoch, len(prompt) + len(tokens), []).token)
-    return prompt, tokens
+    return prompt, greedy_continuation(tiny_engine, prompt)
+
+
+class CountingController(Controller):
+    """Counts what the loop reports: acceptance (every drafted block's, and the early block's) and blocks."""
+
+    acceptances = blocks = 0
+
+    def observe_acceptance(self, drafted, accepted):
+        self.acceptances += 1
+        super().observe_acceptance(drafted, accepted)
+
+    def observe_block(self, *args, **kwargs):
+        self.blocks += 1
+        super().observe_block(*args, **kwargs)
 
 
 def new_session(engine, prompt, max_new_tokens=64):
@@ -189,11 +201,6 @@ def test_a_deferred_bonus_then_a_stale_block_and_a_skip(tiny_engine, greedy_path
 
 @pytest.mark.parametrize("lie", ["skips-an-uncommitted-draft", "stale-with-accepted-drafts"])
 def test_the_edge_refuses_a_verdict_that_does_not_fit_what_it_sent(tiny_engine, drafters, lie):
-    from dataclasses import replace
-
-    from edge.decode_loop import ProtocolError
-    from sim.inprocess import LocalVerifier
-
     class Lying(LocalVerifier):
         def receive(self):
             verdict = super().receive()
@@ -491,20 +498,7 @@ def test_a_wrong_guess_for_the_first_token_holds_the_chain_until_the_early_block
     assert got.tokens == want[:16]
     # Its verdict measures nothing about the drafter (it was drafted after a token the target did not
     # pick): the controller's acceptance hears only of the blocks drafted after it.
-    from edge.controller import Controller
-
-    class Counting(Controller):
-        acceptances = blocks = 0
-
-        def observe_acceptance(self, drafted, accepted):
-            self.acceptances += 1
-            super().observe_acceptance(drafted, accepted)
-
-        def observe_block(self, *args, **kwargs):
-            self.blocks += 1
-            super().observe_block(*args, **kwargs)
-
-    controller = Counting(max_draft_len=3, window=3, cloud_window=16)
+    controller = CountingController(max_draft_len=3, window=3, cloud_window=16)
     drafter = ScriptedDrafter(tiny_engine.vocab_size, want, len(prompt), right=False)
     got = generate(tiny_engine, drafter, prompt, GREEDY, max_new_tokens=16, draft_len=3, window=3, controller=controller)
     assert got.tokens == want[:16] and controller.blocks > 0
@@ -540,8 +534,6 @@ def test_the_first_token_reaches_the_caller_before_the_main_thread_drafts(tiny_e
     prefill, are not fed to the controller."""
     import threading
 
-    from edge.controller import Controller
-
     events: list[str] = []
     inner = LlamaDrafter(tiny_models["drafter_f32"], n_ctx=512, n_threads=1, f32_kv_cache=True)
     main = threading.current_thread()
@@ -557,18 +549,7 @@ def test_the_first_token_reaches_the_caller_before_the_main_thread_drafts(tiny_e
                 events.append("draft")
             return inner.draft(n)
 
-    class Counting(Controller):
-        acceptances = blocks = 0
-
-        def observe_acceptance(self, drafted, accepted):
-            self.acceptances += 1
-            super().observe_acceptance(drafted, accepted)
-
-        def observe_block(self, *args, **kwargs):
-            self.blocks += 1
-            super().observe_block(*args, **kwargs)
-
-    controller = Counting(max_draft_len=4, window=4, cloud_window=16)
+    controller = CountingController(max_draft_len=4, window=4, cloud_window=16)
     try:
         prompt = tiny_prompt(tiny_engine, TEXTS[0])
         got = generate(tiny_engine, Logged(), prompt, GREEDY, max_new_tokens=24, draft_len=4, window=4,
