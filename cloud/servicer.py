@@ -27,7 +27,7 @@ from cloud.session_table import SessionEntry, SessionTable, TableFull, owner_of
 from protos import splitspec_pb2 as pb
 from protos import splitspec_pb2_grpc as pb_grpc
 from shared import codec
-from shared.stats import RoundRecord
+from shared.stats import Ewma, RoundRecord
 from shared.verdict import Verdict
 from shared.vocab import describe_vocab
 from shared.wire import (
@@ -225,6 +225,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         pending: list[PendingBlock],
         received: deque[tuple[float, int, int]],
         stream: int,
+        fill_deadline: float | None = None,
     ) -> list[tuple[Verdict, float]]:
         """Verify the next chain of ``pending`` in one forward on the engine thread, observed once.
 
@@ -232,12 +233,13 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         ``stream``: the session's stream number this caller holds; once a resume
         has taken the session over, nothing is verified (checked on the engine
         thread, where every change to the session happens).
+        ``fill_deadline``: when the edge's next block is expected (``VerifierSession.verify_chain_steps``).
         Returns (verdict, cloud seconds since its block arrived) per block answered.
         """
         session = entry.session
 
         def verify_if_current():
-            return session.verify_chain_steps(pending) if entry.stream == stream else None
+            return session.verify_chain_steps(pending, fill_deadline) if entry.stream == stream else None
 
         forward_before, forwards_before = session.seq.forward_s, session.forwards
         try:
@@ -418,6 +420,11 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         received: deque[tuple[float, int, int]] = deque()
         idle_s = self.limits.idle_timeout_s
         progress = time.monotonic()  # the last verdict (or the open)
+        # A correction's verdict leaving -> the edge's next block (of the new epoch) arriving: until it
+        # is expected, stale blocks are filled with tokens decoded alone; a fill that would still run
+        # then is not started (``VerifierSession.verify_chain_steps``'s fill_deadline).
+        gap = Ewma()
+        corrected_at: float | None = None  # the last correction's verdict left; None once the next block came
         while not ending:
             items = [] if pending else [await self._next_frame(frames, idle_s - (time.monotonic() - progress))]
             while not frames.empty():
@@ -433,15 +440,22 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                     continue
                 pending.append(block)
                 received.append((item[1], block.start_position, len(block.drafts)))
+                if corrected_at is not None and item[0].epoch == entry.session.epoch:
+                    gap.add(max(item[1] - corrected_at, 0.0))
+                    corrected_at = None
                 if len(pending) > self.limits.max_blocks_in_flight:
                     raise _Abort(
                         grpc.StatusCode.INVALID_ARGUMENT,
                         f"more than {self.limits.max_blocks_in_flight} blocks in flight",
                     )
             if pending and not ending:  # one chain at a time: a stale block's answer depends on what arrived
-                for verdict, seconds in await self._verify_pending(entry, pending, received, stream):
+                epoch = entry.session.epoch
+                expected = corrected_at + gap.value if corrected_at is not None and gap.value is not None else None
+                for verdict, seconds in await self._verify_pending(entry, pending, received, stream, expected):
                     yield verdict, seconds
                     progress = time.monotonic()
+                if entry.session.epoch != epoch:
+                    corrected_at = time.perf_counter()
 
     def _check_routing(self, context) -> None:
         """A resume or a next turn names the replica that holds its session; one that names another

@@ -12,7 +12,9 @@ of an older epoch (drafted past a correction the edge had not seen yet) or
 does not continue the committed tokens; it is answered without verification,
 and when no usable block waits behind it the cloud decodes the next token
 alone for it (a rejection then costs no idle round trip: the cloud decodes
-while the edge's next block is on its way). A block may start before the next
+while the edge's next block is on its way), unless that forward would still
+run when the next block is expected (the caller's ``fill_deadline``: a
+forward cannot be stopped, and the block would wait for it). A block may start before the next
 position when its first drafts guess such tokens: the ones the committed
 tokens match are skipped, the rest verified. Blocks that break the protocol
 (an epoch ahead, a position outside the session's, too long, malformed
@@ -37,7 +39,7 @@ from cloud.engine import ForwardItem, Steps, TargetEngine, run_alone
 from cloud.verify_torch import verify_block
 from shared.params import SamplingParams
 from shared.sparse import SparseDist
-from shared.stats import DecodeStats
+from shared.stats import DecodeStats, Ewma
 from shared.verdict import StopReason, Verdict
 from shared.wire import next_epoch
 
@@ -105,6 +107,7 @@ class VerifierSession:
         # whole prompt and keeps its last row so: the first position is answered without another
         # forward (the first token can leave right after the prefill, as in cloud-only decoding).
         self.verify_s = 0.0  # wall time inside verify(), forward included
+        self.one_token_s = Ewma()  # seconds a token decoded alone takes (its forward)
         self._deferred: torch.Tensor | None = None
         self._taken_branch: tuple[int, int] | None = None  # (position, tokens) of a branch to adopt into the cache
         if prefill:
@@ -168,11 +171,11 @@ class VerifierSession:
                                 f"epoch {self.epoch} position {len(self.tokens)}")
         return self.verify_chain([block])[0]
 
-    def verify_chain(self, pending: list[PendingBlock]) -> list[Verdict]:
+    def verify_chain(self, pending: list[PendingBlock], fill_deadline: float | None = None) -> list[Verdict]:
         """``verify_chain_steps`` run alone."""
-        return run_alone(self.verify_chain_steps(pending), self.engine)
+        return run_alone(self.verify_chain_steps(pending, fill_deadline), self.engine)
 
-    def verify_chain_steps(self, pending: list[PendingBlock]) -> Steps:
+    def verify_chain_steps(self, pending: list[PendingBlock], fill_deadline: float | None = None) -> Steps:
         """Answer the front of ``pending`` and remove what was answered (at least one block).
 
         A usable front block (``_overlap``), cut to its drafts past the committed
@@ -181,7 +184,9 @@ class VerifierSession:
         and stops at the first correction, bonus or end, leaving the blocks after
         it pending (after a correction they are stale). A stale front block gets a
         stale verdict: with a token decoded alone when no usable block is pending
-        behind it, without one (and no forward) otherwise.
+        behind it and that token's forward would be over by ``fill_deadline``
+        (``time.perf_counter()`` seconds; None: no deadline), without one (and no
+        forward) otherwise.
         """
         if self.done:
             raise BlockRejected("session already finished")
@@ -193,8 +198,8 @@ class VerifierSession:
         self._check(front)
         skip = self._overlap(front)
         if skip is None:
-            if not self.decode_stale or any(self._overlap(block) is not None for block in pending[1:]):
-                del pending[0]  # a usable block waits (or the service does not decode for stale blocks)
+            if not self._fills(pending, fill_deadline):
+                del pending[0]
                 return [Verdict(front.epoch, len(self.tokens), 0, None, False, False, stale=True)]
             chain = [PendingBlock(self.epoch, len(self.tokens), [])]  # the next token, decoded alone
         else:
@@ -225,13 +230,25 @@ class VerifierSession:
         del pending[: len(verdicts)]
         if skip is None:
             verdicts = [replace(verdicts[0], epoch=front.epoch, stale=True)]
-        self.stats.target_forwards = self.forwards
         elapsed = time.perf_counter() - started
+        if not drafts and self.forwards > self.stats.target_forwards:  # a token decoded alone, in a forward
+            self.one_token_s.add(elapsed)
+        self.stats.target_forwards = self.forwards
         self.verify_s += elapsed
         self.stats.wall_s += elapsed
         return verdicts
 
     # -- internals ---------------------------------------------------------
+    def _fills(self, pending: list[PendingBlock], deadline: float | None) -> bool:
+        """Whether the stale block at the front of ``pending`` gets a token decoded alone: the service
+        decodes for stale blocks, no usable block waits behind it, and the forward (none after a
+        deferred bonus) would be over by ``deadline``."""
+        if not self.decode_stale or any(self._overlap(block) is not None for block in pending[1:]):
+            return False
+        if deadline is None or self._deferred is not None:
+            return True
+        return time.perf_counter() + (self.one_token_s.value or 0.0) <= deadline
+
     def _check(self, block: PendingBlock) -> None:
         """Refuse a block no honest edge sends (whether it is usable is ``_overlap``'s question)."""
         if block.epoch > self.epoch:

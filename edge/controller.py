@@ -34,8 +34,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shared.acceptance import chain_expectation, stale_expectation
+from shared.stats import Ewma
 
-__all__ = ["Controller", "Plan", "Ewma", "AcceptanceEstimate", "controller_for", "CLOUD_WINDOW"]
+__all__ = ["Controller", "Plan", "AcceptanceEstimate", "controller_for", "CLOUD_WINDOW"]
 
 CLOUD_WINDOW = 16  # empty blocks in flight while the cloud decodes alone (the verifier may allow fewer)
 _MIN_SAMPLES_TO_LEAVE_CLOUD = 24  # acceptance samples (shadow ones included) before drafting again
@@ -51,17 +52,6 @@ def controller_for(schedule: str, max_draft_len: int, window: int) -> Controller
     if schedule != "adaptive" or max_draft_len < 1:
         return None
     return Controller(max_draft_len, window, CLOUD_WINDOW)
-
-
-@dataclass
-class Ewma:
-    """An exponentially weighted moving average; None until the first sample."""
-
-    weight: float = 0.2  # of each new sample
-    value: float | None = None
-
-    def add(self, sample: float) -> None:
-        self.value = sample if self.value is None else (1 - self.weight) * self.value + self.weight * sample
 
 
 class AcceptanceEstimate:

@@ -4,13 +4,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["DecodeStats", "RoundRecord", "percentile"]
+__all__ = ["DecodeStats", "Ewma", "RoundRecord", "percentile"]
 
 
 def percentile(values, q: float) -> float:
     """The nearest-rank ``q`` quantile (0 <= q <= 1) of a non-empty collection."""
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+@dataclass
+class Ewma:
+    """An exponentially weighted moving average; None until the first sample."""
+
+    weight: float = 0.2  # of each new sample
+    value: float | None = None
+
+    def add(self, sample: float) -> None:
+        self.value = sample if self.value is None else (1 - self.weight) * self.value + self.weight * sample
 
 
 @dataclass(frozen=True)

@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 from helpers import tiny_prompt
 
-from edge.controller import AcceptanceEstimate, Controller, Ewma, controller_for
+from edge.controller import AcceptanceEstimate, Controller, controller_for
 from edge.decode_loop import run_decode
 from edge.llama_drafter import LlamaDrafter
 from edge.ngram_drafter import NgramDrafter
 from shared.params import Mode, SamplingParams
+from shared.stats import Ewma
 from sim.inprocess import LocalVerifier, generate
 
 GREEDY_PARAMS = SamplingParams(mode=Mode.GREEDY)

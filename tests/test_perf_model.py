@@ -10,9 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from edge.drafter import DrafterStats
+from edge.report import SPLIT, EdgeReport
 from shared.acceptance import stale_expectation
+from shared.stats import DecodeStats
 from sim.link.emulator import DirectionConfig, LinkConfig
 from sim.link.scenario import list_scenarios, load_scenario
+from sim.perf.fit import timings_from_reports
 from sim.perf.model import (
     NetworkModel,
     Timings,
@@ -332,3 +336,17 @@ def test_sim_model_cli_table_and_errors(capsys):
     assert lines[top + 7] == ""
     assert main(["sim", "model", "--hardware", "no-such-profile"]) == 2
     assert "unknown hardware profile" in capsys.readouterr().err
+
+
+def test_the_drafter_speed_fitted_counts_every_token_it_drafted():
+    """Drafts of blocks that came back stale (and guesses, branches) cost the drafter time too: its
+    speed is its own time over its own token count, not over the drafts the cloud verified."""
+    decode = DecodeStats()
+    decode.record_round(drafted=4, accepted=2, committed=3)  # the one block verified; another came back stale
+    drafter = DrafterStats(drafted=8, draft_s=0.16, eval_s=0.15, prompt_eval_s=0.04)
+    report = EdgeReport(kind=SPLIT, tokens=[1, 2, 3], text="", stop_reason="length", prompt_tokens=5, wall_s=1.0,
+                        ttft_s=0.3, open_s=0.25, bytes_up=100, bytes_down=60, rtt_ms=100.0, decode=decode,
+                        drafter=drafter)
+    timings = timings_from_reports([report])
+    assert timings.draft_s / timings.drafted == pytest.approx((0.16 - 0.04) / 8)
+    assert timings.accepted_at == [1, 1, 0, 0] and timings.drafted_at == [1, 1, 1, 1]  # acceptance: verified drafts

@@ -133,6 +133,35 @@ def test_a_rejection_voids_the_blocks_after_it_which_the_cloud_answers_with_toke
     assert empty.stale and empty.token is None and session.forwards == forwards and session.tokens[p:] == []
 
 
+def test_a_stale_block_is_not_filled_when_the_forward_would_delay_the_next_block(tiny_engine, greedy_path):
+    """The caller's fill deadline (when the edge's next block is expected): a token decoded alone
+    whose forward would still run then is not started, since the block would wait for it."""
+    prompt, want = greedy_path
+    p = len(prompt)
+    wrong = (want[0] + 1) % tiny_engine.vocab_size
+
+    def corrected() -> tuple[VerifierSession, list[PendingBlock]]:
+        session = new_session(tiny_engine, prompt)
+        pending = [PendingBlock(0, p, [wrong, want[1]], more_follows=True), PendingBlock(0, p + 2, want[2:4])]
+        (correction,) = session.verify_chain(pending)
+        assert correction.is_correction and len(pending) == 1
+        return session, pending
+
+    session, pending = corrected()
+    forwards = session.forwards
+    (empty,) = session.verify_chain(pending, fill_deadline=time.perf_counter() - 1.0)  # the block is due now
+    assert empty.stale and empty.token is None and session.forwards == forwards and session.tokens[p:] == want[:1]
+    session, pending = corrected()
+    (filled,) = session.verify_chain(pending, fill_deadline=time.perf_counter() + 60.0)  # time for a forward
+    assert filled.stale and filled.token == want[1] and session.forwards == forwards + 1
+    assert session.one_token_s.value > 0  # what the next deadline is weighed against
+    # After a deferred bonus the token decoded alone needs no forward: filled whatever the deadline.
+    session = new_session(tiny_engine, prompt)
+    session.verify_chain([PendingBlock(0, p, want[:3], more_follows=True)])
+    (filled,) = session.verify_chain([PendingBlock(0, p + 9, want[9:11])], fill_deadline=time.perf_counter() - 1.0)
+    assert filled.stale and filled.token == want[3]
+
+
 def test_a_block_that_does_not_continue_the_committed_tokens_is_stale(tiny_engine, greedy_path):
     prompt, want = greedy_path
     q = len(prompt) + 2  # the next position once two tokens are committed

@@ -23,7 +23,7 @@ __all__ = ["RunTimings", "FittedTimings", "timings_from_reports", "fit_timings"]
 class RunTimings:
     """What one configuration's edge processes measured."""
 
-    drafted: int
+    drafted: int  # tokens the drafter drafted (blocks that came back stale, guesses and branches included)
     draft_s: float  # drafter time, prompt reading excluded
     accepted_at: list[int]
     drafted_at: list[int]
@@ -43,7 +43,7 @@ def timings_from_reports(reports: list[EdgeReport]) -> RunTimings:
             drafted_at[i] += d
     blocks = [b for r in reports for b in r.blocks]
     return RunTimings(
-        drafted=sum(r.decode.drafted for r in reports),
+        drafted=sum(r.drafter.drafted for r in reports),  # (decode.drafted: verified drafts only)
         draft_s=sum(r.drafter.draft_s - r.drafter.prompt_eval_s for r in reports),
         accepted_at=accepted_at,
         drafted_at=drafted_at,
