@@ -1,4 +1,5 @@
-"""The link-aware controller: how many drafts per block, or none at all (the cloud decodes alone).
+"""The link-aware controller: drafts per block and blocks in flight, or no drafting at all (the cloud
+decodes alone).
 
 Pure bookkeeping and arithmetic (no I/O, no clock of its own): the decode
 loop reports what it measured and asks for a plan. Moving estimates:
@@ -20,13 +21,15 @@ loop reports what it measured and asks for a plan. Moving estimates:
   the cloud decoded alone (a verifier may not, or may have had the next block
   already).
 
-It predicts tokens/s for each draft length with the chain arithmetic of
-``shared.acceptance`` (a chain of pipelined blocks runs until a correction)
-plus what the stale blocks past each chain's correction bring
-(``shared.acceptance.stale_expectation``), and for cloud decoding (one token
-per forward), and switches only when the
-other choice is predicted ``hysteresis`` better, so noise does not make it
-flap. A load hint from the cloud caps the draft length.
+It predicts tokens/s for each draft length and window (blocks in flight, up
+to the cap) with the chain arithmetic of ``shared.acceptance`` (a chain of
+pipelined blocks runs until a correction) plus what the stale blocks past
+each chain's correction bring (``shared.acceptance.stale_expectation``), and
+for cloud decoding (one token per forward). It takes the fewest blocks in
+flight that come close to the best (each one more costs the cloud a forward
+per correction), and switches draft length only when the other choice is
+predicted ``hysteresis`` better, so noise does not make it flap. A load hint
+from the cloud caps the draft length.
 """
 
 from __future__ import annotations
@@ -45,6 +48,9 @@ _MIN_SAMPLES_TO_LEAVE_CLOUD = 24  # acceptance samples (shadow ones included) be
 # pays 1.3x) must not hand the session to the cloud, while a drafter that cannot pay at all (a satellite
 # round trip) is dropped after a block or two.
 _EVIDENCE_TO_LEAVE_DRAFTING = 2.0
+# One more block in flight must be predicted this much faster to be chosen: it costs the cloud a forward
+# for each correction (the stale block's token decoded alone) and the uplink its bytes.
+_WINDOW_SLACK = 0.03
 
 
 def controller_for(schedule: str, max_draft_len: int, window: int) -> Controller | None:
@@ -108,7 +114,8 @@ class Plan:
 
 
 class Controller:
-    """Chooses the draft length (0 = cloud decodes alone) for the next chain."""
+    """Chooses the draft length (0 = cloud decodes alone) and window for the next chain; ``window`` is
+    the cap (the caller's, then the verifier's), ``chosen_window`` the choice."""
 
     def __init__(self, max_draft_len: int, window: int, cloud_window: int, hysteresis: float = 0.15) -> None:
         if max_draft_len < 1 or window < 1 or cloud_window < 1:
@@ -124,8 +131,10 @@ class Controller:
         self.cloud_s_per_token = Ewma()  # seconds per token while the cloud decodes alone
         self.stale_filled = Ewma(value=1.0)  # share of stale blocks answered with a token
         # The current choice. A session starts drafting (measured here: starting with the cloud decoding
-        # alone cost the self-drafting Gemma pair 1.47x instead of 2.2x cloud-only on acespec-50k).
+        # alone cost the self-drafting Gemma pair 1.47x instead of 2.2x cloud-only on acespec-50k), with
+        # as many blocks in flight as allowed.
         self.draft_len = max_draft_len
+        self.chosen_window = window
         self.switches = 0
 
     # -- what the loop measured ------------------------------------------
@@ -173,8 +182,10 @@ class Controller:
         self.draft_len = min(self.draft_len, self.max_draft_len)
 
     # -- the choice ------------------------------------------------------
-    def predict_drafting(self, draft_len: int) -> float | None:
-        """Tokens/s of chains of ``draft_len``-draft blocks, or None before the needed measurements."""
+    def predict_drafting(self, draft_len: int, window: int | None = None) -> float | None:
+        """Tokens/s of chains of ``draft_len``-draft blocks, ``window`` of them in flight at most (default:
+        the cap), or None before the needed measurements."""
+        window = window or self.window
         verify = self.block_cloud_s.value or self.cloud_s_per_token.value
         alphas = self.acceptance.per_position(draft_len)
         if None in (alphas, self.network_s.value, self.draft_s_per_token.value) or not verify:
@@ -182,8 +193,8 @@ class Controller:
         blocks, tokens, _ = chain_expectation(alphas, draft_len)
         draft = draft_len * self.draft_s_per_token.value
         trip = self.network_s.value + verify
-        interval = max(draft, verify, (draft + trip) / self.window)
-        stale = min(self.window - 1, int(1 + trip / max(draft, 1e-9)))  # blocks in flight past the correction
+        interval = max(draft, verify, (draft + trip) / window)
+        stale = min(window - 1, int(1 + trip / max(draft, 1e-9)))  # blocks in flight past the correction
         gap = self.network_s.value + (draft_len + stale) * self.draft_s_per_token.value
         alone, waited = stale_expectation(alphas, stale, gap, self.cloud_s_per_token.value or verify)
         share = self.stale_filled.value
@@ -207,7 +218,13 @@ class Controller:
         # Switching costs a drained pipeline (a round trip) each way: do it on enough evidence only.
         samples = self.acceptance.samples
         settled = self.draft_len != 0 or samples >= _MIN_SAMPLES_TO_LEAVE_CLOUD
-        options = {d: self.predict_drafting(d) if settled else None for d in range(1, self.max_draft_len + 1)}
+        # Per draft length, the fewest blocks in flight that come within _WINDOW_SLACK of the best
+        # (each one more in flight costs the cloud a forward per correction); a chain keeps its window.
+        self.chosen_window = min(self.chosen_window, self.window)
+        windows = [self.chosen_window] if drafting_only else list(range(min(2, self.window), self.window + 1))
+        chosen = {d: self._fewest_blocks(d, windows) if settled else (None, self.chosen_window)
+                  for d in range(1, self.max_draft_len + 1)}
+        options = {d: value for d, (value, _) in chosen.items()}
         if not drafting_only:
             options[0] = self.predict_cloud()
         known = {d: v for d, v in options.items() if v is not None}
@@ -223,5 +240,17 @@ class Controller:
                     self.switches += 1
                 self.draft_len = choice
                 break
-        window = self.cloud_window if self.draft_len == 0 else self.window
+        if self.draft_len:
+            self.chosen_window = chosen[self.draft_len][1]
+        window = self.cloud_window if self.draft_len == 0 else self.chosen_window
         return Plan(self.draft_len, window, known.get(self.draft_len))
+
+    def _fewest_blocks(self, draft_len: int, windows: list[int]) -> tuple[float | None, int]:
+        """(predicted tokens/s, window) for ``draft_len``: the smallest of ``windows`` whose prediction
+        is within ``_WINDOW_SLACK`` of the best one's (the largest window before any prediction)."""
+        predicted = {w: self.predict_drafting(draft_len, w) for w in windows}
+        if None in predicted.values():
+            return None, windows[-1]
+        best = max(predicted.values())
+        window = min(w for w, v in predicted.items() if v * (1 + _WINDOW_SLACK) >= best)
+        return predicted[window], window

@@ -44,7 +44,7 @@ DEFAULT_DRAFT_LEN = 8  # drafts per block D (0 = target-only)
 # the draft length (0 = the cloud decodes alone) chosen from what the session measures.
 SCHEDULES = ("lockstep", "pipelined", "adaptive")
 DEFAULT_SCHEDULE = "pipelined"
-DEFAULT_WINDOW = 2  # blocks in flight when pipelined
+DEFAULT_WINDOW = 4  # blocks in flight when pipelined (adaptive: at most)
 DEFAULT_DRAFT_TOP_K = SPARSE_DEFAULT_TOP_K  # rejection: support of q̃
 DEFAULT_PROB_BITS = SPARSE_DEFAULT_PROB_BITS  # rejection: q̃ weights sum to 2**bits
 

@@ -35,6 +35,24 @@ def test_a_good_drafter_on_a_slow_link_drafts_long_blocks():
     assert plan.predicted_tokens_per_s > c.predict_cloud()
 
 
+def test_a_long_round_trip_gets_more_blocks_in_flight_and_a_short_one_no_more_than_it_needs():
+    def measured(trip_s: float) -> Controller:
+        c = Controller(max_draft_len=4, window=4, cloud_window=16)
+        for _ in range(20):
+            c.observe_block(drafted=4, accepted=4, trip_s=trip_s, draft_s=0.04, cloud_s=0.1)
+        return c
+
+    far = measured(trip_s=0.6)  # a block's trip is 15 blocks' drafting: only a full window keeps the cloud busy
+    assert far.plan().window == 4
+    assert far.predict_drafting(4, 4) > 1.5 * far.predict_drafting(4, 2)
+    near = measured(trip_s=0.12)  # two in flight already keep the verifier busy: a third would buy nothing
+    plan = near.plan()
+    assert plan.draft_len == 4 and plan.window == 2
+    assert near.predict_drafting(4, 4) == pytest.approx(near.predict_drafting(4, 2), rel=0.03)
+    far.draft_len, far.chosen_window = 2, 3  # within a chain only the draft length may change
+    assert far.plan(drafting_only=True).window == 3
+
+
 def test_a_session_starts_drafting_and_leaves_the_cloud_only_on_evidence():
     c = Controller(max_draft_len=6, window=3, cloud_window=16, hysteresis=0.0)
     plan = c.plan()  # nothing measured yet: draft (the common case is a useful drafter)
