@@ -51,6 +51,7 @@ _EVIDENCE_TO_LEAVE_DRAFTING = 2.0
 # One more block in flight must be predicted this much faster to be chosen: it costs the cloud a forward
 # for each correction (the stale block's token decoded alone) and the uplink its bytes.
 _WINDOW_SLACK = 0.03
+_FIRST_WINDOW = 2  # blocks in flight before anything is measured
 
 
 def controller_for(schedule: str, max_draft_len: int, window: int) -> Controller | None:
@@ -132,9 +133,10 @@ class Controller:
         self.stale_filled = Ewma(value=1.0)  # share of stale blocks answered with a token
         # The current choice. A session starts drafting (measured here: starting with the cloud decoding
         # alone cost the self-drafting Gemma pair 1.47x instead of 2.2x cloud-only on acespec-50k), with
-        # as many blocks in flight as allowed.
+        # two blocks in flight until the measurements say more pay (a drafter that turns out useless on
+        # a long link then costs fewer wasted blocks before the cloud takes over).
         self.draft_len = max_draft_len
-        self.chosen_window = window
+        self.chosen_window = min(_FIRST_WINDOW, window)
         self.switches = 0
 
     # -- what the loop measured ------------------------------------------
@@ -213,16 +215,15 @@ class Controller:
 
     def plan(self, drafting_only: bool = False) -> Plan:
         """The choice for the next chain (call when nothing live is in flight: a chain just ended).
-        ``drafting_only``: within a chain, only its draft length may change (blocks of a chain may
-        differ in length; leaving drafting waits for the chain's end)."""
+        ``drafting_only``: within a chain, only its draft length and window may change (blocks of a
+        chain may differ in length; leaving drafting waits for the chain's end)."""
         # Switching costs a drained pipeline (a round trip) each way: do it on enough evidence only.
         samples = self.acceptance.samples
         settled = self.draft_len != 0 or samples >= _MIN_SAMPLES_TO_LEAVE_CLOUD
         # Per draft length, the fewest blocks in flight that come within _WINDOW_SLACK of the best
-        # (each one more in flight costs the cloud a forward per correction); a chain keeps its window.
-        self.chosen_window = min(self.chosen_window, self.window)
-        windows = [self.chosen_window] if drafting_only else list(range(min(2, self.window), self.window + 1))
-        chosen = {d: self._fewest_blocks(d, windows) if settled else (None, self.chosen_window)
+        # (each one more in flight costs the cloud a forward per correction).
+        windows = list(range(min(2, self.window), self.window + 1))
+        chosen = {d: self._fewest_blocks(d, windows) if settled else (None, min(self.chosen_window, self.window))
                   for d in range(1, self.max_draft_len + 1)}
         options = {d: value for d, (value, _) in chosen.items()}
         if not drafting_only:
@@ -247,10 +248,10 @@ class Controller:
 
     def _fewest_blocks(self, draft_len: int, windows: list[int]) -> tuple[float | None, int]:
         """(predicted tokens/s, window) for ``draft_len``: the smallest of ``windows`` whose prediction
-        is within ``_WINDOW_SLACK`` of the best one's (the largest window before any prediction)."""
+        is within ``_WINDOW_SLACK`` of the best one's (the current window before any prediction)."""
         predicted = {w: self.predict_drafting(draft_len, w) for w in windows}
         if None in predicted.values():
-            return None, windows[-1]
+            return None, min(self.chosen_window, self.window)
         best = max(predicted.values())
         window = min(w for w, v in predicted.items() if v * (1 + _WINDOW_SLACK) >= best)
         return predicted[window], window

@@ -275,9 +275,10 @@ def run_decode(
                 since_plan = 0
                 leaving_cloud = controller.plan().draft_len > 0
             elif controller is not None and draft_len > 0 and since_plan >= _CLOUD_STRETCH:
-                # A long chain (a drafter that is seldom wrong) chooses its draft length again on the way.
+                # A long chain (a drafter that is seldom wrong) chooses its draft length and window again on the way.
                 since_plan = 0
-                draft_len = controller.plan(drafting_only=True).draft_len
+                plan = controller.plan(drafting_only=True)
+                draft_len, window = plan.draft_len, plan.window
             while may_send():
                 committed_end = len(prompt) + len(generated)
                 live = [f for f in in_flight if not f.void]
