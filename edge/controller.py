@@ -25,9 +25,10 @@ It predicts tokens/s for each draft length and window (blocks in flight, up
 to the cap) with the chain arithmetic of ``shared.acceptance`` (a chain of
 pipelined blocks runs until a correction) plus what the stale blocks past
 each chain's correction bring (``shared.acceptance.stale_expectation``), and
-for cloud decoding (one token per forward). It takes the fewest blocks in
-flight that come close to the best (each one more costs the cloud a forward
-per correction), and switches draft length only when the other choice is
+for cloud decoding (one token per forward). It takes the window predicted
+best (among equals the largest: a verifier-bound pipeline gains from blocks
+pending that the arithmetic does not credit), and switches draft length only
+when the other choice is
 predicted ``hysteresis`` better, so noise does not make it flap. A load hint
 from the cloud caps the draft length.
 """
@@ -48,9 +49,7 @@ _MIN_SAMPLES_TO_LEAVE_CLOUD = 24  # acceptance samples (shadow ones included) be
 # pays 1.3x) must not hand the session to the cloud, while a drafter that cannot pay at all (a satellite
 # round trip) is dropped after a block or two.
 _EVIDENCE_TO_LEAVE_DRAFTING = 2.0
-# One more block in flight must be predicted this much faster to be chosen: it costs the cloud a forward
-# for each correction (the stale block's token decoded alone) and the uplink its bytes.
-_WINDOW_SLACK = 0.03
+_WINDOW_TIE = 0.01  # windows predicted this close count as equally fast
 _FIRST_WINDOW = 2  # blocks in flight before anything is measured
 
 
@@ -220,8 +219,7 @@ class Controller:
         # Switching costs a drained pipeline (a round trip) each way: do it on enough evidence only.
         samples = self.acceptance.samples
         settled = self.draft_len != 0 or samples >= _MIN_SAMPLES_TO_LEAVE_CLOUD
-        # Per draft length, the fewest blocks in flight that come within _WINDOW_SLACK of the best
-        # (each one more in flight costs the cloud a forward per correction).
+        # Per draft length, the window predicted best (see _fewest_blocks).
         windows = list(range(min(2, self.window), self.window + 1))
         chosen = {d: self._fewest_blocks(d, windows) if settled else (None, min(self.chosen_window, self.window))
                   for d in range(1, self.max_draft_len + 1)}
@@ -247,11 +245,14 @@ class Controller:
         return Plan(self.draft_len, window, known.get(self.draft_len))
 
     def _fewest_blocks(self, draft_len: int, windows: list[int]) -> tuple[float | None, int]:
-        """(predicted tokens/s, window) for ``draft_len``: the smallest of ``windows`` whose prediction
-        is within ``_WINDOW_SLACK`` of the best one's (the current window before any prediction)."""
+        """(predicted tokens/s, window) for ``draft_len``: the best of ``windows``, the largest of those
+        predicted within ``_WINDOW_TIE`` of it (the current window before any prediction). The
+        prediction does not credit what more blocks pending buy a verifier-bound pipeline (the cloud
+        verifies the pending chain in one forward): measured, four blocks in flight beat the three
+        the arithmetic finds as good."""
         predicted = {w: self.predict_drafting(draft_len, w) for w in windows}
         if None in predicted.values():
             return None, min(self.chosen_window, self.window)
         best = max(predicted.values())
-        window = min(w for w, v in predicted.items() if v * (1 + _WINDOW_SLACK) >= best)
+        window = max(w for w, v in predicted.items() if v * (1 + _WINDOW_TIE) >= best)
         return predicted[window], window

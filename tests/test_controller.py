@@ -35,9 +35,10 @@ def test_a_good_drafter_on_a_slow_link_drafts_long_blocks():
     assert plan.predicted_tokens_per_s > c.predict_cloud()
 
 
-def test_a_long_round_trip_gets_more_blocks_in_flight_and_a_short_one_no_more_than_it_needs():
+def test_the_window_starts_at_two_and_takes_the_blocks_in_flight_that_pay():
     def measured(trip_s: float) -> Controller:
         c = Controller(max_draft_len=4, window=4, cloud_window=16)
+        assert c.plan().window == 2  # nothing measured: two blocks in flight
         for _ in range(20):
             c.observe_block(drafted=4, accepted=4, trip_s=trip_s, draft_s=0.04, cloud_s=0.1)
         return c
@@ -45,11 +46,10 @@ def test_a_long_round_trip_gets_more_blocks_in_flight_and_a_short_one_no_more_th
     far = measured(trip_s=0.6)  # a block's trip is 15 blocks' drafting: only a full window keeps the cloud busy
     assert far.plan().window == 4
     assert far.predict_drafting(4, 4) > 1.5 * far.predict_drafting(4, 2)
-    near = measured(trip_s=0.12)  # two in flight already keep the verifier busy: a third would buy nothing
-    plan = near.plan()
-    assert plan.draft_len == 4 and plan.window == 2
-    assert near.predict_drafting(4, 4) == pytest.approx(near.predict_drafting(4, 2), rel=0.03)
-    far.draft_len, far.chosen_window = 2, 2  # within a chain too, the window grows where it pays
+    near = measured(trip_s=0.12)  # two in flight already keep the verifier busy in the arithmetic; more
+    assert near.predict_drafting(4, 4) == pytest.approx(near.predict_drafting(4, 2), rel=0.01)
+    assert near.plan().window == 4  # pending let it verify several in one forward, which it does not credit
+    far.draft_len, far.chosen_window = 2, 2  # within a chain too
     assert far.plan(drafting_only=True).window == 4
 
 
