@@ -85,7 +85,8 @@ class FittedTimings:
             "downlink": f"{b.down_bytes_per_round:.1f} B per verdict, {b.down_bytes_per_token_cloud_only:.1f} B per cloud-only token",
             "prefill": f"{b.prefill_s * 1e3:.0f} ms (Open round trip minus the RTT)",
             "not modelled": "HTTP/2 control frames (WINDOW_UPDATE, PING) and headers, jitter, Python start-up, "
-                            "hedge branches (a hedged run is predicted as if unhedged)",
+                            "hedge branches (a hedged run is predicted as if unhedged), blocks pending together "
+                            "verified in one forward (each block is charged its own)",
         }
 
 
