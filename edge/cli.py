@@ -90,7 +90,7 @@ def add_edge_commands(commands) -> None:
     serve.add_argument("--schedule", choices=SCHEDULES, default=DEFAULT_SCHEDULE,
                        help=f"edge schedule (default {DEFAULT_SCHEDULE}; see `run --help`)")
     serve.add_argument("--window", type=positive_int, default=DEFAULT_WINDOW,
-                       help=f"pipelined: blocks in flight (default {DEFAULT_WINDOW})")
+                       help=f"pipelined: blocks in flight at most; adaptive: the most it may choose (default {DEFAULT_WINDOW})")
     add_drafter_args(serve)
     serve.set_defaults(func=run_serve)
 

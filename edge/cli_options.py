@@ -43,11 +43,12 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> None:
                        help=f"drafts per block D; 0 = target-only (default {defaults.DEFAULT_DRAFT_LEN})")
     group.add_argument("--schedule", choices=defaults.SCHEDULES, default=defaults.DEFAULT_SCHEDULE,
                        help="lockstep: one block at a time; pipelined: draft the next block while earlier ones are "
-                       "verified; adaptive: pipelined, choosing the draft length from measured acceptance, drafter "
-                       "speed and round trips, and letting the cloud decode alone when drafting cannot pay "
-                       f"(--draft-len is then the cap; default {defaults.DEFAULT_SCHEDULE})")
+                       "verified; adaptive: pipelined, choosing the draft length and blocks in flight from measured "
+                       "acceptance, drafter speed and round trips, and letting the cloud decode alone when drafting "
+                       f"cannot pay (--draft-len and --window are then the caps; default {defaults.DEFAULT_SCHEDULE})")
     group.add_argument("--window", type=positive_int, default=defaults.DEFAULT_WINDOW,
-                       help=f"pipelined: blocks in flight at most (default {defaults.DEFAULT_WINDOW}; the cloud may allow fewer)")
+                       help=f"pipelined: blocks in flight at most; adaptive: the most it may choose (default "
+                       f"{defaults.DEFAULT_WINDOW}; the cloud may allow fewer)")
     group.add_argument("--hedge", type=non_negative_int, default=0,
                        help="hedge branches per block, greedy and coupled modes: at the least certain drafts, the "
                        "drafter's guess for the target's correction and two tokens after it, verified in the same "

@@ -50,7 +50,7 @@ _MIN_SAMPLES_TO_LEAVE_CLOUD = 24  # acceptance samples (shadow ones included) be
 # round trip) is dropped after a block or two.
 _EVIDENCE_TO_LEAVE_DRAFTING = 2.0
 _WINDOW_TIE = 0.01  # windows predicted this close count as equally fast
-_FIRST_WINDOW = 2  # blocks in flight before anything is measured
+_MIN_WINDOW = 2  # blocks in flight the controller chooses at least (it never goes lock-step), and starts with
 
 
 def controller_for(schedule: str, max_draft_len: int, window: int) -> Controller | None:
@@ -135,7 +135,7 @@ class Controller:
         # two blocks in flight until the measurements say more pay (a drafter that turns out useless on
         # a long link then costs fewer wasted blocks before the cloud takes over).
         self.draft_len = max_draft_len
-        self.chosen_window = min(_FIRST_WINDOW, window)
+        self.chosen_window = min(_MIN_WINDOW, window)
         self.switches = 0
 
     # -- what the loop measured ------------------------------------------
@@ -176,6 +176,11 @@ class Controller:
         token (it is well under the cloud's time per token), or only for some."""
         draft, cloud = self.draft_s_per_token.value, self.cloud_s_per_token.value
         return draft is None or cloud is None or draft < 0.5 * cloud
+
+    @property
+    def drafting_window(self) -> int:
+        """Blocks in flight while drafting: the choice, within the cap."""
+        return min(self.chosen_window, self.window)
 
     def cap(self, max_draft_len: int) -> None:
         """The cloud's load hint: no more than this many drafts per block."""
@@ -219,9 +224,9 @@ class Controller:
         # Switching costs a drained pipeline (a round trip) each way: do it on enough evidence only.
         samples = self.acceptance.samples
         settled = self.draft_len != 0 or samples >= _MIN_SAMPLES_TO_LEAVE_CLOUD
-        # Per draft length, the window predicted best (see _fewest_blocks).
-        windows = list(range(min(2, self.window), self.window + 1))
-        chosen = {d: self._fewest_blocks(d, windows) if settled else (None, min(self.chosen_window, self.window))
+        # Per draft length, the window predicted best (see _best_window).
+        windows = list(range(min(_MIN_WINDOW, self.window), self.window + 1))
+        chosen = {d: self._best_window(d, windows) if settled else (None, self.drafting_window)
                   for d in range(1, self.max_draft_len + 1)}
         options = {d: value for d, (value, _) in chosen.items()}
         if not drafting_only:
@@ -241,10 +246,10 @@ class Controller:
                 break
         if self.draft_len:
             self.chosen_window = chosen[self.draft_len][1]
-        window = self.cloud_window if self.draft_len == 0 else self.chosen_window
+        window = self.cloud_window if self.draft_len == 0 else self.drafting_window
         return Plan(self.draft_len, window, known.get(self.draft_len))
 
-    def _fewest_blocks(self, draft_len: int, windows: list[int]) -> tuple[float | None, int]:
+    def _best_window(self, draft_len: int, windows: list[int]) -> tuple[float | None, int]:
         """(predicted tokens/s, window) for ``draft_len``: the best of ``windows``, the largest of those
         predicted within ``_WINDOW_TIE`` of it (the current window before any prediction). The
         prediction does not credit what more blocks pending buy a verifier-bound pipeline (the cloud
@@ -252,7 +257,7 @@ class Controller:
         the arithmetic finds as good."""
         predicted = {w: self.predict_drafting(draft_len, w) for w in windows}
         if None in predicted.values():
-            return None, min(self.chosen_window, self.window)
+            return None, self.drafting_window
         best = max(predicted.values())
         window = max(w for w, v in predicted.items() if v * (1 + _WINDOW_TIE) >= best)
         return predicted[window], window

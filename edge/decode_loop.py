@@ -178,8 +178,8 @@ def run_decode(
 
     ``window``: blocks in flight at most (1 = lock-step; the verifier may
     allow fewer). With a ``controller`` (the adaptive schedule), each chain's
-    draft length comes from it, ``draft_len`` being the cap, and a draft
-    length of 0 has the cloud decode alone: empty blocks, a window of them in
+    draft length and window come from it, ``draft_len`` and ``window`` being
+    the caps, and a draft length of 0 has the cloud decode alone: empty blocks, a window of them in
     flight, with the drafter's would-be proposals measured in the shadow.
     ``hedge_width``: hedge branches per block (``edge.hedging``; greedy and coupled
     modes, as many as the verifier allows).
@@ -223,6 +223,7 @@ def run_decode(
             controller.cap(draft_len)
             controller.window = min(controller.window, terms.max_blocks_in_flight)
             controller.cloud_window = min(controller.cloud_window, terms.max_blocks_in_flight)
+            window = controller.drafting_window  # its choice (two until it has measured): the first chain too
         else:
             controller = None
 

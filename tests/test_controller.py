@@ -230,6 +230,52 @@ def test_a_long_chain_chooses_its_draft_length_again_on_the_way(tiny_engine, tin
         drafter.close()
 
 
+def test_the_loop_keeps_the_controllers_window_from_the_first_chain_and_widens_it_on_the_way(tiny_engine, tiny_models):
+    """A session starts with the controller's window (two blocks in flight, however wide the cap),
+    the early block's chain included, and takes a wider one when a plan chooses it, within a chain too."""
+    from edge.controller import Plan
+
+    class Widening(Controller):
+        first_plan_at = None  # blocks counted when the loop first asked for a plan
+
+        def plan(self, drafting_only=False):
+            if self.first_plan_at is None:
+                self.first_plan_at = len(most)
+            self.chosen_window = 4  # what measurements would have chosen
+            return Plan(3, self.drafting_window, None)
+
+    drafter = LlamaDrafter(tiny_models["drafter_f32"], n_ctx=512, n_threads=1, f32_kv_cache=True)
+    try:
+        prompt = tiny_prompt(tiny_engine, "It was the best of times")
+        want = generate(tiny_engine, drafter, prompt, GREEDY_PARAMS, max_new_tokens=48, draft_len=0)
+        outstanding, most = [0], []
+
+        class Counting(LocalVerifier):  # blocks sent and not answered, the first position's included
+            def open(self, *args, **kwargs):
+                terms = super().open(*args, **kwargs)
+                outstanding[0] = len(self._pending)
+                most.append(outstanding[0])
+                return terms
+
+            def send(self, *args):
+                super().send(*args)
+                outstanding[0] += 1
+                most.append(outstanding[0])
+
+            def receive(self):
+                outstanding[0] -= 1
+                return super().receive()
+
+        controller = Widening(max_draft_len=3, window=4, cloud_window=8)
+        got = run_decode(drafter, Counting(tiny_engine), prompt, GREEDY_PARAMS, max_new_tokens=48, draft_len=3,
+                         window=4, controller=controller)
+        assert got.tokens == want.tokens
+        assert controller.first_plan_at > 3  # (the tiny pair's chain goes on: the first plan is the in-chain one)
+        assert max(most[:controller.first_plan_at]) == 2 and max(most) == 4
+    finally:
+        drafter.close()
+
+
 @pytest.mark.parametrize("mode", [Mode.GREEDY, Mode.COUPLED, Mode.REJECTION])
 def test_cloud_decoded_stretches_then_drafting_again(tiny_engine, tiny_models, mode):
     drafter = LlamaDrafter(tiny_models["drafter_noisy"], n_ctx=512, n_threads=1, f32_kv_cache=True)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from edge.drafter import common_prefix_length
 from edge.report import EdgeReport
-from shared.params import TOKEN_IDENTICAL_MODES
+from shared.params import DEFAULT_WINDOW, TOKEN_IDENTICAL_MODES
 from sim.experiment.processes import BackgroundLink, CloudProcess, core_split, run_edge_process
 from sim.link.scenario import Scenario
 
@@ -47,7 +47,7 @@ class FaultConfig:
     max_new_tokens: int = 64
     draft_len: int = 8
     schedule: str = "pipelined"
-    window: int = 2
+    window: int = DEFAULT_WINDOW
     temperature: float = 0.7
     outage_budget_s: float = 60.0
     min_gap_bytes: int = 1024  # link bytes between two cuts of one generation, at least

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from shared.params import DEFAULT_WINDOW
 from sim.perf.model import HardwareProfile, NetworkModel, Prediction, predict_cloud_only, predict_pipelined
 
 __all__ = ["capacity_rows", "capacity_at_slo", "DEFAULT_SESSION_COUNTS"]
@@ -38,7 +39,7 @@ def _drafting(profile: HardwareProfile, link: NetworkModel, sessions: int, max_d
 
 
 def capacity_rows(profile: HardwareProfile, link: NetworkModel, sessions=DEFAULT_SESSION_COUNTS,
-                  max_draft_len: int = 16, window: int = 2) -> list[dict[str, Any]]:
+                  max_draft_len: int = 16, window: int = DEFAULT_WINDOW) -> list[dict[str, Any]]:
     """Per N: cloud-only and split per-session tokens/s, aggregate, cloud seconds per token, chosen D."""
     rows = []
     for n in sessions:
