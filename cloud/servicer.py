@@ -21,13 +21,14 @@ import grpc
 from cloud.engine import TargetEngine
 from cloud.limits import ServiceLimits
 from cloud.metrics import ServiceMetrics
+from cloud.next_block import NextBlockClock
 from cloud.scheduler import Scheduler
 from cloud.session import BlockRejected, PendingBlock, VerifierSession
 from cloud.session_table import SessionEntry, SessionTable, TableFull, owner_of
 from protos import splitspec_pb2 as pb
 from protos import splitspec_pb2_grpc as pb_grpc
 from shared import codec
-from shared.stats import Ewma, RoundRecord
+from shared.stats import RoundRecord
 from shared.verdict import Verdict
 from shared.vocab import describe_vocab
 from shared.wire import (
@@ -420,11 +421,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         received: deque[tuple[float, int, int]] = deque()
         idle_s = self.limits.idle_timeout_s
         progress = time.monotonic()  # the last verdict (or the open)
-        # A correction's verdict leaving -> the edge's next block (of the new epoch) arriving: until it
-        # is expected, stale blocks are filled with tokens decoded alone; a fill that would still run
-        # then is not started (``VerifierSession.verify_chain_steps``'s fill_deadline).
-        gap = Ewma()
-        corrected_at: float | None = None  # the last correction's verdict left; None once the next block came
+        next_block = NextBlockClock()  # no fill that would still run when the edge's next block is due
         while not ending:
             items = [] if pending else [await self._next_frame(frames, idle_s - (time.monotonic() - progress))]
             while not frames.empty():
@@ -440,9 +437,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                     continue
                 pending.append(block)
                 received.append((item[1], block.start_position, len(block.drafts)))
-                if corrected_at is not None and item[0].epoch == entry.session.epoch:
-                    gap.add(max(item[1] - corrected_at, 0.0))
-                    corrected_at = None
+                next_block.arrived(item[1], item[0].epoch)
                 if len(pending) > self.limits.max_blocks_in_flight:
                     raise _Abort(
                         grpc.StatusCode.INVALID_ARGUMENT,
@@ -450,12 +445,12 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                     )
             if pending and not ending:  # one chain at a time: a stale block's answer depends on what arrived
                 epoch = entry.session.epoch
-                expected = corrected_at + gap.value if corrected_at is not None and gap.value is not None else None
-                for verdict, seconds in await self._verify_pending(entry, pending, received, stream, expected):
+                answered = await self._verify_pending(entry, pending, received, stream, next_block.deadline())
+                for verdict, seconds in answered:
                     yield verdict, seconds
                     progress = time.monotonic()
                 if entry.session.epoch != epoch:
-                    corrected_at = time.perf_counter()
+                    next_block.corrected(time.perf_counter(), entry.session.epoch)
 
     def _check_routing(self, context) -> None:
         """A resume or a next turn names the replica that holds its session; one that names another

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from helpers import ScriptedDrafter, exact_distribution, greedy_continuation, tiny_prompt, total_variation
 
+from cloud.next_block import NextBlockClock
 from cloud.session import BlockRejected, PendingBlock, VerifierSession
 from edge.client import GrpcVerifier, VerifierError
 from edge.controller import Controller
@@ -160,6 +161,22 @@ def test_a_stale_block_is_not_filled_when_the_forward_would_delay_the_next_block
     session.verify_chain([PendingBlock(0, p, want[:3], more_follows=True)])
     (filled,) = session.verify_chain([PendingBlock(0, p + 9, want[9:11])], fill_deadline=time.perf_counter() - 1.0)
     assert filled.stale and filled.token == want[3]
+
+
+def test_the_next_block_is_expected_one_measured_gap_after_a_correction():
+    """The servicer's clock for the fill deadline: no deadline before a gap was measured or once the
+    block came; a block of an older epoch (stale) is no sample; the gap is a moving average."""
+    clock = NextBlockClock()
+    assert clock.deadline() is None
+    clock.corrected(10.0, epoch=1)
+    assert clock.deadline() is None  # nothing measured yet: fill
+    clock.arrived(10.1, epoch=0)  # a stale block still in flight: not the next chain's
+    clock.arrived(10.3, epoch=1)
+    assert clock.gap_s.value == pytest.approx(0.3) and clock.deadline() is None  # it came
+    clock.corrected(20.0, epoch=2)
+    assert clock.deadline() == pytest.approx(20.3)
+    clock.arrived(20.8, epoch=2)
+    assert clock.gap_s.value == pytest.approx(0.8 * 0.3 + 0.2 * 0.8) and clock.deadline() is None
 
 
 def test_a_block_that_does_not_continue_the_committed_tokens_is_stale(tiny_engine, greedy_path):

@@ -1,0 +1,42 @@
+"""When a stream's next usable block is expected after a correction: the fill deadline.
+
+After a correction the edge drafts the next chain and sends it; until its
+first block arrives, the cloud fills the stale blocks in flight with tokens it
+decodes alone. A forward cannot be stopped once started, so a fill that would
+still run when that block arrives delays it. ``NextBlockClock`` measures, per
+stream, the gap from a correction's verdict leaving to the first block of the
+new epoch arriving (a moving average), and gives the deadline that
+``VerifierSession.verify_chain_steps`` weighs a fill against. Times are
+``time.perf_counter()`` seconds; the clock reads none itself.
+"""
+
+from __future__ import annotations
+
+from shared.stats import Ewma
+
+__all__ = ["NextBlockClock"]
+
+
+class NextBlockClock:
+    """The gap from a correction's verdict to the edge's next block, and the deadline it sets."""
+
+    def __init__(self) -> None:
+        self.gap_s = Ewma()
+        self._corrected_at: float | None = None  # the last correction's verdict left; None once the next block came
+        self._epoch = 0  # the session's epoch after that correction
+
+    def corrected(self, now: float, epoch: int) -> None:
+        """A correction's verdict left at ``now``; the session is at ``epoch`` since."""
+        self._corrected_at, self._epoch = now, epoch
+
+    def arrived(self, now: float, epoch: int) -> None:
+        """A block of ``epoch`` arrived at ``now``: the first of the new epoch is one gap sample."""
+        if self._corrected_at is not None and epoch == self._epoch:
+            self.gap_s.add(max(now - self._corrected_at, 0.0))
+            self._corrected_at = None
+
+    def deadline(self) -> float | None:
+        """When the next block is expected: None once it came, or before any gap was measured."""
+        if self._corrected_at is None or self.gap_s.value is None:
+            return None
+        return self._corrected_at + self.gap_s.value
