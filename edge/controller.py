@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shared.acceptance import chain_expectation, stale_expectation
+from shared.acceptance import pipelined_chain
 from shared.stats import Ewma
 
 __all__ = ["Controller", "Plan", "AcceptanceEstimate", "controller_for", "CLOUD_WINDOW"]
@@ -196,15 +196,9 @@ class Controller:
         alphas = self.acceptance.per_position(draft_len)
         if None in (alphas, self.network_s.value, self.draft_s_per_token.value) or not verify:
             return None
-        blocks, tokens, _ = chain_expectation(alphas, draft_len)
-        draft = draft_len * self.draft_s_per_token.value
-        trip = self.network_s.value + verify
-        interval = max(draft, verify, (draft + trip) / window)
-        stale = min(window - 1, int(1 + trip / max(draft, 1e-9)))  # blocks in flight past the correction
-        gap = self.network_s.value + (draft_len + stale) * self.draft_s_per_token.value
-        alone, waited = stale_expectation(alphas, stale, gap, self.cloud_s_per_token.value or verify)
-        share = self.stale_filled.value
-        return (tokens + share * alone) / (draft + trip + (blocks - 1) * interval + share * waited)
+        chain = pipelined_chain(alphas, draft_len, window, self.draft_s_per_token.value, self.network_s.value, verify,
+                                self.cloud_s_per_token.value or verify, stale_share=self.stale_filled.value)
+        return chain.tokens / chain.seconds
 
     def predict_cloud(self) -> float | None:
         """Tokens/s with the cloud decoding alone: one forward a token, the round trip hidden by a

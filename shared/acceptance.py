@@ -10,8 +10,9 @@ its last value.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
-__all__ = ["expected_acceptance_length", "chain_expectation", "stale_expectation"]
+__all__ = ["expected_acceptance_length", "chain_expectation", "stale_expectation", "ChainForecast", "pipelined_chain"]
 
 _MAX_FULL_BLOCK_P = 0.999  # a drafter that is never wrong would make chains endless
 
@@ -78,3 +79,46 @@ def stale_expectation(alpha_per_position: list[float], stale_blocks: int, gap_s:
     alphas = [min(max(float(a), 0.0), 1.0) for a in alpha_per_position] or [0.0]
     guessed = math.prod(alphas[min(i, len(alphas) - 1)] for i in range(filled))
     return filled + (1 - guessed), (1 - guessed) * gap_s
+
+
+@dataclass(frozen=True)
+class ChainForecast:
+    """One chain of pipelined blocks, from a correction to the next, on average."""
+
+    blocks: float  # blocks verified
+    tokens: float  # tokens committed, those the cloud decoded alone for stale blocks included
+    seconds: float
+    p_full: float  # P(a block is fully accepted)
+    in_flight_past: float  # blocks in flight past the failing one (their drafts come to nothing)
+    stale_blocks: int  # ... whole ones: each gets a stale verdict
+    decoded_alone: float  # tokens the cloud decoded alone for them
+
+
+def pipelined_chain(alpha_per_position: list[float], draft_len: int, window: int, draft_s_per_token: float,
+                    network_s: float, verify_s: float, one_token_s: float, stale_share: float = 1.0) -> ChainForecast:
+    """A chain of ``draft_len``-draft blocks, ``window`` in flight at most (``chain_expectation``).
+
+    Its first block costs drafting plus a full trip (``network_s``: uplink, RTT and downlink, plus
+    ``verify_s``); every later block adds the pipeline's interval max(draft, verify, (draft + trip)
+    / window): the drafter, the verifier and the window each bound how fast blocks flow. The
+    blocks in flight past the failing one are stale; ``stale_share`` of them come back with a token
+    the cloud decoded alone (``stale_expectation``, ``one_token_s`` a forward; 0: a verifier that
+    answers them empty) while the next chain's first block is on its way.
+    """
+    blocks, tokens, p_full = chain_expectation(alpha_per_position, draft_len)
+    draft = draft_len * draft_s_per_token
+    trip = network_s + verify_s
+    interval = max(draft, verify_s, (draft + trip) / window)
+    in_flight_past = min(window - 1, 1 + trip / max(draft, 1e-9))
+    stale = math.floor(in_flight_past)
+    gap = network_s + (draft_len + stale) * draft_s_per_token  # the correction down, drafting, the next block up
+    alone, waited = stale_expectation(alpha_per_position, stale, gap, one_token_s)
+    return ChainForecast(
+        blocks=blocks,
+        tokens=tokens + stale_share * alone,
+        seconds=draft + trip + (blocks - 1) * interval + stale_share * waited,
+        p_full=p_full,
+        in_flight_past=in_flight_past,
+        stale_blocks=stale,
+        decoded_alone=stale_share * alone,
+    )

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from shared.acceptance import chain_expectation, expected_acceptance_length, stale_expectation
+from shared.acceptance import expected_acceptance_length, pipelined_chain
 from shared.wire import http2_framed_size
 from sim.package_data import list_shipped, load_toml
 
@@ -242,16 +242,14 @@ def predict_pipelined(timings: Timings, link: NetworkModel, draft_len: int, wind
     the window each bound how fast blocks flow. Blocks in flight past the
     failing one are stale: the cloud answers each with a token it decodes
     alone while the next chain's first block is on its way
-    (``shared.acceptance.stale_expectation``; ``decode_stale`` False: a
-    verifier run with ``--stale-blocks drop``). Coalesced forwards are not
-    modelled (each block is charged its own).
+    (``shared.acceptance.pipelined_chain``, as the controller predicts;
+    ``decode_stale`` False: a verifier run with ``--stale-blocks drop``).
+    Coalesced forwards are not modelled (each block is charged its own).
     """
     if window < 1:
         raise ValueError(f"window must be >= 1, got {window}")
     if window == 1 or draft_len == 0:
         return predict_split(timings, link, draft_len)
-    alphas = timings.alpha_per_position or [0.0]
-    blocks, tokens, p_full = chain_expectation(alphas, draft_len)
     draft = draft_len * timings.draft_s_per_token
     up_bytes = timings.up_bytes(draft_len)
     verify = timings.verify_s(draft_len + 1)
@@ -261,26 +259,21 @@ def predict_pipelined(timings: Timings, link: NetworkModel, draft_len: int, wind
         "verify": verify,
         "downlink": link.down_s(timings.down_bytes_per_round),
     }
-    trip = sum(latency.values())
-    interval = max(draft, verify, (draft + trip) / window)
-    in_flight_past = min(window - 1, 1 + trip / max(draft, 1e-9))  # blocks in flight past the failing block
-    stale = math.floor(in_flight_past)
-    gap = latency["downlink"] + link.rtt_s + (draft_len + stale) * timings.draft_s_per_token + latency["uplink"]
     one = timings.verify_s(1)
-    decoded_alone, waited = stale_expectation(alphas, stale, gap, one) if decode_stale else (0.0, 0.0)
-    chain_s = draft + trip + (blocks - 1) * interval + waited
-    tokens += decoded_alone
-    cloud_s = blocks * verify + decoded_alone * one
-    wasted_blocks = in_flight_past * p_full
+    chain = pipelined_chain(timings.alpha_per_position or [0.0], draft_len, window, timings.draft_s_per_token,
+                            latency["uplink"] + link.rtt_s + latency["downlink"], verify, one,
+                            stale_share=1.0 if decode_stale else 0.0)
+    blocks, tokens = chain.blocks, chain.tokens
+    cloud_s = blocks * verify + chain.decoded_alone * one
     return Prediction(
         draft_len=draft_len,
-        tokens_per_s=tokens / chain_s,
-        round_s=chain_s / blocks,
+        tokens_per_s=tokens / chain.seconds,
+        round_s=chain.seconds / blocks,
         acceptance_length=tokens / blocks,
         cloud_s_per_token=cloud_s / tokens,
         ttft_s=first_token_s(timings, link, timings.down_bytes_per_round),
-        up_bytes_per_token=(blocks + wasted_blocks) * up_bytes / tokens,
-        down_bytes_per_token=(blocks + stale) * timings.down_bytes_per_round / tokens,
+        up_bytes_per_token=(blocks + chain.in_flight_past * chain.p_full) * up_bytes / tokens,
+        down_bytes_per_token=(blocks + chain.stale_blocks) * timings.down_bytes_per_round / tokens,
         breakdown={"draft": draft, **latency},  # one block's terms; the chain overlaps them
     )
 
