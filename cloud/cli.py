@@ -30,6 +30,14 @@ __all__ = ["add_cloud_commands", "build_parser", "main"]
 log = logging.getLogger("splitspec.cloud")
 
 
+STALE_POLICIES = ("rebase", "decode", "drop")  # --stale-blocks, most forward work first
+
+
+def _stale_policy(limits: ServiceLimits) -> str:
+    """The --stale-blocks name of ``limits``' stale-block policy."""
+    return ("rebase" if limits.rebase_stale else "decode") if limits.decode_stale else "drop"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="splitspec-cloud",
@@ -68,11 +76,13 @@ def add_cloud_commands(commands) -> None:
     serve.add_argument("--max-branches", type=non_negative_int, default=limits.max_branches,
                        help=f"hedge branches a block may carry, each verified in the block's forward (default "
                        f"{limits.max_branches}; 0 turns hedging off)")
-    serve.add_argument("--stale-blocks", choices=("decode", "drop"), default="decode" if limits.decode_stale else "drop",
+    serve.add_argument("--stale-blocks", choices=STALE_POLICIES, default=_stale_policy(limits),
                        help="what a stale block gets (one drafted past a correction the edge had not seen yet): "
-                       "'decode': the next token, decoded alone while no usable block of the session is pending, so "
-                       "a correction costs no idle round trip; 'drop': an empty answer, less cloud compute per "
-                       "token (default decode)")
+                       "'rebase': the next token, decoded while no usable block of the session is pending, so a "
+                       "correction costs no idle round trip, in a forward that also verifies the drafts sent "
+                       "for the positions after it, where they lie (greedy and coupled modes; rejection mode "
+                       "decodes the token alone); 'decode': the token alone; 'drop': an empty answer, less "
+                       f"cloud compute per token (default {_stale_policy(limits)})")
     serve.add_argument("--max-new-tokens", type=positive_int, default=limits.max_new_tokens,
                        help=f"largest generation per session (default {limits.max_new_tokens})")
     serve.add_argument("--session-ttl", type=positive_float, default=limits.session_ttl_s,
@@ -138,7 +148,8 @@ def run_serve(args: argparse.Namespace) -> int:
             max_sessions=args.max_sessions,
             max_draft_len=args.max_draft_len,
             max_branches=args.max_branches,
-            decode_stale=args.stale_blocks == "decode",
+            decode_stale=args.stale_blocks != "drop",
+            rebase_stale=args.stale_blocks == "rebase",
             session_ttl_s=args.session_ttl,
             max_sessions_per_client=args.max_sessions_per_client,
             idle_timeout_s=args.idle_timeout,

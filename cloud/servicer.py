@@ -151,6 +151,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                 session = VerifierSession(
                     self.engine, prompt, params, max_new_tokens=max_new_tokens, max_draft_len=max_draft_len,
                     max_branches=self.max_branches, decode_stale=self.limits.decode_stale,
+                    rebase_stale=self.limits.rebase_stale,
                     prefill=False,
                 )
                 yield from session.prefill_steps()
@@ -268,7 +269,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                 RoundRecord(
                     drafted=drafted,
                     accepted=verdict.accepted,
-                    committed=verdict.accepted + (verdict.token is not None)
+                    committed=verdict.accepted + (verdict.token is not None) + len(verdict.rebased)
                     + (1 + verdict.branch_accepted if verdict.branch else 0),
                     forwards=forwards if i == 0 else 0,
                 ),

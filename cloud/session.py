@@ -14,7 +14,15 @@ and when no usable block waits behind it the cloud decodes the next token
 alone for it (a rejection then costs no idle round trip: the cloud decodes
 while the edge's next block is on its way), unless that forward would still
 run when the next block is expected (the caller's ``fill_deadline``: a
-forward cannot be stopped, and the block would wait for it). A block may start before the next
+forward cannot be stopped, and the block would wait for it). In greedy and
+coupled modes that forward also verifies, where they lie, the drafts the edge
+sent for the next positions before it saw the correction (*rebased* drafts:
+the failing block's drafts past its correction, the stale blocks' drafts).
+They were drafted after a token the target did not pick, so they often
+disagree, but what the target commits never depends on what a draft was
+conditioned on in these modes, only how many positions one forward settles;
+in rejection mode a draft's q̃ must be the drafter's on the committed path,
+so there the token is decoded alone. A block may start before the next
 position when its first drafts guess such tokens: the ones the committed
 tokens match are skipped, the rest verified. Blocks that break the protocol
 (an epoch ahead, a position outside the session's, too long, malformed
@@ -37,7 +45,7 @@ import torch
 
 from cloud.engine import ForwardItem, Steps, TargetEngine, run_alone
 from cloud.verify_torch import verify_block
-from shared.params import SamplingParams
+from shared.params import Mode, SamplingParams
 from shared.sparse import SparseDist
 from shared.stats import DecodeStats, Ewma
 from shared.verdict import StopReason, Verdict
@@ -79,12 +87,14 @@ class VerifierSession:
         max_draft_len: int,
         max_branches: int = 0,
         decode_stale: bool = True,
+        rebase_stale: bool = True,
         prefill: bool = True,
     ) -> None:
         """``prefill``: read the prompt now; False leaves it to ``prefill_steps`` (the scheduler's way).
         ``max_branches``: hedge branches a block may carry (greedy and coupled modes).
         ``decode_stale``: a stale block with no usable block pending behind it gets the next token
-        decoded alone (False: it is answered empty, without a forward)."""
+        decoded alone (False: it is answered empty, without a forward). ``rebase_stale``: that forward
+        also verifies the drafts sent for the next positions past a correction (greedy and coupled)."""
         _check_request(engine, prompt, max_new_tokens)
         self.engine = engine
         self.params = params
@@ -92,6 +102,7 @@ class VerifierSession:
         self.max_draft_len = max_draft_len
         self.max_branches = max_branches
         self.decode_stale = decode_stale
+        self.rebase_stale = rebase_stale
         self.tokens = [int(t) for t in prompt]
         self.prompt_len = len(self.tokens)
         self.epoch = 0
@@ -107,9 +118,12 @@ class VerifierSession:
         # whole prompt and keeps its last row so: the first position is answered without another
         # forward (the first token can leave right after the prefill, as in cloud-only decoding).
         self.verify_s = 0.0  # wall time inside verify(), forward included
-        self.one_token_s = Ewma()  # seconds a token decoded alone takes (its forward)
+        self.one_token_s = Ewma()  # seconds a stale block's forward takes (a token decoded alone, rebased drafts)
         self._deferred: torch.Tensor | None = None
         self._taken_branch: tuple[int, int] | None = None  # (position, tokens) of a branch to adopt into the cache
+        # Drafts the edge sent for positions past the committed tokens, drafted past a token the target
+        # did not pick (position -> id): what a stale block's forward verifies where they lie.
+        self._spare: dict[int, int] = {}
         if prefill:
             run_alone(self.prefill_steps(), engine)
 
@@ -150,6 +164,7 @@ class VerifierSession:
         self.tokens, self.prompt_len = full, len(full)
         self.params, self.max_new_tokens, self.max_draft_len = params, max_new_tokens, max_draft_len
         self.epoch, self.done, self.stop_reason = 0, False, StopReason.NONE
+        self._spare = {}
         self.stats.target_forwards = self.forwards
 
     @property
@@ -198,10 +213,13 @@ class VerifierSession:
         self._check(front)
         skip = self._overlap(front)
         if skip is None:
+            if self._rebases:
+                self._spare.update(zip(range(front.start_position, front.start_position + len(front.drafts)),
+                                       front.drafts))
             if not self._fills(pending, fill_deadline):
                 del pending[0]
                 return [Verdict(front.epoch, len(self.tokens), 0, None, False, False, stale=True)]
-            chain = [PendingBlock(self.epoch, len(self.tokens), [])]  # the next token, decoded alone
+            chain = [PendingBlock(self.epoch, len(self.tokens), self._rebased())]  # the next token, and drafts where they lie
         else:
             chain = [_past(front, skip) if front.drafts else PendingBlock(self.epoch, len(self.tokens), [])]
             position = chain[0].start_position + len(chain[0].drafts)
@@ -220,7 +238,7 @@ class VerifierSession:
         for block in chain:
             n = len(block.drafts)
             mine = branch_rows[first_branch : first_branch + len(block.branches)]
-            verdict = self._verify_one(block, rows[offset : offset + n + 1], mine)
+            verdict = self._verify_one(block, rows[offset : offset + n + 1], mine, rebased=skip is None)
             verdicts.append(verdict)
             offset += n
             first_branch += len(block.branches)
@@ -229,9 +247,11 @@ class VerifierSession:
         self._settle(rows[offset] if verdicts[-1].is_deferred else None)
         del pending[: len(verdicts)]
         if skip is None:
-            verdicts = [replace(verdicts[0], epoch=front.epoch, stale=True)]
+            verdicts = [_stale(verdicts[0], front.epoch, chain[0].drafts)]
+        elif self._rebases:
+            self._spare = _past_correction(chain[len(verdicts) - 1], verdicts[-1])
         elapsed = time.perf_counter() - started
-        if not drafts and self.forwards > self.stats.target_forwards:  # a token decoded alone, in a forward
+        if skip is None and self.forwards > self.stats.target_forwards:  # a stale block's forward
             self.one_token_s.add(elapsed)
         self.stats.target_forwards = self.forwards
         self.verify_s += elapsed
@@ -239,6 +259,23 @@ class VerifierSession:
         return verdicts
 
     # -- internals ---------------------------------------------------------
+    @property
+    def _rebases(self) -> bool:
+        """Whether stale blocks' forwards verify spare drafts: greedy and coupled modes only (a
+        draft's q̃ in rejection mode is the drafter's on the path it was drafted on)."""
+        return self.decode_stale and self.rebase_stale and self.params.mode is not Mode.REJECTION
+
+    def _rebased(self) -> list[int]:
+        """The spare drafts from the next position on, as many as lie there in a row (at most
+        ``max_draft_len``); none when a deferred row makes the token free of a forward."""
+        self._spare = {p: t for p, t in self._spare.items() if p >= len(self.tokens)}
+        if not self._rebases or self._deferred is not None:
+            return []
+        drafts = []
+        while len(drafts) < self.max_draft_len and len(self.tokens) + len(drafts) in self._spare:
+            drafts.append(self._spare[len(self.tokens) + len(drafts)])
+        return drafts
+
     def _fills(self, pending: list[PendingBlock], deadline: float | None) -> bool:
         """Whether the stale block at the front of ``pending`` gets a token decoded alone: the service
         decodes for stale blocks, no usable block waits behind it, and the forward (none after a
@@ -306,7 +343,8 @@ class VerifierSession:
                 offset += len(tokens)
         return (torch.cat(parts) if len(parts) > 1 else parts[0]), branch_rows
 
-    def _verify_one(self, block: PendingBlock, logits: torch.Tensor, branch_rows: list[torch.Tensor]) -> Verdict:
+    def _verify_one(self, block: PendingBlock, logits: torch.Tensor, branch_rows: list[torch.Tensor],
+                    rebased: bool = False) -> Verdict:
         """Verify one block against its rows [n+1, V] (and its branches' rows) and commit what it decides.
 
         At a rejection whose correction is a branch's first token, the branch's
@@ -360,6 +398,9 @@ class VerifierSession:
             branch=branch,
             branch_accepted=branch_accepted,
         )
+        if rebased:  # a stale block's forward: no block of the edge's was corrected
+            self.stats.record_stale(len(committed), accepted, len(drafts))
+            return verdict
         self.epoch = next_epoch(self.epoch, verdict)
         self.stats.record_round(len(drafts), accepted, len(committed))
         return verdict
@@ -389,6 +430,24 @@ def _past(block: PendingBlock, skip: int) -> PendingBlock:
         block.epoch, block.start_position + skip, block.drafts[skip:], block.q and block.q[skip:], block.more_follows,
         tuple((at - skip, tokens) for at, tokens in block.branches if at >= skip),
     )
+
+
+def _stale(verdict: Verdict, epoch: int, drafts: list[int]) -> Verdict:
+    """The verdict of a stale block of ``epoch`` from that of its forward over ``drafts`` (rebased):
+    the accepted drafts ride as ``rebased``, then the token (correction or bonus alike)."""
+    return Verdict(epoch, verdict.start_position, 0, verdict.token, verdict.token is not None, verdict.done,
+                   verdict.stop_reason, stale=True, rebased=tuple(drafts[: verdict.accepted]),
+                   rebased_verified=len(drafts))
+
+
+def _past_correction(block: PendingBlock, verdict: Verdict) -> dict[int, int]:
+    """The drafts of ``block`` past the one ``verdict`` corrected (none when it corrected none, or took a
+    branch), by position: spare drafts for the stale blocks' forwards."""
+    if not verdict.is_correction or verdict.branch:
+        return {}
+    first = verdict.accepted + 1
+    return dict(zip(range(block.start_position + first, block.start_position + len(block.drafts)),
+                    block.drafts[first:]))
 
 
 def _check_request(engine: TargetEngine, prompt: Sequence[int], max_new_tokens: int) -> None:

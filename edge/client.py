@@ -317,8 +317,8 @@ class GrpcVerifier:
             self.recoveries[-1].recover_s = arrived - self._lost_at
         self._lost_at = None
         self.rtt_samples_s.append(max(arrived - sent.at - message.server_us * 1e-6, 0.0))
-        if message.stale:  # answered without its drafts: one token decoded alone, or no forward at all
-            forward_tokens = int(message.HasField("token"))
+        if message.stale:  # answered without its drafts: a token decoded (after rebased drafts), or no forward
+            forward_tokens = message.rebased_verified + 1 if message.HasField("token") or message.rebased else 0
         elif not sent.drafts:  # an empty block: one token, wherever it was asked for
             forward_tokens = 1
         else:  # drafts before the verdict's start were already committed: not in the forward
@@ -328,6 +328,9 @@ class GrpcVerifier:
                 BlockTiming(forward_tokens=forward_tokens, cloud_s=message.server_us * 1e-6, up_bytes=sent.up_bytes,
                             down_bytes=down_bytes)
             )
+        ids = [*message.rebased, *([message.token] if message.HasField("token") else [])]
+        if any(token >= self.vocab_size for token in ids):
+            raise VerifierError(f"malformed verdict from the cloud: a token id outside the vocabulary of {self.vocab_size}")
         try:
             return verdict_from_proto(message)
         except ValueError as exc:

@@ -18,8 +18,8 @@ loop reports what it measured and asks for a plan. Moving estimates:
   its tokens in a full pipeline: with enough empty blocks in flight the round
   trip is hidden);
 - how often a stale block (in flight past a correction) came back with a token
-  the cloud decoded alone (a verifier may not, or may have had the next block
-  already).
+  the cloud decoded for it (a verifier may not, or may have had the next block
+  already), and how many rebased drafts that forward accepted before it.
 
 It predicts tokens/s for each draft length and window (blocks in flight, up
 to the cap) with the chain arithmetic of ``shared.acceptance`` (a chain of
@@ -130,6 +130,7 @@ class Controller:
         self.block_cloud_s = Ewma()  # the cloud's time on a drafted block
         self.cloud_s_per_token = Ewma()  # seconds per token while the cloud decodes alone
         self.stale_filled = Ewma(value=1.0)  # share of stale blocks answered with a token
+        self.stale_rebased = Ewma(value=0.0)  # ... the rebased drafts accepted before it, per such block
         # The current choice. A session starts drafting (measured here: starting with the cloud decoding
         # alone cost the self-drafting Gemma pair 1.47x instead of 2.2x cloud-only on acespec-50k), with
         # two blocks in flight until the measurements say more pay (a drafter that turns out useless on
@@ -155,9 +156,12 @@ class Controller:
         for i in range(min(accepted + 1, drafted)):  # drafts reached: Bernoulli(α_i) trials until a rejection
             self.acceptance.add(i, i < accepted)
 
-    def observe_stale(self, filled: bool) -> None:
-        """A stale block's verdict: with a token the cloud decoded alone, or empty."""
-        self.stale_filled.add(float(filled))
+    def observe_stale(self, committed: int, rebased: int = 0) -> None:
+        """A stale block's verdict: ``committed`` tokens the cloud decoded for it, ``rebased`` of them
+        drafts sent for those positions that it accepted where they lay (none: empty)."""
+        self.stale_filled.add(float(committed > 0))
+        if committed:
+            self.stale_rebased.add(rebased)
 
     def observe_shadow(self, hit: bool, draft_s: float) -> None:
         """While the cloud decodes alone: would the drafter have proposed the cloud's token?"""
@@ -197,7 +201,8 @@ class Controller:
         if None in (alphas, self.network_s.value, self.draft_s_per_token.value) or not verify:
             return None
         chain = pipelined_chain(alphas, draft_len, window, self.draft_s_per_token.value, self.network_s.value, verify,
-                                self.cloud_s_per_token.value or verify, stale_share=self.stale_filled.value)
+                                self.cloud_s_per_token.value or verify, stale_share=self.stale_filled.value,
+                                rebased_per_fill=self.stale_rebased.value)
         return chain.tokens / chain.seconds
 
     def predict_cloud(self) -> float | None:

@@ -335,6 +335,8 @@ def run_decode(
                 or (not verdict.stale and sent.block.tokens and not _skips(sent, skip, generated[sent.start_position
                                                                                                  - len(prompt):]))
                 or (verdict.stale and (verdict.accepted or verdict.branch))
+                or (verdict.rebased and not verdict.stale)
+                or len(verdict.rebased) > verdict.rebased_verified or verdict.rebased_verified > draft_limit
                 or verdict.accepted > len(drafts)
                 or (verdict.is_deferred and not sent.more_follows)
                 or not _answers_branch(verdict, branches)
@@ -347,12 +349,13 @@ def run_decode(
             committed = verdict.committed(drafts, branches)
             void_now = verdict.is_correction  # everything in flight was drafted past the corrected token
             if verdict.stale:
-                stats.record_stale(len(committed))
+                stats.record_stale(len(committed), len(verdict.rebased), verdict.rebased_verified)
                 if controller is not None:
-                    controller.observe_stale(bool(committed))
-                # A block the loop thought usable was stale, or the token decoded alone contradicts a guess
+                    controller.observe_stale(len(committed), len(verdict.rebased))
+                # A block the loop thought usable was stale, or the tokens decoded for it contradict a guess
                 # the blocks in flight were chained on: everything in flight is void.
-                void_now = not sent.void or (bool(committed) and not _expects(in_flight, committed_end, committed[0]))
+                void_now = not sent.void or not all(_expects(in_flight, committed_end + i, token)
+                                                    for i, token in enumerate(committed))
             else:
                 guesses = sent.block.runner_up[skip:] if sent.block.runner_up else None
                 if verdict.is_correction and guesses and guesses[verdict.accepted] is not None:

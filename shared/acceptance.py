@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
-__all__ = ["expected_acceptance_length", "chain_expectation", "stale_expectation", "ChainForecast", "pipelined_chain"]
+__all__ = ["expected_acceptance_length", "chain_expectation", "stale_expectation", "StaleForecast", "ChainForecast",
+           "pipelined_chain"]
 
 _MAX_FULL_BLOCK_P = 0.999  # a drafter that is never wrong would make chains endless
 
@@ -63,22 +65,30 @@ def chain_expectation(alpha_per_position: list[float], draft_len: int) -> tuple[
     return blocks, tokens, p_full
 
 
-def stale_expectation(alpha_per_position: list[float], stale_blocks: int, gap_s: float,
-                      one_token_s: float) -> tuple[float, float]:
-    """(tokens, seconds) the blocks in flight past a chain's correction add to the chain.
+class StaleForecast(NamedTuple):
+    """What the blocks in flight past a chain's correction add to the chain, on average."""
 
-    They are stale: the cloud answers each with a token it decodes alone (``one_token_s``
-    a forward) while the next chain's first block is on its way (``gap_s``: the correction
-    down, drafting, the block up), as many as fit. That block's first drafts guess those
-    tokens; when one is wrong (probability 1 - Π α_j over them) it is stale too: one more
-    gap, one more token decoded alone.
+    forwards: float  # the cloud's forwards for them
+    tokens: float  # tokens those forwards commit
+    seconds: float  # time the chain waits on top of its own
+
+
+def stale_expectation(alpha_per_position: list[float], stale_blocks: int, gap_s: float, fill_s: float,
+                      rebased_per_fill: float = 0.0) -> StaleForecast:
+    """The blocks in flight past a chain's correction are stale: the cloud answers each with
+    a token it decodes (``fill_s`` a forward) while the next chain's first block is on its way
+    (``gap_s``: the correction down, drafting, the block up), as many as fit, each after the
+    ``rebased_per_fill`` drafts sent for those positions that it verifies and accepts where
+    they lie, on average. That block's first drafts guess the tokens committed meanwhile; when
+    one is wrong (probability 1 - Π α_j over them) it is stale too: one more gap, one more forward.
     """
     if stale_blocks <= 0:
-        return 0.0, 0.0
-    filled = min(stale_blocks, math.floor(gap_s / one_token_s)) if one_token_s > 0 else stale_blocks
+        return StaleForecast(0.0, 0.0, 0.0)
+    filled = min(stale_blocks, math.floor(gap_s / fill_s)) if fill_s > 0 else stale_blocks
+    per_fill = 1.0 + max(rebased_per_fill, 0.0)
     alphas = [min(max(float(a), 0.0), 1.0) for a in alpha_per_position] or [0.0]
-    guessed = math.prod(alphas[min(i, len(alphas) - 1)] for i in range(filled))
-    return filled + (1 - guessed), (1 - guessed) * gap_s
+    guessed = math.prod(alphas[min(i, len(alphas) - 1)] for i in range(round(filled * per_fill)))
+    return StaleForecast(filled + (1 - guessed), (filled + (1 - guessed)) * per_fill, (1 - guessed) * gap_s)
 
 
 @dataclass(frozen=True)
@@ -91,19 +101,21 @@ class ChainForecast:
     p_full: float  # P(a block is fully accepted)
     in_flight_past: float  # blocks in flight past the failing one (their drafts come to nothing)
     stale_blocks: int  # ... whole ones: each gets a stale verdict
-    decoded_alone: float  # tokens the cloud decoded alone for them
+    fills: float  # forwards the cloud ran for them (a token decoded after rebased drafts)
+    filled: float  # tokens those forwards committed
 
 
 def pipelined_chain(alpha_per_position: list[float], draft_len: int, window: int, draft_s_per_token: float,
-                    network_s: float, verify_s: float, one_token_s: float, stale_share: float = 1.0) -> ChainForecast:
+                    network_s: float, verify_s: float, fill_s: float, stale_share: float = 1.0,
+                    rebased_per_fill: float = 0.0) -> ChainForecast:
     """A chain of ``draft_len``-draft blocks, ``window`` in flight at most (``chain_expectation``).
 
     Its first block costs drafting plus a full trip (``network_s``: uplink, RTT and downlink, plus
     ``verify_s``); every later block adds the pipeline's interval max(draft, verify, (draft + trip)
     / window): the drafter, the verifier and the window each bound how fast blocks flow. The
     blocks in flight past the failing one are stale; ``stale_share`` of them come back with a token
-    the cloud decoded alone (``stale_expectation``, ``one_token_s`` a forward; 0: a verifier that
-    answers them empty) while the next chain's first block is on its way.
+    the cloud decoded (``stale_expectation``, ``fill_s`` a forward, after ``rebased_per_fill`` drafts
+    on average; 0: a verifier that answers them empty) while the next chain's first block is on its way.
     """
     blocks, tokens, p_full = chain_expectation(alpha_per_position, draft_len)
     draft = draft_len * draft_s_per_token
@@ -112,13 +124,14 @@ def pipelined_chain(alpha_per_position: list[float], draft_len: int, window: int
     in_flight_past = min(window - 1, 1 + trip / max(draft, 1e-9))
     stale = math.floor(in_flight_past)
     gap = network_s + (draft_len + stale) * draft_s_per_token  # the correction down, drafting, the next block up
-    alone, waited = stale_expectation(alpha_per_position, stale, gap, one_token_s)
+    fill = stale_expectation(alpha_per_position, stale, gap, fill_s, rebased_per_fill)
     return ChainForecast(
         blocks=blocks,
-        tokens=tokens + stale_share * alone,
-        seconds=draft + trip + (blocks - 1) * interval + stale_share * waited,
+        tokens=tokens + stale_share * fill.tokens,
+        seconds=draft + trip + (blocks - 1) * interval + stale_share * fill.seconds,
         p_full=p_full,
         in_flight_past=in_flight_past,
         stale_blocks=stale,
-        decoded_alone=stale_share * alone,
+        fills=stale_share * fill.forwards,
+        filled=stale_share * fill.tokens,
     )

@@ -56,7 +56,9 @@ class DecodeStats:
     hedges_taken: int = 0  # ... whose guessed correction was the target's (the branch was verified on)
     hedge_tokens: int = 0  # tokens taken branches committed past the correction, the final token included (the gain)
     stale: int = 0  # blocks answered stale (drafted past a token the verifier did not commit)
-    filled: int = 0  # ... with a token the verifier decoded alone meanwhile
+    filled: int = 0  # ... with a token the verifier decoded alone meanwhile (a forward each)
+    rebased: int = 0  # ... drafts those forwards verified where they lay and accepted, before that token
+    rebased_verified: int = 0  # ... drafts those forwards verified, accepted or not
 
     def record_round(self, drafted: int, accepted: int, committed: int) -> None:
         """One verification round: ``committed`` tokens entered the sequence."""
@@ -75,10 +77,14 @@ class DecodeStats:
         on resuming): counted as generated, not as rounds, so they do not skew α."""
         self.generated += committed
 
-    def record_stale(self, committed: int) -> None:
-        """A stale block's verdict, with ``committed`` (0 or 1) tokens the verifier decoded alone."""
+    def record_stale(self, committed: int, rebased: int = 0, verified: int = 0) -> None:
+        """A stale block's verdict, with ``committed`` tokens from the forward the verifier ran for it
+        meanwhile (none: no forward): ``rebased`` drafts accepted where they lay (of ``verified``),
+        then one decoded."""
         self.stale += 1
-        self.filled += committed
+        self.filled += committed > 0
+        self.rebased += rebased
+        self.rebased_verified += verified
         self.generated += committed
 
     def record_correction_guess(self, hit: bool) -> None:
@@ -135,8 +141,10 @@ class DecodeStats:
             "hedge_tokens": self.hedge_tokens,
             "stale": self.stale,
             "filled": self.filled,
+            "rebased": self.rebased,
+            "rebased_verified": self.rebased_verified,
         }
 
     @classmethod
     def from_json(cls, data: dict) -> DecodeStats:
-        return cls(**{name: data[name] for name in cls.__dataclass_fields__})
+        return cls(**{name: data[name] for name in cls.__dataclass_fields__ if name in data})

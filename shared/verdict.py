@@ -33,7 +33,11 @@ class Verdict:
     verifier did not commit) and its drafts are void. ``token``, when set, is
     the next token the cloud decoded alone at ``start_position`` because it
     had no usable block (``accepted`` 0, ``bonus``): a rejection costs the
-    cloud no idle round trip. Every block sent gets exactly one verdict.
+    cloud no idle round trip. ``rebased``: drafts the edge had sent for the
+    positions from ``start_position`` on (drafted past the correction), which
+    that forward verified where they lie and accepted; they come before
+    ``token`` (``rebased_verified``: how many it verified, accepted or not).
+    Every block sent gets exactly one verdict.
     """
 
     epoch: int
@@ -46,6 +50,8 @@ class Verdict:
     branch: int = 0
     branch_accepted: int = 0
     stale: bool = False
+    rebased: tuple[int, ...] = ()
+    rebased_verified: int = 0  # drafts that forward verified (``rebased`` are those it accepted)
 
     @property
     def is_correction(self) -> bool:
@@ -62,7 +68,7 @@ class Verdict:
         """The tokens this verdict appends to the sequence (``branches``: the block's, as
         (at, tokens) pairs, when it had any), the drafts from ``start_position`` on."""
         if self.stale:
-            return [] if self.token is None else [int(self.token)]
+            return [int(t) for t in self.rebased] + ([] if self.token is None else [int(self.token)])
         out = [int(t) for t in drafts[: self.accepted]]
         if self.branch:
             out += [int(t) for t in branches[self.branch - 1][1][: 1 + self.branch_accepted]]

@@ -230,6 +230,8 @@ def verdict_to_proto(verdict: Verdict, *, seconds: float = 0.0, forwards: int = 
         branch=verdict.branch,
         branch_accepted=verdict.branch_accepted,
         stale=verdict.stale,
+        rebased=verdict.rebased,
+        rebased_verified=verdict.rebased_verified,
     )
     if verdict.token is not None:
         message.token = verdict.token
@@ -248,4 +250,6 @@ def verdict_from_proto(message: pb.Verdict) -> Verdict:
         branch=message.branch,
         branch_accepted=message.branch_accepted,
         stale=message.stale,
+        rebased=tuple(message.rebased),
+        rebased_verified=message.rebased_verified,
     )

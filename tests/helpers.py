@@ -50,14 +50,16 @@ def greedy_continuation(engine, prompt: list[int], n: int = 40) -> list[int]:
 
 
 class ScriptedDrafter:
-    """Drafts a wrong token at every position, with a second choice that is the target's own token
+    """Drafts a wrong token at every position (every ``wrong_every``-th from ``offset``; the target's own
+    token elsewhere, whatever came before), with a second choice that is the target's own token
     (``right``) or another wrong one: every correction is then a hit, or a miss. Its hedge branches
     continue with the target's own tokens. ``target``: the target's tokens from position ``offset``."""
 
-    def __init__(self, vocab_size: int, target: list[int], offset: int, right: bool) -> None:
+    def __init__(self, vocab_size: int, target: list[int], offset: int, right: bool, wrong_every: int = 1) -> None:
         from edge.drafter import DrafterStats, Speculation
 
         self.vocab_size, self.target, self.offset, self.right = vocab_size, target, offset, right
+        self.wrong_every = wrong_every
         self.stats = DrafterStats()
         self._spec = Speculation.start([])
 
@@ -75,7 +77,8 @@ class ScriptedDrafter:
         tokens, runner_up = [], []
         for _ in range(n):
             want = self._want()
-            tokens.append((want + 1) % self.vocab_size)
+            wrong = (len(self._spec.tokens) - self.offset) % self.wrong_every == 0
+            tokens.append((want + 1) % self.vocab_size if wrong else want)
             runner_up.append(want if self.right else (want + 2) % self.vocab_size)
             self._spec.tokens.append(tokens[-1])
         return DraftBlock(tokens, None, runner_up)

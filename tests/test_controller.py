@@ -116,7 +116,7 @@ def test_stale_blocks_answered_empty_make_drafting_look_no_better_than_it_is():
         c.observe_block(drafted=4, accepted=1, trip_s=0.3, draft_s=0.04, cloud_s=0.1)
     with_tokens = c.predict_drafting(4)
     for _ in range(30):  # a verifier run with --stale-blocks drop
-        c.observe_stale(False)
+        c.observe_stale(0)
     assert c.predict_drafting(4) < 0.9 * with_tokens
 
 

@@ -95,9 +95,13 @@ def test_pipelined_chain_by_hand():
 
 def test_stale_blocks_bring_as_many_tokens_as_fit_in_the_gap():
     # Three stale blocks, room for two forwards: two tokens; both guesses right with 0.9 * 0.9.
-    assert stale_expectation([0.9], 3, gap_s=0.10, one_token_s=0.04) == pytest.approx((2 + 0.19, 0.19 * 0.10))
-    assert stale_expectation([0.9], 0, gap_s=1.0, one_token_s=0.01) == (0.0, 0.0)
-    assert stale_expectation([1.0, 0.0], 5, gap_s=1.0, one_token_s=0.01) == pytest.approx((5 + 1, 1.0))
+    assert stale_expectation([0.9], 3, gap_s=0.10, fill_s=0.04) == pytest.approx((2.19, 2.19, 0.19 * 0.10))
+    assert stale_expectation([0.9], 0, gap_s=1.0, fill_s=0.01) == (0.0, 0.0, 0.0)
+    assert stale_expectation([1.0, 0.0], 5, gap_s=1.0, fill_s=0.01) == pytest.approx((6, 6, 1.0))
+    # Each forward also accepts half a rebased draft on average: 3 tokens to guess, 0.9 ** 3 right.
+    miss = 1 - 0.9 ** 3
+    assert stale_expectation([0.9], 3, gap_s=0.10, fill_s=0.04, rebased_per_fill=0.5) == pytest.approx(
+        (2 + miss, (2 + miss) * 1.5, miss * 0.10))
 
 
 def test_pipelining_helps_when_the_round_trip_dominates_and_window_1_is_lockstep():

@@ -67,8 +67,8 @@ class CountingController(Controller):
         super().observe_block(*args, **kwargs)
 
 
-def new_session(engine, prompt, max_new_tokens=64):
-    return VerifierSession(engine, prompt, GREEDY, max_new_tokens=max_new_tokens, max_draft_len=16)
+def new_session(engine, prompt, max_new_tokens=64, params=GREEDY, **kwargs):
+    return VerifierSession(engine, prompt, params, max_new_tokens=max_new_tokens, max_draft_len=16, **kwargs)
 
 
 # ---------------------------------------------------------------- the session's chains
@@ -104,7 +104,7 @@ def test_a_deferred_bonus_is_answered_by_an_empty_block_without_a_forward(tiny_e
 
 def test_a_rejection_voids_the_blocks_after_it_which_the_cloud_answers_with_tokens_of_its_own(tiny_engine, greedy_path):
     prompt, want = greedy_path
-    session = new_session(tiny_engine, prompt)
+    session = new_session(tiny_engine, prompt, rebase_stale=False)  # --stale-blocks decode
     p = len(prompt)
     wrong = (want[2] + 1) % tiny_engine.vocab_size
     pending = [PendingBlock(0, p, [want[0], want[1], wrong, want[3]], more_follows=True),
@@ -134,6 +134,47 @@ def test_a_rejection_voids_the_blocks_after_it_which_the_cloud_answers_with_toke
     assert empty.stale and empty.token is None and session.forwards == forwards and session.tokens[p:] == []
 
 
+def test_a_stale_blocks_forward_verifies_the_drafts_sent_past_the_correction_where_they_lie(tiny_engine, greedy_path):
+    """The failing block's drafts past its correction and the stale blocks' drafts (drafted past a token
+    the target did not pick) are verified at their positions in a stale block's forward; those accepted
+    ride in its verdict before the token. No epoch changes: the edge's next chain is checked by content."""
+    prompt, want = greedy_path
+    session = new_session(tiny_engine, prompt)
+    p = len(prompt)
+    wrong, other = (want[2] + 1) % tiny_engine.vocab_size, (want[5] + 1) % tiny_engine.vocab_size
+    pending = [PendingBlock(0, p, [want[0], want[1], wrong, want[3]], more_follows=True),
+               PendingBlock(0, p + 4, [want[4], other, want[6], want[7]], more_follows=True),
+               PendingBlock(0, p + 8, want[8:10])]
+    (correction,) = session.verify_chain(pending)
+    assert correction.is_correction and session.epoch == 1 and len(pending) == 2
+    forwards = session.forwards
+    (first,) = session.verify_chain(pending)  # drafts from p + 3: want[3], want[4], other, want[6], want[7]
+    assert (first.stale, first.epoch, first.start_position, first.accepted) == (True, 0, p + 3, 0)
+    assert (first.rebased, first.token, first.rebased_verified) == ((want[3], want[4]), want[5], 5)
+    assert first.committed([]) == want[3:6] and session.forwards == forwards + 1 and session.epoch == 1
+    (second,) = session.verify_chain(pending)  # the drafts past that correction are spare still
+    assert (second.rebased, second.token) == (tuple(want[6:10]), want[10]) and not pending
+    assert session.tokens[p:] == want[:11] and session.epoch == 1 and session.stats.rebased == 6
+    # --stale-blocks decode: the token alone.
+    session = new_session(tiny_engine, prompt, rebase_stale=False)
+    pending = [PendingBlock(0, p, [want[0], wrong, want[2]], more_follows=True), PendingBlock(0, p + 3, want[3:5])]
+    session.verify_chain(pending)
+    (alone,) = session.verify_chain(pending)
+    assert (alone.rebased, alone.rebased_verified, alone.token) == ((), 0, want[2])
+
+
+def test_rebased_drafts_stop_at_eos_and_the_token_limit(tiny_engine, greedy_path):
+    prompt, want = greedy_path
+    p = len(prompt)
+    wrong = (want[0] + 1) % tiny_engine.vocab_size
+    session = new_session(tiny_engine, prompt, max_new_tokens=4)
+    pending = [PendingBlock(0, p, [wrong, want[1]], more_follows=True), PendingBlock(0, p + 2, want[2:6])]
+    session.verify_chain(pending)
+    (last,) = session.verify_chain(pending)
+    assert (last.rebased, last.token, last.done, last.stop_reason) == (tuple(want[1:4]), None, True, StopReason.LENGTH)
+    assert session.tokens[p:] == want[:4]
+
+
 def test_a_stale_block_is_not_filled_when_the_forward_would_delay_the_next_block(tiny_engine, greedy_path):
     """The caller's fill deadline (when the edge's next block is expected): a token decoded alone
     whose forward would still run then is not started, since the block would wait for it."""
@@ -142,7 +183,7 @@ def test_a_stale_block_is_not_filled_when_the_forward_would_delay_the_next_block
     wrong = (want[0] + 1) % tiny_engine.vocab_size
 
     def corrected() -> tuple[VerifierSession, list[PendingBlock]]:
-        session = new_session(tiny_engine, prompt)
+        session = new_session(tiny_engine, prompt, rebase_stale=False)
         pending = [PendingBlock(0, p, [wrong, want[1]], more_follows=True), PendingBlock(0, p + 2, want[2:4])]
         (correction,) = session.verify_chain(pending)
         assert correction.is_correction and len(pending) == 1
@@ -197,7 +238,7 @@ def test_a_block_that_does_not_continue_the_committed_tokens_is_stale(tiny_engin
     ):
         session = two_committed()
         (verdict,) = session.verify_chain([block])
-        assert (verdict.stale, verdict.start_position, verdict.token) == (True, q, want[2]), block
+        assert (verdict.stale, verdict.start_position, verdict.committed([])[0]) == (True, q, want[2]), block
     session = two_committed()  # an empty block asks for the next token, wherever the edge thought that was
     (verdict,) = session.verify_chain([PendingBlock(0, q + 5, [])])  # (tokens decoded alone came first)
     assert not verdict.stale and (verdict.start_position, verdict.token) == (q, want[2])
@@ -332,6 +373,7 @@ def test_rejection_mode_with_blocks_in_flight_samples_the_target(tiny_engine, dr
         params = SamplingParams(mode=Mode.REJECTION, temperature=1.0, top_k=4, seed=seed)
         got = generate(tiny_engine, drafters["drafter_noisy"], prompt, params, max_new_tokens=3, draft_len=1, window=3)
         counts[tuple(got.tokens)] += 1
+        assert got.stats.rebased == 0  # a draft's q̃ holds only on the path it was drafted on
     # Sampling noise alone gives a TV distance of about 0.05 at this n over these outcomes.
     assert total_variation(counts, n, exact) < 0.08
 
@@ -355,30 +397,34 @@ def test_pipelined_edge_over_grpc_is_token_identical(tiny_engine, tiny_vocab, dr
             assert got.stats.target_forwards <= got.stats.rounds + got.stats.filled + 1
 
 
-@pytest.mark.parametrize("stale_blocks", ["decode", "drop"])
+@pytest.mark.parametrize("stale_blocks", ["rebase", "decode", "drop"])
 def test_stale_blocks_come_back_with_tokens_the_cloud_decoded_alone(tiny_engine, tiny_vocab, drafters, stale_blocks):
     """A rejection while later blocks are in flight, over gRPC: each stale block gets one verdict, with
-    the next token decoded alone (``--stale-blocks drop``: empty), and the next chain's guesses for those
-    tokens are skipped where right. The output is target-only's either way."""
+    the next token decoded (``--stale-blocks drop``: empty; ``rebase``: after the drafts sent for the
+    positions past the correction, where they were right), and the next chain's guesses for those
+    tokens are skipped where right. The output is target-only's either way. The drafter is wrong at
+    every fourth position and right elsewhere, also past its own wrong tokens."""
     from cloud.limits import ServiceLimits
     from cloud.server import BackgroundServer, ServerConfig
 
-    drafter = drafters["drafter_noisy"]
     totals = Counter()
-    limits = ServiceLimits(decode_stale=stale_blocks == "decode")
+    limits = ServiceLimits(decode_stale=stale_blocks != "drop", rebase_stale=stale_blocks == "rebase")
     with BackgroundServer(tiny_engine, ServerConfig(port=0, limits=limits)) as server:
         for text, seed in itertools.product(TEXTS, (1, 2)):
             prompt = tiny_prompt(tiny_engine, text)
             params = SamplingParams(mode=Mode.COUPLED, temperature=0.9, seed=seed)
-            want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=32, draft_len=0)
+            want = generate(tiny_engine, drafters["drafter_f32"], prompt, params, max_new_tokens=32, draft_len=0)
+            drafter = ScriptedDrafter(tiny_vocab[0], want.tokens, len(prompt), right=False, wrong_every=4)
             link = GrpcVerifier(server.address, vocab_size=tiny_vocab[0], fingerprint=tiny_vocab[1])
             got = run_decode(drafter, link, prompt, params, max_new_tokens=32, draft_len=3, window=4)
             assert got.tokens == want.tokens, f"seed {seed}"
             stats = got.stats
             assert stats.generated == len(got.tokens) and stats.target_forwards <= stats.rounds + stats.filled + 1
-            totals.update(stale=stats.stale, filled=stats.filled, corrections=stats.corrections_guessed)
+            totals.update(stale=stats.stale, filled=stats.filled, rebased=stats.rebased,
+                          corrections=stats.corrections_guessed)
     assert totals["corrections"] > 0 and totals["stale"] > 0
-    assert totals["filled"] > 0 if stale_blocks == "decode" else totals["filled"] == 0
+    assert totals["filled"] > 0 if stale_blocks != "drop" else totals["filled"] == 0
+    assert totals["rebased"] > 0 if stale_blocks == "rebase" else totals["rebased"] == 0, totals
 
 
 def test_the_cloud_bounds_blocks_in_flight(tiny_engine, greedy_path):

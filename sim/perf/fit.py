@@ -32,6 +32,9 @@ class RunTimings:
     down_samples: list[float]  # Verdict bytes with HTTP/2 header
     open_s: list[float]
     prompt_s: list[float]  # drafter reading the prompt
+    filled: int = 0  # stale blocks the cloud ran a forward for
+    rebased: int = 0  # ... the rebased drafts those forwards accepted
+    rebased_verified: int = 0  # ... and verified
 
 
 def timings_from_reports(reports: list[EdgeReport]) -> RunTimings:
@@ -52,6 +55,9 @@ def timings_from_reports(reports: list[EdgeReport]) -> RunTimings:
         down_samples=[b.down_bytes + HTTP2_FRAME_HEADER_BYTES for b in blocks],
         open_s=[r.open_s for r in reports],
         prompt_s=[r.drafter.prompt_eval_s for r in reports],
+        filled=sum(r.decode.filled for r in reports),
+        rebased=sum(r.decode.rebased for r in reports),
+        rebased_verified=sum(r.decode.rebased_verified for r in reports),
     )
 
 
@@ -71,6 +77,8 @@ class FittedTimings:
             up_bytes_fixed=up_fixed,
             up_bytes_per_draft=up_per_draft,
             down_bytes_per_round=sum(measured.down_samples) / max(len(measured.down_samples), 1),
+            rebased_per_fill=measured.rebased / max(measured.filled, 1),
+            rebased_verified_per_fill=measured.rebased_verified / max(measured.filled, 1),
         )
 
     def describe(self) -> dict:
@@ -84,6 +92,7 @@ class FittedTimings:
             "each prediction uses its own run's bytes (gRPC + HTTP/2 DATA framing)",
             "downlink": f"{b.down_bytes_per_round:.1f} B per verdict, {b.down_bytes_per_token_cloud_only:.1f} B per cloud-only token",
             "prefill": f"{b.prefill_s * 1e3:.0f} ms (Open round trip minus the RTT)",
+            "stale blocks": "per run: the rebased drafts a stale block's forward verified and accepted, per forward",
             "not modelled": "HTTP/2 control frames (WINDOW_UPDATE, PING) and headers, jitter, Python start-up, "
                             "hedge branches (a hedged run is predicted as if unhedged), blocks pending together "
                             "verified in one forward (each block is charged its own)",

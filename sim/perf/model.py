@@ -136,12 +136,22 @@ class Timings:
     # One-token forward when measured apart: CPU BLAS runs 1-row products on another
     # kernel (matrix-vector), so t_verify(1) need not lie on the line through n >= 2.
     verify_one_s: float | None = None
+    # A stale block's forward (the cloud decodes while the next chain's block is on its way):
+    # the rebased drafts it verifies (sent for those positions before the correction was known),
+    # and how many of them it accepts, on average; 0 with --stale-blocks decode or rejection mode.
+    rebased_verified_per_fill: float = 0.0
+    rebased_per_fill: float = 0.0
 
-    def verify_s(self, n_tokens: int) -> float:
+    def verify_s(self, n_tokens: float) -> float:
         """Target forward time over `n_tokens` new tokens (D drafts + the pending token)."""
         if n_tokens == 1 and self.verify_one_s is not None:
             return self.verify_one_s
         return self.verify_fixed_s + self.verify_per_token_s * n_tokens
+
+    @property
+    def fill_s(self) -> float:
+        """A stale block's forward: the next token, after the rebased drafts it verifies."""
+        return self.verify_s(1 + self.rebased_verified_per_fill)
 
     def up_bytes(self, draft_len: int) -> float:
         return self.up_bytes_fixed + self.up_bytes_per_draft * draft_len
@@ -241,7 +251,8 @@ def predict_pipelined(timings: Timings, link: NetworkModel, draft_len: int, wind
     max(draft, verify, (draft + L) / window): the drafter, the verifier and
     the window each bound how fast blocks flow. Blocks in flight past the
     failing one are stale: the cloud answers each with a token it decodes
-    alone while the next chain's first block is on its way
+    while the next chain's first block is on its way, after the drafts sent
+    for those positions that it accepts where they lie
     (``shared.acceptance.pipelined_chain``, as the controller predicts;
     ``decode_stale`` False: a verifier run with ``--stale-blocks drop``).
     Coalesced forwards are not modelled (each block is charged its own).
@@ -259,12 +270,12 @@ def predict_pipelined(timings: Timings, link: NetworkModel, draft_len: int, wind
         "verify": verify,
         "downlink": link.down_s(timings.down_bytes_per_round),
     }
-    one = timings.verify_s(1)
+    fill = timings.fill_s
     chain = pipelined_chain(timings.alpha_per_position or [0.0], draft_len, window, timings.draft_s_per_token,
-                            latency["uplink"] + link.rtt_s + latency["downlink"], verify, one,
-                            stale_share=1.0 if decode_stale else 0.0)
+                            latency["uplink"] + link.rtt_s + latency["downlink"], verify, fill,
+                            stale_share=1.0 if decode_stale else 0.0, rebased_per_fill=timings.rebased_per_fill)
     blocks, tokens = chain.blocks, chain.tokens
-    cloud_s = blocks * verify + chain.decoded_alone * one
+    cloud_s = blocks * verify + chain.fills * fill
     return Prediction(
         draft_len=draft_len,
         tokens_per_s=tokens / chain.seconds,
@@ -365,6 +376,8 @@ class HardwareProfile:
     # Rows at which a packed forward stops being memory-bound (the roofline's ridge point):
     # below it the weights' streaming time (verify_fixed) is paid once whatever the rows.
     ridge_rows: float = 1.0
+    rebased_per_fill: float = 0.0  # Timings.rebased_per_fill
+    rebased_verified_per_fill: float = 0.0
 
     def batch_forward_s(self, rows: int) -> float:
         """One packed forward over ``rows`` rows (many sessions'): memory-bound until ``ridge_rows``,
@@ -385,6 +398,8 @@ class HardwareProfile:
             prefill_s=self.prefill_ms / 1e3,
             draft_prefill_s=self.draft_prefill_ms / 1e3,
             open_up_bytes=self.open_bytes,
+            rebased_per_fill=self.rebased_per_fill,
+            rebased_verified_per_fill=self.rebased_verified_per_fill,
         )
 
 
@@ -392,7 +407,7 @@ _KEYS = {
     "": {"name", "description", "target", "drafter", "acceptance", "bytes"},
     "target": {"model", "verify_fixed_ms", "verify_per_token_ms", "prefill_ms", "vocab_size", "ridge_rows"},
     "drafter": {"model", "draft_ms_per_token", "draft_prefill_ms"},
-    "acceptance": {"alpha"},
+    "acceptance": {"alpha", "rebased_per_fill", "rebased_verified_per_fill"},
     "bytes": {"up_fixed", "up_per_draft", "down_per_round", "down_per_token_cloud_only", "open"},
 }
 
@@ -408,7 +423,8 @@ def load_hardware(name_or_path: str | Path) -> HardwareProfile:
     File layout: `name`, `description`; `[target]` model, verify_fixed_ms,
     verify_per_token_ms, prefill_ms, vocab_size, ridge_rows (default 1: compute-bound at once); `[drafter]` model,
     draft_ms_per_token, draft_prefill_ms; `[acceptance]` alpha (a number or a
-    list per position); optional `[bytes]` up_fixed, up_per_draft,
+    list per position), rebased_per_fill and rebased_verified_per_fill (a stale
+    block's forward: rebased drafts accepted and verified; default 0); optional `[bytes]` up_fixed, up_per_draft,
     down_per_round, down_per_token_cloud_only, open, defaulting to
     `protocol_bytes(vocab_size)`. Unknown keys are errors. ValueError on any problem.
     """
@@ -428,8 +444,8 @@ def _profile_from_dict(data: dict[str, Any], default_name: str) -> HardwareProfi
         if unknown:
             raise ValueError(f"unknown key(s) in {f'[{section}]' if section else 'top level'}: "
                              f"{', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
-    target, drafter = data.get("target", {}), data.get("drafter", {})
-    alpha = data.get("acceptance", {}).get("alpha")
+    target, drafter, acceptance = data.get("target", {}), data.get("drafter", {}), data.get("acceptance", {})
+    alpha = acceptance.get("alpha")
     if alpha is None:
         raise ValueError("[acceptance] alpha is required (a number or a list per position)")
     alpha = [float(a) for a in (alpha if isinstance(alpha, list) else [alpha])]
@@ -467,4 +483,6 @@ def _profile_from_dict(data: dict[str, Any], default_name: str) -> HardwareProfi
         draft_prefill_ms=number(drafter, "draft_prefill_ms", "drafter", 0.0),
         open_bytes=number(given, "open", "bytes", 0.0),
         ridge_rows=max(number(target, "ridge_rows", "target", 1.0), 1.0),
+        rebased_per_fill=number(acceptance, "rebased_per_fill", "acceptance", 0.0),
+        rebased_verified_per_fill=number(acceptance, "rebased_verified_per_fill", "acceptance", 0.0),
     )
