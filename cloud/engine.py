@@ -239,6 +239,14 @@ class TargetEngine:
         # Embedding rows past the tokenizer (padding) get a stable placeholder.
         return [p if p is not None else "" for p in pieces] + [f"<pad_{i}>" for i in range(len(pieces), self.vocab_size)]
 
+    def rows_at_cost_of(self, rows: int) -> int | None:
+        """The most rows a forward may hold for about the cost of ``rows``: on a CPU, the rows its
+        products are padded to anyway; None on an accelerator, whose decode forwards are
+        memory-bound (a few rows more cost next to nothing)."""
+        if self.device.type != "cpu":
+            return None
+        return self.padding(rows) if self.padding else (ROW_TILE if 1 < rows < ROW_TILE else rows)
+
     def new_sequence(self) -> CachedSequence:
         seq = CachedSequence()
         if self.leader is not None:

@@ -266,13 +266,16 @@ class VerifierSession:
         return self.decode_stale and self.rebase_stale and self.params.mode is not Mode.REJECTION
 
     def _rebased(self) -> list[int]:
-        """The spare drafts from the next position on, as many as lie there in a row (at most
-        ``max_draft_len``); none when a deferred row makes the token free of a forward."""
+        """The spare drafts from the next position on, as many as lie there in a row, at most
+        ``max_draft_len`` and what the forward holds for the cost of the token alone
+        (``TargetEngine.rows_at_cost_of``); none when a deferred row makes the token free of a forward."""
         self._spare = {p: t for p, t in self._spare.items() if p >= len(self.tokens)}
         if not self._rebases or self._deferred is not None:
             return []
+        free = self.engine.rows_at_cost_of(1)
+        most = self.max_draft_len if free is None else min(self.max_draft_len, free - 1)
         drafts = []
-        while len(drafts) < self.max_draft_len and len(self.tokens) + len(drafts) in self._spare:
+        while len(drafts) < most and len(self.tokens) + len(drafts) in self._spare:
             drafts.append(self._spare[len(self.tokens) + len(drafts)])
         return drafts
 
