@@ -12,7 +12,8 @@ import pytest
 RUN_KEYS = {
     "mode", "draft_len", "tokens_per_s", "ttft_s", "acceptance_length", "up_bytes_per_token", "down_bytes_per_token",
     "cloud_forwards_per_token", "cloud_cpu_s_per_token", "identical_to_baseline", "predicted_tokens_per_s",
-    "schedule", "window", "hedge", "mean_draft_len", "hedge_hit_rate",
+    "schedule", "window", "hedge", "mean_draft_len", "hedge_hit_rate", "stale_blocks", "stale_filled",
+    "rebased_verified", "rebased_accepted",
 }
 CONFIGS = [("greedy", 3, "lockstep", 1), ("greedy", 3, "pipelined", 3), ("coupled", 3, "lockstep", 1),
            ("coupled", 3, "pipelined", 3)]
@@ -41,6 +42,7 @@ def test_result_schema_and_files(sim_result):
         assert RUN_KEYS <= set(run)
     assert json.loads((out / "result.json").read_text()) == result
     assert "Token identity" in (out / "report.md").read_text()
+    assert "## Stale blocks" in (out / "report.md").read_text()  # the pipelined runs had some
     for name in ("tokens_per_s.png", "acceptance_length.png", "uplink_bytes_per_token.png", "cloud_compute_per_token.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -56,6 +58,8 @@ def test_split_is_identical_to_cloud_only_and_cheaper(sim_result):
         assert run["up_bytes_per_token"] > 0 and run["down_bytes_per_token"] > 0
         assert 0 < run["mean_draft_len"] <= 3 and run["hedge"] is None
         assert run["hedge_hit_rate"] is None or 0 <= run["hedge_hit_rate"] <= 1
+        assert run["stale_filled"] <= run["stale_blocks"] and 0 <= run["rebased_accepted"] <= run["rebased_verified"]
+        assert run["stale_blocks"] == 0 if run["schedule"] == "lockstep" else run["stale_blocks"] > 0
         assert run["predicted_tokens_per_s"] > 0 and run["prediction_error"] is not None
 
 

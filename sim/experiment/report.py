@@ -128,6 +128,7 @@ def markdown_report(result: dict) -> str:
             _table(result, "pipe"),
             "",
             *_hedge_lines(result),
+            *_stale_lines(result),
             "## Model fit",
             "",
             *[f"- {k}: {v}" for k, v in fit.items()],
@@ -151,6 +152,24 @@ def _hedge_lines(result: dict) -> list[str]:
             "the target's noise; greedy: its second-highest logit). A hedge branch for that token pays off this "
             "often; with `--hedges`, the branches taken and the tokens they committed past their correction.", "",
             tabulate(rows, headers=["config", "h", "hedges taken", "tokens gained"], tablefmt="pipe"), ""]
+
+
+def _stale_lines(result: dict) -> list[str]:
+    """Per run: the blocks answered stale, the forwards the cloud ran for them meanwhile, and the rebased
+    drafts those verified and accepted (tokens per such forward: 1 + accepted / forwards)."""
+    rows = [[config_label(r["mode"], r["draft_len"], r["schedule"], r["window"], r.get("hedge")),
+             r["stale_blocks"], r["stale_filled"], f"{r['rebased_accepted']}/{r['rebased_verified']}",
+             f"{1 + r['rebased_accepted'] / r['stale_filled']:.2f}" if r["stale_filled"] else "-"]
+            for r in result["runs"] if r.get("stale_blocks")]
+    if not rows:
+        return []
+    return ["## Stale blocks", "",
+            "Blocks in flight past a correction come back stale. While the next chain's first block is on its way "
+            "the cloud runs a forward for each (none when a usable block already waits): the next token, after "
+            "the drafts sent for those positions that it verifies where they lie and accepts (rebased; greedy "
+            "and coupled modes).", "",
+            tabulate(rows, headers=["config", "stale", "forwards", "rebased accepted/verified", "tokens per forward"],
+                     tablefmt="pipe"), ""]
 
 
 def _fleet_lines(fleet: dict | None) -> list[str]:

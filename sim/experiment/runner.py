@@ -102,6 +102,11 @@ def _aggregate(mode: str, draft_len: int, reports: list[EdgeReport], meters: lis
         # h: how often a correction was the drafter's second choice (what a hedge branch would bet on)
         "hedge_hit_rate": (sum(r.decode.corrections_hit for r in reports) / guessed) if guessed else None,
         "controller_switches": sum(r.switches for r in reports) if schedule == "adaptive" else None,
+        # blocks answered stale, the cloud's forwards for them, and the rebased drafts those verified and accepted
+        "stale_blocks": sum(r.decode.stale for r in reports),
+        "stale_filled": sum(r.decode.filled for r in reports),
+        "rebased_verified": sum(r.decode.rebased_verified for r in reports),
+        "rebased_accepted": sum(r.decode.rebased for r in reports),
         "tokens": tokens,
         "tokens_per_s": tokens / wall if wall else 0.0,
         "ttft_s": sum(r.ttft_s for r in reports) / len(reports),
