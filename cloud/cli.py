@@ -80,8 +80,9 @@ def add_cloud_commands(commands) -> None:
                        help="what a stale block gets (one drafted past a correction the edge had not seen yet): "
                        "'rebase': the next token, decoded while no usable block of the session is pending, so a "
                        "correction costs no idle round trip, in a forward that also verifies the drafts sent "
-                       "for the positions after it, where they lie (greedy and coupled modes; rejection mode "
-                       "decodes the token alone); 'decode': the token alone; 'drop': an empty answer, less "
+                       "for the positions after it, where they lie, as many as cost no more than the token "
+                       "alone (greedy and coupled modes, to edges that ask; rejection mode decodes the token "
+                       "alone); 'decode': the token alone; 'drop': an empty answer, less "
                        f"cloud compute per token (default {_stale_policy(limits)})")
     serve.add_argument("--max-new-tokens", type=positive_int, default=limits.max_new_tokens,
                        help=f"largest generation per session (default {limits.max_new_tokens})")

@@ -105,9 +105,13 @@ class RowPaddedHead(torch.nn.Module):
     def weight(self) -> torch.Tensor:
         return self.head.weight
 
+    def padded_rows(self, rows: int) -> int:
+        """The rows a product of ``rows`` rows runs on."""
+        return self.padding(rows) if self.padding else (ROW_TILE if 1 < rows < ROW_TILE else rows)
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         rows = hidden.shape[-2]
-        padded = self.padding(rows) if self.padding else (ROW_TILE if 1 < rows < ROW_TILE else rows)
+        padded = self.padded_rows(rows)
         if padded == rows:
             return self.head(hidden)
         pad = hidden.new_zeros(*hidden.shape[:-2], padded - rows, hidden.shape[-1])
@@ -243,9 +247,7 @@ class TargetEngine:
         """The most rows a forward may hold for about the cost of ``rows``: on a CPU, the rows its
         products are padded to anyway; None on an accelerator, whose decode forwards are
         memory-bound (a few rows more cost next to nothing)."""
-        if self.device.type != "cpu":
-            return None
-        return self.padding(rows) if self.padding else (ROW_TILE if 1 < rows < ROW_TILE else rows)
+        return None if self.device.type != "cpu" else self.head.padded_rows(rows)
 
     def new_sequence(self) -> CachedSequence:
         seq = CachedSequence()

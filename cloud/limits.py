@@ -24,7 +24,7 @@ class ServiceLimits:
     max_kv_tokens: int = 262_144  # KV positions all sessions may reserve (prompt + max new tokens each)
     max_batch_rows: int = 256  # rows one target forward packs across sessions (prompts are prefilled in chunks)
     max_branches: int = 4  # hedge branches per block, each up to max_draft_len tokens (0: hedging off)
-    decode_stale: bool = True  # a stale block gets the next token decoded alone when nothing usable is pending
+    decode_stale: bool = True  # a stale block gets the next token decoded when nothing usable is pending
     rebase_stale: bool = True  # ... and that forward verifies the drafts sent past the correction (greedy, coupled)
 
     def __post_init__(self) -> None:

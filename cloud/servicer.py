@@ -141,7 +141,9 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         self._log_skipped = 0
         log.info("session %s ended: %s: %s%s", entry.session_id if entry else "-", exc.code.name, exc, skipped)
 
-    async def _new_session(self, opened: OpenRequest, max_draft_len: int, owner: str) -> SessionEntry:
+    async def _new_session(self, opened: OpenRequest, max_draft_len: int, owner: str,
+                           takes_rebased: bool = False) -> SessionEntry:
+        """``takes_rebased``: the edge reads stale verdicts' rebased drafts (``Open.takes_rebased``)."""
         params, prompt, max_new_tokens = opened.params, opened.prompt, opened.max_new_tokens
         try:
             # Refuse before spending a prefill on a session that cannot be kept.
@@ -151,7 +153,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                 session = VerifierSession(
                     self.engine, prompt, params, max_new_tokens=max_new_tokens, max_draft_len=max_draft_len,
                     max_branches=self.max_branches, decode_stale=self.limits.decode_stale,
-                    rebase_stale=self.limits.rebase_stale,
+                    rebase_stale=self.limits.rebase_stale and takes_rebased,
                     prefill=False,
                 )
                 yield from session.prefill_steps()
@@ -191,11 +193,13 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed frame: {type(exc).__name__}") from exc
 
     def _decode_draft(self, entry: SessionEntry, draft: pb.Draft) -> PendingBlock | None:
-        """A Draft frame as a pending block (one of an older epoch is stale: left undecoded, it is
-        answered without its drafts); None for a block sent before the Opened that exceeds the
-        session's draft length (dropped unanswered)."""
+        """A Draft frame as a pending block (one of an older epoch is stale: answered without
+        verification, its ids kept only as spare drafts when the session rebases, its q̃ and branches
+        never decoded); None for a block sent before the Opened that exceeds the session's draft
+        length (dropped unanswered)."""
         session = entry.session
-        if draft.epoch < session.epoch:
+        stale = draft.epoch < session.epoch
+        if stale and not session.rebases:
             return PendingBlock(draft.epoch, draft.start_position, [], more_follows=False)
         params = session.params
         try:
@@ -207,6 +211,8 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                 draft_top_k=params.draft_top_k if params.sends_q else None,
                 prob_bits=params.prob_bits if params.sends_q else None,
             )
+            if stale:  # its ids are spare drafts for a stale block's forward; its branches, nothing
+                return PendingBlock(draft.epoch, draft.start_position, tokens.tolist(), more_follows=False)
             if len(draft.branches) > session.max_branches:  # checked before decoding any of them
                 raise ValueError(f"{len(draft.branches)} branches, the limit is {session.max_branches}")
             branches = tuple(
@@ -564,7 +570,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
     async def _open(self, request: pb.Open, owner: str) -> SessionEntry:
         opened = self._parse_request(request)
         max_draft_len = min(request.max_draft_len or self.limits.max_draft_len, self.limits.max_draft_len)
-        entry = await self._new_session(opened, max_draft_len, owner)
+        entry = await self._new_session(opened, max_draft_len, owner, takes_rebased=request.takes_rebased)
         params = opened.params
         log.info(
             "session %s opened: %d prompt tokens, mode %s, T=%.2f, D<=%d, max %d new",

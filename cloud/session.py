@@ -118,7 +118,7 @@ class VerifierSession:
         # whole prompt and keeps its last row so: the first position is answered without another
         # forward (the first token can leave right after the prefill, as in cloud-only decoding).
         self.verify_s = 0.0  # wall time inside verify(), forward included
-        self.one_token_s = Ewma()  # seconds a stale block's forward takes (a token decoded alone, rebased drafts)
+        self.one_token_s = Ewma()  # seconds a forward for the next token takes (a stale block's: with rebased drafts)
         self._deferred: torch.Tensor | None = None
         self._taken_branch: tuple[int, int] | None = None  # (position, tokens) of a branch to adopt into the cache
         # Drafts the edge sent for positions past the committed tokens, drafted past a token the target
@@ -198,10 +198,10 @@ class VerifierSession:
         epoch) are verified in one forward; verification walks the chain in order
         and stops at the first correction, bonus or end, leaving the blocks after
         it pending (after a correction they are stale). A stale front block gets a
-        stale verdict: with a token decoded alone when no usable block is pending
-        behind it and that token's forward would be over by ``fill_deadline``
-        (``time.perf_counter()`` seconds; None: no deadline), without one (and no
-        forward) otherwise.
+        stale verdict: with the next token (after the rebased drafts accepted) when
+        no usable block is pending behind it and that forward would be over by
+        ``fill_deadline`` (``time.perf_counter()`` seconds; None: no deadline),
+        without one (and no forward) otherwise.
         """
         if self.done:
             raise BlockRejected("session already finished")
@@ -213,9 +213,8 @@ class VerifierSession:
         self._check(front)
         skip = self._overlap(front)
         if skip is None:
-            if self._rebases:
-                self._spare.update(zip(range(front.start_position, front.start_position + len(front.drafts)),
-                                       front.drafts))
+            if self.rebases:
+                self._spare.update(_by_position(front.start_position, front.drafts))
             if not self._fills(pending, fill_deadline):
                 del pending[0]
                 return [Verdict(front.epoch, len(self.tokens), 0, None, False, False, stale=True)]
@@ -248,10 +247,10 @@ class VerifierSession:
         del pending[: len(verdicts)]
         if skip is None:
             verdicts = [_stale(verdicts[0], front.epoch, chain[0].drafts)]
-        elif self._rebases:
+        elif self.rebases:
             self._spare = _past_correction(chain[len(verdicts) - 1], verdicts[-1])
         elapsed = time.perf_counter() - started
-        if skip is None and self.forwards > self.stats.target_forwards:  # a stale block's forward
+        if (skip is None or not drafts) and self.forwards > self.stats.target_forwards:  # the next token, in a forward
             self.one_token_s.add(elapsed)
         self.stats.target_forwards = self.forwards
         self.verify_s += elapsed
@@ -260,7 +259,7 @@ class VerifierSession:
 
     # -- internals ---------------------------------------------------------
     @property
-    def _rebases(self) -> bool:
+    def rebases(self) -> bool:
         """Whether stale blocks' forwards verify spare drafts: greedy and coupled modes only (a
         draft's q̃ in rejection mode is the drafter's on the path it was drafted on)."""
         return self.decode_stale and self.rebase_stale and self.params.mode is not Mode.REJECTION
@@ -270,7 +269,7 @@ class VerifierSession:
         ``max_draft_len`` and what the forward holds for the cost of the token alone
         (``TargetEngine.rows_at_cost_of``); none when a deferred row makes the token free of a forward."""
         self._spare = {p: t for p, t in self._spare.items() if p >= len(self.tokens)}
-        if not self._rebases or self._deferred is not None:
+        if not self.rebases or self._deferred is not None:
             return []
         free = self.engine.rows_at_cost_of(1)
         most = self.max_draft_len if free is None else min(self.max_draft_len, free - 1)
@@ -280,9 +279,9 @@ class VerifierSession:
         return drafts
 
     def _fills(self, pending: list[PendingBlock], deadline: float | None) -> bool:
-        """Whether the stale block at the front of ``pending`` gets a token decoded alone: the service
-        decodes for stale blocks, no usable block waits behind it, and the forward (none after a
-        deferred bonus) would be over by ``deadline``."""
+        """Whether the stale block at the front of ``pending`` gets the next token: the service decodes
+        for stale blocks, no usable block waits behind it, and the forward (none after a deferred
+        bonus) would be over by ``deadline``."""
         if not self.decode_stale or any(self._overlap(block) is not None for block in pending[1:]):
             return False
         if deadline is None or self._deferred is not None:
@@ -449,8 +448,12 @@ def _past_correction(block: PendingBlock, verdict: Verdict) -> dict[int, int]:
     if not verdict.is_correction or verdict.branch:
         return {}
     first = verdict.accepted + 1
-    return dict(zip(range(block.start_position + first, block.start_position + len(block.drafts)),
-                    block.drafts[first:]))
+    return _by_position(block.start_position + first, block.drafts[first:])
+
+
+def _by_position(start: int, drafts: list[int]) -> dict[int, int]:
+    """``drafts`` keyed by their absolute positions, the first at ``start``."""
+    return dict(zip(range(start, start + len(drafts)), drafts))
 
 
 def _check_request(engine: TargetEngine, prompt: Sequence[int], max_new_tokens: int) -> None:

@@ -317,6 +317,7 @@ class GrpcVerifier:
             self.recoveries[-1].recover_s = arrived - self._lost_at
         self._lost_at = None
         self.rtt_samples_s.append(max(arrived - sent.at - message.server_us * 1e-6, 0.0))
+        self._check_tokens(message)
         if message.stale:  # answered without its drafts: a token decoded (after rebased drafts), or no forward
             forward_tokens = message.rebased_verified + 1 if message.HasField("token") or message.rebased else 0
         elif not sent.drafts:  # an empty block: one token, wherever it was asked for
@@ -328,13 +329,23 @@ class GrpcVerifier:
                 BlockTiming(forward_tokens=forward_tokens, cloud_s=message.server_us * 1e-6, up_bytes=sent.up_bytes,
                             down_bytes=down_bytes)
             )
-        ids = [*message.rebased, *([message.token] if message.HasField("token") else [])]
-        if any(token >= self.vocab_size for token in ids):
-            raise VerifierError(f"malformed verdict from the cloud: a token id outside the vocabulary of {self.vocab_size}")
         try:
             return verdict_from_proto(message)
         except ValueError as exc:
             raise VerifierError(f"malformed verdict from the cloud: {exc}") from exc
+
+    def _check_tokens(self, message: pb.Verdict) -> None:
+        """Refuse a verdict's token ids before anything is taken from it: ids outside the vocabulary,
+        more rebased drafts than it verified or than a block may hold, rebased drafts with neither a
+        token after them nor the end (whether it answers the block sent is the loop's question)."""
+        rebased = message.rebased
+        if len(rebased) > message.rebased_verified or message.rebased_verified > self._max_draft_len:
+            raise VerifierError(f"malformed verdict from the cloud: {len(rebased)} rebased drafts of "
+                                f"{message.rebased_verified} verified, at most {self._max_draft_len}")
+        if rebased and not message.HasField("token") and not message.done:
+            raise VerifierError("malformed verdict from the cloud: rebased drafts with no token after them")
+        if any(token >= self.vocab_size for token in rebased) or message.token >= self.vocab_size:
+            raise VerifierError(f"malformed verdict from the cloud: a token id outside the vocabulary of {self.vocab_size}")
 
     def abandon(self) -> None:
         """Drop the stream now without a Close, as an edge that vanished would (the cloud parks the
@@ -399,6 +410,7 @@ class GrpcVerifier:
             max_new_tokens=self._max_new_tokens - generated,
             max_draft_len=self._max_draft_len,
             first_token=True,
+            takes_rebased=True,
             **fields,
         )
 

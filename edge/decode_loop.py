@@ -5,10 +5,12 @@ drafted from the drafter's own unverified tokens and sent with
 ``more_follows`` on the one before it (``window`` 1 is lock-step). A
 correction voids every later block in flight: they were drafted at the old
 epoch, so the verifier answers each as stale, with the next token decoded
-alone while it has no usable block. The loop drafts again from the committed
-prefix plus the correction at once, the first drafts of the new block
-guessing the tokens those stale blocks will bring (the verifier skips the
-ones that match). Randomness is keyed by absolute position, so where drafting
+while it has no usable block (after the drafts sent for those positions that
+it accepts where they lie: ``Verdict.rebased``). The loop drafts again from
+the committed prefix plus the correction at once, the first drafts of the new
+block guessing the tokens those stale blocks will bring (the verifier skips
+the ones that match; when they bring more than the block holds, or one it
+guessed wrong, everything in flight is void and the loop drafts again). Randomness is keyed by absolute position, so where drafting
 pauses or restarts never changes the output.
 
 Transport-agnostic: a ``VerifierConnection`` is answered in-process
@@ -284,8 +286,9 @@ def run_decode(
                 committed_end = len(prompt) + len(generated)
                 live = [f for f in in_flight if not f.void]
                 # A new chain starts at the committed prefix; its first drafts guess the tokens the
-                # void blocks in flight will bring (each at most one, decoded alone by the verifier:
-                # the session allows window - 1 drafts more than draft_len for them).
+                # void blocks in flight will bring (one each, as the token decoded for each; the rebased
+                # drafts before it, which are often none, are not counted: the session allows
+                # window - 1 drafts more than draft_len for these guesses).
                 start = live[-1].end if live else committed_end
                 guesses = 0 if live else len(in_flight)
                 produced = start - len(prompt)
@@ -352,10 +355,9 @@ def run_decode(
                 stats.record_stale(len(committed), len(verdict.rebased), verdict.rebased_verified)
                 if controller is not None:
                     controller.observe_stale(len(committed), len(verdict.rebased))
-                # A block the loop thought usable was stale, or the tokens decoded for it contradict a guess
-                # the blocks in flight were chained on: everything in flight is void.
-                void_now = not sent.void or not all(_expects(in_flight, committed_end + i, token)
-                                                    for i, token in enumerate(committed))
+                # A block the loop thought usable was stale, or the tokens decoded for it leave the live
+                # blocks in flight unusable (decided once they are committed, below): all in flight is void.
+                void_now = not sent.void
             else:
                 guesses = sent.block.runner_up[skip:] if sent.block.runner_up else None
                 if verdict.is_correction and guesses and guesses[verdict.accepted] is not None:
@@ -375,6 +377,8 @@ def run_decode(
                 hold = committed[:1] != [early_guess] and bool(in_flight)  # the early block rests on a wrong guess:
                 early_guess = None  # it is verified all the same, but nothing is chained on it
             halt = commit(committed)
+            if verdict.stale and committed and not void_now:
+                void_now = not _first_live_continues(in_flight, generated, len(prompt))
             since_plan += len(committed)
             if verdict.done or halt:
                 stop = verdict.stop_reason if verdict.done else StopReason.STOP
@@ -438,14 +442,17 @@ def _voided(in_flight: deque[_InFlight]) -> deque[_InFlight]:
     return deque(replace(f, void=True) for f in in_flight)
 
 
-def _expects(in_flight: deque[_InFlight], position: int, token: int) -> bool:
-    """Whether the live blocks in flight are consistent with ``token`` at ``position``: the one
-    drafted there, if any, drafted that token."""
-    for f in in_flight:
-        index = position - f.start_position
-        if not f.void and 0 <= index < len(f.block.tokens):
-            return f.block.tokens[index] == token
-    return True
+def _first_live_continues(in_flight: deque[_InFlight], generated: list[int], prompt_len: int) -> bool:
+    """Whether the first live block in flight with drafts still continues the committed tokens
+    (``generated``, from position ``prompt_len``) as the verifier checks it (``_overlap`` in
+    ``cloud.session``): it starts at or before the next position, its drafts up to there are the
+    tokens committed there, and it has drafts past them. True when there is none."""
+    live = next((f for f in in_flight if not f.void and f.block.tokens), None)
+    if live is None:
+        return True
+    skip = prompt_len + len(generated) - live.start_position
+    held = generated[live.start_position - prompt_len :]
+    return 0 <= skip < len(live.block.tokens) and live.block.tokens[:skip] == held
 
 
 def _observe(controller: Controller, drafter: Drafter, sent: _InFlight, drafted: int, verdict: Verdict,

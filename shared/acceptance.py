@@ -96,7 +96,7 @@ class ChainForecast:
     """One chain of pipelined blocks, from a correction to the next, on average."""
 
     blocks: float  # blocks verified
-    tokens: float  # tokens committed, those the cloud decoded alone for stale blocks included
+    tokens: float  # tokens committed, those the cloud decoded for stale blocks included
     seconds: float
     p_full: float  # P(a block is fully accepted)
     in_flight_past: float  # blocks in flight past the failing one (their drafts come to nothing)

@@ -56,7 +56,7 @@ class DecodeStats:
     hedges_taken: int = 0  # ... whose guessed correction was the target's (the branch was verified on)
     hedge_tokens: int = 0  # tokens taken branches committed past the correction, the final token included (the gain)
     stale: int = 0  # blocks answered stale (drafted past a token the verifier did not commit)
-    filled: int = 0  # ... with a token the verifier decoded alone meanwhile (a forward each)
+    filled: int = 0  # ... with a token the verifier decoded meanwhile (a forward each, but after a deferred bonus)
     rebased: int = 0  # ... drafts those forwards verified where they lay and accepted, before that token
     rebased_verified: int = 0  # ... drafts those forwards verified, accepted or not
 

@@ -31,12 +31,13 @@ class Verdict:
 
     ``stale``: the block could not be verified (drafted past a token the
     verifier did not commit) and its drafts are void. ``token``, when set, is
-    the next token the cloud decoded alone at ``start_position`` because it
-    had no usable block (``accepted`` 0, ``bonus``): a rejection costs the
-    cloud no idle round trip. ``rebased``: drafts the edge had sent for the
-    positions from ``start_position`` on (drafted past the correction), which
-    that forward verified where they lie and accepted; they come before
-    ``token`` (``rebased_verified``: how many it verified, accepted or not).
+    the next token the cloud decoded for it because it had no usable block
+    (``accepted`` 0, ``bonus``): a rejection costs the cloud no idle round
+    trip. ``rebased``: drafts the edge had sent for the positions from
+    ``start_position`` on (drafted past the correction), which that forward
+    verified where they lie and accepted; they come before ``token``, which
+    is at ``start_position + len(rebased)`` (``rebased_verified``: how many it
+    verified, accepted or not).
     Every block sent gets exactly one verdict.
     """
 

@@ -7,7 +7,7 @@ import asyncio
 import itertools
 import queue
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import replace
 
 import grpc
@@ -20,6 +20,7 @@ from cloud.session import BlockRejected, PendingBlock, VerifierSession
 from edge.client import GrpcVerifier, VerifierError
 from edge.controller import Controller
 from edge.decode_loop import ProtocolError, run_decode
+from edge.drafter import DraftBlock
 from edge.llama_drafter import LlamaDrafter
 from edge.ngram_drafter import NgramDrafter
 from protos import splitspec_pb2 as pb
@@ -429,6 +430,71 @@ def test_stale_blocks_come_back_with_tokens_the_cloud_decoded_alone(tiny_engine,
     assert totals["rebased"] > 0 if stale_blocks == "rebase" else totals["rebased"] == 0, totals
 
 
+def test_only_an_edge_that_takes_rebased_drafts_gets_them_and_stale_blocks_bring_theirs(tiny_engine, tiny_vocab,
+                                                                                         drafters):
+    """Over gRPC: an edge from before ``Verdict.rebased`` (no ``Open.takes_rebased``) would drop those
+    tokens, so it is answered with tokens decoded alone; a current edge gets them, and the drafts of
+    stale blocks that arrive after the correction count too (their ids are decoded, nothing else)."""
+    from cloud.server import BackgroundServer, ServerConfig
+
+    class OldEdge(GrpcVerifier):
+        def _open_message(self, *args, **fields):
+            message = super()._open_message(*args, **fields)
+            message.takes_rebased = False
+            return message
+
+    params = SamplingParams(mode=Mode.COUPLED, temperature=0.9, seed=1)
+    prompt = tiny_prompt(tiny_engine, TEXTS[0])
+    want = generate(tiny_engine, drafters["drafter_f32"], prompt, params, max_new_tokens=32, draft_len=0).tokens
+    rebased = {}
+    with BackgroundServer(tiny_engine, ServerConfig(port=0)) as server:
+        for edge in (OldEdge, GrpcVerifier):
+            drafter = ScriptedDrafter(tiny_vocab[0], want, len(prompt), right=False, wrong_every=4)
+            link = edge(server.address, vocab_size=tiny_vocab[0], fingerprint=tiny_vocab[1])
+            got = run_decode(drafter, link, prompt, params, max_new_tokens=32, draft_len=3, window=4)
+            assert got.tokens == want, edge.__name__
+            rebased[edge] = got.stats.rebased
+    assert rebased[OldEdge] == 0 and rebased[GrpcVerifier] > 0
+
+
+def test_a_stale_blocks_ids_are_decoded_only_for_a_session_that_rebases(tiny_engine, greedy_path):
+    from cloud.limits import ServiceLimits
+    from cloud.servicer import VerifierServicer
+    from shared.wire import OpenRequest
+
+    prompt, want = greedy_path
+    servicer = VerifierServicer(tiny_engine, ServiceLimits())
+    payload = codec.encode_tokens(want[4:6], tiny_engine.vocab_size).data
+
+    async def stale_block(takes_rebased: bool, mode: Mode) -> PendingBlock:
+        params = SamplingParams(mode=mode, temperature=1.0, seed=0)
+        entry = await servicer._new_session(OpenRequest(params, prompt, 40), 8, "test", takes_rebased=takes_rebased)
+        try:
+            entry.session.epoch = 1  # as after a correction
+            return servicer._decode_draft(entry, pb.Draft(epoch=0, start_position=len(prompt) + 4, payload=payload))
+        finally:
+            servicer.table.remove(entry)
+
+    assert asyncio.run(stale_block(True, Mode.COUPLED)).drafts == want[4:6]
+    assert asyncio.run(stale_block(False, Mode.COUPLED)).drafts == []  # an edge from before rebasing
+    assert asyncio.run(stale_block(True, Mode.REJECTION)).drafts == []  # (q̃ is never decoded for a stale block)
+    servicer.scheduler.shutdown()
+
+
+def test_the_edge_voids_its_chain_when_stale_tokens_leave_its_first_live_block_unusable():
+    from edge.decode_loop import _first_live_continues, _InFlight
+
+    prompt_len, generated = 10, [1, 2, 3]  # positions 10, 11, 12 committed; the next is 13
+    block = _InFlight(1, 12, DraftBlock([3, 4, 5]), True)  # guesses 3 for position 12, then drafts 4, 5
+    void = _InFlight(0, 20, DraftBlock([9, 9]), False, void=True)
+    assert _first_live_continues(deque([void, block]), generated, prompt_len)
+    assert _first_live_continues(deque([block]), [*generated, 4], prompt_len)  # a right guess: 5 still to verify
+    assert not _first_live_continues(deque([block]), [*generated, 7], prompt_len)  # a wrong one
+    assert not _first_live_continues(deque([block]), [*generated, 4, 5], prompt_len)  # every draft committed
+    assert not _first_live_continues(deque([_InFlight(1, 14, DraftBlock([6]), True)]), generated, prompt_len)  # past
+    assert _first_live_continues(deque([void, _InFlight(1, 13, DraftBlock([]), False)]), generated, prompt_len)
+
+
 def test_the_cloud_bounds_blocks_in_flight(tiny_engine, greedy_path):
     """More blocks waiting than the limit ends the stream; the check runs before any forward."""
     from cloud.limits import ServiceLimits
@@ -655,3 +721,45 @@ def test_the_first_token_reaches_the_caller_before_the_main_thread_drafts(tiny_e
         assert controller.acceptances == controller.blocks + 1 and controller.blocks > 0
     finally:
         inner.close()
+
+
+@pytest.mark.parametrize("lie", ["id-outside-the-vocabulary", "more-rebased-than-verified", "no-token-after-them"])
+def test_the_edge_refuses_a_stale_verdict_with_bad_rebased_drafts(tiny_vocab, lie):
+    """A cloud (a real gRPC server here) whose stale verdict carries impossible rebased drafts ends the
+    generation with an error that says so, before anything of it is taken."""
+    from concurrent import futures
+
+    vocab_size = tiny_vocab[0]
+    prompt = [1, 2, 3]
+    bad = {
+        "id-outside-the-vocabulary": dict(rebased=[vocab_size + 5], rebased_verified=1, token=1),
+        "more-rebased-than-verified": dict(rebased=[1, 2], rebased_verified=1, token=1),
+        "no-token-after-them": dict(rebased=[1], rebased_verified=1),
+    }[lie]
+
+    class Hostile(pb_grpc.VerifierServicer):
+        def Decode(self, request_iterator, context):
+            next(request_iterator)  # the Open
+            first = pb.Verdict(epoch=0, start_position=len(prompt), token=7, bonus=True)
+            yield pb.CloudFrame(opened=pb.Opened(resume_ticket=b"t" * 16, vocab_size=vocab_size, max_draft_len=8,
+                                                 max_blocks_in_flight=4, first_verdict=first))
+            next(request_iterator)  # a block
+            yield pb.CloudFrame(verdict=pb.Verdict(epoch=0, start_position=len(prompt) + 1, stale=True, bonus=True,
+                                                   **bad))
+            context.abort(grpc.StatusCode.CANCELLED, "done")
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    pb_grpc.add_VerifierServicer_to_server(Hostile(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        link = GrpcVerifier(f"127.0.0.1:{port}", vocab_size=vocab_size, fingerprint=tiny_vocab[1], outage_budget_s=0.5)
+        link.open(prompt, GREEDY, max_new_tokens=16, max_draft_len=8)
+        assert link.receive().token == 7
+        link.send(0, len(prompt) + 1, DraftBlock([4, 5]), False)
+        with pytest.raises(VerifierError, match="malformed verdict"):
+            link.receive()
+        assert len(link.block_log) == 1  # the first verdict's: nothing was taken from the refused one
+        link.close()
+    finally:
+        server.stop(0)
