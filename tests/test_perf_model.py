@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -278,6 +279,20 @@ def test_llama70b_cloud_only_is_15_to_20_tokens_per_s():
     assert t.verify_s(9) / t.verify_s(1) < 1.1
 
 
+def test_rebased_drafts_make_a_stale_blocks_forward_commit_more_for_less():
+    """What a stale block's forward commits past its token (rebased drafts) makes chains faster and each
+    token cheaper for the cloud; the 70B profile's assumption is read from its file."""
+    profile = load_hardware("llama70b-8xh100-mac")
+    assert profile.rebased_per_fill > 0 and profile.rebased_verified_per_fill >= profile.rebased_per_fill
+    t = profile.to_timings()
+    link = NetworkModel.from_link_config(load_scenario("acespec-50k").link)
+    alone = predict_pipelined(dataclasses.replace(t, rebased_per_fill=0.0, rebased_verified_per_fill=0.0), link, 4, 4)
+    rebased = predict_pipelined(t, link, 4, 4)
+    assert rebased.tokens_per_s > alone.tokens_per_s and rebased.cloud_s_per_token < alone.cloud_s_per_token
+    assert predict_pipelined(t, link, 4, 4, decode_stale=False) == predict_pipelined(
+        dataclasses.replace(t, rebased_per_fill=0.0), link, 4, 4, decode_stale=False)  # nothing to rebase
+
+
 def test_hardware_file_errors(tmp_path):
     with pytest.raises(ValueError, match="shipped"):
         load_hardware("no-such-profile")
@@ -295,6 +310,10 @@ def test_hardware_file_errors(tmp_path):
     bad.write_text(good.replace("alpha = 0.85", "alpha = 1.5"))
     with pytest.raises(ValueError, match="alpha"):
         load_hardware(bad)
+    negative = tmp_path / "negative.toml"
+    negative.write_text(good.replace("alpha = 0.85", "alpha = 0.85\nrebased_per_fill = -1"))
+    with pytest.raises(ValueError, match="rebased_per_fill"):
+        load_hardware(negative)
 
 
 # ---------------------------------------------------------------- CLI
@@ -315,6 +334,11 @@ def test_sim_model_cli_json_is_labelled_modelled():
     assert all(r["config"] == "split" for r in rows[1:])
     best = max(rows[1:], key=lambda r: r["tokens_per_s"])
     assert report["best_draft_len"] == best["draft_len"]
+    # The pipelined headline: the fastest within 1%, the least cloud compute among them.
+    piped, chosen = report["pipelined_rows"], report["best_pipelined"]
+    fastest = max(r["tokens_per_s"] for r in piped)
+    near = [r for r in piped if r["tokens_per_s"] * 1.01 >= fastest]
+    assert chosen in near and chosen["cloud_compute_vs_cloud_only"] == min(r["cloud_compute_vs_cloud_only"] for r in near)
     assert {"draft", "uplink", "rtt", "verify", "downlink"} == set(rows[3]["breakdown"])
 
 
@@ -354,3 +378,17 @@ def test_the_drafter_speed_fitted_counts_every_token_it_drafted():
     timings = timings_from_reports([report])
     assert timings.draft_s / timings.drafted == pytest.approx((0.16 - 0.04) / 8)
     assert timings.accepted_at == [1, 1, 0, 0] and timings.drafted_at == [1, 1, 1, 1]  # acceptance: verified drafts
+
+
+def test_the_fit_takes_what_stale_blocks_forwards_committed_per_run():
+    decode = DecodeStats()
+    decode.record_round(drafted=4, accepted=2, committed=3)
+    decode.record_stale(3, rebased=2, verified=3)  # two rebased drafts, then the token
+    decode.record_stale(1, rebased=0, verified=2)
+    decode.record_stale(0)  # answered empty: no forward
+    report = EdgeReport(kind=SPLIT, tokens=[1] * 7, text="", stop_reason="length", prompt_tokens=5, wall_s=1.0,
+                        ttft_s=0.3, open_s=0.25, bytes_up=100, bytes_down=60, rtt_ms=100.0, decode=decode,
+                        drafter=DrafterStats(drafted=8, draft_s=0.16))
+    measured = timings_from_reports([report])
+    assert (measured.filled, measured.rebased, measured.rebased_verified) == (2, 2, 5)
+    assert decode.generated == 7 and decode.stale == 3

@@ -85,10 +85,21 @@ def model_report(hardware: str, scenario: str, max_draft_len: int = 16, window: 
         "best": next(r for r in rows if r["draft_len"] == best and r["config"] == "split"),
         "window": window,
         "pipelined_rows": pipelined,
-        "best_pipelined": max(pipelined, key=lambda r: (r["tokens_per_s"], -r["draft_len"])),
+        "best_pipelined": _fastest_then_cheapest(pipelined),
         "capacity": {"rows": (cap := capacity_rows(profile, link, max_draft_len=max_draft_len, window=window)),
                      "ridge_rows": profile.ridge_rows, **capacity_at_slo(cap, slo)},
     }
+
+
+_SPEED_TIE = 0.01  # draft lengths predicted this close count as equally fast
+
+
+def _fastest_then_cheapest(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The row predicted fastest; among those within ``_SPEED_TIE`` of it, the one with the least cloud
+    compute per token (then the shortest block)."""
+    best = max(r["tokens_per_s"] for r in rows)
+    return min((r for r in rows if r["tokens_per_s"] * (1 + _SPEED_TIE) >= best),
+               key=lambda r: (r["cloud_compute_vs_cloud_only"], r["draft_len"]))
 
 
 def _row(pred, base, config: str) -> dict[str, Any]:
