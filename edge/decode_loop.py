@@ -10,8 +10,9 @@ it accepts where they lie: ``Verdict.rebased``). The loop drafts again from
 the committed prefix plus the correction at once, the first drafts of the new
 block guessing the tokens those stale blocks will bring (the verifier skips
 the ones that match; when they bring more than the block holds, or one it
-guessed wrong, everything in flight is void and the loop drafts again). Randomness is keyed by absolute position, so where drafting
-pauses or restarts never changes the output.
+guessed wrong, everything in flight is void and the loop drafts again).
+Randomness is keyed by absolute position, so where drafting pauses or
+restarts never changes the output.
 
 Transport-agnostic: a ``VerifierConnection`` is answered in-process
 (``sim.inprocess``) or over gRPC (``edge.client``). The loop trusts only
