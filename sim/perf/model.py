@@ -150,8 +150,9 @@ class Timings:
 
     @property
     def fill_s(self) -> float:
-        """A stale block's forward: the next token, after the rebased drafts it verifies."""
-        return self.verify_s(1 + self.rebased_verified_per_fill)
+        """A stale block's forward: the next token's (``verify_s(1)``, measured apart where it can be),
+        plus the line's cost per row for the rebased drafts it verifies (none for a falling line)."""
+        return self.verify_s(1) + max(self.verify_per_token_s, 0.0) * self.rebased_verified_per_fill
 
     def up_bytes(self, draft_len: int) -> float:
         return self.up_bytes_fixed + self.up_bytes_per_draft * draft_len
