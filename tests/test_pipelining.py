@@ -176,6 +176,17 @@ def test_rebased_drafts_stop_at_eos_and_the_token_limit(tiny_engine, greedy_path
     (last,) = session.verify_chain(pending)
     assert (last.rebased, last.token, last.done, last.stop_reason) == (tuple(want[1:4]), None, True, StopReason.LENGTH)
     assert session.tokens[p:] == want[:4]
+    session = new_session(tiny_engine, prompt)
+    pending = [PendingBlock(0, p, [wrong, want[1]], more_follows=True), PendingBlock(0, p + 2, want[2:6])]
+    session.verify_chain(pending)
+    original = session.engine.eos_token_ids
+    try:
+        session.engine.eos_token_ids = {want[2]}  # the second rebased draft ends the text
+        (last,) = session.verify_chain(pending)
+    finally:
+        session.engine.eos_token_ids = original
+    assert (last.rebased, last.token, last.done, last.stop_reason) == (tuple(want[1:3]), None, True, StopReason.EOS)
+    assert session.tokens[p:] == want[:3]
 
 
 def test_a_stale_block_is_not_filled_when_the_forward_would_delay_the_next_block(tiny_engine, greedy_path):
