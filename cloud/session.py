@@ -49,7 +49,7 @@ from shared.params import Mode, SamplingParams
 from shared.sparse import SparseDist
 from shared.stats import DecodeStats, Ewma
 from shared.verdict import StopReason, Verdict
-from shared.wire import next_epoch
+from shared.wire import committed_skip, next_epoch
 
 __all__ = ["VerifierSession", "BlockRejected", "PendingBlock", "MAX_BRANCH_LEN"]
 
@@ -320,10 +320,7 @@ class VerifierSession:
             return None
         if not block.drafts:
             return 0  # it asks for the next token, wherever the edge thought that was
-        skip = len(self.tokens) - block.start_position
-        if skip < 0 or skip >= len(block.drafts) or block.drafts[:skip] != self.tokens[block.start_position :]:
-            return None
-        return skip
+        return committed_skip(block.start_position, block.drafts, self.tokens)
 
     def _distributions(self, drafts: list[int], branches: list[tuple[int, list[int]]]) -> Steps:
         """Logits [len(drafts) + 1, V] for the positions len(tokens) .. len(tokens) + len(drafts),

@@ -28,9 +28,8 @@ each chain's correction bring (``shared.acceptance.stale_expectation``), and
 for cloud decoding (one token per forward). It takes the window predicted
 best (among equals the largest: a verifier-bound pipeline gains from blocks
 pending that the arithmetic does not credit), and switches draft length only
-when the other choice is
-predicted ``hysteresis`` better, so noise does not make it flap. A load hint
-from the cloud caps the draft length.
+when the other choice is predicted ``hysteresis`` better, so noise does not
+make it flap. A load hint from the cloud caps the draft length.
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ from edge.hedging import hedge
 from shared.params import SamplingParams
 from shared.stats import DecodeStats
 from shared.verdict import StopReason, Verdict
-from shared.wire import next_epoch
+from shared.wire import committed_skip, next_epoch
 
 __all__ = [
     "VerifierConnection",
@@ -340,7 +340,6 @@ def run_decode(
                                                                                                  - len(prompt):]))
                 or (verdict.stale and (verdict.accepted or verdict.branch))
                 or (verdict.rebased and not verdict.stale)
-                or len(verdict.rebased) > verdict.rebased_verified or verdict.rebased_verified > draft_limit
                 or verdict.accepted > len(drafts)
                 or (verdict.is_deferred and not sent.more_follows)
                 or not _answers_branch(verdict, branches)
@@ -445,15 +444,10 @@ def _voided(in_flight: deque[_InFlight]) -> deque[_InFlight]:
 
 def _first_live_continues(in_flight: deque[_InFlight], generated: list[int], prompt_len: int) -> bool:
     """Whether the first live block in flight with drafts still continues the committed tokens
-    (``generated``, from position ``prompt_len``) as the verifier checks it (``_overlap`` in
-    ``cloud.session``): it starts at or before the next position, its drafts up to there are the
-    tokens committed there, and it has drafts past them. True when there is none."""
+    (``generated``, from position ``prompt_len``) as the verifier checks it (``committed_skip``).
+    True when there is none."""
     live = next((f for f in in_flight if not f.void and f.block.tokens), None)
-    if live is None:
-        return True
-    skip = prompt_len + len(generated) - live.start_position
-    held = generated[live.start_position - prompt_len :]
-    return 0 <= skip < len(live.block.tokens) and live.block.tokens[:skip] == held
+    return live is None or committed_skip(live.start_position, live.block.tokens, generated, prompt_len) is not None
 
 
 def _observe(controller: Controller, drafter: Drafter, sent: _InFlight, drafted: int, verdict: Verdict,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from protos import splitspec_pb2 as pb
@@ -39,6 +40,7 @@ __all__ = [
     "http2_framed_size",
     "message_wire_bytes",
     "next_epoch",
+    "committed_skip",
     "server_us",
     "session_id_of",
     "parse_open_request",
@@ -130,6 +132,18 @@ def is_loopback(address: str) -> bool:
 
 
 # ---------------------------------------------------------------- session rules
+
+
+def committed_skip(start_position: int, drafts: Sequence[int], committed: Sequence[int],
+                   first_position: int = 0) -> int | None:
+    """How many of a block's first drafts the committed tokens already hold, when the block continues
+    them: it starts at or before the next position, those drafts are the tokens committed there, and it
+    has drafts past them. None: it does not (a verifier answers it stale). ``committed``: the tokens
+    from ``first_position`` on (which ``start_position`` is not before)."""
+    skip = first_position + len(committed) - start_position
+    if skip < 0 or skip >= len(drafts) or list(drafts[:skip]) != list(committed[start_position - first_position :]):
+        return None
+    return skip
 
 
 def next_epoch(epoch: int, verdict: Verdict) -> int:
