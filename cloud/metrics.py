@@ -9,7 +9,7 @@ increments those counters.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summary, start_http_server
 
 from shared.stats import RoundRecord
 
@@ -43,6 +43,13 @@ class ServiceMetrics:
         self.verify_latency = Histogram(
             "splitspec_verify_latency_seconds", "Verify step wall time, forward included", buckets=_LATENCY_BUCKETS, registry=r
         )
+        # Queueing excluded (unlike the latency): what a step costs the engine, by the session's rows in
+        # its forward (bounded by the block limits), which the performance model fits its verify line on.
+        self.verify_service = Summary(
+            "splitspec_verify_service_seconds",
+            "A session's verify step from its start on the engine to its verdicts (forward, verification, sampling)",
+            ["rows"], registry=r,
+        )
         self.engine_forwards = Counter(
             "splitspec_engine_forwards", "Packed target forwards (each may carry many sessions' rows)", registry=r
         )
@@ -73,6 +80,10 @@ class ServiceMetrics:
         self.generated.inc(record.committed)
         for i in range(record.accepted):
             self.accepted_at.labels(position=str(i)).inc()
+
+    def observe_step(self, *, rows: int, seconds: float) -> None:
+        """One session's verify step that ran a forward of ``rows`` rows for it."""
+        self.verify_service.labels(rows=str(rows)).observe(seconds)
 
     def observe_forward(self, *, rows: int, sequences: int, seconds: float) -> None:
         """One packed target forward (called on the engine thread)."""

@@ -258,6 +258,8 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             raise _Abort(grpc.StatusCode.ABORTED, "the session was resumed on another stream", park=True)
         now = time.perf_counter()
         self.table.touch(entry)
+        if session.last_step_rows:
+            self.metrics.observe_step(rows=session.last_step_rows, seconds=session.last_step_s)
         out = []
         forwards = session.forwards - forwards_before
         overhead = 0.0

@@ -118,6 +118,10 @@ class VerifierSession:
         # whole prompt and keeps its last row so: the first position is answered without another
         # forward (the first token can leave right after the prefill, as in cloud-only decoding).
         self.verify_s = 0.0  # wall time inside verify(), forward included
+        # The last verify step: the rows this session put in its forward (0: it ran none) and its
+        # wall time, forward, verification and sampling included (the service's cost per step).
+        self.last_step_rows = 0
+        self.last_step_s = 0.0
         self.one_token_s = Ewma()  # seconds a forward for the next token takes (a stale block's: with rebased drafts)
         self._deferred: torch.Tensor | None = None
         self._taken_branch: tuple[int, int] | None = None  # (position, tokens) of a branch to adopt into the cache
@@ -209,6 +213,7 @@ class VerifierSession:
             raise BlockRejected("the session's last turn failed half-way; reopen it")
         if not pending:
             return []
+        self.last_step_rows = 0
         front = pending[0]
         self._check(front)
         skip = self._overlap(front)
@@ -252,6 +257,7 @@ class VerifierSession:
         elapsed = time.perf_counter() - started
         if (skip is None or not drafts) and self.forwards > self.stats.target_forwards:  # the next token, in a forward
             self.one_token_s.add(elapsed)
+        self.last_step_s = elapsed
         self.stats.target_forwards = self.forwards
         self.verify_s += elapsed
         self.stats.wall_s += elapsed
@@ -334,6 +340,7 @@ class VerifierSession:
         parts = [] if self._deferred is None else [self._deferred[None]]
         branch_rows = []
         if feed:
+            self.last_step_rows = len(feed) + sum(len(tokens) for _, tokens in branches)
             out = yield ForwardItem(self.seq, feed, "all", branches)
             parts.append(out[: len(feed)])
             offset = len(feed)

@@ -103,6 +103,7 @@ class ChainForecast:
     stale_blocks: int  # ... whole ones: each gets a stale verdict
     fills: float  # forwards the cloud ran for them (a token decoded after rebased drafts)
     filled: float  # tokens those forwards committed
+    stale_s: float  # ... and the time the chain waits on them (included in ``seconds``)
 
 
 def pipelined_chain(alpha_per_position: list[float], draft_len: int, window: int, draft_s_per_token: float,
@@ -134,4 +135,5 @@ def pipelined_chain(alpha_per_position: list[float], draft_len: int, window: int
         stale_blocks=stale,
         fills=stale_share * fill.forwards,
         filled=stale_share * fill.tokens,
+        stale_s=stale_share * fill.seconds,
     )

@@ -22,7 +22,9 @@ from sim.perf.model import (
     NetworkModel,
     Timings,
     best_draft_len,
+    chain_timeline,
     expected_acceptance_length,
+    expected_chain_end,
     fit_linear,
     list_hardware,
     load_hardware,
@@ -78,20 +80,40 @@ def test_pipelined_chain_by_hand():
     blocks = 1 / (1 - 0.25)
     tokens = (blocks - 1) * 2 + 0.25 / 0.75 + 1
     draft, verify = 0.020, 0.050 + 0.001 * 3
-    trip = 0.1 + verify
-    chain = draft + trip + (blocks - 1) * max(draft, verify, (draft + trip) / 2)
+    # Each block's verdict at the edge, were none to fail: block 1 waits behind block 0's forward; the
+    # window holds block 2 until block 0's verdict; from then on each waits for the verdict two back.
+    timeline = chain_timeline(draft, 0.1, verify, 0.002, 2, 40)
+    assert [at for at, _ in timeline[:5]] == pytest.approx([0.173, 0.226, 0.346, 0.399, 0.519])
+    assert [cloud for _, cloud in timeline[:3]] == pytest.approx([0.053, 0.106, 0.159])
+    chain, cloud = expected_chain_end(0.25, timeline)
+    # It ends at block n with probability 0.25^n * 0.75; past the fifth block that weighs under 0.5%.
+    assert chain == pytest.approx(0.75 * sum(0.25**n * at for n, at in enumerate([0.173, 0.226, 0.346, 0.399, 0.519])),
+                                  rel=5e-3)
     unfilled = predict_pipelined(t, link, 2, 2, decode_stale=False)  # a verifier run with --stale-blocks drop
-    assert unfilled.tokens_per_s == pytest.approx(tokens / chain)
-    assert unfilled.cloud_s_per_token == pytest.approx(blocks * verify / tokens)
+    # (the model follows a chain for as long as it is at least 1e-4 likely to go on)
+    assert unfilled.tokens_per_s == pytest.approx(tokens / chain, rel=1e-4)
+    assert unfilled.cloud_s_per_token == pytest.approx(cloud / tokens, rel=1e-4)
     assert unfilled.acceptance_length == pytest.approx(tokens / blocks)
     # The one block in flight past the correction is stale: within the gap (the RTT and drafting the next
     # block, 2 drafts and 1 guess) the cloud decodes one token alone (51 ms) for it. The guess is right half
     # the time; else that block is stale too: one more gap, one more token decoded alone.
     gap, one = 0.1 + 3 * 0.010, 0.051
     alone, waited = 1 + 0.5, 0.5 * gap
-    assert p.tokens_per_s == pytest.approx((tokens + alone) / (chain + waited))
-    assert p.cloud_s_per_token == pytest.approx((blocks * verify + alone * one) / (tokens + alone))
+    assert p.tokens_per_s == pytest.approx((tokens + alone) / (chain + waited), rel=1e-4)
+    assert p.cloud_s_per_token == pytest.approx((cloud + alone * one) / (tokens + alone), rel=1e-4)
     assert p.tokens_per_s > unfilled.tokens_per_s
+
+
+def test_a_verifier_slower_than_the_drafter_verifies_the_pending_blocks_together():
+    """A block drafted every 50 ms, a forward of 100 ms and 20 ms per extra block, 200 ms of network."""
+    timeline = chain_timeline(0.05, 0.2, 0.1, 0.02, 8, 6)
+    # Block 0 alone (0.05 .. 0.15); then 1 and 2, sent by 0.15 (to 0.27); then 3 and 4 (to 0.39); then 5.
+    assert [at for at, _ in timeline] == pytest.approx([0.35, 0.47, 0.47, 0.59, 0.59, 0.69])
+    assert [cloud for _, cloud in timeline] == pytest.approx([0.10, 0.22, 0.22, 0.34, 0.34, 0.44])
+    # Without coalescing gains (each extra block as dear as a forward) the queue grows: block 5 at 0.85.
+    assert chain_timeline(0.05, 0.2, 0.1, 0.1, 8, 6)[-1] == pytest.approx((0.85, 0.6))
+    # A window of one is lock-step: draft, verify, network, again.
+    assert [at for at, _ in chain_timeline(0.05, 0.2, 0.1, 0.02, 1, 3)] == pytest.approx([0.35, 0.70, 1.05])
 
 
 def test_stale_blocks_bring_as_many_tokens_as_fit_in_the_gap():
@@ -375,7 +397,7 @@ def test_the_drafter_speed_fitted_counts_every_token_it_drafted():
     report = EdgeReport(kind=SPLIT, tokens=[1, 2, 3], text="", stop_reason="length", prompt_tokens=5, wall_s=1.0,
                         ttft_s=0.3, open_s=0.25, bytes_up=100, bytes_down=60, rtt_ms=100.0, decode=decode,
                         drafter=drafter)
-    timings = timings_from_reports([report])
+    timings = timings_from_reports([report], [], "coupled")
     assert timings.draft_s / timings.drafted == pytest.approx((0.16 - 0.04) / 8)
     assert timings.accepted_at == [1, 1, 0, 0] and timings.drafted_at == [1, 1, 1, 1]  # acceptance: verified drafts
 
@@ -389,6 +411,21 @@ def test_the_fit_takes_what_stale_blocks_forwards_committed_per_run():
     report = EdgeReport(kind=SPLIT, tokens=[1] * 7, text="", stop_reason="length", prompt_tokens=5, wall_s=1.0,
                         ttft_s=0.3, open_s=0.25, bytes_up=100, bytes_down=60, rtt_ms=100.0, decode=decode,
                         drafter=DrafterStats(drafted=8, draft_s=0.16))
-    measured = timings_from_reports([report])
+    measured = timings_from_reports([report], [], "coupled")
     assert (measured.filled, measured.rebased, measured.rebased_verified) == (2, 2, 5)
     assert decode.generated == 7 and decode.stale == 3
+
+
+def test_service_samples_are_the_cloud_steps_between_two_scrapes():
+    """One sample per verify step between the scrapes, at its rows count's mean time: a line through
+    them is the line through the steps."""
+    from sim.perf.fit import service_samples
+
+    before = {"splitspec_verify_service_seconds_count": {"1": 3.0, "5": 1.0},
+              "splitspec_verify_service_seconds_sum": {"1": 0.3, "5": 0.2}}
+    after = {"splitspec_verify_service_seconds_count": {"1": 5.0, "5": 1.0, "9": 2.0},
+             "splitspec_verify_service_seconds_sum": {"1": 0.52, "5": 0.2, "9": 0.5}}
+    samples = service_samples(before, after)
+    assert [rows for rows, _ in sorted(samples)] == [1, 1, 9, 9]
+    assert [seconds for _, seconds in sorted(samples)] == pytest.approx([0.11, 0.11, 0.25, 0.25])
+    assert service_samples(after, after) == [] and service_samples({}, {}) == []

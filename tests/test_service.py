@@ -152,6 +152,10 @@ def test_metrics_count_what_happened(tiny_models, tiny_engine, tiny_vocab, verif
     assert value("splitspec_bytes_out_total") == link.bytes_down
     assert metrics.registry.get_sample_value("splitspec_accepted_at_position_total", {"position": "0"}) >= 1
     assert metrics.registry.get_sample_value("splitspec_verify_latency_seconds_count") == result.stats.rounds
+    # Every verify step that ran a forward (all but the prefill), by its rows: at most the block's drafts and one.
+    steps = {sample.labels["rows"]: sample.value for family in metrics.registry.collect() for sample in family.samples
+             if sample.name == "splitspec_verify_service_seconds_count"}
+    assert sum(steps.values()) == result.stats.target_forwards - 1 and {int(rows) for rows in steps} <= set(range(1, 6))
 
 
 def test_edge_run_cli_json(tiny_models, verifier):

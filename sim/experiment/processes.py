@@ -120,16 +120,21 @@ class CloudProcess:
             self.proc.kill()
             self.proc.wait(timeout=20)
 
-    def metric(self, name: str) -> float:
-        """Current value of a counter from the service's Prometheus endpoint (0 if absent)."""
+    def scrape(self) -> dict[str, dict[str, float]]:
+        """The service's Prometheus samples now: name -> {its first label's value ("" when
+        unlabelled) -> value}."""
         from prometheus_client.parser import text_string_to_metric_families
 
         text = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10).read().decode()
+        samples: dict[str, dict[str, float]] = {}
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
-                if sample.name == name and not sample.labels:
-                    return float(sample.value)
-        return 0.0
+                samples.setdefault(sample.name, {})[next(iter(sample.labels.values()), "")] = float(sample.value)
+        return samples
+
+    def metric(self, name: str) -> float:
+        """Current value of an unlabelled counter from the service's Prometheus endpoint (0 if absent)."""
+        return self.scrape().get(name, {}).get("", 0.0)
 
     def _stop(self) -> None:
         if self.proc and self.proc.poll() is None:

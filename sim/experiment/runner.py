@@ -57,18 +57,26 @@ def _sampling_args(cfg: SimConfig, prompt: str, mode: str) -> list[str]:
 
 
 class _Meter:
-    """Deltas of the cloud's and the link's counters around one edge process."""
+    """Deltas of the cloud's and the link's counters around one edge process, and the cloud's verify
+    steps in between (``verify_samples``: (rows in the forward, seconds) per step)."""
 
     def __init__(self, cloud: CloudProcess, link: BackgroundLink) -> None:
         self.cloud, self.link = cloud, link
 
+    def _read(self) -> tuple[float, dict[str, dict[str, float]], int, int]:
+        return (self.cloud.cpu_s(), self.cloud.scrape(), *self.link.counters())
+
     def __enter__(self):
-        self._start = (self.cloud.cpu_s(), self.cloud.metric("splitspec_target_forwards_total"), *self.link.counters())
+        self._start = self._read()
         return self
 
     def __exit__(self, *exc) -> None:
-        end = (self.cloud.cpu_s(), self.cloud.metric("splitspec_target_forwards_total"), *self.link.counters())
-        self.cpu_s, self.forwards, self.up, self.down = (b - a for a, b in zip(self._start, end))
+        (cpu_before, before, up_before, down_before), (cpu, after, up, down) = self._start, self._read()
+        forwards = "splitspec_target_forwards_total"
+        self.cpu_s = cpu - cpu_before
+        self.forwards = after.get(forwards, {}).get("", 0.0) - before.get(forwards, {}).get("", 0.0)
+        self.up, self.down = up - up_before, down - down_before
+        self.verify_samples = model_fit.service_samples(before, after)
 
 
 @dataclass
@@ -148,7 +156,7 @@ def run_simulation(cfg: SimConfig, progress=lambda line: print(line, file=sys.st
         # Warm the cloud up (first forwards allocate and load lazily) so no configuration pays for it.
         run_edge_process(["baseline", "--cloud", f"127.0.0.1:{cloud.port}", "--drafter", cfg.drafter,
                           "--prompt", "Hello", "--max-new-tokens", "4", "--temperature", "0"], edge_cores)
-        baselines, baseline_reports = {}, []
+        baselines, baseline_reports, baseline_samples = {}, [], []
         for kind in kinds:
             reports, meters = [], []
             for prompt in cfg.prompts:
@@ -160,6 +168,7 @@ def run_simulation(cfg: SimConfig, progress=lambda line: print(line, file=sys.st
                 meters.append(meter)
             baselines[kind] = _aggregate("cloud-only", 0, reports, meters)
             baseline_reports.extend(reports)
+            baseline_samples.extend(s for m in meters for s in m.verify_samples)
             progress(f"    cloud-only ({kind}): {baselines[kind]['tokens_per_s']:.2f} tok/s")
         runs = []
         split_started = time.monotonic()
@@ -183,13 +192,14 @@ def run_simulation(cfg: SimConfig, progress=lambda line: print(line, file=sys.st
             reference = baselines[_baseline_kind(mode)]
             # Rejection mode is lossless in distribution, not token for token: no identity to check.
             run["identical_to_baseline"] = run["outputs"] == reference["outputs"] if mode in TOKEN_IDENTICAL_MODES else None
-            runs.append(_Measured(run, model_fit.timings_from_reports(reports), _baseline_kind(mode)))
+            timings = model_fit.timings_from_reports(reports, [s for m in meters for s in m.verify_samples], mode)
+            runs.append(_Measured(run, timings, _baseline_kind(mode)))
             progress(
                 f"    {name}: {run['tokens_per_s']:.2f} tok/s, AL {run['acceptance_length']:.2f}, "
                 f"identical={run['identical_to_baseline']}"
             )
         fleet = _fleet_summary(broker, fleet_link, time.monotonic() - split_started, cfg) if broker else None
-    result = _finish(cfg, baselines, baseline_reports, runs)
+    result = _finish(cfg, baselines, baseline_reports, baseline_samples, runs)
     result["fleet"] = fleet
     return result
 
@@ -213,17 +223,12 @@ def _baseline_kind(mode: str) -> str:
     return "greedy" if mode == "greedy" else "sampled"
 
 
-def _finish(cfg, baselines: dict, baseline_reports: list[EdgeReport], measured: list[_Measured]) -> dict:
+def _finish(cfg, baselines: dict, baseline_reports: list[EdgeReport], baseline_samples: list[tuple[int, float]],
+            measured: list[_Measured]) -> dict:
     link = perf_model.NetworkModel.from_link_config(cfg.scenario.link)
-    # The shared timings (verify cost, prefill) are fitted on lock-step runs, whose blocks each cost their
-    # own forward (else on pipelined ones; adaptive runs' empty blocks queue behind each other, so their
-    # cloud times are not one forward's); every run is predicted with its own acceptance and bytes.
-    lockstep = (
-        [m for m in measured if m.row["schedule"] == "lockstep"]
-        or [m for m in measured if m.row["schedule"] == "pipelined"]
-        or measured
-    )
-    fitted = model_fit.fit_timings([m.timings for m in lockstep], baseline_reports, rtt_s=link.rtt_s)
+    # The shared timings (the verify line on the cloud's own step times, the prefill) are fitted on every
+    # run; every run is predicted with its own acceptance and bytes.
+    fitted = model_fit.fit_timings([m.timings for m in measured], baseline_reports, baseline_samples, rtt_s=link.rtt_s)
     per_prompt = lambda run: run["tokens"] / len(cfg.prompts)  # noqa: E731
     runs = [m.row for m in measured]
     for m in measured:

@@ -1,8 +1,12 @@
 """Fitting ``sim.perf.model.Timings`` on what a simulation run measured.
 
 Inputs are the edge processes' reports (``edge.report.EdgeReport`` from
-``splitspec-edge run|baseline --json --timings``). Shared across runs: the verify-time line t_verify(n), fitted
-on every block's and every cloud-only token's cloud time, and the prefill.
+``splitspec-edge run|baseline --json --timings``) and the cloud's verify steps
+(``service_samples``: its ``splitspec_verify_service_seconds`` summary around
+each run, by rows in the forward; queueing excluded, so pipelined blocks that
+waited behind each other fit the same line as lock-step ones). Shared across
+runs: the verify-time line t_verify(n), fitted on every step's rows and time,
+and the prefill.
 Per run: its drafter speed, its acceptance per position and its bytes per
 block (q̃ makes rejection blocks much larger than coupled ones).
 """
@@ -16,18 +20,21 @@ from edge.report import EdgeReport
 from shared.wire import HTTP2_FRAME_HEADER_BYTES
 from sim.perf.model import Timings, fit_linear
 
-__all__ = ["RunTimings", "FittedTimings", "timings_from_reports", "fit_timings"]
+__all__ = ["RunTimings", "FittedTimings", "service_samples", "timings_from_reports", "fit_timings"]
+
+SERVICE_METRIC = "splitspec_verify_service_seconds"  # cloud.metrics.ServiceMetrics.verify_service
 
 
 @dataclass
 class RunTimings:
     """What one configuration's edge processes measured."""
 
+    mode: str  # greedy, coupled or rejection: each has its own verify line (rejection's reads q̃ and samples more)
     drafted: int  # tokens the drafter drafted (blocks that came back stale, guesses and branches included)
     draft_s: float  # drafter time, prompt reading excluded
     accepted_at: list[int]
     drafted_at: list[int]
-    verify_samples: list[tuple[int, float]]  # (tokens in the forward, cloud seconds)
+    verify_samples: list[tuple[int, float]]  # (rows in the forward, the cloud's seconds on the step) per step
     up_samples: list[tuple[int, float]]  # (drafts in the block, Draft bytes with HTTP/2 header)
     down_samples: list[float]  # Verdict bytes with HTTP/2 header
     open_s: list[float]
@@ -37,7 +44,23 @@ class RunTimings:
     rebased_verified: int = 0  # ... and verified
 
 
-def timings_from_reports(reports: list[EdgeReport]) -> RunTimings:
+def service_samples(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]) -> list[tuple[int, float]]:
+    """The cloud's verify steps between two scrapes of its metrics (name -> {rows -> value}), as
+    (rows, seconds) samples: each rows count's mean time, once per step (a least-squares line through
+    them is the line through the steps themselves)."""
+    out = []
+    counts, sums = f"{SERVICE_METRIC}_count", f"{SERVICE_METRIC}_sum"
+    for rows, count in after.get(counts, {}).items():
+        steps = round(count - before.get(counts, {}).get(rows, 0.0))
+        if steps > 0:
+            seconds = after[sums][rows] - before.get(sums, {}).get(rows, 0.0)
+            out += [(int(rows), seconds / steps)] * steps
+    return out
+
+
+def timings_from_reports(reports: list[EdgeReport], verify_samples: list[tuple[int, float]], mode: str) -> RunTimings:
+    """One configuration's timings: its edges' reports in ``mode``, and the cloud's verify steps meanwhile
+    (``service_samples``)."""
     width = max(len(r.decode.drafted_at) for r in reports)
     accepted_at, drafted_at = [0] * width, [0] * width
     for r in reports:
@@ -46,11 +69,12 @@ def timings_from_reports(reports: list[EdgeReport]) -> RunTimings:
             drafted_at[i] += d
     blocks = [b for r in reports for b in r.blocks]
     return RunTimings(
+        mode=mode,
         drafted=sum(r.drafter.drafted for r in reports),  # (decode.drafted: verified drafts only)
         draft_s=sum(r.drafter.draft_s - r.drafter.prompt_eval_s for r in reports),
         accepted_at=accepted_at,
         drafted_at=drafted_at,
-        verify_samples=[(b.forward_tokens, b.cloud_s) for b in blocks],
+        verify_samples=verify_samples,
         up_samples=[(b.drafts, b.up_bytes + HTTP2_FRAME_HEADER_BYTES) for b in blocks],
         down_samples=[b.down_bytes + HTTP2_FRAME_HEADER_BYTES for b in blocks],
         open_s=[r.open_s for r in reports],
@@ -66,12 +90,20 @@ class FittedTimings:
     base: Timings  # pooled over every run
     runs: list[RunTimings]
     rtt_s: float
+    verify_lines: dict[str, tuple[float, float]]  # mode -> (fixed s, s per row), where its runs span two sizes
+
+    def verify_line(self, mode: str) -> tuple[float, float]:
+        """t_verify(n) = fixed + per-row x n for ``mode`` (the pooled line where its own could not be fitted)."""
+        return self.verify_lines.get(mode, (self.base.verify_fixed_s, self.base.verify_per_token_s))
 
     def for_timings(self, measured: RunTimings) -> Timings:
-        """The pooled timings with ``measured``'s drafter speed, acceptance and bytes (any run)."""
+        """The pooled timings with ``measured``'s drafter speed, acceptance, bytes (any run) and its mode's verify line."""
         up_fixed, up_per_draft = fit_linear(measured.up_samples)
+        verify_fixed, verify_per_token = self.verify_line(measured.mode)
         return dataclasses.replace(
             self.base,
+            verify_fixed_s=verify_fixed,
+            verify_per_token_s=verify_per_token,
             draft_s_per_token=measured.draft_s / max(measured.drafted, 1),
             alpha_per_position=_alpha(measured.accepted_at, measured.drafted_at),
             up_bytes_fixed=up_fixed,
@@ -83,10 +115,13 @@ class FittedTimings:
 
     def describe(self) -> dict:
         b = self.base
+        lines = {"pooled": (b.verify_fixed_s, b.verify_per_token_s), **self.verify_lines}
         return {
-            "t_verify(n)": f"{b.verify_fixed_s * 1e3:.1f} ms + {b.verify_per_token_s * 1e3:.2f} ms x n for n >= 2, "
+            "t_verify(n)": ", ".join(f"{mode} {fixed * 1e3:.1f} ms + {per_row * 1e3:.2f} ms x n"
+                                     for mode, (fixed, per_row) in lines.items())
+            + " for n >= 2 rows; "
             + (f"t_verify(1) = {b.verify_one_s * 1e3:.1f} ms" if b.verify_one_s is not None else "t_verify(1) on the line")
-            + " (cloud time per block)",
+            + " (the cloud's time per verify step, queueing excluded)",
             "drafter": f"{b.draft_s_per_token * 1e3:.1f} ms per drafted token (pooled; per run in predictions)",
             "uplink per block": f"{b.up_bytes_fixed:.1f} B + {b.up_bytes_per_draft:.2f} B x D, pooled over modes; "
             "each prediction uses its own run's bytes (gRPC + HTTP/2 DATA framing)",
@@ -94,8 +129,7 @@ class FittedTimings:
             "prefill": f"{b.prefill_s * 1e3:.0f} ms (Open round trip minus the RTT)",
             "stale blocks": "per run: the rebased drafts a stale block's forward verified and accepted, per forward",
             "not modelled": "HTTP/2 control frames (WINDOW_UPDATE, PING) and headers, jitter, Python start-up, "
-                            "hedge branches (a hedged run is predicted as if unhedged), blocks pending together "
-                            "verified in one forward (each block is charged its own)",
+                            "hedge branches (a hedged run is predicted as if unhedged)",
         }
 
 
@@ -112,9 +146,10 @@ def _alpha(accepted_at: list[int], drafted_at: list[int]) -> list[float]:
     return conditional
 
 
-def fit_timings(runs: list[RunTimings], baseline_reports: list[EdgeReport], rtt_s: float = 0.0) -> FittedTimings:
-    one_token = [b.cloud_s for r in baseline_reports for b in r.blocks]
-    one_token += [s for r in runs for n, s in r.verify_samples if n == 1]
+def fit_timings(runs: list[RunTimings], baseline_reports: list[EdgeReport], baseline_samples: list[tuple[int, float]],
+                rtt_s: float = 0.0) -> FittedTimings:
+    """``baseline_samples``: the cloud's verify steps during the cloud-only runs (``service_samples``)."""
+    one_token = [s for n, s in baseline_samples if n == 1] + [s for r in runs for n, s in r.verify_samples if n == 1]
     verify_fixed, verify_per_token = fit_linear([(n, s) for r in runs for n, s in r.verify_samples if n > 1])
     up_fixed, up_per_draft = fit_linear([s for r in runs for s in r.up_samples])
     downs = [d for r in runs for d in r.down_samples]
@@ -139,4 +174,14 @@ def fit_timings(runs: list[RunTimings], baseline_reports: list[EdgeReport], rtt_
         draft_prefill_s=sum(prompts) / max(len(prompts), 1),
         open_up_bytes=sum(r.bytes_up for r in baseline_reports) / max(len(baseline_reports), 1),
     )
-    return FittedTimings(base=base, runs=runs, rtt_s=rtt_s)
+    return FittedTimings(base=base, runs=runs, rtt_s=rtt_s, verify_lines=_verify_lines(runs))
+
+
+def _verify_lines(runs: list[RunTimings]) -> dict[str, tuple[float, float]]:
+    """Per mode, the line through its runs' verify steps of two rows or more, where they hold two sizes."""
+    lines = {}
+    for mode in sorted({r.mode for r in runs}):
+        samples = [(n, s) for r in runs if r.mode == mode for n, s in r.verify_samples if n > 1]
+        if len({n for n, _ in samples}) > 1:
+            lines[mode] = fit_linear(samples)
+    return lines

@@ -43,6 +43,8 @@ from shared.wire import http2_framed_size
 from sim.package_data import list_shipped, load_toml
 
 __all__ = [
+    "chain_timeline",
+    "expected_chain_end",
     "HardwareProfile",
     "NetworkModel",
     "Prediction",
@@ -246,17 +248,17 @@ def predict_pipelined(timings: Timings, link: NetworkModel, draft_len: int, wind
     A *chain* of blocks runs from one correction to the next: each block is
     sent with more_follows, so a fully accepted block defers its bonus and the
     chain goes on. With p = P(a block is fully accepted) = Π α_j over the
-    block's positions, a chain holds 1/(1-p) blocks on average. Its first
-    block costs drafting plus a full round trip (uplink, RTT, verify,
-    downlink) = L; every later block adds the pipeline's interval
-    max(draft, verify, (draft + L) / window): the drafter, the verifier and
-    the window each bound how fast blocks flow. Blocks in flight past the
-    failing one are stale: the cloud answers each with a token it decodes
-    while the next chain's first block is on its way, after the drafts sent
-    for those positions that it accepts where they lie
-    (``shared.acceptance.pipelined_chain``, as the controller predicts;
-    ``decode_stale`` False: a verifier run with ``--stale-blocks drop``).
-    Coalesced forwards are not modelled (each block is charged its own).
+    block's positions, a chain holds 1/(1-p) blocks on average and ends at its
+    n-th block with probability p^(n-1) (1-p). When each block's verdict comes
+    back follows from ``chain_timeline``: the drafter drafts on while the window
+    allows, and the verifier takes every block pending when it starts a
+    forward (a verifier slower than the drafter coalesces them). Blocks in
+    flight past the failing one are stale: the cloud answers each with a token
+    it decodes while the next chain's first block is on its way, after the
+    drafts sent for those positions that it accepts where they lie
+    (``shared.acceptance.pipelined_chain``, whose closed-form interval the
+    controller predicts with; ``decode_stale`` False: a verifier run with
+    ``--stale-blocks drop``).
     """
     if window < 1:
         raise ValueError(f"window must be >= 1, got {window}")
@@ -272,15 +274,20 @@ def predict_pipelined(timings: Timings, link: NetworkModel, draft_len: int, wind
         "downlink": link.down_s(timings.down_bytes_per_round),
     }
     fill = timings.fill_s
+    network = latency["uplink"] + link.rtt_s + latency["downlink"]
     chain = pipelined_chain(timings.alpha_per_position or [0.0], draft_len, window, timings.draft_s_per_token,
-                            latency["uplink"] + link.rtt_s + latency["downlink"], verify, fill,
-                            stale_share=1.0 if decode_stale else 0.0, rebased_per_fill=timings.rebased_per_fill)
+                            network, verify, fill, stale_share=1.0 if decode_stale else 0.0,
+                            rebased_per_fill=timings.rebased_per_fill)
     blocks, tokens = chain.blocks, chain.tokens
-    cloud_s = blocks * verify + chain.fills * fill
+    per_extra_block = max(timings.verify_per_token_s, 0.0) * draft_len
+    verdict_s, cloud_s = expected_chain_end(
+        chain.p_full, chain_timeline(draft, network, verify, per_extra_block, window, _chain_horizon(chain.p_full, window)))
+    seconds = verdict_s + chain.stale_s
+    cloud_s += chain.fills * fill
     return Prediction(
         draft_len=draft_len,
-        tokens_per_s=tokens / chain.seconds,
-        round_s=chain.seconds / blocks,
+        tokens_per_s=tokens / seconds,
+        round_s=seconds / blocks,
         acceptance_length=tokens / blocks,
         cloud_s_per_token=cloud_s / tokens,
         ttft_s=first_token_s(timings, link, timings.down_bytes_per_round),
@@ -288,6 +295,54 @@ def predict_pipelined(timings: Timings, link: NetworkModel, draft_len: int, wind
         down_bytes_per_token=(blocks + chain.stale_blocks) * timings.down_bytes_per_round / tokens,
         breakdown={"draft": draft, **latency},  # one block's terms; the chain overlaps them
     )
+
+
+def chain_timeline(draft_s: float, network_s: float, verify_s: float, per_extra_block_s: float, window: int,
+                   blocks: int) -> list[tuple[float, float]]:
+    """(when its verdict reaches the edge, the cloud's seconds so far) for each of a chain's first
+    ``blocks`` blocks, from the start of drafting the first, were none of them to fail.
+
+    The edge drafts block i once block i-1 is sent and block i-window's verdict is back (``draft_s``
+    a block) and sends it at once; the network adds ``network_s`` (uplink, RTT, downlink) to each
+    block's verify. The verifier starts a forward when it is free and a block is pending, and takes
+    every block sent by then, up to the window: ``verify_s`` for one, ``per_extra_block_s`` more for
+    each other (the verify line's per-row cost of a block's drafts).
+    """
+    sent, verdicts = [0.0] * blocks, []
+    free = cloud = 0.0
+
+    def forward(known: int) -> None:  # the next forward, over the pending blocks of the first ``known``
+        nonlocal free, cloud
+        first = len(verdicts)
+        start = max(free, sent[first])
+        last = first + 1
+        while last < min(first + window, known) and sent[last] <= start:
+            last += 1
+        free = start + verify_s + (last - first - 1) * per_extra_block_s
+        cloud += free - start
+        verdicts.extend([(free + network_s, cloud)] * (last - first))
+
+    for i in range(blocks):
+        while i >= window and len(verdicts) <= i - window:  # (blocks i-window+1 .. i-1 are sent: a forward may take them)
+            forward(i)
+        sent[i] = max(sent[i - 1] if i else 0.0, verdicts[i - window][0] if i >= window else 0.0) + draft_s
+    while len(verdicts) < blocks:
+        forward(blocks)
+    return verdicts
+
+
+def _chain_horizon(p_full: float, window: int) -> int:
+    """Blocks to follow a chain for: past those, the chance it is still going is under 1e-4."""
+    return window + (1 if p_full <= 0 else math.ceil(math.log(1e-4) / math.log(p_full)))
+
+
+def expected_chain_end(p_full: float, timeline: list[tuple[float, float]]) -> tuple[float, float]:
+    """(seconds to the failing block's verdict, the cloud's seconds by then), averaged over where a chain
+    ends: at its n-th block with probability p^(n-1) (1-p), renormalised over the timeline's blocks."""
+    weights = [p_full**n * (1 - p_full) for n in range(len(timeline))]
+    total = sum(weights)
+    return (sum(w * at for w, (at, _) in zip(weights, timeline)) / total,
+            sum(w * cloud for w, (_, cloud) in zip(weights, timeline)) / total)
 
 
 def predict_adaptive(timings: Timings, link: NetworkModel, max_draft_len: int, window: int) -> Prediction:
