@@ -157,6 +157,7 @@ class _InFlight:
     first: bool = False  # the first position, answered with the Open (not a measurement)
     early: bool = False  # sent before the Opened: its trip spans the prefill (only its acceptance is a measurement)
     void: bool = False  # drafted past a token the verifier did not commit: likely answered stale (any verdict is taken)
+    guessing: bool = False  # a chain's first block whose first drafts guess the tokens decoded for void blocks
 
     @property
     def end(self) -> int:
@@ -307,7 +308,8 @@ def run_decode(
                 sent_at = time.perf_counter()
                 more = window > 1 and 0 < len(block.tokens) < room
                 verifier.send(epoch, start, block, more)
-                in_flight.append(_InFlight(epoch, start, block, more, sent_at, sent_at - drafting))
+                in_flight.append(_InFlight(epoch, start, block, more, sent_at, sent_at - drafting,
+                                           guessing=guesses > 0 and bool(block.tokens)))
             try:
                 verdict = verifier.receive()
             except LinkLost as lost:
@@ -351,6 +353,8 @@ def run_decode(
                 )
             committed = verdict.committed(drafts, branches)
             void_now = verdict.is_correction  # everything in flight was drafted past the corrected token
+            if sent.guessing:  # its guesses held if it was still live and verified on them
+                stats.record_stale_guess(hit=not sent.void and not verdict.stale)
             if verdict.stale:
                 stats.record_stale(len(committed), len(verdict.rebased), verdict.rebased_verified)
                 if controller is not None:

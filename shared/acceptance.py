@@ -74,20 +74,22 @@ class StaleForecast(NamedTuple):
 
 
 def stale_expectation(alpha_per_position: list[float], stale_blocks: int, gap_s: float, fill_s: float,
-                      rebased_per_fill: float = 0.0) -> StaleForecast:
+                      rebased_per_fill: float = 0.0, guess_hit: float | None = None) -> StaleForecast:
     """The blocks in flight past a chain's correction are stale: the cloud answers each with
     a token it decodes (``fill_s`` a forward) while the next chain's first block is on its way
     (``gap_s``: the correction down, drafting, the block up), as many as fit, each after the
     ``rebased_per_fill`` drafts sent for those positions that it verifies and accepts where
     they lie, on average. That block's first drafts guess the tokens committed meanwhile; when
-    one is wrong (probability 1 - Π α_j over them) it is stale too: one more gap, one more forward.
+    one is wrong (probability 1 - Π α_j over them, or 1 - ``guess_hit`` where that was measured)
+    it is stale too: one more gap, one more forward.
     """
     if stale_blocks <= 0:
         return StaleForecast(0.0, 0.0, 0.0)
     filled = min(stale_blocks, math.floor(gap_s / fill_s)) if fill_s > 0 else stale_blocks
     per_fill = 1.0 + max(rebased_per_fill, 0.0)
     alphas = [min(max(float(a), 0.0), 1.0) for a in alpha_per_position] or [0.0]
-    guessed = math.prod(alphas[min(i, len(alphas) - 1)] for i in range(round(filled * per_fill)))
+    guessed = (math.prod(alphas[min(i, len(alphas) - 1)] for i in range(round(filled * per_fill)))
+               if guess_hit is None else guess_hit)
     return StaleForecast(filled + (1 - guessed), (filled + (1 - guessed)) * per_fill, (1 - guessed) * gap_s)
 
 
@@ -108,7 +110,7 @@ class ChainForecast:
 
 def pipelined_chain(alpha_per_position: list[float], draft_len: int, window: int, draft_s_per_token: float,
                     network_s: float, verify_s: float, fill_s: float, stale_share: float = 1.0,
-                    rebased_per_fill: float = 0.0) -> ChainForecast:
+                    rebased_per_fill: float = 0.0, guess_hit: float | None = None) -> ChainForecast:
     """A chain of ``draft_len``-draft blocks, ``window`` in flight at most (``chain_expectation``).
 
     Its first block costs drafting plus a full trip (``network_s``: uplink, RTT and downlink, plus
@@ -116,7 +118,8 @@ def pipelined_chain(alpha_per_position: list[float], draft_len: int, window: int
     / window): the drafter, the verifier and the window each bound how fast blocks flow. The
     blocks in flight past the failing one are stale; ``stale_share`` of them come back with a token
     the cloud decoded (``stale_expectation``, ``fill_s`` a forward, after ``rebased_per_fill`` drafts
-    on average; 0: a verifier that answers them empty) while the next chain's first block is on its way.
+    on average; 0: a verifier that answers them empty) while the next chain's first block is on its way
+    (``guess_hit``: how often that block's guesses of their tokens hold, where measured).
     """
     blocks, tokens, p_full = chain_expectation(alpha_per_position, draft_len)
     draft = draft_len * draft_s_per_token
@@ -125,7 +128,7 @@ def pipelined_chain(alpha_per_position: list[float], draft_len: int, window: int
     in_flight_past = min(window - 1, 1 + trip / max(draft, 1e-9))
     stale = math.floor(in_flight_past)
     gap = network_s + (draft_len + stale) * draft_s_per_token  # the correction down, drafting, the next block up
-    fill = stale_expectation(alpha_per_position, stale, gap, fill_s, rebased_per_fill)
+    fill = stale_expectation(alpha_per_position, stale, gap, fill_s, rebased_per_fill, guess_hit)
     return ChainForecast(
         blocks=blocks,
         tokens=tokens + stale_share * fill.tokens,

@@ -59,6 +59,8 @@ class DecodeStats:
     filled: int = 0  # ... with a token the verifier decoded meanwhile (a forward each, but after a deferred bonus)
     rebased: int = 0  # ... drafts those forwards verified where they lay and accepted, before that token
     rebased_verified: int = 0  # ... drafts those forwards verified, accepted or not
+    stale_guesses: int = 0  # chains whose first block guessed the tokens decoded for stale blocks
+    stale_guesses_hit: int = 0  # ... and was verified on them (else it was stale too)
 
     def record_round(self, drafted: int, accepted: int, committed: int) -> None:
         """One verification round: ``committed`` tokens entered the sequence."""
@@ -86,6 +88,12 @@ class DecodeStats:
         self.rebased += rebased
         self.rebased_verified += verified
         self.generated += committed
+
+    def record_stale_guess(self, hit: bool) -> None:
+        """A chain's first block, drafted on guesses of the tokens the verifier decoded for the stale
+        blocks before it: ``hit``, its guesses held (it was verified); else it came to nothing."""
+        self.stale_guesses += 1
+        self.stale_guesses_hit += hit
 
     def record_correction_guess(self, hit: bool) -> None:
         """A correction the drafter's second choice predicted (``hit``) or not: the hit rate h
@@ -143,6 +151,8 @@ class DecodeStats:
             "filled": self.filled,
             "rebased": self.rebased,
             "rebased_verified": self.rebased_verified,
+            "stale_guesses": self.stale_guesses,
+            "stale_guesses_hit": self.stale_guesses_hit,
         }
 
     @classmethod

@@ -125,6 +125,8 @@ def test_stale_blocks_bring_as_many_tokens_as_fit_in_the_gap():
     miss = 1 - 0.9 ** 3
     assert stale_expectation([0.9], 3, gap_s=0.10, fill_s=0.04, rebased_per_fill=0.5) == pytest.approx(
         (2 + miss, (2 + miss) * 1.5, miss * 0.10))
+    # Guesses measured to hold half the time (rejection mode's are independent samples, not α).
+    assert stale_expectation([0.9], 3, gap_s=0.10, fill_s=0.04, guess_hit=0.5) == pytest.approx((2.5, 2.5, 0.05))
 
 
 def test_pipelining_helps_when_the_round_trip_dominates_and_window_1_is_lockstep():
@@ -408,11 +410,14 @@ def test_the_fit_takes_what_stale_blocks_forwards_committed_per_run():
     decode.record_stale(3, rebased=2, verified=3)  # two rebased drafts, then the token
     decode.record_stale(1, rebased=0, verified=2)
     decode.record_stale(0)  # answered empty: no forward
+    decode.record_stale_guess(hit=True)  # the next chains' first blocks: one verified on its guesses, one stale
+    decode.record_stale_guess(hit=False)
     report = EdgeReport(kind=SPLIT, tokens=[1] * 7, text="", stop_reason="length", prompt_tokens=5, wall_s=1.0,
                         ttft_s=0.3, open_s=0.25, bytes_up=100, bytes_down=60, rtt_ms=100.0, decode=decode,
                         drafter=DrafterStats(drafted=8, draft_s=0.16))
     measured = timings_from_reports([report], [], "coupled")
     assert (measured.filled, measured.rebased, measured.rebased_verified) == (2, 2, 5)
+    assert (measured.stale_guesses, measured.stale_guesses_hit) == (2, 1)
     assert decode.generated == 7 and decode.stale == 3
 
 

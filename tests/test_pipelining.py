@@ -435,8 +435,10 @@ def test_stale_blocks_come_back_with_tokens_the_cloud_decoded_alone(tiny_engine,
             stats = got.stats
             assert stats.generated == len(got.tokens) and stats.target_forwards <= stats.rounds + stats.filled + 1
             totals.update(stale=stats.stale, filled=stats.filled, rebased=stats.rebased,
-                          corrections=stats.corrections_guessed)
+                          corrections=stats.corrections_guessed, guesses=stats.stale_guesses,
+                          guesses_hit=stats.stale_guesses_hit)
     assert totals["corrections"] > 0 and totals["stale"] > 0
+    assert 0 < totals["guesses_hit"] <= totals["guesses"]  # chains drafted on guesses of those tokens, most held
     assert totals["filled"] > 0 if stale_blocks != "drop" else totals["filled"] == 0
     assert totals["rebased"] > 0 if stale_blocks == "rebase" else totals["rebased"] == 0, totals
 

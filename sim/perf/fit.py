@@ -42,6 +42,8 @@ class RunTimings:
     filled: int = 0  # stale blocks the cloud ran a forward for
     rebased: int = 0  # ... the rebased drafts those forwards accepted
     rebased_verified: int = 0  # ... and verified
+    stale_guesses: int = 0  # chains whose first block guessed the tokens decoded for stale blocks
+    stale_guesses_hit: int = 0  # ... and was verified on them
 
 
 def service_samples(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]) -> list[tuple[int, float]]:
@@ -82,6 +84,8 @@ def timings_from_reports(reports: list[EdgeReport], verify_samples: list[tuple[i
         filled=sum(r.decode.filled for r in reports),
         rebased=sum(r.decode.rebased for r in reports),
         rebased_verified=sum(r.decode.rebased_verified for r in reports),
+        stale_guesses=sum(r.decode.stale_guesses for r in reports),
+        stale_guesses_hit=sum(r.decode.stale_guesses_hit for r in reports),
     )
 
 
@@ -111,6 +115,7 @@ class FittedTimings:
             down_bytes_per_round=sum(measured.down_samples) / max(len(measured.down_samples), 1),
             rebased_per_fill=measured.rebased / max(measured.filled, 1),
             rebased_verified_per_fill=measured.rebased_verified / max(measured.filled, 1),
+            stale_guess_hit=measured.stale_guesses_hit / measured.stale_guesses if measured.stale_guesses else None,
         )
 
     def describe(self) -> dict:
@@ -127,7 +132,8 @@ class FittedTimings:
             "each prediction uses its own run's bytes (gRPC + HTTP/2 DATA framing)",
             "downlink": f"{b.down_bytes_per_round:.1f} B per verdict, {b.down_bytes_per_token_cloud_only:.1f} B per cloud-only token",
             "prefill": f"{b.prefill_s * 1e3:.0f} ms (Open round trip minus the RTT)",
-            "stale blocks": "per run: the rebased drafts a stale block's forward verified and accepted, per forward",
+            "stale blocks": "per run: the rebased drafts a stale block's forward verified and accepted, per forward, "
+                            "and how often the next chain's guesses of the tokens decoded for them held",
             "not modelled": "HTTP/2 control frames (WINDOW_UPDATE, PING) and headers, jitter, Python start-up, "
                             "hedge branches (a hedged run is predicted as if unhedged)",
         }

@@ -143,6 +143,10 @@ class Timings:
     # and how many of them it accepts, on average; 0 with --stale-blocks decode or rejection mode.
     rebased_verified_per_fill: float = 0.0
     rebased_per_fill: float = 0.0
+    # How often a chain's first block, drafted on guesses of the tokens decoded for the stale blocks,
+    # was verified on them, when measured (None: the drafts' acceptance, as in coupled mode, where the
+    # drafter and the target share the noise; rejection mode's guesses are independent samples).
+    stale_guess_hit: float | None = None
 
     def verify_s(self, n_tokens: float) -> float:
         """Target forward time over `n_tokens` new tokens (D drafts + the pending token)."""
@@ -277,7 +281,7 @@ def predict_pipelined(timings: Timings, link: NetworkModel, draft_len: int, wind
     network = latency["uplink"] + link.rtt_s + latency["downlink"]
     chain = pipelined_chain(timings.alpha_per_position or [0.0], draft_len, window, timings.draft_s_per_token,
                             network, verify, fill, stale_share=1.0 if decode_stale else 0.0,
-                            rebased_per_fill=timings.rebased_per_fill)
+                            rebased_per_fill=timings.rebased_per_fill, guess_hit=timings.stale_guess_hit)
     blocks, tokens = chain.blocks, chain.tokens
     per_extra_block = max(timings.verify_per_token_s, 0.0) * draft_len
     verdict_s, cloud_s = expected_chain_end(
