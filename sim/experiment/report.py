@@ -8,7 +8,9 @@ from tabulate import tabulate
 
 from sim.experiment.labels import config_label
 
-__all__ = ["markdown_report", "write_plots", "terminal_table"]
+__all__ = ["MODEL_TOLERANCE", "markdown_report", "write_plots", "terminal_table"]
+
+MODEL_TOLERANCE = 0.15  # a prediction further off than this from measured is called out in the report
 
 _COLUMNS = [
     ("config", "config"),
@@ -94,11 +96,12 @@ def _headline(result: dict) -> list[str]:
             f"- Token identity with cloud-only decoding (greedy and coupled, same seed): "
             f"**{'yes, every run' if same else 'NO: ' + ', '.join(_label(r) for r in checked if not r['identical_to_baseline'])}**."
         )
-    off = [r for r in [*result["runs"], base] if r.get("prediction_error") is not None and abs(r["prediction_error"]) > 0.2]
+    off = [r for r in [*result["runs"], base]
+           if r.get("prediction_error") is not None and abs(r["prediction_error"]) > MODEL_TOLERANCE]
     lines.append(
-        "- Performance model: every prediction within 20% of measured."
+        f"- Performance model: every prediction within {MODEL_TOLERANCE:.0%} of measured."
         if not off
-        else "- Performance model off by more than 20% for: "
+        else f"- Performance model off by more than {MODEL_TOLERANCE:.0%} for: "
         + ", ".join(f"{_label(r)} ({r['prediction_error']:+.0%}, limited by {r.get('limited_by', '?')})" for r in off)
         + "."
     )
