@@ -13,8 +13,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summ
 
 from shared.stats import RoundRecord
 
-__all__ = ["ServiceMetrics"]
+__all__ = ["ServiceMetrics", "VERIFY_SERVICE_METRIC"]
 
+VERIFY_SERVICE_METRIC = "splitspec_verify_service_seconds"  # a Summary by rows: what the performance-model fit reads
+
+_EXACT_ROWS = 64  # verify steps of up to this many rows are labelled exactly
 _LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 
 
@@ -43,10 +46,12 @@ class ServiceMetrics:
         self.verify_latency = Histogram(
             "splitspec_verify_latency_seconds", "Verify step wall time, forward included", buckets=_LATENCY_BUCKETS, registry=r
         )
-        # Queueing excluded (unlike the latency): what a step costs the engine, by the session's rows in
-        # its forward (bounded by the block limits), which the performance model fits its verify line on.
+        # Queueing behind the session's earlier blocks excluded (unlike the latency): what a step costs,
+        # by the session's rows in its forward, which the performance model fits its verify line on.
+        # Under load a step also waits for its packed forward, batch-mates' rows included. Rows above
+        # _EXACT_ROWS are labelled by the power of two at or above them (a bounded label set).
         self.verify_service = Summary(
-            "splitspec_verify_service_seconds",
+            VERIFY_SERVICE_METRIC,
             "A session's verify step from its start on the engine to its verdicts (forward, verification, sampling)",
             ["rows"], registry=r,
         )
@@ -83,7 +88,8 @@ class ServiceMetrics:
 
     def observe_step(self, *, rows: int, seconds: float) -> None:
         """One session's verify step that ran a forward of ``rows`` rows for it."""
-        self.verify_service.labels(rows=str(rows)).observe(seconds)
+        label = rows if rows <= _EXACT_ROWS else 1 << (rows - 1).bit_length()
+        self.verify_service.labels(rows=str(label)).observe(seconds)
 
     def observe_forward(self, *, rows: int, sequences: int, seconds: float) -> None:
         """One packed target forward (called on the engine thread)."""

@@ -246,8 +246,14 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         """
         session = entry.session
 
+        def observed():  # (on the engine thread, where the step ran: no later step can come between)
+            verdicts = yield from session.verify_chain_steps(pending, fill_deadline)
+            if session.last_step_rows:
+                self.metrics.observe_step(rows=session.last_step_rows, seconds=session.last_step_s)
+            return verdicts
+
         def verify_if_current():
-            return session.verify_chain_steps(pending, fill_deadline) if entry.stream == stream else None
+            return observed() if entry.stream == stream else None
 
         forward_before, forwards_before = session.seq.forward_s, session.forwards
         try:
@@ -258,8 +264,6 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             raise _Abort(grpc.StatusCode.ABORTED, "the session was resumed on another stream", park=True)
         now = time.perf_counter()
         self.table.touch(entry)
-        if session.last_step_rows:
-            self.metrics.observe_step(rows=session.last_step_rows, seconds=session.last_step_s)
         out = []
         forwards = session.forwards - forwards_before
         overhead = 0.0

@@ -1,8 +1,10 @@
 """Expected outcomes of verification from per-position acceptance: pure arithmetic.
 
 The performance model (``sim.perf``) and the edge's controller
-(``edge.controller``) both predict with these, so a prediction means the same
-thing wherever it is made. ``alpha_per_position[i]`` is the conditional
+(``edge.controller``) both predict with these: the same acceptance, chain and
+stale-block arithmetic. The controller times a chain with ``pipelined_chain``'s
+closed-form interval; the model follows it block by block
+(``sim.perf.model.chain_timeline``). ``alpha_per_position[i]`` is the conditional
 acceptance of draft i given drafts < i accepted; positions past the list reuse
 its last value.
 """
@@ -88,8 +90,12 @@ def stale_expectation(alpha_per_position: list[float], stale_blocks: int, gap_s:
     filled = min(stale_blocks, math.floor(gap_s / fill_s)) if fill_s > 0 else stale_blocks
     per_fill = 1.0 + max(rebased_per_fill, 0.0)
     alphas = [min(max(float(a), 0.0), 1.0) for a in alpha_per_position] or [0.0]
-    guessed = (math.prod(alphas[min(i, len(alphas) - 1)] for i in range(round(filled * per_fill)))
-               if guess_hit is None else guess_hit)
+    if filled == 0:  # nothing decoded meanwhile: nothing to guess
+        guessed = 1.0
+    elif guess_hit is None:
+        guessed = math.prod(alphas[min(i, len(alphas) - 1)] for i in range(round(filled * per_fill)))
+    else:
+        guessed = guess_hit
     return StaleForecast(filled + (1 - guessed), (filled + (1 - guessed)) * per_fill, (1 - guessed) * gap_s)
 
 

@@ -105,15 +105,25 @@ def test_pipelined_chain_by_hand():
 
 
 def test_a_verifier_slower_than_the_drafter_verifies_the_pending_blocks_together():
-    """A block drafted every 50 ms, a forward of 100 ms and 20 ms per extra block, 200 ms of network."""
-    timeline = chain_timeline(0.05, 0.2, 0.1, 0.02, 8, 6)
-    # Block 0 alone (0.05 .. 0.15); then 1 and 2, sent by 0.15 (to 0.27); then 3 and 4 (to 0.39); then 5.
-    assert [at for at, _ in timeline] == pytest.approx([0.35, 0.47, 0.47, 0.59, 0.59, 0.69])
-    assert [cloud for _, cloud in timeline] == pytest.approx([0.10, 0.22, 0.22, 0.34, 0.34, 0.44])
-    # Without coalescing gains (each extra block as dear as a forward) the queue grows: block 5 at 0.85.
-    assert chain_timeline(0.05, 0.2, 0.1, 0.1, 8, 6)[-1] == pytest.approx((0.85, 0.6))
+    """A block drafted every 45 ms, a forward of 100 ms and 20 ms per extra block, 200 ms of network."""
+    timeline = chain_timeline(0.045, 0.2, 0.1, 0.02, 8, 14)[:6]
+    # Block 0 alone (0.045 .. 0.145); then 1 and 2, sent by 0.145 (to 0.265); then 3 and 4 (to 0.385);
+    # then 5, 6 and 7 (to 0.525). Each verdict back 0.2 s after its forward, and read once the window
+    # behind it is full: block 0's when block 7 is sent (0.36), block 2's when block 9 is (0.51).
+    assert [at for at, _ in timeline] == pytest.approx([0.36, 0.465, 0.51, 0.585, 0.63, 0.725])
+    assert [cloud for _, cloud in timeline] == pytest.approx([0.10, 0.22, 0.22, 0.34, 0.34, 0.48])
+    # Without coalescing gains (each extra block as dear as a forward) the queue grows: 3 to 6 together.
+    assert chain_timeline(0.045, 0.2, 0.1, 0.1, 8, 14)[3] == pytest.approx((0.945, 0.7))
     # A window of one is lock-step: draft, verify, network, again.
-    assert [at for at, _ in chain_timeline(0.05, 0.2, 0.1, 0.02, 1, 3)] == pytest.approx([0.35, 0.70, 1.05])
+    assert [at for at, _ in chain_timeline(0.045, 0.2, 0.1, 0.02, 1, 3)] == pytest.approx([0.345, 0.69, 1.035])
+
+
+def test_the_edge_reads_a_verdict_once_its_window_is_full():
+    """Drafting 100 ms a block, 50 ms to verify, 60 ms of network, four in flight: block n's verdict
+    arrives at 0.21 + 0.1 n, but the edge drafts on until block n+3 is sent (0.4 + 0.1 n)."""
+    timeline = chain_timeline(0.1, 0.06, 0.05, 0.01, 4, 10)[:4]
+    assert [at for at, _ in timeline] == pytest.approx([0.4, 0.5, 0.6, 0.7])
+    assert [cloud for _, cloud in timeline] == pytest.approx([0.05, 0.1, 0.15, 0.2])
 
 
 def test_stale_blocks_bring_as_many_tokens_as_fit_in_the_gap():
@@ -127,6 +137,8 @@ def test_stale_blocks_bring_as_many_tokens_as_fit_in_the_gap():
         (2 + miss, (2 + miss) * 1.5, miss * 0.10))
     # Guesses measured to hold half the time (rejection mode's are independent samples, not α).
     assert stale_expectation([0.9], 3, gap_s=0.10, fill_s=0.04, guess_hit=0.5) == pytest.approx((2.5, 2.5, 0.05))
+    # No forward fits in the gap: nothing decoded, nothing guessed, whatever the measured rate.
+    assert stale_expectation([0.9], 3, gap_s=0.01, fill_s=0.04, guess_hit=0.5) == (0.0, 0.0, 0.0)
 
 
 def test_pipelining_helps_when_the_round_trip_dominates_and_window_1_is_lockstep():
@@ -434,3 +446,23 @@ def test_service_samples_are_the_cloud_steps_between_two_scrapes():
     assert [rows for rows, _ in sorted(samples)] == [1, 1, 9, 9]
     assert [seconds for _, seconds in sorted(samples)] == pytest.approx([0.11, 0.11, 0.25, 0.25])
     assert service_samples(after, after) == [] and service_samples({}, {}) == []
+
+
+def test_each_mode_gets_its_own_verify_line_where_its_steps_span_two_sizes():
+    """Rejection steps cost more per row here; greedy ran steps of one size only: it gets the pooled line."""
+    from sim.perf.fit import RunTimings, fit_timings
+
+    def run(mode, samples):
+        return RunTimings(mode=mode, drafted=8, draft_s=0.08, accepted_at=[1], drafted_at=[1], verify_samples=samples,
+                          up_samples=[(4, 40.0), (8, 50.0)], down_samples=[30.0], open_s=[0.3], prompt_s=[0.01])
+
+    coupled = run("coupled", [(1, 0.09), (5, 0.10), (9, 0.12)])
+    rejection = run("rejection", [(5, 0.11), (9, 0.15)])
+    greedy = run("greedy", [(5, 0.10), (5, 0.10)])
+    fitted = fit_timings([coupled, rejection, greedy], [], [(1, 0.07)])
+    assert set(fitted.verify_lines) == {"coupled", "rejection"}
+    assert fitted.verify_line("coupled") == pytest.approx((0.075, 0.005))  # through (5, 0.10) and (9, 0.12)
+    assert fitted.verify_line("rejection") == pytest.approx((0.06, 0.01))
+    assert fitted.verify_line("greedy") == (fitted.base.verify_fixed_s, fitted.base.verify_per_token_s)
+    assert fitted.for_timings(rejection).verify_s(9) == pytest.approx(0.15)
+    assert fitted.base.verify_one_s == pytest.approx(0.08)  # the one-row steps: cloud-only's and the runs'

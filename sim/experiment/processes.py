@@ -19,7 +19,7 @@ from edge.report import EdgeReport
 from shared.loop_thread import LoopThread
 from sim.link.emulator import LinkConfig, LinkEmulator
 
-__all__ = ["core_split", "CloudProcess", "BrokerProcess", "run_edge_process", "BackgroundLink", "process_cpu_s",
+__all__ = ["core_split", "CloudProcess", "BrokerProcess", "run_edge_process", "BackgroundLink", "process_cpu_s", "unlabelled",
            "process_rss_mb"]
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -68,6 +68,11 @@ def process_rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return 0.0
+
+
+def unlabelled(samples: dict[str, dict[str, float]], name: str) -> float:
+    """An unlabelled sample's value from a ``CloudProcess.scrape`` (0 if absent)."""
+    return samples.get(name, {}).get("", 0.0)
 
 
 class CloudProcess:
@@ -121,7 +126,7 @@ class CloudProcess:
             self.proc.wait(timeout=20)
 
     def scrape(self) -> dict[str, dict[str, float]]:
-        """The service's Prometheus samples now: name -> {its first label's value ("" when
+        """The service's Prometheus samples now: name -> {its label values, comma-joined ("" when
         unlabelled) -> value}."""
         from prometheus_client.parser import text_string_to_metric_families
 
@@ -129,12 +134,12 @@ class CloudProcess:
         samples: dict[str, dict[str, float]] = {}
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
-                samples.setdefault(sample.name, {})[next(iter(sample.labels.values()), "")] = float(sample.value)
+                samples.setdefault(sample.name, {})[",".join(sample.labels.values())] = float(sample.value)
         return samples
 
     def metric(self, name: str) -> float:
         """Current value of an unlabelled counter from the service's Prometheus endpoint (0 if absent)."""
-        return self.scrape().get(name, {}).get("", 0.0)
+        return unlabelled(self.scrape(), name)
 
     def _stop(self) -> None:
         if self.proc and self.proc.poll() is None:

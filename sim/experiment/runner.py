@@ -19,7 +19,14 @@ from dataclasses import dataclass, field
 from edge.report import EdgeReport
 from shared.params import DEFAULT_TEMPERATURE, DEFAULT_WINDOW, SCHEDULES, TOKEN_IDENTICAL_MODES, window_for
 from sim.experiment.labels import config_label
-from sim.experiment.processes import BackgroundLink, BrokerProcess, CloudProcess, core_split, run_edge_process
+from sim.experiment.processes import (
+    BackgroundLink,
+    BrokerProcess,
+    CloudProcess,
+    core_split,
+    run_edge_process,
+    unlabelled,
+)
 from sim.link.scenario import Scenario
 from sim.perf import fit as model_fit
 from sim.perf import model as perf_model
@@ -74,7 +81,7 @@ class _Meter:
         (cpu_before, before, up_before, down_before), (cpu, after, up, down) = self._start, self._read()
         forwards = "splitspec_target_forwards_total"
         self.cpu_s = cpu - cpu_before
-        self.forwards = after.get(forwards, {}).get("", 0.0) - before.get(forwards, {}).get("", 0.0)
+        self.forwards = unlabelled(after, forwards) - unlabelled(before, forwards)
         self.up, self.down = up - up_before, down - down_before
         self.verify_samples = model_fit.service_samples(before, after)
 

@@ -4,12 +4,14 @@ With N sessions sharing every forward (the scheduler packs what all of them
 wait for), a forward over R rows costs ``HardwareProfile.batch_forward_s(R)``
 (a roofline: memory-bound until the ridge point). Cloud-only: each forward
 carries one row per session, so each session gets one token per forward.
-Split: each forward carries D+1 rows per session; a session's rate is the
-pipelined model's (``predict_pipelined``) with that shared forward as its
-verify time, at the best D (or cloud decoding alone where that is faster, as
-the adaptive schedule would choose). Cloud time per token divides the forward
-by the N sessions sharing it. Every session is assumed to wait for the same
-forward: an upper bound on batching, labelled MODELLED.
+Split: each forward carries D+1 rows per session (more where a session's
+pending blocks are verified together or a stale block's forward verifies
+rebased drafts, each row at what it adds to the packed forward); a session's
+rate is the pipelined model's (``predict_pipelined``) with that shared
+forward as its verify time, at the best D (or cloud decoding alone where that
+is faster, as the adaptive schedule would choose). Cloud time per token
+divides the forward by the N sessions sharing it. Every session is assumed to
+wait for the same forward: an upper bound on batching, labelled MODELLED.
 """
 
 from __future__ import annotations
@@ -26,10 +28,13 @@ DEFAULT_SESSION_COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
 def _batched(profile: HardwareProfile, sessions: int, rows_per_session: int):
-    """The profile's timings with every verify being one packed forward shared by ``sessions``."""
+    """The profile's timings with every verify being one packed forward shared by ``sessions``: ``rows_per_session``
+    rows each cost that forward, and each row a session adds (blocks verified together, rebased drafts) what one
+    row more adds to it (the per-row cost; the fixed part too once the forward is compute-bound)."""
     forward = profile.batch_forward_s(sessions * rows_per_session)
-    return dataclasses.replace(profile.to_timings(), verify_fixed_s=forward, verify_per_token_s=0.0,
-                               verify_one_s=profile.batch_forward_s(sessions))
+    per_row = profile.batch_forward_s(sessions * rows_per_session + 1) - forward
+    return dataclasses.replace(profile.to_timings(), verify_fixed_s=forward - per_row * rows_per_session,
+                               verify_per_token_s=per_row, verify_one_s=profile.batch_forward_s(sessions))
 
 
 def _drafting(profile: HardwareProfile, link: NetworkModel, sessions: int, max_draft_len: int, window: int) -> Prediction:

@@ -2,13 +2,13 @@
 
 Inputs are the edge processes' reports (``edge.report.EdgeReport`` from
 ``splitspec-edge run|baseline --json --timings``) and the cloud's verify steps
-(``service_samples``: its ``splitspec_verify_service_seconds`` summary around
-each run, by rows in the forward; queueing excluded, so pipelined blocks that
-waited behind each other fit the same line as lock-step ones). Shared across
-runs: the verify-time line t_verify(n), fitted on every step's rows and time,
-and the prefill.
-Per run: its drafter speed, its acceptance per position and its bytes per
-block (q̃ makes rejection blocks much larger than coupled ones).
+(``service_samples``: its ``cloud.metrics.VERIFY_SERVICE_METRIC`` summary
+read around each run, by rows in the forward; the wait behind earlier blocks
+excluded, so pipelined blocks fit the same line as lock-step ones). Shared
+across runs: the verify-time line t_verify(n) per mode, fitted on the steps'
+rows and times, and the prefill. Per run: its drafter speed, its acceptance
+per position, its bytes per block (q̃ makes rejection blocks much larger than
+coupled ones) and its stale-block figures.
 """
 
 from __future__ import annotations
@@ -16,13 +16,12 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from cloud.metrics import VERIFY_SERVICE_METRIC
 from edge.report import EdgeReport
 from shared.wire import HTTP2_FRAME_HEADER_BYTES
 from sim.perf.model import Timings, fit_linear
 
 __all__ = ["RunTimings", "FittedTimings", "service_samples", "timings_from_reports", "fit_timings"]
-
-SERVICE_METRIC = "splitspec_verify_service_seconds"  # cloud.metrics.ServiceMetrics.verify_service
 
 
 @dataclass
@@ -51,7 +50,7 @@ def service_samples(before: dict[str, dict[str, float]], after: dict[str, dict[s
     (rows, seconds) samples: each rows count's mean time, once per step (a least-squares line through
     them is the line through the steps themselves)."""
     out = []
-    counts, sums = f"{SERVICE_METRIC}_count", f"{SERVICE_METRIC}_sum"
+    counts, sums = f"{VERIFY_SERVICE_METRIC}_count", f"{VERIFY_SERVICE_METRIC}_sum"
     for rows, count in after.get(counts, {}).items():
         steps = round(count - before.get(counts, {}).get(rows, 0.0))
         if steps > 0:
@@ -156,7 +155,11 @@ def fit_timings(runs: list[RunTimings], baseline_reports: list[EdgeReport], base
                 rtt_s: float = 0.0) -> FittedTimings:
     """``baseline_samples``: the cloud's verify steps during the cloud-only runs (``service_samples``)."""
     one_token = [s for n, s in baseline_samples if n == 1] + [s for r in runs for n, s in r.verify_samples if n == 1]
-    verify_fixed, verify_per_token = fit_linear([(n, s) for r in runs for n, s in r.verify_samples if n > 1])
+    steps = [(n, s) for r in runs for n, s in r.verify_samples if n > 1]
+    if not steps:
+        raise ValueError(f"no verify steps of two rows or more were measured ({VERIFY_SERVICE_METRIC} on the cloud's "
+                         "metrics endpoint): nothing to fit the verify line on")
+    verify_fixed, verify_per_token = fit_linear(steps)
     up_fixed, up_per_draft = fit_linear([s for r in runs for s in r.up_samples])
     downs = [d for r in runs for d in r.down_samples]
     base_tokens = sum(len(r.tokens) for r in baseline_reports) or 1

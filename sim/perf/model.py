@@ -253,10 +253,11 @@ def predict_pipelined(timings: Timings, link: NetworkModel, draft_len: int, wind
     sent with more_follows, so a fully accepted block defers its bonus and the
     chain goes on. With p = P(a block is fully accepted) = Π α_j over the
     block's positions, a chain holds 1/(1-p) blocks on average and ends at its
-    n-th block with probability p^(n-1) (1-p). When each block's verdict comes
-    back follows from ``chain_timeline``: the drafter drafts on while the window
-    allows, and the verifier takes every block pending when it starts a
-    forward (a verifier slower than the drafter coalesces them). Blocks in
+    n-th block with probability p^(n-1) (1-p), when the edge reads that block's
+    verdict (``chain_timeline``): the drafter drafts on while the window allows,
+    the edge reads a verdict once the window is full, and the verifier takes
+    every block pending when it starts a forward (a verifier slower than the
+    drafter coalesces them). Blocks in
     flight past the failing one are stale: the cloud answers each with a token
     it decodes while the next chain's first block is on its way, after the
     drafts sent for those positions that it accepts where they lie
@@ -303,36 +304,47 @@ def predict_pipelined(timings: Timings, link: NetworkModel, draft_len: int, wind
 
 def chain_timeline(draft_s: float, network_s: float, verify_s: float, per_extra_block_s: float, window: int,
                    blocks: int) -> list[tuple[float, float]]:
-    """(when its verdict reaches the edge, the cloud's seconds so far) for each of a chain's first
+    """(when the edge reads its verdict, the cloud's seconds by then) for each of a chain's first
     ``blocks`` blocks, from the start of drafting the first, were none of them to fail.
 
-    The edge drafts block i once block i-1 is sent and block i-window's verdict is back (``draft_s``
-    a block) and sends it at once; the network adds ``network_s`` (uplink, RTT, downlink) to each
-    block's verify. The verifier starts a forward when it is free and a block is pending, and takes
-    every block sent by then, up to the window: ``verify_s`` for one, ``per_extra_block_s`` more for
-    each other (the verify line's per-row cost of a block's drafts).
+    The edge drafts block i (``draft_s``) once block i-1 is sent and it has read block i-window's
+    verdict, and sends it at once; it reads a verdict once the window is full (``edge.decode_loop``
+    drafts and sends while there is room), or when it arrives, if that is later. The network adds
+    ``network_s`` (uplink, RTT, downlink) to each block's verify. The verifier starts a forward
+    when it is free and a block is pending, and takes every block sent by then, up to the window:
+    ``verify_s`` for one, ``per_extra_block_s`` more for each other (the verify line's per-row
+    cost of a block's drafts).
     """
-    sent, verdicts = [0.0] * blocks, []
+    sent, arrived, cloud_at, read = [0.0] * blocks, [], [], []
     free = cloud = 0.0
 
     def forward(known: int) -> None:  # the next forward, over the pending blocks of the first ``known``
         nonlocal free, cloud
-        first = len(verdicts)
+        first = len(arrived)
         start = max(free, sent[first])
         last = first + 1
         while last < min(first + window, known) and sent[last] <= start:
             last += 1
         free = start + verify_s + (last - first - 1) * per_extra_block_s
         cloud += free - start
-        verdicts.extend([(free + network_s, cloud)] * (last - first))
+        arrived.extend([free + network_s] * (last - first))
+        cloud_at.extend([cloud] * (last - first))
+
+    def read_time(n: int, known: int) -> float:  # (blocks up to known-1 are sent)
+        full = n + window - 1  # the block that fills the window behind block n
+        return max(arrived[n], sent[full]) if full < known else arrived[n]
 
     for i in range(blocks):
-        while i >= window and len(verdicts) <= i - window:  # (blocks i-window+1 .. i-1 are sent: a forward may take them)
-            forward(i)
-        sent[i] = max(sent[i - 1] if i else 0.0, verdicts[i - window][0] if i >= window else 0.0) + draft_s
-    while len(verdicts) < blocks:
+        if i >= window:
+            while len(arrived) <= i - window:  # (blocks i-window+1 .. i-1 are sent: a forward may take them)
+                forward(i)
+            read.append(read_time(i - window, i))
+        sent[i] = max(sent[i - 1] if i else 0.0, read[i - window] if i >= window else 0.0) + draft_s
+    while len(arrived) < blocks:
         forward(blocks)
-    return verdicts
+    while len(read) < blocks:
+        read.append(read_time(len(read), min(len(read) + window, blocks)))
+    return list(zip(read, cloud_at))
 
 
 def _chain_horizon(p_full: float, window: int) -> int:
@@ -341,7 +353,7 @@ def _chain_horizon(p_full: float, window: int) -> int:
 
 
 def expected_chain_end(p_full: float, timeline: list[tuple[float, float]]) -> tuple[float, float]:
-    """(seconds to the failing block's verdict, the cloud's seconds by then), averaged over where a chain
+    """(seconds until the edge reads the failing block's verdict, the cloud's seconds by then), averaged over where a chain
     ends: at its n-th block with probability p^(n-1) (1-p), renormalised over the timeline's blocks."""
     weights = [p_full**n * (1 - p_full) for n in range(len(timeline))]
     total = sum(weights)
