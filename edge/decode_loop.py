@@ -353,8 +353,8 @@ def run_decode(
                 )
             committed = verdict.committed(drafts, branches)
             void_now = verdict.is_correction  # everything in flight was drafted past the corrected token
-            if sent.guessing and (sent.void or verdict.stale or skip > 0):  # tokens were decoded under its guesses:
-                stats.record_stale_guess(hit=not sent.void and not verdict.stale)  # they held if it was verified past them
+            if sent.guessing:  # verified: its guesses held (or nothing was decoded under them); else the next block guesses again
+                stats.record_stale_guess(hit=not sent.void and not verdict.stale)
             if verdict.stale:
                 stats.record_stale(len(committed), len(verdict.rebased), verdict.rebased_verified)
                 if controller is not None:

@@ -18,6 +18,7 @@ from typing import NamedTuple
 __all__ = ["expected_acceptance_length", "chain_expectation", "stale_expectation", "StaleForecast", "ChainForecast",
            "pipelined_chain"]
 
+_MIN_GUESS_HIT = 0.05  # a drafter whose guesses never hold would make the misses endless
 _MAX_FULL_BLOCK_P = 0.999  # a drafter that is never wrong would make chains endless
 
 
@@ -76,14 +77,18 @@ class StaleForecast(NamedTuple):
 
 
 def stale_expectation(alpha_per_position: list[float], stale_blocks: int, gap_s: float, fill_s: float,
-                      rebased_per_fill: float = 0.0, guess_hit: float | None = None) -> StaleForecast:
+                      rebased_per_fill: float = 0.0, guess_hit: float | None = None,
+                      redraft_s: float | None = None) -> StaleForecast:
     """The blocks in flight past a chain's correction are stale: the cloud answers each with
     a token it decodes (``fill_s`` a forward) while the next chain's first block is on its way
     (``gap_s``: the correction down, drafting, the block up), as many as fit, each after the
     ``rebased_per_fill`` drafts sent for those positions that it verifies and accepts where
     they lie, on average. That block's first drafts guess the tokens committed meanwhile; when
-    one is wrong (probability 1 - Π α_j over them, or 1 - ``guess_hit`` where that was measured)
-    it is stale too: one more gap, one more forward.
+    one is wrong it is stale too: one more forward, and a wait. Where ``guess_hit`` was measured
+    (of all such guessing blocks, the share verified), each miss is followed by another guess,
+    (1 - g) / g misses a chain, each costing the first of those tokens' forward or the drafting
+    of the next block (``redraft_s``), the longer. Otherwise one guess: it misses with
+    probability 1 - Π α_j over the tokens, and costs a whole gap.
     """
     if stale_blocks <= 0:
         return StaleForecast(0.0, 0.0, 0.0)
@@ -91,12 +96,14 @@ def stale_expectation(alpha_per_position: list[float], stale_blocks: int, gap_s:
     per_fill = 1.0 + max(rebased_per_fill, 0.0)
     alphas = [min(max(float(a), 0.0), 1.0) for a in alpha_per_position] or [0.0]
     if filled == 0:  # nothing decoded meanwhile: nothing to guess
-        guessed = 1.0
+        misses, miss_s = 0.0, 0.0
     elif guess_hit is None:
-        guessed = math.prod(alphas[min(i, len(alphas) - 1)] for i in range(round(filled * per_fill)))
+        misses = 1 - math.prod(alphas[min(i, len(alphas) - 1)] for i in range(round(filled * per_fill)))
+        miss_s = gap_s
     else:
-        guessed = guess_hit
-    return StaleForecast(filled + (1 - guessed), (filled + (1 - guessed)) * per_fill, (1 - guessed) * gap_s)
+        misses = (1 - guess_hit) / max(guess_hit, _MIN_GUESS_HIT)
+        miss_s = gap_s if redraft_s is None else max(fill_s, redraft_s)
+    return StaleForecast(filled + misses, (filled + misses) * per_fill, misses * miss_s)
 
 
 @dataclass(frozen=True)
@@ -133,8 +140,9 @@ def pipelined_chain(alpha_per_position: list[float], draft_len: int, window: int
     interval = max(draft, verify_s, (draft + trip) / window)
     in_flight_past = min(window - 1, 1 + trip / max(draft, 1e-9))
     stale = math.floor(in_flight_past)
-    gap = network_s + (draft_len + stale) * draft_s_per_token  # the correction down, drafting, the next block up
-    fill = stale_expectation(alpha_per_position, stale, gap, fill_s, rebased_per_fill, guess_hit)
+    redraft = (draft_len + stale) * draft_s_per_token  # the next block: its drafts and a guess per stale block
+    gap = network_s + redraft  # the correction down, drafting, the next block up
+    fill = stale_expectation(alpha_per_position, stale, gap, fill_s, rebased_per_fill, guess_hit, redraft)
     return ChainForecast(
         blocks=blocks,
         tokens=tokens + stale_share * fill.tokens,

@@ -59,8 +59,8 @@ class DecodeStats:
     filled: int = 0  # ... with a token the verifier decoded meanwhile (a forward each, but after a deferred bonus)
     rebased: int = 0  # ... drafts those forwards verified where they lay and accepted, before that token
     rebased_verified: int = 0  # ... drafts those forwards verified, accepted or not
-    stale_guesses: int = 0  # chains whose first block guessed the tokens decoded for stale blocks
-    stale_guesses_hit: int = 0  # ... and was verified on them (else it was stale too)
+    stale_guesses: int = 0  # blocks drafted on guesses of the tokens decoded for stale blocks (a chain's first)
+    stale_guesses_hit: int = 0  # ... verified (else void: the next block guessed again)
 
     def record_round(self, drafted: int, accepted: int, committed: int) -> None:
         """One verification round: ``committed`` tokens entered the sequence."""
@@ -90,8 +90,9 @@ class DecodeStats:
         self.generated += committed
 
     def record_stale_guess(self, hit: bool) -> None:
-        """A chain's first block, drafted on guesses of the tokens the verifier decoded for the stale
-        blocks before it: ``hit``, its guesses held (it was verified); else it came to nothing."""
+        """A chain's first block, drafted on guesses of the tokens the verifier decodes for the stale
+        blocks before it: ``hit``, it was verified (its guesses held, or none was decoded under them);
+        else it came to nothing and the next block guessed again. Misses per chain: (1 - h) / h."""
         self.stale_guesses += 1
         self.stale_guesses_hit += hit
 

@@ -135,8 +135,13 @@ def test_stale_blocks_bring_as_many_tokens_as_fit_in_the_gap():
     miss = 1 - 0.9 ** 3
     assert stale_expectation([0.9], 3, gap_s=0.10, fill_s=0.04, rebased_per_fill=0.5) == pytest.approx(
         (2 + miss, (2 + miss) * 1.5, miss * 0.10))
-    # Guesses measured to hold half the time (rejection mode's are independent samples, not α).
-    assert stale_expectation([0.9], 3, gap_s=0.10, fill_s=0.04, guess_hit=0.5) == pytest.approx((2.5, 2.5, 0.05))
+    # Guessing blocks measured to be verified half the time (rejection mode's guesses are independent
+    # samples, not α): each miss is guessed again, one miss a chain on average, a forward or a redraft each.
+    assert stale_expectation([0.9], 3, gap_s=0.10, fill_s=0.04, guess_hit=0.5) == pytest.approx((3, 3, 0.10))
+    assert stale_expectation([0.9], 3, gap_s=0.10, fill_s=0.04, guess_hit=0.5, redraft_s=0.03) == pytest.approx(
+        (3, 3, 0.04))
+    assert stale_expectation([0.9], 3, gap_s=0.10, fill_s=0.04, guess_hit=0.25, redraft_s=0.06) == pytest.approx(
+        (5, 5, 0.18))
     # No forward fits in the gap: nothing decoded, nothing guessed, whatever the measured rate.
     assert stale_expectation([0.9], 3, gap_s=0.01, fill_s=0.04, guess_hit=0.5) == (0.0, 0.0, 0.0)
 

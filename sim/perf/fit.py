@@ -41,8 +41,8 @@ class RunTimings:
     filled: int = 0  # stale blocks the cloud ran a forward for
     rebased: int = 0  # ... the rebased drafts those forwards accepted
     rebased_verified: int = 0  # ... and verified
-    stale_guesses: int = 0  # chains whose first block guessed the tokens decoded for stale blocks
-    stale_guesses_hit: int = 0  # ... and was verified on them
+    stale_guesses: int = 0  # blocks drafted on guesses of the tokens decoded for stale blocks
+    stale_guesses_hit: int = 0  # ... verified
 
 
 def service_samples(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]) -> list[tuple[int, float]]:
@@ -132,7 +132,7 @@ class FittedTimings:
             "downlink": f"{b.down_bytes_per_round:.1f} B per verdict, {b.down_bytes_per_token_cloud_only:.1f} B per cloud-only token",
             "prefill": f"{b.prefill_s * 1e3:.0f} ms (Open round trip minus the RTT)",
             "stale blocks": "per run: the rebased drafts a stale block's forward verified and accepted, per forward, "
-                            "and how often the next chain's guesses of the tokens decoded for them held",
+                            "and the share of the blocks drafted on guesses of their tokens that were verified",
             "not modelled": "HTTP/2 control frames (WINDOW_UPDATE, PING) and headers, jitter, Python start-up, "
                             "hedge branches (a hedged run is predicted as if unhedged)",
         }

@@ -143,9 +143,9 @@ class Timings:
     # and how many of them it accepts, on average; 0 with --stale-blocks decode or rejection mode.
     rebased_verified_per_fill: float = 0.0
     rebased_per_fill: float = 0.0
-    # How often a chain's first block, drafted on guesses of the tokens decoded for the stale blocks,
-    # was verified on them, when measured (None: the drafts' acceptance, as in coupled mode, where the
-    # drafter and the target share the noise; rejection mode's guesses are independent samples).
+    # Of the blocks drafted on guesses of the tokens decoded for stale blocks, the share verified, when
+    # measured: (1 - h) / h misses a chain (None: one guess, right with the drafts' acceptance, as in
+    # coupled mode, where drafter and target share the noise; rejection mode's guesses are independent).
     stale_guess_hit: float | None = None
 
     def verify_s(self, n_tokens: float) -> float:
