@@ -49,7 +49,8 @@ class ServiceMetrics:
         # Queueing behind the session's earlier blocks excluded (unlike the latency): what a step costs,
         # by the session's rows in its forward, which the performance model fits its verify line on.
         # Under load a step also waits for its packed forward, batch-mates' rows included. Rows above
-        # _EXACT_ROWS are labelled by the power of two at or above them (a bounded label set).
+        # _EXACT_ROWS are labelled by the power of two at or above them (a bounded label set; a fit reads
+        # such steps at that bound).
         self.verify_service = Summary(
             VERIFY_SERVICE_METRIC,
             "A session's verify step from its start on the engine to its verdicts (forward, verification, sampling)",

@@ -123,7 +123,8 @@ class ChainForecast:
 
 def pipelined_chain(alpha_per_position: list[float], draft_len: int, window: int, draft_s_per_token: float,
                     network_s: float, verify_s: float, fill_s: float, stale_share: float = 1.0,
-                    rebased_per_fill: float = 0.0, guess_hit: float | None = None) -> ChainForecast:
+                    rebased_per_fill: float = 0.0, guess_hit: float | None = None,
+                    in_flight_past: float | None = None) -> ChainForecast:
     """A chain of ``draft_len``-draft blocks, ``window`` in flight at most (``chain_expectation``).
 
     Its first block costs drafting plus a full trip (``network_s``: uplink, RTT and downlink, plus
@@ -133,12 +134,15 @@ def pipelined_chain(alpha_per_position: list[float], draft_len: int, window: int
     the cloud decoded (``stale_expectation``, ``fill_s`` a forward, after ``rebased_per_fill`` drafts
     on average; 0: a verifier that answers them empty) while the next chain's first block is on its way
     (``guess_hit``: how often that block's guesses of their tokens hold, where measured).
+    ``in_flight_past``: the blocks sent past the failing one by the time its verdict is read (None:
+    those the drafter makes during its round trip and one more, at most ``window - 1``).
     """
     blocks, tokens, p_full = chain_expectation(alpha_per_position, draft_len)
     draft = draft_len * draft_s_per_token
     trip = network_s + verify_s
     interval = max(draft, verify_s, (draft + trip) / window)
-    in_flight_past = min(window - 1, 1 + trip / max(draft, 1e-9))
+    if in_flight_past is None:
+        in_flight_past = min(window - 1, 1 + trip / max(draft, 1e-9))
     stale = math.floor(in_flight_past)
     redraft = (draft_len + stale) * draft_s_per_token  # the next block: its drafts and a guess per stale block
     gap = network_s + redraft  # the correction down, drafting, the next block up

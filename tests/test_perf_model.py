@@ -118,11 +118,20 @@ def test_a_verifier_slower_than_the_drafter_verifies_the_pending_blocks_together
     assert [at for at, _ in chain_timeline(0.045, 0.2, 0.1, 0.02, 1, 3)] == pytest.approx([0.345, 0.69, 1.035])
 
 
+def test_the_measured_share_of_guesses_that_held_reaches_the_prediction():
+    link = NetworkModel(up_bps=50_000, down_bps=50_000, rtt_s=0.1)
+    speeds = [predict_pipelined(_timings(alpha_per_position=[0.8], stale_guess_hit=h), link, 4, 4).tokens_per_s
+              for h in (1.0, 0.5, 0.25)]
+    assert speeds[0] > speeds[1] > speeds[2]
+
+
 def test_the_edge_reads_a_verdict_once_its_window_is_full():
     """Drafting 100 ms a block, 50 ms to verify, 60 ms of network, four in flight: block n's verdict
     arrives at 0.21 + 0.1 n, but the edge drafts on until block n+3 is sent (0.4 + 0.1 n)."""
     timeline = chain_timeline(0.1, 0.06, 0.05, 0.01, 4, 10)[:4]
     assert [at for at, _ in timeline] == pytest.approx([0.4, 0.5, 0.6, 0.7])
+    # The last blocks' reads wait for the blocks that fill the window behind them, as the first ones do.
+    assert chain_timeline(0.1, 0.06, 0.05, 0.01, 4, 4) == chain_timeline(0.1, 0.06, 0.05, 0.01, 4, 12)[:4]
     assert [cloud for _, cloud in timeline] == pytest.approx([0.05, 0.1, 0.15, 0.2])
 
 
@@ -142,6 +151,9 @@ def test_stale_blocks_bring_as_many_tokens_as_fit_in_the_gap():
         (3, 3, 0.04))
     assert stale_expectation([0.9], 3, gap_s=0.10, fill_s=0.04, guess_hit=0.25, redraft_s=0.06) == pytest.approx(
         (5, 5, 0.18))
+    # Guesses that never held: the misses stop at 19 a chain (a floor of 5% under the rate).
+    assert stale_expectation([0.9], 3, gap_s=0.10, fill_s=0.04, guess_hit=0.0, redraft_s=0.03) == pytest.approx(
+        (22, 22, 0.8))
     # No forward fits in the gap: nothing decoded, nothing guessed, whatever the measured rate.
     assert stale_expectation([0.9], 3, gap_s=0.01, fill_s=0.04, guess_hit=0.5) == (0.0, 0.0, 0.0)
 

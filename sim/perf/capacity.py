@@ -30,7 +30,8 @@ DEFAULT_SESSION_COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 def _batched(profile: HardwareProfile, sessions: int, rows_per_session: int):
     """The profile's timings with every verify being one packed forward shared by ``sessions``: ``rows_per_session``
     rows each cost that forward, and each row a session adds (blocks verified together, rebased drafts) what one
-    row more adds to it (the per-row cost; the fixed part too once the forward is compute-bound)."""
+    row more adds to it (the per-row cost; the fixed part too once the forward is compute-bound): one session's
+    rows at a time, not every session's at once (that would add ``sessions`` rows, an upper bound)."""
     forward = profile.batch_forward_s(sessions * rows_per_session)
     per_row = profile.batch_forward_s(sessions * rows_per_session + 1) - forward
     return dataclasses.replace(profile.to_timings(), verify_fixed_s=forward - per_row * rows_per_session,

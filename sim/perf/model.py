@@ -282,7 +282,8 @@ def predict_pipelined(timings: Timings, link: NetworkModel, draft_len: int, wind
     network = latency["uplink"] + link.rtt_s + latency["downlink"]
     chain = pipelined_chain(timings.alpha_per_position or [0.0], draft_len, window, timings.draft_s_per_token,
                             network, verify, fill, stale_share=1.0 if decode_stale else 0.0,
-                            rebased_per_fill=timings.rebased_per_fill, guess_hit=timings.stale_guess_hit)
+                            rebased_per_fill=timings.rebased_per_fill, guess_hit=timings.stale_guess_hit,
+                            in_flight_past=window - 1)  # (the edge reads a verdict once its window is full)
     blocks, tokens = chain.blocks, chain.tokens
     per_extra_block = max(timings.verify_per_token_s, 0.0) * draft_len
     verdict_s, cloud_s = expected_chain_end(
@@ -315,6 +316,7 @@ def chain_timeline(draft_s: float, network_s: float, verify_s: float, per_extra_
     ``verify_s`` for one, ``per_extra_block_s`` more for each other (the verify line's per-row
     cost of a block's drafts).
     """
+    wanted, blocks = blocks, blocks + window - 1  # (the last reads wait for the blocks that fill the window)
     sent, arrived, cloud_at, read = [0.0] * blocks, [], [], []
     free = cloud = 0.0
 
@@ -342,9 +344,9 @@ def chain_timeline(draft_s: float, network_s: float, verify_s: float, per_extra_
         sent[i] = max(sent[i - 1] if i else 0.0, read[i - window] if i >= window else 0.0) + draft_s
     while len(arrived) < blocks:
         forward(blocks)
-    while len(read) < blocks:
-        read.append(read_time(len(read), min(len(read) + window, blocks)))
-    return list(zip(read, cloud_at))
+    while len(read) < wanted:
+        read.append(read_time(len(read), blocks))
+    return list(zip(read, cloud_at[:wanted]))
 
 
 def _chain_horizon(p_full: float, window: int) -> int:
