@@ -257,13 +257,12 @@ def predict_pipelined(timings: Timings, link: NetworkModel, draft_len: int, wind
     verdict (``chain_timeline``): the drafter drafts on while the window allows,
     the edge reads a verdict once the window is full, and the verifier takes
     every block pending when it starts a forward (a verifier slower than the
-    drafter coalesces them). Blocks in
-    flight past the failing one are stale: the cloud answers each with a token
-    it decodes while the next chain's first block is on its way, after the
-    drafts sent for those positions that it accepts where they lie
-    (``shared.acceptance.pipelined_chain``, whose closed-form interval the
-    controller predicts with; ``decode_stale`` False: a verifier run with
-    ``--stale-blocks drop``).
+    drafter coalesces them). Blocks in flight past the failing one are stale:
+    the cloud answers each with a token it decodes while the next chain's
+    first block is on its way, after the drafts sent for those positions that
+    it accepts where they lie (``shared.acceptance.pipelined_chain``, whose
+    closed-form interval the controller predicts with; ``decode_stale``
+    False: a verifier run with ``--stale-blocks drop``).
     """
     if window < 1:
         raise ValueError(f"window must be >= 1, got {window}")
@@ -355,8 +354,9 @@ def _chain_horizon(p_full: float, window: int) -> int:
 
 
 def expected_chain_end(p_full: float, timeline: list[tuple[float, float]]) -> tuple[float, float]:
-    """(seconds until the edge reads the failing block's verdict, the cloud's seconds by then), averaged over where a chain
-    ends: at its n-th block with probability p^(n-1) (1-p), renormalised over the timeline's blocks."""
+    """(seconds until the edge reads the failing block's verdict, the cloud's seconds by then), averaged
+    over where a chain ends: at its n-th block with probability p^(n-1) (1-p), renormalised over the
+    timeline's blocks."""
     weights = [p_full**n * (1 - p_full) for n in range(len(timeline))]
     total = sum(weights)
     return (sum(w * at for w, (at, _) in zip(weights, timeline)) / total,
