@@ -43,11 +43,14 @@ __all__ = ["Controller", "Plan", "AcceptanceEstimate", "controller_for", "CLOUD_
 
 CLOUD_WINDOW = 16  # empty blocks in flight while the cloud decodes alone (the verifier may allow fewer)
 _MIN_SAMPLES_TO_LEAVE_CLOUD = 24  # acceptance samples (shadow ones included) before drafting again
-# Giving drafting up asks for a gap of (1 + hysteresis) * (1 + this / acceptance samples): one unlucky
-# first block (measured: a q3_k_s drafter's first block rejected at draft 0, on a prompt where drafting
-# pays 1.3x) must not hand the session to the cloud, while a drafter that cannot pay at all (a satellite
-# round trip) is dropped after a block or two.
-_EVIDENCE_TO_LEAVE_DRAFTING = 2.0
+# Drafting less (shorter blocks, or none) asks for a gap of (1 + hysteresis) * (1 + this / acceptance
+# samples): one unlucky first block must not hand the session to the cloud (measured: a q3_k_s drafter's
+# first block rejected at draft 0, on a prompt where drafting pays 1.3x) or to short blocks (measured: the
+# Gemma pair in rejection mode, a first block rejected at draft 1, went from D=8 to D=2 and ramped back
+# over the next chains), while a drafter that cannot pay at all (a satellite round trip) is dropped
+# after a block or two. Too long a block costs a drafter little; too short a block costs a good one most
+# of its gain.
+_EVIDENCE_TO_DRAFT_LESS = 2.0
 _WINDOW_TIE = 0.01  # windows predicted this close count as equally fast
 _MIN_WINDOW = 2  # blocks in flight the controller chooses at least (it never goes lock-step), and starts with
 
@@ -235,8 +238,8 @@ class Controller:
             if choice == self.draft_len:
                 break
             margin = 1 + self.hysteresis
-            if choice == 0 and self.draft_len != 0:  # on few acceptance samples, only a wide gap gives drafting up
-                margin *= 1 + _EVIDENCE_TO_LEAVE_DRAFTING / max(samples, 1)
+            if choice < self.draft_len:  # on few acceptance samples, only a wide gap makes blocks shorter or none
+                margin *= 1 + _EVIDENCE_TO_DRAFT_LESS / max(samples, 1)
             if current is None or known[choice] > margin * current:
                 if (choice == 0) != (self.draft_len == 0):
                     self.switches += 1

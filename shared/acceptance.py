@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 __all__ = ["expected_acceptance_length", "chain_expectation", "stale_expectation", "StaleForecast", "ChainForecast",
-           "pipelined_chain"]
+           "pipelined_chain", "ends_on_correction"]
 
 _MIN_GUESS_HIT = 0.05  # a drafter whose guesses never hold would make the misses endless
 _MAX_FULL_BLOCK_P = 0.999  # a drafter that is never wrong would make chains endless
@@ -44,16 +44,20 @@ def expected_acceptance_length(alpha_per_position: list[float], draft_len: int) 
     return total
 
 
-def chain_expectation(alpha_per_position: list[float], draft_len: int) -> tuple[float, float, float]:
+def chain_expectation(alpha_per_position: list[float], draft_len: int,
+                      max_blocks: int | None = None) -> tuple[float, float, float]:
     """(blocks, tokens, p_full) of a *chain*: blocks of ``draft_len`` drafts sent with
-    ``more_follows`` until the first correction.
+    ``more_follows`` until the first correction, or ``max_blocks`` (the generation's end).
 
     p_full = P(a block is fully accepted) (at most 0.999); a chain holds
-    1/(1 - p_full) blocks; it commits D tokens per accepted block, then the
-    accepted drafts of the failing block and its correction.
+    1/(1 - p_full) blocks (cut at N = ``max_blocks``: (1 - p^N)/(1 - p)); it
+    commits D tokens per accepted block, then, unless the generation ended
+    first, the accepted drafts of the failing block and its correction.
     """
     if draft_len < 1:
         raise ValueError(f"draft length must be >= 1, got {draft_len}")
+    if max_blocks is not None and max_blocks < 1:
+        raise ValueError(f"max_blocks must be >= 1, got {max_blocks}")
     if not alpha_per_position:
         raise ValueError("alpha_per_position is empty: no acceptance to extrapolate from")
     alphas = [min(max(float(a), 0.0), 1.0) for a in alpha_per_position]
@@ -63,9 +67,15 @@ def chain_expectation(alpha_per_position: list[float], draft_len: int) -> tuple[
         tail += i * reach * (1 - alpha)
         reach *= alpha
     p_full = min(reach, _MAX_FULL_BLOCK_P)
-    blocks = 1 / (1 - p_full)
-    tokens = (blocks - 1) * draft_len + tail / (1 - p_full) + 1
+    corrected = ends_on_correction(p_full, max_blocks)
+    blocks = corrected / (1 - p_full)
+    tokens = (blocks - corrected) * draft_len + corrected * (tail / (1 - p_full) + 1)
     return blocks, tokens, p_full
+
+
+def ends_on_correction(p_full: float, max_blocks: int | None) -> float:
+    """P(a chain ends on a correction rather than at ``max_blocks`` blocks, the generation's end)."""
+    return 1.0 if max_blocks is None else 1 - p_full**max_blocks
 
 
 class StaleForecast(NamedTuple):
@@ -124,7 +134,7 @@ class ChainForecast:
 def pipelined_chain(alpha_per_position: list[float], draft_len: int, window: int, draft_s_per_token: float,
                     network_s: float, verify_s: float, fill_s: float, stale_share: float = 1.0,
                     rebased_per_fill: float = 0.0, guess_hit: float | None = None,
-                    in_flight_past: float | None = None) -> ChainForecast:
+                    in_flight_past: float | None = None, max_blocks: int | None = None) -> ChainForecast:
     """A chain of ``draft_len``-draft blocks, ``window`` in flight at most (``chain_expectation``).
 
     Its first block costs drafting plus a full trip (``network_s``: uplink, RTT and downlink, plus
@@ -136,8 +146,10 @@ def pipelined_chain(alpha_per_position: list[float], draft_len: int, window: int
     (``guess_hit``: how often that block's guesses of their tokens hold, where measured).
     ``in_flight_past``: the blocks sent past the failing one by the time its verdict is read (None:
     those the drafter makes during its round trip and one more, at most ``window - 1``).
+    ``max_blocks``: the blocks a generation holds; a chain that reaches its end has no stale blocks.
     """
-    blocks, tokens, p_full = chain_expectation(alpha_per_position, draft_len)
+    blocks, tokens, p_full = chain_expectation(alpha_per_position, draft_len, max_blocks)
+    stale_share *= ends_on_correction(p_full, max_blocks)
     draft = draft_len * draft_s_per_token
     trip = network_s + verify_s
     interval = max(draft, verify_s, (draft + trip) / window)

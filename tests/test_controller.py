@@ -110,6 +110,20 @@ def test_one_unlucky_first_block_does_not_give_drafting_up():
     assert c.plan().draft_len == 0
 
 
+def test_one_unlucky_first_block_does_not_make_blocks_short():
+    """A good drafter whose first block is rejected early: shorter blocks look best on that evidence
+    alone, but too short a block costs a good drafter most of its gain; the blocks stay long until
+    the evidence says otherwise."""
+    c = Controller(max_draft_len=8, window=4, cloud_window=16, hysteresis=0.0)
+    c.observe_block(drafted=8, accepted=1, trip_s=0.3, draft_s=0.11, cloud_s=0.15)
+    speeds = {d: c.predict_drafting(d) for d in range(1, 9)}
+    assert max(speeds, key=speeds.get) < 8
+    assert c.plan().draft_len == 8
+    for _ in range(20):
+        c.observe_block(drafted=8, accepted=1, trip_s=0.3, draft_s=0.11, cloud_s=0.15)
+    assert c.plan().draft_len < 8
+
+
 def test_stale_blocks_answered_empty_make_drafting_look_no_better_than_it_is():
     c = Controller(max_draft_len=4, window=3, cloud_window=16)
     for _ in range(20):
@@ -123,7 +137,7 @@ def test_stale_blocks_answered_empty_make_drafting_look_no_better_than_it_is():
 def test_hysteresis_keeps_a_choice_that_is_nearly_as_good():
     def measured(hysteresis: float) -> Controller:
         c = Controller(max_draft_len=4, window=2, cloud_window=16, hysteresis=hysteresis)
-        for _ in range(20):
+        for _ in range(200):  # (enough evidence that a shorter block needs no wider gap)
             c.observe_block(drafted=4, accepted=1, trip_s=0.2, draft_s=0.04, cloud_s=0.1)
         c.draft_len = 3
         return c

@@ -13,7 +13,7 @@ import pytest
 
 from edge.drafter import DrafterStats
 from edge.report import SPLIT, EdgeReport
-from shared.acceptance import stale_expectation
+from shared.acceptance import chain_expectation, stale_expectation
 from shared.stats import DecodeStats
 from sim.link.emulator import DirectionConfig, LinkConfig
 from sim.link.scenario import list_scenarios, load_scenario
@@ -133,6 +133,43 @@ def test_the_edge_reads_a_verdict_once_its_window_is_full():
     # The last blocks' reads wait for the blocks that fill the window behind them, as the first ones do.
     assert chain_timeline(0.1, 0.06, 0.05, 0.01, 4, 4) == chain_timeline(0.1, 0.06, 0.05, 0.01, 4, 12)[:4]
     assert [cloud for _, cloud in timeline] == pytest.approx([0.05, 0.1, 0.15, 0.2])
+
+
+def test_a_chain_is_cut_at_the_generations_end():
+    """alpha 0.5, D 2 (p = 0.25), two blocks at most: a chain ends at block 1 on a correction (0.75),
+    or at block 2, on a correction (0.25 * 0.75) or at the end with no correction (0.25 * 0.25)."""
+    fail_tokens = 0.25 / 0.75 + 1  # E[accepted | the block fails] and the correction
+    blocks, tokens, p_full = chain_expectation([0.5], 2, max_blocks=2)
+    assert p_full == 0.25
+    assert blocks == pytest.approx(0.75 * 1 + 0.25 * 2)
+    assert tokens == pytest.approx(0.75 * fail_tokens + 0.25 * (2 + 0.75 * fail_tokens + 0.25 * 2))
+    assert chain_expectation([0.5], 2, max_blocks=10_000) == pytest.approx(chain_expectation([0.5], 2))
+    with pytest.raises(ValueError):
+        chain_expectation([0.5], 2, max_blocks=0)
+
+
+def test_the_generations_last_blocks_are_read_as_they_arrive():
+    """Drafting 100 ms a block, 50 ms to verify, 60 ms of network, four in flight, four blocks in all:
+    the edge reads block 0's verdict once block 3 is sent (0.4), and the rest as they arrive."""
+    timeline = chain_timeline(0.1, 0.06, 0.05, 0.01, 4, 4, final=True)
+    assert [at for at, _ in timeline] == pytest.approx([0.4, 0.4, 0.41, 0.51])
+
+
+def test_a_short_generation_pays_its_last_round_trip():
+    """A drafter that is never wrong makes one chain of the whole generation: 16 tokens in four
+    4-draft blocks, over when the last verdict is read, which the steady state amortises away."""
+    t = _timings(alpha_per_position=[1.0])
+    link = NetworkModel(up_bps=0, down_bps=0, rtt_s=0.1)
+    short = predict_pipelined(t, link, 4, 4, generation_tokens=16)
+    timeline = chain_timeline(0.04, 0.1, 0.055, 0.004, 4, 4, final=True)
+    assert short.tokens_per_s == pytest.approx(16 / timeline[-1][0], rel=1e-2)  # (0.999 of blocks are accepted)
+    assert short.tokens_per_s < 0.75 * predict_pipelined(t, link, 4, 4).tokens_per_s
+    # A long generation is the steady state; a weak drafter's chains end long before the generation does.
+    assert predict_pipelined(t, link, 4, 4, generation_tokens=100_000).tokens_per_s == pytest.approx(
+        predict_pipelined(t, link, 4, 4).tokens_per_s, rel=1e-2)
+    weak = _timings(alpha_per_position=[0.3])
+    assert predict_pipelined(weak, link, 4, 4, generation_tokens=64).tokens_per_s == pytest.approx(
+        predict_pipelined(weak, link, 4, 4).tokens_per_s, rel=1e-3)
 
 
 def test_stale_blocks_bring_as_many_tokens_as_fit_in_the_gap():

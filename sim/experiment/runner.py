@@ -240,10 +240,12 @@ def _finish(cfg, baselines: dict, baseline_reports: list[EdgeReport], baseline_s
     runs = [m.row for m in measured]
     for m in measured:
         timings = fitted.for_timings(m.timings)
+        generation = round(per_prompt(m.row))  # (a short generation ends chains the steady state would not)
         if m.row["schedule"] == "adaptive":
-            predicted = perf_model.predict_adaptive(timings, link, m.row["draft_len"], m.row["window"])
+            predicted = perf_model.predict_adaptive(timings, link, m.row["draft_len"], m.row["window"], generation)
         else:
-            predicted = perf_model.predict_pipelined(timings, link, m.row["draft_len"], m.row["window"])
+            predicted = perf_model.predict_pipelined(timings, link, m.row["draft_len"], m.row["window"],
+                                                     generation_tokens=generation)
         _attach_prediction(m.row, predicted, per_prompt(m.row), startup_s=timings.draft_prefill_s)
         m.row["ratios"] = _ratios(m.row, baselines[m.baseline_kind])
     for baseline in baselines.values():

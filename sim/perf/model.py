@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from shared.acceptance import expected_acceptance_length, pipelined_chain
+from shared.acceptance import ends_on_correction, expected_acceptance_length, pipelined_chain
 from shared.wire import http2_framed_size
 from sim.package_data import list_shipped, load_toml
 
@@ -246,7 +246,7 @@ def first_token_s(timings: Timings, link: NetworkModel, first_message_bytes: flo
 
 
 def predict_pipelined(timings: Timings, link: NetworkModel, draft_len: int, window: int,
-                      decode_stale: bool = True) -> Prediction:
+                      decode_stale: bool = True, generation_tokens: int | None = None) -> Prediction:
     """Split decoding with up to `window` blocks of `draft_len` drafts in flight (window 1: lock-step).
 
     A *chain* of blocks runs from one correction to the next: each block is
@@ -262,7 +262,10 @@ def predict_pipelined(timings: Timings, link: NetworkModel, draft_len: int, wind
     first block is on its way, after the drafts sent for those positions that
     it accepts where they lie (``shared.acceptance.pipelined_chain``, whose
     closed-form interval the controller predicts with; ``decode_stale``
-    False: a verifier run with ``--stale-blocks drop``).
+    False: a verifier run with ``--stale-blocks drop``). ``generation_tokens``: the tokens one
+    generation makes, where it is short enough to matter: no chain outlasts the blocks they fill,
+    and one that reaches the end pays its last block's round trip without a correction (None: the
+    steady state of a long generation).
     """
     if window < 1:
         raise ValueError(f"window must be >= 1, got {window}")
@@ -271,6 +274,7 @@ def predict_pipelined(timings: Timings, link: NetworkModel, draft_len: int, wind
     draft = draft_len * timings.draft_s_per_token
     up_bytes = timings.up_bytes(draft_len)
     verify = timings.verify_s(draft_len + 1)
+    max_blocks = None if generation_tokens is None else max(math.ceil(generation_tokens / draft_len), 1)
     latency = {
         "uplink": link.up_s(up_bytes),
         "rtt": link.rtt_s,
@@ -282,11 +286,15 @@ def predict_pipelined(timings: Timings, link: NetworkModel, draft_len: int, wind
     chain = pipelined_chain(timings.alpha_per_position or [0.0], draft_len, window, timings.draft_s_per_token,
                             network, verify, fill, stale_share=1.0 if decode_stale else 0.0,
                             rebased_per_fill=timings.rebased_per_fill, guess_hit=timings.stale_guess_hit,
-                            in_flight_past=window - 1)  # (the edge reads a verdict once its window is full)
+                            in_flight_past=window - 1,  # (the edge reads a verdict once its window is full)
+                            max_blocks=max_blocks)
     blocks, tokens = chain.blocks, chain.tokens
+    corrected = ends_on_correction(chain.p_full, max_blocks)  # (a chain cut by the generation's end leaves nothing stale)
     per_extra_block = max(timings.verify_per_token_s, 0.0) * draft_len
-    verdict_s, cloud_s = expected_chain_end(
-        chain.p_full, chain_timeline(draft, network, verify, per_extra_block, window, _chain_horizon(chain.p_full, window)))
+    horizon = _chain_horizon(chain.p_full, window)
+    ends = max_blocks is not None and max_blocks <= horizon  # (the generation ends before chains grow rare)
+    verdict_s, cloud_s = expected_chain_end(chain.p_full, chain_timeline(
+        draft, network, verify, per_extra_block, window, max_blocks if ends else horizon, final=ends))
     seconds = verdict_s + chain.stale_s
     cloud_s += chain.fills * fill
     return Prediction(
@@ -296,14 +304,14 @@ def predict_pipelined(timings: Timings, link: NetworkModel, draft_len: int, wind
         acceptance_length=tokens / blocks,
         cloud_s_per_token=cloud_s / tokens,
         ttft_s=first_token_s(timings, link, timings.down_bytes_per_round),
-        up_bytes_per_token=(blocks + chain.in_flight_past * chain.p_full) * up_bytes / tokens,
-        down_bytes_per_token=(blocks + chain.stale_blocks) * timings.down_bytes_per_round / tokens,
+        up_bytes_per_token=(blocks + corrected * chain.in_flight_past * chain.p_full) * up_bytes / tokens,
+        down_bytes_per_token=(blocks + corrected * chain.stale_blocks) * timings.down_bytes_per_round / tokens,
         breakdown={"draft": draft, **latency},  # one block's terms; the chain overlaps them
     )
 
 
 def chain_timeline(draft_s: float, network_s: float, verify_s: float, per_extra_block_s: float, window: int,
-                   blocks: int) -> list[tuple[float, float]]:
+                   blocks: int, final: bool = False) -> list[tuple[float, float]]:
     """(when the edge reads its verdict, the cloud's seconds by then) for each of a chain's first
     ``blocks`` blocks, from the start of drafting the first, were none of them to fail.
 
@@ -313,9 +321,10 @@ def chain_timeline(draft_s: float, network_s: float, verify_s: float, per_extra_
     ``network_s`` (uplink, RTT, downlink) to each block's verify. The verifier starts a forward
     when it is free and a block is pending, and takes every block sent by then, up to the window:
     ``verify_s`` for one, ``per_extra_block_s`` more for each other (the verify line's per-row
-    cost of a block's drafts).
+    cost of a block's drafts). ``final``: these are the generation's last blocks; with none after
+    them to fill the window, the edge reads their verdicts as they arrive, once the last is sent.
     """
-    wanted, blocks = blocks, blocks + window - 1  # (the last reads wait for the blocks that fill the window)
+    wanted, blocks = blocks, blocks + (0 if final else window - 1)  # (the last reads wait for the blocks that fill the window)
     sent, arrived, cloud_at, read = [0.0] * blocks, [], [], []
     free = cloud = 0.0
 
@@ -332,8 +341,8 @@ def chain_timeline(draft_s: float, network_s: float, verify_s: float, per_extra_
         cloud_at.extend([cloud] * (last - first))
 
     def read_time(n: int, known: int) -> float:  # (blocks up to known-1 are sent)
-        full = n + window - 1  # the block that fills the window behind block n
-        return max(arrived[n], sent[full]) if full < known else arrived[n]
+        full = min(n + window - 1, known - 1)  # the block that fills the window behind block n (or the last)
+        return max(arrived[n], sent[full])
 
     for i in range(blocks):
         if i >= window:
@@ -355,19 +364,20 @@ def _chain_horizon(p_full: float, window: int) -> int:
 
 def expected_chain_end(p_full: float, timeline: list[tuple[float, float]]) -> tuple[float, float]:
     """(seconds until the edge reads the failing block's verdict, the cloud's seconds by then), averaged
-    over where a chain ends: at its n-th block with probability p^(n-1) (1-p), renormalised over the
-    timeline's blocks."""
-    weights = [p_full**n * (1 - p_full) for n in range(len(timeline))]
-    total = sum(weights)
-    return (sum(w * at for w, (at, _) in zip(weights, timeline)) / total,
-            sum(w * cloud for w, (_, cloud) in zip(weights, timeline)) / total)
+    over where a chain ends: at its n-th block with probability p^(n-1) (1-p), and at the timeline's
+    last block (the generation's end, or a horizon past which chains are rare) with what is left."""
+    weights = [p_full**n * (1 - p_full) for n in range(len(timeline) - 1)] + [p_full ** (len(timeline) - 1)]
+    return (sum(w * at for w, (at, _) in zip(weights, timeline)),
+            sum(w * cloud for w, (_, cloud) in zip(weights, timeline)))
 
 
-def predict_adaptive(timings: Timings, link: NetworkModel, max_draft_len: int, window: int) -> Prediction:
+def predict_adaptive(timings: Timings, link: NetworkModel, max_draft_len: int, window: int,
+                     generation_tokens: int | None = None) -> Prediction:
     """The adaptive schedule at its best: the faster of pipelined chains with D = 1..max_draft_len
     and the cloud decoding alone (cloud-only decoding's rate, paid for with a small empty Draft
     frame up per token). The controller estimates the same quantities online; this is its ceiling."""
-    options = [predict_pipelined(timings, link, d, window) for d in range(1, max_draft_len + 1)]
+    options = [predict_pipelined(timings, link, d, window, generation_tokens=generation_tokens)
+               for d in range(1, max_draft_len + 1)]
     alone = predict_cloud_only(timings, link)
     up = timings.up_bytes(0)
     options.append(dataclasses.replace(alone, up_bytes_per_token=up, breakdown={**alone.breakdown, "uplink": link.up_s(up)}))
