@@ -29,7 +29,8 @@ for cloud decoding (one token per forward). It takes the window predicted
 best (among equals the largest: a verifier-bound pipeline gains from blocks
 pending that the arithmetic does not credit), and switches draft length only
 when the other choice is predicted ``hysteresis`` better, so noise does not
-make it flap. A load hint from the cloud caps the draft length.
+make it flap; shorter blocks, or none, need a wider gap while acceptance
+samples are few. A load hint from the cloud caps the draft length.
 """
 
 from __future__ import annotations
