@@ -304,6 +304,9 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         stream = 0  # the session's stream number while this stream drives it
         finished = False
         try:
+            # Answer the headers now: an edge may open its stream ahead of the prompt
+            # (``GrpcVerifier.connect(stream=True)``); the Opened then travels without them.
+            await context.send_initial_metadata(())
             first = await self._read(context, self.limits.open_timeout_s)
             if first is grpc.aio.EOF:
                 return
@@ -586,14 +589,17 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         return entry
 
     async def Generate(self, request, context):
-        """Cloud-only decoding: the target generates every token and streams it down."""
+        """Cloud-only decoding: the target generates every token and streams it down. The first
+        chunk's ``server_us`` counts from the request (prefill included), as the first verdict's
+        does from the Open."""
         entry = None
         try:
             self._count_in(request)
+            arrived = time.perf_counter()
             entry = await self._new_session(self._parse_request(request), 0, self._owner(context))
             session = entry.session
             while not session.done:
-                verdict, seconds = await self._decode_alone(entry, time.perf_counter(), entry.stream)
+                verdict, seconds = await self._decode_alone(entry, arrived, entry.stream)
                 encoded = codec.encode_tokens([verdict.token] if verdict.token is not None else [], self.engine.vocab_size)
                 yield self._count_out(
                     pb.GenerateChunk(
@@ -605,6 +611,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                         forwards=session.forwards if verdict.done else 0,
                     )
                 )
+                arrived = time.perf_counter()
         except _Abort as exc:
             self.metrics.sessions_failed.labels(code=exc.code.name).inc()
             await context.abort(exc.code, str(exc))

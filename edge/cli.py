@@ -214,7 +214,9 @@ def _run_edge(args, drafter, prompt, params, controller, options, fleet) -> int:
             outage_budget_s=args.outage_budget,
             **options,
         )
-        verifier.connect()  # connection setup is not part of the generation's time, as for the baseline
+        # Connection setup is not part of the generation's time, as for the baseline; an app would
+        # connect ahead of the prompt, and so opens its stream then too.
+        verifier.connect(stream=True)
         result = run_decode(
             drafter,
             verifier,
@@ -248,6 +250,7 @@ def _run_edge(args, drafter, prompt, params, controller, options, fleet) -> int:
         wall_s=result.stats.wall_s,
         ttft_s=result.ttft_s,
         open_s=verifier.open_s,
+        ttft_cloud_s=verifier.first_token_cloud_s,
         bytes_up=verifier.bytes_up,
         bytes_down=verifier.bytes_down,
         rtt_ms=verifier.rtt_ms,
@@ -371,6 +374,7 @@ def run_baseline(args: argparse.Namespace) -> int:
         wall_s=result.wall_s,
         ttft_s=result.ttft_s,
         open_s=0.0,
+        ttft_cloud_s=result.chunk_log[0].cloud_s if result.chunk_log else 0.0,
         bytes_up=result.bytes_up,
         bytes_down=result.bytes_down,
         rtt_ms=0.0,

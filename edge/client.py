@@ -18,6 +18,7 @@ recorded (``recoveries``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import statistics
@@ -54,7 +55,10 @@ __all__ = ["GrpcVerifier", "VerifierError", "LinkLost", "make_channel", "CloudOn
 log = logging.getLogger(__name__)
 
 _END = object()
-
+# ``connect(stream=True)``: how long to wait for the cloud to answer a new stream's headers, and how
+# long an unused stream is kept for the Open (below the cloud's default --open-timeout of 30 s).
+_STREAM_ANSWER_S = 2.0
+_STREAM_MAX_IDLE_S = 20.0
 
 _BAD_INPUT = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.OUT_OF_RANGE}
 # Statuses of a stream that broke rather than was refused: the session can be resumed. INTERNAL is
@@ -161,6 +165,7 @@ class GrpcVerifier:
         self._requests: queue.Queue = queue.Queue()
         self._responses: queue.Queue = queue.Queue()
         self._call = None
+        self._call_started: float | None = None  # monotonic start of the current stream while it has sent nothing
         self._reader: threading.Thread | None = None
         self._params = SamplingParams()
         self._prompt_len = 0
@@ -178,6 +183,7 @@ class GrpcVerifier:
         self._forwards_offset = 0
         self.last_cloud_s = 0.0  # the cloud's time on the last verdict (server_us)
         self.open_s = 0.0  # Open sent -> Opened received (prefill included)
+        self.first_token_cloud_s = 0.0  # the cloud's time to the first token, prefill included (0: not answered with the Opened)
         self._connected = False
         self.session_id = ""
         self.resume_ticket = b""
@@ -192,11 +198,30 @@ class GrpcVerifier:
         self._early_attempt: object | None = None  # the Open whose early block may still go (until its Opened)
 
     # -- VerifierConnection ------------------------------------------------------
-    def connect(self) -> None:
-        """Establish the channel (TCP and HTTP/2 setup) now rather than on ``open``."""
+    def connect(self, *, stream: bool = False) -> None:
+        """Establish the channel (TCP and HTTP/2 setup) now rather than on ``open``.
+
+        ``stream``: also start the Decode stream and wait (at most ``_STREAM_ANSWER_S``) for the
+        cloud to answer its headers, so that ``open`` sends the Open alone: gRPC writes a stream's
+        headers apart from its first message, and on a thin link that extra segment delays the
+        first token (about 10 ms at 50 kbit/s). A stream unused for ``_STREAM_MAX_IDLE_S`` is
+        replaced on ``open`` (the cloud ends one that sends nothing for ``--open-timeout``)."""
         if not self._connected:
             _wait_ready(self._channel, self.address, self.connect_timeout_s)
             self._connected = True
+        if stream and not self._call_is_fresh():
+            self._restart_call()
+            answered = threading.Event()
+            call = self._call
+
+            def wait_for_headers() -> None:  # (returns on the headers or when the call ends)
+                with contextlib.suppress(grpc.RpcError):
+                    call.initial_metadata()
+                answered.set()
+
+            threading.Thread(target=wait_for_headers, name="edge-stream-headers", daemon=True).start()
+            if not answered.wait(_STREAM_ANSWER_S):  # a verifier that answers the headers with its Opened only
+                log.debug("the cloud did not answer the stream's headers within %.0f s; going on", _STREAM_ANSWER_S)
 
     def open(self, prompt: Sequence[int], params: SamplingParams, max_new_tokens: int, max_draft_len: int,
              early_block=None) -> SessionTerms:
@@ -216,6 +241,8 @@ class GrpcVerifier:
         finally:
             self._early_block = None
         self.open_s = time.perf_counter() - started
+        if self._first_verdict is not None:
+            self.first_token_cloud_s = self._first_verdict.server_us * 1e-6
         return terms
 
     def resume(self, committed: Sequence[int]) -> Resumption:
@@ -360,7 +387,7 @@ class GrpcVerifier:
             # After the final verdict, Close tells the cloud it arrived (until then the cloud keeps
             # the finished session, in case the link broke on it). Without it, the session stays
             # parked for the next turn of a conversation.
-            if not self.keep_session:
+            if not self.keep_session and self._call_started is None:  # (a stream never used has no session)
                 self._send(pb.EdgeFrame(close=pb.Close()))
             self._requests.put(_END)
             if self._reader:
@@ -380,7 +407,7 @@ class GrpcVerifier:
     def _open_session(self, committed: Sequence[int]) -> Resumption:
         """Open a new session on ``committed`` (the prompt, or after a lost session everything
         committed so far), its first position answered at once."""
-        if self._call is None:
+        if not self._call_is_fresh():
             self._restart_call()
         reopening = bool(self.resume_ticket)
         started = time.perf_counter()
@@ -422,7 +449,8 @@ class GrpcVerifier:
         keep = common_prefix_length(held, prompt[:-1])
         if keep == 0:  # nothing shared: a new session
             return self._open_session(prompt)
-        self._restart_call()
+        if not self._call_is_fresh():
+            self._restart_call()
         started = time.perf_counter()
         self._send(pb.EdgeFrame(open=self._open_message(prompt[keep:], 0, resume_ticket=ticket,
                                                         committed_length=keep, extend=True)))
@@ -532,11 +560,18 @@ class GrpcVerifier:
         )
 
     # -- internals ---------------------------------------------------------
+    def _call_is_fresh(self) -> bool:
+        """Whether the current Decode stream has sent nothing yet, is alive, and is young enough
+        that the cloud is still waiting for its Open."""
+        return (self._call is not None and self._call_started is not None and not self._call.done()
+                and time.monotonic() - self._call_started < _STREAM_MAX_IDLE_S)
+
     def _restart_call(self) -> None:
         """A fresh Decode stream; the old one, if any, is cancelled and its queues dropped."""
         if self._call is not None:
             self._requests.put(_END)
             self._call.cancel()
+        self._call_started = time.monotonic()  # (None once a frame has been sent on it)
         self._requests, self._responses = queue.Queue(), queue.Queue()
         self._in_flight.clear()
         self._first_verdict = None
@@ -549,6 +584,7 @@ class GrpcVerifier:
         self._reader.start()
 
     def _send(self, frame: pb.EdgeFrame) -> None:
+        self._call_started = None  # the stream is in use
         size = message_wire_bytes(frame)
         self.bytes_up += size
         if frame.WhichOneof("kind") == "open":

@@ -56,6 +56,7 @@ class EdgeReport:
     wall_s: float  # first request to last token, link setup and teardown excluded
     ttft_s: float
     open_s: float  # Open sent -> Opened received, the cloud's prefill included (0 for cloud-only)
+    ttft_cloud_s: float  # of ttft_s, the cloud's own time (prefill included; 0: the cloud did not say)
     bytes_up: int
     bytes_down: int
     rtt_ms: float  # median round trip net of the cloud's time (0 for cloud-only)

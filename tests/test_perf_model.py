@@ -463,7 +463,7 @@ def test_the_drafter_speed_fitted_counts_every_token_it_drafted():
     decode.record_round(drafted=4, accepted=2, committed=3)  # the one block verified; another came back stale
     drafter = DrafterStats(drafted=8, draft_s=0.16, eval_s=0.15, prompt_eval_s=0.04)
     report = EdgeReport(kind=SPLIT, tokens=[1, 2, 3], text="", stop_reason="length", prompt_tokens=5, wall_s=1.0,
-                        ttft_s=0.3, open_s=0.25, bytes_up=100, bytes_down=60, rtt_ms=100.0, decode=decode,
+                        ttft_s=0.3, open_s=0.25, ttft_cloud_s=0.2, bytes_up=100, bytes_down=60, rtt_ms=100.0, decode=decode,
                         drafter=drafter)
     timings = timings_from_reports([report], [], "coupled")
     assert timings.draft_s / timings.drafted == pytest.approx((0.16 - 0.04) / 8)
@@ -479,7 +479,7 @@ def test_the_fit_takes_what_stale_blocks_forwards_committed_per_run():
     decode.record_stale_guess(hit=True)  # the next chains' first blocks: one verified on its guesses, one stale
     decode.record_stale_guess(hit=False)
     report = EdgeReport(kind=SPLIT, tokens=[1] * 7, text="", stop_reason="length", prompt_tokens=5, wall_s=1.0,
-                        ttft_s=0.3, open_s=0.25, bytes_up=100, bytes_down=60, rtt_ms=100.0, decode=decode,
+                        ttft_s=0.3, open_s=0.25, ttft_cloud_s=0.2, bytes_up=100, bytes_down=60, rtt_ms=100.0, decode=decode,
                         drafter=DrafterStats(drafted=8, draft_s=0.16))
     measured = timings_from_reports([report], [], "coupled")
     assert (measured.filled, measured.rebased, measured.rebased_verified) == (2, 2, 5)

@@ -197,6 +197,87 @@ def test_gemma_pair_over_the_network_is_token_identical(gemma_engine):
         drafter.close()
 
 
+def test_a_stream_opened_ahead_carries_the_generation(tiny_models, tiny_engine, tiny_vocab, verifier):
+    """``connect(stream=True)``: the cloud answers the stream's headers at once, and the Open then
+    goes on that stream; a stream never used sends no Close and fails nothing."""
+    import time
+
+    params = SamplingParams(mode=Mode.COUPLED, temperature=0.8, seed=4)
+    prompt = tiny_prompt(tiny_engine, "The cat sat on the mat.")
+    drafter = tiny_drafter(tiny_models)
+    try:
+        want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=20, draft_len=0).tokens
+        link = link_for(verifier, tiny_vocab)
+        started = time.monotonic()
+        link.connect(stream=True)
+        assert time.monotonic() - started < 1.0  # answered, not waited out (two seconds)
+        ahead = link._call
+        got = run_decode(drafter, link, prompt, params, max_new_tokens=20, draft_len=4, window=2)
+        assert got.tokens == want
+        assert ahead.code() == grpc.StatusCode.OK  # it carried the session to its end (not cancelled for another)
+        link.close()
+        unused = link_for(verifier, tiny_vocab)
+        unused.connect(stream=True)
+        unused.close()
+    finally:
+        drafter.close()
+    time.sleep(0.2)  # (the cloud sees the unused stream end)
+    failed = [s for family in verifier.server.metrics.registry.collect() for s in family.samples
+              if s.name == "splitspec_sessions_failed_total" and s.value]
+    assert failed == []
+
+
+def test_a_stream_the_cloud_ended_before_the_open_is_replaced(tiny_models, tiny_engine, tiny_vocab):
+    """The cloud ends a stream that sends no Open within ``open_timeout_s``; a stream opened ahead
+    and ended so (or just old) is replaced on ``open``, and the output is unchanged."""
+    import time
+
+    from cloud.limits import ServiceLimits
+    from cloud.server import BackgroundServer, ServerConfig
+
+    params = SamplingParams(mode=Mode.GREEDY)
+    prompt = tiny_prompt(tiny_engine, "Hello there")
+    drafter = tiny_drafter(tiny_models)
+    config = ServerConfig(port=0, limits=ServiceLimits(max_draft_len=16, open_timeout_s=0.3))
+    try:
+        want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=12, draft_len=0).tokens
+        with BackgroundServer(tiny_engine, config) as server:
+            link = link_for(server, tiny_vocab)
+            link.connect(stream=True)
+            ahead = link._call
+            time.sleep(1.0)
+            assert ahead.code() == grpc.StatusCode.DEADLINE_EXCEEDED  # the cloud gave up on it
+            got = run_decode(drafter, link, prompt, params, max_new_tokens=12, draft_len=4, window=2)
+            assert got.tokens == want and not link.recoveries  # a new stream, not a recovery from the dead one
+            link.close()
+    finally:
+        drafter.close()
+
+
+def test_the_first_token_s_cloud_time_counts_the_prefill(gemma_engine):
+    """Generate's first chunk and the Opened's first verdict both report the cloud's time from the
+    request, the prefill included (the sim splits time to first token into the cloud's and the rest)."""
+    from cloud.server import BackgroundServer, ServerConfig
+    from edge.client import cloud_only_generate
+    from edge.drafter_choice import open_llama_drafter
+
+    drafter = open_llama_drafter(None, n_threads=1)
+    vocab = (drafter.vocab.size, drafter.vocab.fingerprint)
+    prompt = drafter.vocab.tokenize(" ".join(["The three primary colors are red, yellow and blue."] * 24))
+    params = SamplingParams(mode=Mode.GREEDY)
+    try:
+        with BackgroundServer(gemma_engine, ServerConfig(port=0)) as server:
+            base = cloud_only_generate(server.address, prompt, params, vocab_size=vocab[0], fingerprint=vocab[1],
+                                       max_new_tokens=6)
+            step = sorted(chunk.cloud_s for chunk in base.chunk_log[1:])[2]  # one decode step (median of five)
+            assert base.chunk_log[0].cloud_s > 2 * step  # a prefill of ~300 rows (about 4 steps here), then the token
+            link = link_for(server, vocab)
+            run_decode(drafter, link, prompt, params, max_new_tokens=6, draft_len=4, window=2)
+            assert 2 * step < link.first_token_cloud_s <= link.open_s
+    finally:
+        drafter.close()
+
+
 def test_a_link_that_keeps_dropping_is_survived_or_fails_fast_when_told(tiny_models, tiny_engine, tiny_vocab, verifier):
     import time
 

@@ -13,7 +13,7 @@ RUN_KEYS = {
     "mode", "draft_len", "tokens_per_s", "ttft_s", "acceptance_length", "up_bytes_per_token", "down_bytes_per_token",
     "cloud_forwards_per_token", "cloud_cpu_s_per_token", "identical_to_baseline", "predicted_tokens_per_s",
     "schedule", "window", "hedge", "mean_draft_len", "hedge_hit_rate", "stale_blocks", "stale_filled",
-    "rebased_verified", "rebased_accepted",
+    "rebased_verified", "rebased_accepted", "ttft_cloud_s",
 }
 CONFIGS = [("greedy", 3, "lockstep", 1), ("greedy", 3, "pipelined", 3), ("coupled", 3, "lockstep", 1),
            ("coupled", 3, "pipelined", 3)]
@@ -42,6 +42,7 @@ def test_result_schema_and_files(sim_result):
         assert RUN_KEYS <= set(run)
     assert json.loads((out / "result.json").read_text()) == result
     assert "Token identity" in (out / "report.md").read_text()
+    assert "of it the cloud's own time (prefill included)" in (out / "report.md").read_text()
     assert "## Stale blocks" in (out / "report.md").read_text()  # the pipelined runs had some
     for name in ("tokens_per_s.png", "acceptance_length.png", "uplink_bytes_per_token.png", "cloud_compute_per_token.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -61,6 +62,8 @@ def test_split_is_identical_to_cloud_only_and_cheaper(sim_result):
         assert run["stale_filled"] <= run["stale_blocks"] and 0 <= run["rebased_accepted"] <= run["rebased_verified"]
         assert run["stale_blocks"] == 0 if run["schedule"] == "lockstep" else run["stale_blocks"] > 0
         assert run["predicted_tokens_per_s"] > 0 and run["prediction_error"] is not None
+    for run in [base, *result["runs"]]:  # the cloud's share of the first token: its prefill, then the token
+        assert 0 < run["ttft_cloud_s"] < run["ttft_s"]
 
 
 def test_the_fleet_reported_over_mqtt_through_the_link(sim_result):

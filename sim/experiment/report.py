@@ -89,6 +89,7 @@ def _headline(result: dict) -> list[str]:
         f"- Cheapest cloud: **{_label(cheapest)}** at {cheapest['cloud_cpu_s_per_token']:.4f} cloud CPU s/token vs "
         f"{base['cloud_cpu_s_per_token']:.4f} cloud-only ({cheapest['ratios']['cloud_cpu_s_per_token']:.2f}×; target ≤ 0.33×)."
     )
+    lines.append(_ttft_line(base, result["runs"]))
     checked = [r for r in result["runs"] if r["identical_to_baseline"] is not None]
     if checked:
         same = all(r["identical_to_baseline"] for r in checked)
@@ -106,6 +107,26 @@ def _headline(result: dict) -> list[str]:
         + "."
     )
     return lines
+
+
+def _ttft_line(base: dict, runs: list[dict]) -> str:
+    """Time to first token, split against cloud-only, and how much of it was the cloud's own time
+    (the prefill): on one host the edge's drafting can slow the cloud's prefill, which a real
+    deployment, edge and cloud on separate machines, does not see."""
+
+    def span(values: list[float], fmt: str) -> str:
+        low, high = min(values), max(values)
+        return format(low, fmt) if format(low, fmt) == format(high, fmt) else f"{format(low, fmt)}–{format(high, fmt)}"
+
+    ratios = [r["ratios"]["ttft_s"] for r in runs if r["ratios"]["ttft_s"] is not None]
+    line = (f"- Time to first token: split {span(ratios, '.2f')}× cloud-only's {base['ttft_s']:.3f} s"
+            if ratios else f"- Time to first token: cloud-only {base['ttft_s']:.3f} s")
+    if base.get("ttft_cloud_s") and all(r.get("ttft_cloud_s") for r in runs):
+        line += (f"; of it the cloud's own time (prefill included) was {base['ttft_cloud_s']:.3f} s cloud-only, "
+                 f"{span([r['ttft_cloud_s'] for r in runs], '.3f')} s split, and the link and edge's "
+                 f"{base['ttft_s'] - base['ttft_cloud_s']:.3f} s cloud-only, "
+                 f"{span([r['ttft_s'] - r['ttft_cloud_s'] for r in runs], '.3f')} s split")
+    return line + "."
 
 
 def markdown_report(result: dict) -> str:

@@ -125,6 +125,7 @@ def _aggregate(mode: str, draft_len: int, reports: list[EdgeReport], meters: lis
         "tokens": tokens,
         "tokens_per_s": tokens / wall if wall else 0.0,
         "ttft_s": sum(r.ttft_s for r in reports) / len(reports),
+        "ttft_cloud_s": sum(r.ttft_cloud_s for r in reports) / len(reports),  # of it, the cloud's own time
         "acceptance_length": tokens / rounds if rounds else 0.0,
         "acceptance_rate": accepted / drafted if drafted else 0.0,
         "up_bytes_per_token": sum(m.up for m in meters) / tokens,
