@@ -313,7 +313,10 @@ def run_serve(args: argparse.Namespace) -> int:
             schedule=args.schedule, window=args.window, fallback=args.fallback,
         )
         service = EdgeService.for_drafter(drafter, config, args.chat_format, fleet)
-        serve_http(service, args.host, args.port, api_key=api_key, max_waiting=args.max_waiting)
+        try:
+            serve_http(service, args.host, args.port, api_key=api_key, max_waiting=args.max_waiting)
+        finally:
+            service.close()
     finally:
         if fleet is not None:
             fleet.stop()

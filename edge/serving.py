@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from edge.chat_template import ChatTemplate, chat_template_for
+from edge.client import make_channel
 from edge.conversation import Conversation
 from edge.decode_loop import GenerationResult, VerifierError, run_decode
 from edge.drafter import common_prefix_length
@@ -128,6 +129,7 @@ class EdgeService:
         self.stop_token_ids = stop_token_ids  # end-of-turn tokens: the reply ends there
         self.conversations: list[Conversation] = []  # most recently used last
         self.offline_since: float | None = None
+        self._channel = None  # to the cloud, kept across requests (``_cloud_channel``)
 
     @classmethod
     def for_drafter(cls, drafter, config: ServeConfig, chat_format: str | None = None, fleet=None) -> EdgeService:
@@ -178,9 +180,8 @@ class EdgeService:
             return self._fallback(job, emitter, emitted)
         conversation = self._conversation_for(job.prompt)
         verifier = conversation.verifier(
-            self.config.cloud, vocab_size=self.vocab.size, fingerprint=self.vocab.fingerprint,
-            auth_token=self.config.auth_token,
-            root_certificates=self.config.root_certificates, connect_timeout_s=self.config.connect_timeout_s,
+            self.config.cloud, channel=self._cloud_channel(), vocab_size=self.vocab.size,
+            fingerprint=self.vocab.fingerprint, connect_timeout_s=self.config.connect_timeout_s,
             verdict_timeout_s=self.config.verdict_timeout_s, outage_budget_s=self.config.outage_budget_s,
         )
         emitter.on_cancel = lambda: setattr(verifier, "keep_session", False)  # the cloud ends the session
@@ -198,6 +199,8 @@ class EdgeService:
             raise
         except VerifierError as exc:
             self._drop(conversation)
+            if not exc.bad_input:  # the next request connects afresh, not after gRPC's reconnect backoff
+                self.close()
             if exc.bad_input or emitter.kept:  # the split already answered part of it: no mixing
                 raise
             self.offline_since = time.monotonic()
@@ -260,6 +263,19 @@ class EdgeService:
         return outcome
 
     # -- state -----------------------------------------------------------------
+    def _cloud_channel(self):
+        """The channel to the cloud, opened on first use and kept: each request's session goes
+        over the same connection (no TCP, TLS and HTTP/2 setup per request)."""
+        if self._channel is None:
+            self._channel = make_channel(self.config.cloud, self.config.root_certificates, self.config.auth_token)
+        return self._channel
+
+    def close(self) -> None:
+        """Close the connection to the cloud (the next request opens a new one)."""
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+
     @property
     def cloud_reachable(self) -> bool:
         """False for ``offline_retry_s`` after a failed connection (requests skip the cloud then)."""

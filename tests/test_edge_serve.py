@@ -19,7 +19,7 @@ from edge.client import GrpcVerifier
 from edge.decode_loop import run_decode
 from edge.llama_drafter import LlamaDrafter
 from edge.openai_server import create_app
-from edge.serving import EdgeService, ServeConfig
+from edge.serving import SPLIT, EdgeService, Job, ServeConfig
 from shared.params import Mode, SamplingParams
 
 KEY = "sk-test-key"
@@ -191,7 +191,8 @@ def test_past_the_waiting_room_a_request_gets_a_clear_429(cloud, drafter):
     try:
         with httpx.stream("POST", f"{http.base}/v1/completions", headers=headers, timeout=60,
                           json={"prompt": "The cat", "max_tokens": 480, "temperature": 0, "stream": True}) as first:
-            next(line for line in first.iter_lines() if line.startswith("data: {"))  # it holds the drafter
+            lines = first.iter_lines()  # (kept: a dropped iterator closes the stream, and the request is cancelled)
+            next(line for line in lines if line.startswith("data: {"))  # it holds the drafter
             waiter = threading.Thread(target=lambda: second.update(response=httpx.post(
                 f"{http.base}/v1/completions", headers=headers, timeout=60,
                 json={"prompt": "The cat", "max_tokens": 4, "temperature": 0})))
@@ -208,6 +209,28 @@ def test_past_the_waiting_room_a_request_gets_a_clear_429(cloud, drafter):
         assert second["response"].json()["usage"]["completion_tokens"] == 4
     finally:
         http.close()
+
+
+def test_requests_share_one_connection_to_the_cloud(cloud, drafter):
+    """Each request's session goes over the connection the first one opened (no TCP, TLS and
+    HTTP/2 setup per request); after ``close`` the next request connects anew."""
+    from sim.experiment.processes import BackgroundLink
+    from sim.link.emulator import LinkConfig
+
+    with BackgroundLink(LinkConfig(), cloud.port) as link:
+        service = make_service(drafter, link.address)
+        params = SamplingParams(mode=Mode.GREEDY)
+        for question in ("Hello", "The cat sat on the mat.", "Why is the sky blue?"):
+            prompt = service.text_prompt(question)
+            out = service.run(Job(prompt, params, 6), lambda text: None, threading.Event())
+            assert out.served_by == SPLIT and out.tokens
+        assert link.emulator.connections == 1
+        time.sleep(0.3)  # (gRPC's connectivity poller outlives a connect by 0.2 s; a close under it raises there)
+        service.close()
+        service.run(Job(service.text_prompt("Hello"), params, 6), lambda text: None, threading.Event())
+        assert link.emulator.connections == 2
+        time.sleep(0.3)
+        service.close()
 
 
 def test_a_client_that_disconnects_mid_stream_closes_the_cloud_session(http, cloud):
