@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from edge.chat_template import ChatTemplate, chat_template_for
 from edge.client import make_channel
+from edge.controller import Controller, controller_for
 from edge.conversation import Conversation
 from edge.decode_loop import GenerationResult, VerifierError, run_decode
 from edge.drafter import common_prefix_length
@@ -189,10 +190,10 @@ class EdgeService:
         try:
             verifier.connect()
             on_start(SPLIT)
+            window, controller = self._schedule(draft_len)
             result = run_decode(
                 self.drafter, verifier, job.prompt, params, max_new_tokens=job.max_tokens,
-                draft_len=draft_len, window=window_for(self.config.schedule, self.config.window),
-                on_tokens=emitter,
+                draft_len=draft_len, window=window, controller=controller, on_tokens=emitter,
             )
         except Cancelled:
             self._drop(conversation)
@@ -216,6 +217,12 @@ class EdgeService:
         outcome = self._outcome(job, result, emitter, emitted, SPLIT, verifier)
         self._report(outcome, result, params, draft_len, verifier)
         return outcome
+
+    def _schedule(self, draft_len: int) -> tuple[int, Controller | None]:
+        """Blocks in flight (the cap, for the adaptive schedule) and, for the adaptive schedule, a
+        fresh controller for one generation, as ``edge run`` has."""
+        window = window_for(self.config.schedule, self.config.window)
+        return window, controller_for(self.config.schedule, draft_len, window)
 
     def _steered(self, params: SamplingParams) -> tuple[SamplingParams, int]:
         """The request's sampling and this generation's draft length, with the fleet's say:

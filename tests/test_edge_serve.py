@@ -211,6 +211,18 @@ def test_past_the_waiting_room_a_request_gets_a_clear_429(cloud, drafter):
         http.close()
 
 
+def test_the_adaptive_schedule_gets_a_controller_per_request(drafter):
+    from edge.controller import Controller
+
+    adaptive = make_service(drafter, "127.0.0.1:1", schedule="adaptive", window=3)
+    window, controller = adaptive._schedule(6)
+    assert window == 3 and isinstance(controller, Controller)
+    assert (controller.max_draft_len, controller.window) == (6, 3)
+    assert adaptive._schedule(6)[1] is not controller  # what one generation measured is not the next's
+    assert make_service(drafter, "127.0.0.1:1", schedule="pipelined", window=3)._schedule(6) == (3, None)
+    assert make_service(drafter, "127.0.0.1:1", schedule="lockstep", window=3)._schedule(6) == (1, None)
+
+
 def test_requests_share_one_connection_to_the_cloud(cloud, drafter):
     """Each request's session goes over the connection the first one opened (no TCP, TLS and
     HTTP/2 setup per request); after ``close`` the next request connects anew."""
