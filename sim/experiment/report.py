@@ -121,7 +121,7 @@ def _ttft_line(base: dict, runs: list[dict]) -> str:
     ratios = [r["ratios"]["ttft_s"] for r in runs if r["ratios"]["ttft_s"] is not None]
     line = (f"- Time to first token: split {span(ratios, '.2f')}× cloud-only's {base['ttft_s']:.3f} s"
             if ratios else f"- Time to first token: cloud-only {base['ttft_s']:.3f} s")
-    if base.get("ttft_cloud_s") and all(r.get("ttft_cloud_s") for r in runs):
+    if runs and base.get("ttft_cloud_s") and all(r.get("ttft_cloud_s") for r in runs):
         line += (f"; of it the cloud's own time (prefill included) was {base['ttft_cloud_s']:.3f} s cloud-only, "
                  f"{span([r['ttft_cloud_s'] for r in runs], '.3f')} s split, and the link and edge's "
                  f"{base['ttft_s'] - base['ttft_cloud_s']:.3f} s cloud-only, "
