@@ -88,7 +88,7 @@ class StaleForecast(NamedTuple):
 
 def stale_expectation(alpha_per_position: list[float], stale_blocks: int, gap_s: float, fill_s: float,
                       rebased_per_fill: float = 0.0, guess_hit: float | None = None,
-                      redraft_s: float | None = None) -> StaleForecast:
+                      redraft_s: float | None = None, window: int | None = None) -> StaleForecast:
     """The blocks in flight past a chain's correction are stale: the cloud answers each with
     a token it decodes (``fill_s`` a forward) while the next chain's first block is on its way
     (``gap_s``: the correction down, drafting, the block up), as many as fit, each after the
@@ -96,9 +96,11 @@ def stale_expectation(alpha_per_position: list[float], stale_blocks: int, gap_s:
     they lie, on average. That block's first drafts guess the tokens committed meanwhile; when
     one is wrong it is stale too: one more forward, and a wait. Where ``guess_hit`` was measured
     (of all such guessing blocks, the share verified), each miss is followed by another guess,
-    (1 - g) / g misses a chain, each costing the first of those tokens' forward or the drafting
-    of the next block (``redraft_s``), the longer. Otherwise one guess: it misses with
-    probability 1 - Π α_j over the tokens, and costs a whole gap.
+    (1 - g) / g misses a chain, each costing the longest of: the first of those tokens' forward,
+    the drafting of the next block (``redraft_s``), and, with ``window`` blocks in flight at most,
+    the window's share of a block's round (``gap_s`` + ``fill_s``) / ``window`` (blocks flow no
+    faster than the window lets them: on a long round trip, this bounds a run of misses).
+    Otherwise one guess: it misses with probability 1 - Π α_j over the tokens, and costs a whole gap.
     """
     if stale_blocks <= 0:
         return StaleForecast(0.0, 0.0, 0.0)
@@ -112,7 +114,7 @@ def stale_expectation(alpha_per_position: list[float], stale_blocks: int, gap_s:
         miss_s = gap_s
     else:
         misses = (1 - guess_hit) / max(guess_hit, _MIN_GUESS_HIT)
-        miss_s = gap_s if redraft_s is None else max(fill_s, redraft_s)
+        miss_s = gap_s if redraft_s is None else max(fill_s, redraft_s, (gap_s + fill_s) / window if window else 0.0)
     return StaleForecast(filled + misses, (filled + misses) * per_fill, misses * miss_s)
 
 
@@ -158,7 +160,7 @@ def pipelined_chain(alpha_per_position: list[float], draft_len: int, window: int
     stale = math.floor(in_flight_past)
     redraft = (draft_len + stale) * draft_s_per_token  # the next block: its drafts and a guess per stale block
     gap = network_s + redraft  # the correction down, drafting, the next block up
-    fill = stale_expectation(alpha_per_position, stale, gap, fill_s, rebased_per_fill, guess_hit, redraft)
+    fill = stale_expectation(alpha_per_position, stale, gap, fill_s, rebased_per_fill, guess_hit, redraft, window)
     return ChainForecast(
         blocks=blocks,
         tokens=tokens + stale_share * fill.tokens,

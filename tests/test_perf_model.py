@@ -188,6 +188,12 @@ def test_stale_blocks_bring_as_many_tokens_as_fit_in_the_gap():
         (3, 3, 0.04))
     assert stale_expectation([0.9], 3, gap_s=0.10, fill_s=0.04, guess_hit=0.25, redraft_s=0.06) == pytest.approx(
         (5, 5, 0.18))
+    # Two in flight on a long round trip (all three stale blocks filled, one miss): a run of misses
+    # flows at two blocks per gap and forward, (0.6 + 0.04) / 2 = 0.32 s each, not a forward's 0.04 s.
+    assert stale_expectation([0.9], 3, gap_s=0.60, fill_s=0.04, guess_hit=0.5, redraft_s=0.03, window=2) == pytest.approx(
+        (4, 4, 0.32))
+    assert stale_expectation([0.9], 3, gap_s=0.10, fill_s=0.04, guess_hit=0.5, redraft_s=0.03, window=4) == pytest.approx(
+        (3, 3, 0.04))  # a short trip: the forward still bounds it
     # Guesses that never held: the misses stop at 19 a chain (a floor of 5% under the rate).
     assert stale_expectation([0.9], 3, gap_s=0.10, fill_s=0.04, guess_hit=0.0, redraft_s=0.03) == pytest.approx(
         (22, 22, 0.8))
