@@ -174,19 +174,28 @@ PARAMS = [SamplingParams(mode=Mode.GREEDY), SamplingParams(mode=Mode.COUPLED, te
 def _edges_at_once(server, tiny_models, tiny_engine, tiny_vocab, jobs, hostile=None):
     """Run ``jobs`` [(text, params, draft_len, max_new)] as concurrent edges; their token lists.
 
-    The tiny target's forwards take a millisecond, so the engine thread is held
-    for 20 ms out of every 25 (as a big target's forward would): sessions'
-    work queues up meanwhile and is packed into shared forwards.
+    The engine thread is held until every edge's Open waits (so the prompts share a forward for
+    sure: free-running edges can fall into turns, each one's block arriving while the other's
+    runs), then for 20 ms out of every 25, as a big target's forward would hold it (the tiny
+    target's take a millisecond): sessions' work queues up meanwhile and is packed together.
     """
     scheduler = server.server.servicer.scheduler
-    stop = threading.Event()
+    stop, holding = threading.Event(), threading.Event()
+
+    def until_every_open_waits():
+        holding.set()
+        deadline = time.monotonic() + 60
+        while scheduler.pending - 1 < len(jobs) and time.monotonic() < deadline:  # less this hold
+            time.sleep(0.001)
 
     def slow_engine():
+        scheduler.submit(until_every_open_waits).result()
         while not stop.wait(0.005):
             scheduler.submit(lambda: time.sleep(0.02)).result()
 
     slower = threading.Thread(target=slow_engine)
     slower.start()
+    holding.wait(10)
     try:
         return _run_edges(server, tiny_models, tiny_engine, tiny_vocab, jobs, hostile)
     finally:
