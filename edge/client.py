@@ -24,6 +24,7 @@ import queue
 import statistics
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -110,12 +111,23 @@ def make_channel(address: str, root_certificates: bytes | None = None, auth_toke
     return grpc.secure_channel(address, credentials, options=CHANNEL_OPTIONS)
 
 
+# Channels that were connected once. A later connect on one (``edge serve``'s kept channel) does not
+# wait again: a wait subscribes to the channel's connectivity, and a second subscription while
+# gRPC's poller thread lives (0.2 s after the last) leaves it a connect attempt to make, which,
+# after a close, fails in that thread ("Channel closed!"). The calls on a channel that lost its
+# connection since fail and end as a lost link does.
+_CONNECTED_CHANNELS: weakref.WeakSet = weakref.WeakSet()
+
+
 def _wait_ready(channel: grpc.Channel, address: str, timeout_s: float) -> None:
+    if channel in _CONNECTED_CHANNELS:
+        return
     try:
         grpc.channel_ready_future(channel).result(timeout=timeout_s)
     except grpc.FutureTimeoutError as exc:
         channel.close()
         raise VerifierError(f"cloud unreachable at {address} (no connection within {timeout_s:.0f}s)") from exc
+    _CONNECTED_CHANNELS.add(channel)
 
 
 def describe_rpc_error(error: grpc.RpcError) -> str:
