@@ -211,14 +211,14 @@ class FleetClient:
         import aiomqtt
 
         self.connections += 1
-        self.connected.set()
-        log.info("fleet: %s %s connected to mqtt://%s:%d", self.kind, self.ident, self.host, self.port)
         try:
             await client.publish(self.status_topic, self._status_bytes(), qos=1, retain=True)
             if self.on_command is not None:
                 await client.subscribe(topic(self.kind, self.ident, "cmd"), qos=1)
             for topic_filter, _ in self._watches:
                 await client.subscribe(topic_filter, qos=0)
+            self.connected.set()  # (once subscribed: a command sent from now on reaches it)
+            log.info("fleet: %s %s connected to mqtt://%s:%d", self.kind, self.ident, self.host, self.port)
             # The listener's iteration is what notices a lost connection: wait on it and on the
             # queue together, so an idle client reconnects as soon as the broker goes away.
             listener = asyncio.create_task(self._listen(client))

@@ -61,9 +61,11 @@ def _prefill_job(engine, tokens):
 
 
 def _hold(scheduler):
-    """Block the engine thread until the returned event is set (so later jobs queue up together)."""
-    gate = threading.Event()
-    scheduler.submit(lambda: gate.wait(10))
+    """Block the engine thread until the returned event is set (so later jobs queue up together);
+    returns once the engine thread holds."""
+    gate, holding = threading.Event(), threading.Event()
+    scheduler.submit(lambda: (holding.set(), gate.wait(10)))
+    holding.wait(10)
     return gate
 
 

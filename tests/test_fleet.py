@@ -72,6 +72,11 @@ def test_urls_and_the_byte_budget():
     assert per_message * 8 / DEFAULT_TELEMETRY_PERIOD_S <= 0.02 * 50_000 <= DEFAULT_BUDGET_BPS
 
 
+def _state(view: dict, ident: str) -> str | None:
+    """The retained status's state of ``ident`` in a ``watch_once`` view (None: not seen yet)."""
+    return view.get(ident, {}).get("status", {}).get("state")
+
+
 def test_a_late_subscriber_sees_retained_status_and_a_clean_stop_says_offline(broker):
     client = FleetClient(broker.url, "edge", "late-test").start()
     client.set_status(state="online", model="tiny")
@@ -79,7 +84,7 @@ def test_a_late_subscriber_sees_retained_status_and_a_clean_stop_says_offline(br
     view = wait_for(lambda: watch_once(broker.url, 0.5)["edges"].get("late-test"), what="retained status")
     assert view["status"]["state"] == "online" and view["status"]["model"] == "tiny"
     client.stop()
-    assert watch_once(broker.url, 0.5)["edges"]["late-test"]["status"]["state"] == "offline"
+    wait_for(lambda: _state(watch_once(broker.url, 0.5)["edges"], "late-test") == "offline", what="offline")
 
 
 def test_kill_9_of_an_edge_publishes_offline_through_its_will(broker, tiny_models, tiny_engine):
@@ -91,12 +96,11 @@ def test_kill_9_of_an_edge_publishes_offline_through_its_will(broker, tiny_model
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )
         try:
-            wait_for(lambda: watch_once(broker.url, 0.3)["edges"].get("doomed", {}).get("status", {}).get("state")
-                     == "online", timeout_s=60, what="the edge online")
+            wait_for(lambda: _state(watch_once(broker.url, 0.3)["edges"], "doomed") == "online", timeout_s=60,
+                     what="the edge online")
             os.kill(edge.pid, signal.SIGKILL)
             edge.wait(10)
-            wait_for(lambda: watch_once(broker.url, 0.3)["edges"]["doomed"]["status"]["state"] == "offline",
-                     what="the will")
+            wait_for(lambda: _state(watch_once(broker.url, 0.3)["edges"], "doomed") == "offline", what="the will")
         finally:
             if edge.poll() is None:
                 edge.kill()
@@ -107,7 +111,6 @@ def test_a_command_is_applied_once_even_when_redelivered(broker):
     sender = FleetClient(broker.url, "edge", "operator").start()
     try:
         wait_for(lambda: fleet.client.connected.is_set() and sender.connected.is_set(), what="connections")
-        time.sleep(0.3)  # the subscription is in place
         command = {"id": "c-1", "set": {"max_draft_len": 3, "mode": "rejection"}}
         for _ in range(3):  # QoS 1 is at least once: the same id may come again
             sender.publish_to("splitspec/v1/edge/cmd-test/cmd", command)
@@ -127,8 +130,7 @@ def test_a_command_is_applied_once_even_when_redelivered(broker):
 def test_an_operator_command_from_the_cli_reaches_the_edge(broker):
     fleet = EdgeFleet(broker.url, "steered", period_s=60).start()
     try:
-        wait_for(fleet.client.connected.is_set, what="connection")
-        time.sleep(0.3)
+        wait_for(fleet.client.connected.is_set, what="connection")  # (set once subscribed)
         sent = subprocess.run([sys.executable, "-m", "sim.cli", "fleet", "send", "--mqtt", broker.url, "--edge",
                                "steered", "--set", "max_draft_len=5"], capture_output=True, text=True, timeout=60)
         assert sent.returncode == 0 and "sent command" in sent.stdout, sent.stderr
@@ -152,7 +154,7 @@ def test_the_cloud_publishes_its_load_and_edges_follow_its_suggestion(broker, ti
             assert fleet.draft_len_cap("r1", 8) == 8 and fleet.draft_len_cap("r1", 32) == 16
         finally:
             fleet.stop()
-    assert watch_once(broker.url, 0.5)["clouds"]["r1"]["status"]["state"] == "offline"
+    wait_for(lambda: _state(watch_once(broker.url, 0.5)["clouds"], "r1") == "offline", what="offline")
 
 
 def test_a_broker_restart_mid_generation_loses_no_tokens(broker, tiny_models, tiny_engine):

@@ -245,7 +245,7 @@ def test_link_check_acespec_50k():
     assert r["rate_bps_effective"] == pytest.approx(50_000 * 1448 / 1500)
     assert r["rate_bps_measured"] == pytest.approx(r["rate_bps_effective"], rel=0.10)
     assert r["rtt_ms_configured"] == pytest.approx(100.0)
-    assert abs(r["rtt_ms_measured"] - 100.0) < 10.0
+    assert 98.0 < r["rtt_ms_measured"] < 125.0  # (the delay is never cut short; a loaded machine adds to it)
     # Serialization of the probe is really there in the raw RTT (about 2 x 10.9 ms).
     assert r["rtt_ms_raw"] > r["rtt_ms_measured"] + 15
 
@@ -357,9 +357,10 @@ def test_loss_adds_deterministic_stalls():
     t2, lost2 = _pingpong_time(0.25)
     assert base_lost == 0
     assert lost1 == lost2 > 0  # same seed, same stalls
-    # Every stall in a ping-pong adds one full rto (0.05 s) to the run.
+    # Every stall in a ping-pong adds one full rto (0.05 s) to the run's 20 round trips of 2 x 5 ms
+    # (sleeps never end early: the lower bound is exact; the upper one leaves a loaded machine room).
     for t in (t1, t2):
-        assert t >= base + 0.9 * lost1 * 0.05
+        assert t >= 20 * 2 * 0.005 + lost1 * 0.05
         assert t < base + lost1 * 0.05 + 0.5
 
 
@@ -376,7 +377,9 @@ def test_stop_with_open_connections_is_clean(caplog):
                 _, w = await asyncio.open_connection("127.0.0.1", emu.port)
                 w.write(bytes(20_000))
                 writers.append(w)
-            await asyncio.sleep(0.2)
+            deadline = asyncio.get_running_loop().time() + 10
+            while emu.active_connections < 3 and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.01)
             assert emu.active_connections == 3
             await emu.stop()
             assert emu.active_connections == 0

@@ -210,7 +210,7 @@ def test_a_stream_opened_ahead_carries_the_generation(tiny_models, tiny_engine, 
         link = link_for(verifier, tiny_vocab)
         started = time.monotonic()
         link.connect(stream=True)
-        assert time.monotonic() - started < 1.0  # answered, not waited out (two seconds)
+        assert time.monotonic() - started < 1.9  # answered, not waited out (two seconds)
         ahead = link._call
         got = run_decode(drafter, link, prompt, params, max_new_tokens=20, draft_len=4, window=2)
         assert got.tokens == want
@@ -263,14 +263,14 @@ def test_the_first_token_s_cloud_time_counts_the_prefill(gemma_engine):
 
     drafter = open_llama_drafter(None, n_threads=1)
     vocab = (drafter.vocab.size, drafter.vocab.fingerprint)
-    prompt = drafter.vocab.tokenize(" ".join(["The three primary colors are red, yellow and blue."] * 24))
+    prompt = drafter.vocab.tokenize(" ".join(["The three primary colors are red, yellow and blue."] * 48))
     params = SamplingParams(mode=Mode.GREEDY)
     try:
         with BackgroundServer(gemma_engine, ServerConfig(port=0)) as server:
             base = cloud_only_generate(server.address, prompt, params, vocab_size=vocab[0], fingerprint=vocab[1],
                                        max_new_tokens=6)
             step = sorted(chunk.cloud_s for chunk in base.chunk_log[1:])[2]  # one decode step (median of five)
-            assert base.chunk_log[0].cloud_s > 2 * step  # a prefill of ~300 rows (about 4 steps here), then the token
+            assert base.chunk_log[0].cloud_s > 2 * step  # a prefill of ~600 rows (about 8 steps here), then the token
             link = link_for(server, vocab)
             run_decode(drafter, link, prompt, params, max_new_tokens=6, draft_len=4, window=2)
             assert 2 * step < link.first_token_cloud_s <= link.open_s

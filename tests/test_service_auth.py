@@ -198,7 +198,7 @@ def test_plaintext_link_to_a_tls_server_fails_within_the_connect_timeout(tls_ser
         decode(f"localhost:{tls_server.port}", tiny_vocab, drafter, prompt, connect_timeout_s=3)
     elapsed = time.perf_counter() - started
     assert f"localhost:{tls_server.port}" in str(error.value)
-    assert 2.5 < elapsed < 6, f"gave up after {elapsed:.1f}s, the connect timeout is 3s"
+    assert 2.5 < elapsed < 8, f"gave up after {elapsed:.1f}s, the connect timeout is 3s"
 
 
 def test_tls_link_refuses_a_server_it_does_not_trust(tls_server, tmp_path, tiny_vocab, drafter, prompt):
@@ -207,7 +207,7 @@ def test_tls_link_refuses_a_server_it_does_not_trust(tls_server, tmp_path, tiny_
     with pytest.raises(VerifierError, match="unreachable"):
         decode(f"localhost:{tls_server.port}", tiny_vocab, drafter, prompt, root_certificates=stranger,
                connect_timeout_s=1.5)
-    assert time.perf_counter() - started < 4
+    assert time.perf_counter() - started < 6.5
 
 
 # ---------------------------------------------------------------- command lines

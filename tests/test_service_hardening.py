@@ -4,6 +4,7 @@ filling the table, taken ports, bad flags. Real servers on loopback; the CLIs as
 from __future__ import annotations
 
 import logging
+import re
 import socket
 import subprocess
 import sys
@@ -89,9 +90,9 @@ def test_a_flood_of_bad_streams_logs_a_bounded_number_of_lines(tiny_engine, serv
     assert len(ended) <= 20 * (int(seconds) + 1), (len(ended), seconds)  # at most 20 lines a second
     time.sleep(1.1)
     raw_call(server.address, bad)  # the next line says how many were left out
-    last = [r.getMessage() for r in caplog.records if " ended: " in r.getMessage()][-1]
-    skipped = 60 - len(ended)
-    assert (f"({skipped} more not logged)" in last) if skipped else "more not logged" not in last, last
+    lines = [r.getMessage() for r in caplog.records if " ended: " in r.getMessage()]
+    left_out = [int(m) for line in lines for m in re.findall(r"\((\d+) more not logged\)", line)]
+    assert len(lines) + sum(left_out) == 61, lines  # every stream is on a line or counted on a later one
     assert table_empties(server, within_s=1.0)
 
 
@@ -127,7 +128,7 @@ def test_silent_streams_cannot_lock_honest_clients_out(tiny_engine, server):
             queue_.put(None)
         for call in calls:
             call.cancel()
-    assert kinds == ["opened"] and lockout < 3.0, lockout
+    assert kinds == ["opened"] and lockout < 4.5, lockout  # the 1 s idle timeout, and a loaded machine's slack
 
 
 def test_the_kv_budget_evicts_parked_sessions_then_refuses_and_a_turn_can_grow_within_it():
