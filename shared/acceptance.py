@@ -1,12 +1,12 @@
 """Expected outcomes of verification from per-position acceptance: pure arithmetic.
 
-The performance model (``sim.perf``) and the edge's controller
-(``edge.controller``) both predict with these: the same acceptance, chain and
-stale-block arithmetic. The controller times a chain with ``pipelined_chain``'s
-closed-form interval; the model follows it block by block
-(``sim.perf.model.chain_timeline``). ``alpha_per_position[i]`` is the conditional
-acceptance of draft i given drafts < i accepted; positions past the list reuse
-its last value.
+The edge's controller (``edge.controller``) predicts with these, in closed
+form, each time a chain ends; the performance model predicts lock-step rounds
+with ``expected_acceptance_length`` and follows pipelined chains block by block
+instead (``sim.perf.block_sim``: where stale blocks make many of the tokens, on
+a long round trip with a weak drafter, the closed form is optimistic).
+``alpha_per_position[i]`` is the conditional acceptance of draft i given drafts
+< i accepted; positions past the list reuse its last value.
 """
 
 from __future__ import annotations
@@ -16,9 +16,8 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 __all__ = ["expected_acceptance_length", "chain_expectation", "stale_expectation", "StaleForecast", "ChainForecast",
-           "pipelined_chain", "ends_on_correction"]
+           "pipelined_chain"]
 
-_MIN_GUESS_HIT = 0.05  # a drafter whose guesses never hold would make the misses endless
 _MAX_FULL_BLOCK_P = 0.999  # a drafter that is never wrong would make chains endless
 
 
@@ -44,20 +43,16 @@ def expected_acceptance_length(alpha_per_position: list[float], draft_len: int) 
     return total
 
 
-def chain_expectation(alpha_per_position: list[float], draft_len: int,
-                      max_blocks: int | None = None) -> tuple[float, float, float]:
+def chain_expectation(alpha_per_position: list[float], draft_len: int) -> tuple[float, float, float]:
     """(blocks, tokens, p_full) of a *chain*: blocks of ``draft_len`` drafts sent with
-    ``more_follows`` until the first correction, or ``max_blocks`` (the generation's end).
+    ``more_follows`` until the first correction.
 
     p_full = P(a block is fully accepted) (at most 0.999); a chain holds
-    1/(1 - p_full) blocks (cut at N = ``max_blocks``: (1 - p^N)/(1 - p)); it
-    commits D tokens per accepted block, then, unless the generation ended
-    first, the accepted drafts of the failing block and its correction.
+    1/(1 - p_full) blocks; it commits D tokens per accepted block, then the
+    accepted drafts of the failing block and its correction.
     """
     if draft_len < 1:
         raise ValueError(f"draft length must be >= 1, got {draft_len}")
-    if max_blocks is not None and max_blocks < 1:
-        raise ValueError(f"max_blocks must be >= 1, got {max_blocks}")
     if not alpha_per_position:
         raise ValueError("alpha_per_position is empty: no acceptance to extrapolate from")
     alphas = [min(max(float(a), 0.0), 1.0) for a in alpha_per_position]
@@ -67,15 +62,9 @@ def chain_expectation(alpha_per_position: list[float], draft_len: int,
         tail += i * reach * (1 - alpha)
         reach *= alpha
     p_full = min(reach, _MAX_FULL_BLOCK_P)
-    corrected = ends_on_correction(p_full, max_blocks)
-    blocks = corrected / (1 - p_full)
-    tokens = (blocks - corrected) * draft_len + corrected * (tail / (1 - p_full) + 1)
+    blocks = 1 / (1 - p_full)
+    tokens = (blocks - 1) * draft_len + tail / (1 - p_full) + 1
     return blocks, tokens, p_full
-
-
-def ends_on_correction(p_full: float, max_blocks: int | None) -> float:
-    """P(a chain ends on a correction rather than at ``max_blocks`` blocks, the generation's end)."""
-    return 1.0 if max_blocks is None else 1 - p_full**max_blocks
 
 
 class StaleForecast(NamedTuple):
@@ -87,35 +76,22 @@ class StaleForecast(NamedTuple):
 
 
 def stale_expectation(alpha_per_position: list[float], stale_blocks: int, gap_s: float, fill_s: float,
-                      rebased_per_fill: float = 0.0, guess_hit: float | None = None,
-                      redraft_s: float | None = None, window: int | None = None) -> StaleForecast:
+                      rebased_per_fill: float = 0.0) -> StaleForecast:
     """The blocks in flight past a chain's correction are stale: the cloud answers each with
     a token it decodes (``fill_s`` a forward) while the next chain's first block is on its way
     (``gap_s``: the correction down, drafting, the block up), as many as fit, each after the
     ``rebased_per_fill`` drafts sent for those positions that it verifies and accepts where
-    they lie, on average. That block's first drafts guess the tokens committed meanwhile; when
-    one is wrong it is stale too: one more forward, and a wait. Where ``guess_hit`` was measured
-    (of all such guessing blocks, the share verified), each miss is followed by another guess,
-    (1 - g) / g misses a chain, each costing the longest of: the first of those tokens' forward,
-    the drafting of the next block (``redraft_s``), and, with ``window`` blocks in flight at most,
-    the window's share of a block's round (``gap_s`` + ``fill_s``) / ``window`` (blocks flow no
-    faster than the window lets them: on a long round trip, this bounds a run of misses).
-    Otherwise one guess: it misses with probability 1 - Π α_j over the tokens, and costs a whole gap.
+    they lie, on average. That block's first drafts guess the tokens committed meanwhile: they
+    all hold with probability Π α_j over the tokens; else it is stale too: one more forward,
+    and a whole gap's wait.
     """
     if stale_blocks <= 0:
         return StaleForecast(0.0, 0.0, 0.0)
     filled = min(stale_blocks, math.floor(gap_s / fill_s)) if fill_s > 0 else stale_blocks
     per_fill = 1.0 + max(rebased_per_fill, 0.0)
     alphas = [min(max(float(a), 0.0), 1.0) for a in alpha_per_position] or [0.0]
-    if filled == 0:  # nothing decoded meanwhile: nothing to guess
-        misses, miss_s = 0.0, 0.0
-    elif guess_hit is None:
-        misses = 1 - math.prod(alphas[min(i, len(alphas) - 1)] for i in range(round(filled * per_fill)))
-        miss_s = gap_s
-    else:
-        misses = (1 - guess_hit) / max(guess_hit, _MIN_GUESS_HIT)
-        miss_s = gap_s if redraft_s is None else max(fill_s, redraft_s, (gap_s + fill_s) / window if window else 0.0)
-    return StaleForecast(filled + misses, (filled + misses) * per_fill, misses * miss_s)
+    misses = 1 - math.prod(alphas[min(i, len(alphas) - 1)] for i in range(round(filled * per_fill))) if filled else 0.0
+    return StaleForecast(filled + misses, (filled + misses) * per_fill, misses * gap_s)
 
 
 @dataclass(frozen=True)
@@ -135,8 +111,7 @@ class ChainForecast:
 
 def pipelined_chain(alpha_per_position: list[float], draft_len: int, window: int, draft_s_per_token: float,
                     network_s: float, verify_s: float, fill_s: float, stale_share: float = 1.0,
-                    rebased_per_fill: float = 0.0, guess_hit: float | None = None,
-                    in_flight_past: float | None = None, max_blocks: int | None = None) -> ChainForecast:
+                    rebased_per_fill: float = 0.0) -> ChainForecast:
     """A chain of ``draft_len``-draft blocks, ``window`` in flight at most (``chain_expectation``).
 
     Its first block costs drafting plus a full trip (``network_s``: uplink, RTT and downlink, plus
@@ -144,23 +119,18 @@ def pipelined_chain(alpha_per_position: list[float], draft_len: int, window: int
     / window): the drafter, the verifier and the window each bound how fast blocks flow. The
     blocks in flight past the failing one are stale; ``stale_share`` of them come back with a token
     the cloud decoded (``stale_expectation``, ``fill_s`` a forward, after ``rebased_per_fill`` drafts
-    on average; 0: a verifier that answers them empty) while the next chain's first block is on its way
-    (``guess_hit``: how often that block's guesses of their tokens hold, where measured).
-    ``in_flight_past``: the blocks sent past the failing one by the time its verdict is read (None:
-    those the drafter makes during its round trip and one more, at most ``window - 1``).
-    ``max_blocks``: the blocks a generation holds; a chain that reaches its end has no stale blocks.
+    on average; 0: a verifier that answers them empty) while the next chain's first block is on its way:
+    those the drafter makes during the failing block's round trip and one more, ``window - 1`` at most.
     """
-    blocks, tokens, p_full = chain_expectation(alpha_per_position, draft_len, max_blocks)
-    stale_share *= ends_on_correction(p_full, max_blocks)
+    blocks, tokens, p_full = chain_expectation(alpha_per_position, draft_len)
     draft = draft_len * draft_s_per_token
     trip = network_s + verify_s
     interval = max(draft, verify_s, (draft + trip) / window)
-    if in_flight_past is None:
-        in_flight_past = min(window - 1, 1 + trip / max(draft, 1e-9))
+    in_flight_past = min(window - 1, 1 + trip / max(draft, 1e-9))
     stale = math.floor(in_flight_past)
     redraft = (draft_len + stale) * draft_s_per_token  # the next block: its drafts and a guess per stale block
     gap = network_s + redraft  # the correction down, drafting, the next block up
-    fill = stale_expectation(alpha_per_position, stale, gap, fill_s, rebased_per_fill, guess_hit, redraft, window)
+    fill = stale_expectation(alpha_per_position, stale, gap, fill_s, rebased_per_fill)
     return ChainForecast(
         blocks=blocks,
         tokens=tokens + stale_share * fill.tokens,

@@ -22,9 +22,7 @@ from sim.perf.model import (
     NetworkModel,
     Timings,
     best_draft_len,
-    chain_timeline,
     expected_acceptance_length,
-    expected_chain_end,
     fit_linear,
     list_hardware,
     load_hardware,
@@ -72,52 +70,6 @@ def test_round_time_by_hand():
     assert p.limit == "rtt"
 
 
-def test_pipelined_chain_by_hand():
-    """alpha 0.5, D 2, window 2: p = 0.25, 4/3 blocks a chain; E[accepted | a block fails] * P(fail) = 0.25."""
-    t = _timings(alpha_per_position=[0.5])
-    link = NetworkModel(up_bps=0, down_bps=0, rtt_s=0.1)
-    p = predict_pipelined(t, link, 2, 2)
-    blocks = 1 / (1 - 0.25)
-    tokens = (blocks - 1) * 2 + 0.25 / 0.75 + 1
-    draft, verify = 0.020, 0.050 + 0.001 * 3
-    # Each block's verdict at the edge, were none to fail: block 1 waits behind block 0's forward; the
-    # window holds block 2 until block 0's verdict; from then on each waits for the verdict two back.
-    timeline = chain_timeline(draft, 0.1, verify, 0.002, 2, 40)
-    assert [at for at, _ in timeline[:5]] == pytest.approx([0.173, 0.226, 0.346, 0.399, 0.519])
-    assert [cloud for _, cloud in timeline[:3]] == pytest.approx([0.053, 0.106, 0.159])
-    chain, cloud = expected_chain_end(0.25, timeline)
-    # It ends at block n with probability 0.25^n * 0.75; past the fifth block that weighs under 0.5%.
-    assert chain == pytest.approx(0.75 * sum(0.25**n * at for n, at in enumerate([0.173, 0.226, 0.346, 0.399, 0.519])),
-                                  rel=5e-3)
-    unfilled = predict_pipelined(t, link, 2, 2, decode_stale=False)  # a verifier run with --stale-blocks drop
-    # (the model follows a chain for as long as it is at least 1e-4 likely to go on)
-    assert unfilled.tokens_per_s == pytest.approx(tokens / chain, rel=1e-4)
-    assert unfilled.cloud_s_per_token == pytest.approx(cloud / tokens, rel=1e-4)
-    assert unfilled.acceptance_length == pytest.approx(tokens / blocks)
-    # The one block in flight past the correction is stale: within the gap (the RTT and drafting the next
-    # block, 2 drafts and 1 guess) the cloud decodes one token alone (51 ms) for it. The guess is right half
-    # the time; else that block is stale too: one more gap, one more token decoded alone.
-    gap, one = 0.1 + 3 * 0.010, 0.051
-    alone, waited = 1 + 0.5, 0.5 * gap
-    assert p.tokens_per_s == pytest.approx((tokens + alone) / (chain + waited), rel=1e-4)
-    assert p.cloud_s_per_token == pytest.approx((cloud + alone * one) / (tokens + alone), rel=1e-4)
-    assert p.tokens_per_s > unfilled.tokens_per_s
-
-
-def test_a_verifier_slower_than_the_drafter_verifies_the_pending_blocks_together():
-    """A block drafted every 45 ms, a forward of 100 ms and 20 ms per extra block, 200 ms of network."""
-    timeline = chain_timeline(0.045, 0.2, 0.1, 0.02, 8, 14)[:6]
-    # Block 0 alone (0.045 .. 0.145); then 1 and 2, sent by 0.145 (to 0.265); then 3 and 4 (to 0.385);
-    # then 5, 6 and 7 (to 0.525). Each verdict back 0.2 s after its forward, and read once the window
-    # behind it is full: block 0's when block 7 is sent (0.36), block 2's when block 9 is (0.51).
-    assert [at for at, _ in timeline] == pytest.approx([0.36, 0.465, 0.51, 0.585, 0.63, 0.725])
-    assert [cloud for _, cloud in timeline] == pytest.approx([0.10, 0.22, 0.22, 0.34, 0.34, 0.48])
-    # Without coalescing gains (each extra block as dear as a forward) the queue grows: 3 to 6 together.
-    assert chain_timeline(0.045, 0.2, 0.1, 0.1, 8, 14)[3] == pytest.approx((0.945, 0.7))
-    # A window of one is lock-step: draft, verify, network, again.
-    assert [at for at, _ in chain_timeline(0.045, 0.2, 0.1, 0.02, 1, 3)] == pytest.approx([0.345, 0.69, 1.035])
-
-
 def test_the_measured_share_of_guesses_that_held_reaches_the_prediction():
     link = NetworkModel(up_bps=50_000, down_bps=50_000, rtt_s=0.1)
     speeds = [predict_pipelined(_timings(alpha_per_position=[0.8], stale_guess_hit=h), link, 4, 4).tokens_per_s
@@ -125,51 +77,13 @@ def test_the_measured_share_of_guesses_that_held_reaches_the_prediction():
     assert speeds[0] > speeds[1] > speeds[2]
 
 
-def test_the_edge_reads_a_verdict_once_its_window_is_full():
-    """Drafting 100 ms a block, 50 ms to verify, 60 ms of network, four in flight: block n's verdict
-    arrives at 0.21 + 0.1 n, but the edge drafts on until block n+3 is sent (0.4 + 0.1 n)."""
-    timeline = chain_timeline(0.1, 0.06, 0.05, 0.01, 4, 10)[:4]
-    assert [at for at, _ in timeline] == pytest.approx([0.4, 0.5, 0.6, 0.7])
-    # The last blocks' reads wait for the blocks that fill the window behind them, as the first ones do.
-    assert chain_timeline(0.1, 0.06, 0.05, 0.01, 4, 4) == chain_timeline(0.1, 0.06, 0.05, 0.01, 4, 12)[:4]
-    assert [cloud for _, cloud in timeline] == pytest.approx([0.05, 0.1, 0.15, 0.2])
-
-
-def test_a_chain_is_cut_at_the_generations_end():
-    """alpha 0.5, D 2 (p = 0.25), two blocks at most: a chain ends at block 1 on a correction (0.75),
-    or at block 2, on a correction (0.25 * 0.75) or at the end with no correction (0.25 * 0.25)."""
-    fail_tokens = 0.25 / 0.75 + 1  # E[accepted | the block fails] and the correction
-    blocks, tokens, p_full = chain_expectation([0.5], 2, max_blocks=2)
-    assert p_full == 0.25
-    assert blocks == pytest.approx(0.75 * 1 + 0.25 * 2)
-    assert tokens == pytest.approx(0.75 * fail_tokens + 0.25 * (2 + 0.75 * fail_tokens + 0.25 * 2))
-    assert chain_expectation([0.5], 2, max_blocks=10_000) == pytest.approx(chain_expectation([0.5], 2))
+def test_a_chain_by_hand():
+    """alpha 0.5, D 2: p = 0.25, 4/3 blocks a chain; E[accepted | a block fails] * P(fail) = 0.25."""
+    blocks, tokens, p_full = chain_expectation([0.5], 2)
+    assert (blocks, p_full) == (pytest.approx(4 / 3), 0.25)
+    assert tokens == pytest.approx((4 / 3 - 1) * 2 + 0.25 / 0.75 + 1)
     with pytest.raises(ValueError):
-        chain_expectation([0.5], 2, max_blocks=0)
-
-
-def test_the_generations_last_blocks_are_read_as_they_arrive():
-    """Drafting 100 ms a block, 50 ms to verify, 60 ms of network, four in flight, four blocks in all:
-    the edge reads block 0's verdict once block 3 is sent (0.4), and the rest as they arrive."""
-    timeline = chain_timeline(0.1, 0.06, 0.05, 0.01, 4, 4, final=True)
-    assert [at for at, _ in timeline] == pytest.approx([0.4, 0.4, 0.41, 0.51])
-
-
-def test_a_short_generation_pays_its_last_round_trip():
-    """A drafter that is never wrong makes one chain of the whole generation: 16 tokens in four
-    4-draft blocks, over when the last verdict is read, which the steady state amortises away."""
-    t = _timings(alpha_per_position=[1.0])
-    link = NetworkModel(up_bps=0, down_bps=0, rtt_s=0.1)
-    short = predict_pipelined(t, link, 4, 4, generation_tokens=16)
-    timeline = chain_timeline(0.04, 0.1, 0.055, 0.004, 4, 4, final=True)
-    assert short.tokens_per_s == pytest.approx(16 / timeline[-1][0], rel=1e-2)  # (0.999 of blocks are accepted)
-    assert short.tokens_per_s < 0.75 * predict_pipelined(t, link, 4, 4).tokens_per_s
-    # A long generation is the steady state; a weak drafter's chains end long before the generation does.
-    assert predict_pipelined(t, link, 4, 4, generation_tokens=100_000).tokens_per_s == pytest.approx(
-        predict_pipelined(t, link, 4, 4).tokens_per_s, rel=1e-2)
-    weak = _timings(alpha_per_position=[0.3])
-    assert predict_pipelined(weak, link, 4, 4, generation_tokens=64).tokens_per_s == pytest.approx(
-        predict_pipelined(weak, link, 4, 4).tokens_per_s, rel=1e-3)
+        chain_expectation([0.5], 0)
 
 
 def test_stale_blocks_bring_as_many_tokens_as_fit_in_the_gap():
@@ -181,24 +95,8 @@ def test_stale_blocks_bring_as_many_tokens_as_fit_in_the_gap():
     miss = 1 - 0.9 ** 3
     assert stale_expectation([0.9], 3, gap_s=0.10, fill_s=0.04, rebased_per_fill=0.5) == pytest.approx(
         (2 + miss, (2 + miss) * 1.5, miss * 0.10))
-    # Guessing blocks measured to be verified half the time (rejection mode's guesses are independent
-    # samples, not α): each miss is guessed again, one miss a chain on average, a forward or a redraft each.
-    assert stale_expectation([0.9], 3, gap_s=0.10, fill_s=0.04, guess_hit=0.5) == pytest.approx((3, 3, 0.10))
-    assert stale_expectation([0.9], 3, gap_s=0.10, fill_s=0.04, guess_hit=0.5, redraft_s=0.03) == pytest.approx(
-        (3, 3, 0.04))
-    assert stale_expectation([0.9], 3, gap_s=0.10, fill_s=0.04, guess_hit=0.25, redraft_s=0.06) == pytest.approx(
-        (5, 5, 0.18))
-    # Two in flight on a long round trip (all three stale blocks filled, one miss): a run of misses
-    # flows at two blocks per gap and forward, (0.6 + 0.04) / 2 = 0.32 s each, not a forward's 0.04 s.
-    assert stale_expectation([0.9], 3, gap_s=0.60, fill_s=0.04, guess_hit=0.5, redraft_s=0.03, window=2) == pytest.approx(
-        (4, 4, 0.32))
-    assert stale_expectation([0.9], 3, gap_s=0.10, fill_s=0.04, guess_hit=0.5, redraft_s=0.03, window=4) == pytest.approx(
-        (3, 3, 0.04))  # a short trip: the forward still bounds it
-    # Guesses that never held: the misses stop at 19 a chain (a floor of 5% under the rate).
-    assert stale_expectation([0.9], 3, gap_s=0.10, fill_s=0.04, guess_hit=0.0, redraft_s=0.03) == pytest.approx(
-        (22, 22, 0.8))
-    # No forward fits in the gap: nothing decoded, nothing guessed, whatever the measured rate.
-    assert stale_expectation([0.9], 3, gap_s=0.01, fill_s=0.04, guess_hit=0.5) == (0.0, 0.0, 0.0)
+    # No forward fits in the gap: nothing decoded, nothing guessed.
+    assert stale_expectation([0.9], 3, gap_s=0.01, fill_s=0.04) == (0.0, 0.0, 0.0)
 
 
 def test_pipelining_helps_when_the_round_trip_dominates_and_window_1_is_lockstep():
@@ -206,15 +104,28 @@ def test_pipelining_helps_when_the_round_trip_dominates_and_window_1_is_lockstep
     slow = NetworkModel(up_bps=50_000, down_bps=50_000, rtt_s=0.6)
     assert predict_pipelined(t, slow, 6, 1) == predict_split(t, slow, 6)
     speeds = [predict_pipelined(t, slow, 6, w).tokens_per_s for w in (1, 2, 3, 4)]
-    assert speeds[0] < speeds[1] < speeds[2] <= speeds[3]
-    # A drafter that is never right gains nothing from blocks in flight: each chain is one block ...
+    assert speeds[0] < speeds[1] < speeds[2] < speeds[3]
+    # A drafter that is never right, and a verifier that answers stale blocks empty: each chain is one
+    # block, its correction the one token; the next block guesses the void blocks' tokens besides its six
+    # drafts (nothing was decoded under them: they are drafts), and its trip starts when the correction is read.
     never = _timings(alpha_per_position=[0.0])
-    trip = 6 * 0.010 + slow.up_s(never.up_bytes(6)) + 0.6 + never.verify_s(7) + slow.down_s(30.0)
-    assert predict_pipelined(never, slow, 6, 4, decode_stale=False).tokens_per_s == pytest.approx(1 / trip)
-    # ... but its three stale blocks bring a token each, decoded alone while the next chain is on its way
-    # (its guess is wrong too: one more gap, one more token).
-    gap = slow.down_s(30.0) + 0.6 + 9 * 0.010 + slow.up_s(never.up_bytes(6))
-    assert predict_pipelined(never, slow, 6, 4).tokens_per_s == pytest.approx((1 + 3 + 1) / (trip + gap))
+    trip = 9 * 0.010 + slow.up_s(never.up_bytes(9)) + 0.6 + never.verify_s(7) + slow.down_s(30.0)
+    assert predict_pipelined(never, slow, 6, 4, decode_stale=False).tokens_per_s == pytest.approx(1 / trip, rel=0.02)
+    # With stale blocks answered with a token decoded for each, the cloud decodes alone at the window's
+    # pace: four blocks a round trip, each a token, not one token a round trip.
+    alone = predict_pipelined(never, slow, 6, 4)
+    assert 3 / (trip + 0.051) < alone.tokens_per_s <= 4 / (0.6 + 0.051)
+
+
+def test_a_short_generation_pays_its_last_round_trip():
+    """A drafter that is never wrong makes one chain of the whole generation, over when the last
+    verdict is read, which a long generation amortises away."""
+    t = _timings(alpha_per_position=[1.0])
+    link = NetworkModel(up_bps=0, down_bps=0, rtt_s=0.1)
+    short = predict_pipelined(t, link, 4, 4, generation_tokens=16)
+    assert short.tokens_per_s < 0.75 * predict_pipelined(t, link, 4, 4).tokens_per_s
+    assert predict_pipelined(t, link, 4, 4, generation_tokens=4096).tokens_per_s == pytest.approx(
+        predict_pipelined(t, link, 4, 4).tokens_per_s, rel=0.05)
 
 
 def test_loss_stall_and_segments_by_hand():
@@ -526,3 +437,32 @@ def test_each_mode_gets_its_own_verify_line_where_its_steps_span_two_sizes():
     assert fitted.verify_line("greedy") == (fitted.base.verify_fixed_s, fitted.base.verify_per_token_s)
     assert fitted.for_timings(rejection).verify_s(9) == pytest.approx(0.15)
     assert fitted.base.verify_one_s == pytest.approx(0.08)  # the one-row steps: cloud-only's and the runs'
+
+
+def test_each_prompt_is_predicted_with_its_own_acceptance_and_the_run_adds_their_times():
+    """Two prompts the drafter guesses very differently: each is predicted with its own acceptance (the
+    drafter's speed and the bytes are the run's), and the run's rate is its tokens over the sum of the
+    prompts' times, as measured, not the rate of a pooled acceptance."""
+    from sim.experiment.runner import _attach_prediction
+    from sim.perf.fit import RunTimings, fit_timings
+
+    def part(accepted_at, drafted_at, tokens):
+        return RunTimings(mode="coupled", drafted=sum(drafted_at), draft_s=0.01 * sum(drafted_at), accepted_at=accepted_at,
+                          drafted_at=drafted_at, verify_samples=[(5, 0.10), (9, 0.12)], up_samples=[(4, 40.0), (8, 50.0)],
+                          down_samples=[30.0], open_s=[0.3], prompt_s=[0.01], tokens=tokens)
+
+    easy, hard = part([9, 9, 9, 9], [10, 10, 10, 10], 64), part([2, 0, 0, 0], [10, 2, 0, 0], 64)
+    pooled = part([11, 9, 9, 9], [20, 12, 10, 10], 128)
+    fitted = fit_timings([pooled], [], [(1, 0.07)])
+    assert fitted.for_prompt(pooled, easy).alpha_per_position == pytest.approx([0.9, 1.0, 1.0, 1.0])
+    assert fitted.for_prompt(pooled, hard).alpha_per_position == pytest.approx([0.2, 0.0])
+    assert fitted.for_prompt(pooled, hard).draft_s_per_token == fitted.for_timings(pooled).draft_s_per_token
+    link = NetworkModel(up_bps=50_000, down_bps=50_000, rtt_s=0.6)
+    parts = [(predict_pipelined(fitted.for_prompt(pooled, p), link, 4, 4, generation_tokens=64), 64, 0.01)
+             for p in (easy, hard)]
+    run = {"tokens_per_s": 10.0}
+    _attach_prediction(run, parts)
+    walls = [p.ttft_s + 0.01 + 63 / p.tokens_per_s for p, _, _ in parts]
+    assert run["predicted_tokens_per_s"] == pytest.approx(128 / sum(walls))
+    assert run["prediction_error"] == pytest.approx(run["predicted_tokens_per_s"] / 10.0 - 1)
+    assert parts[0][0].tokens_per_s > 2 * parts[1][0].tokens_per_s  # (the hard prompt takes most of the time)

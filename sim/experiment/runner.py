@@ -93,6 +93,7 @@ class _Measured:
     row: dict  # the JSON row of result["runs"]
     timings: model_fit.RunTimings
     baseline_kind: str  # which cloud-only baseline it is compared with ("greedy" or "sampled")
+    prompts: list[model_fit.RunTimings]  # each prompt's part of ``timings``
 
 
 def _aggregate(mode: str, draft_len: int, reports: list[EdgeReport], meters: list[_Meter], schedule: str | None = None,
@@ -201,7 +202,8 @@ def run_simulation(cfg: SimConfig, progress=lambda line: print(line, file=sys.st
             # Rejection mode is lossless in distribution, not token for token: no identity to check.
             run["identical_to_baseline"] = run["outputs"] == reference["outputs"] if mode in TOKEN_IDENTICAL_MODES else None
             timings = model_fit.timings_from_reports(reports, [s for m in meters for s in m.verify_samples], mode)
-            runs.append(_Measured(run, timings, _baseline_kind(mode)))
+            prompts = [model_fit.timings_from_reports([r], m.verify_samples, mode) for r, m in zip(reports, meters)]
+            runs.append(_Measured(run, timings, _baseline_kind(mode), prompts))
             progress(
                 f"    {name}: {run['tokens_per_s']:.2f} tok/s, AL {run['acceptance_length']:.2f}, "
                 f"identical={run['identical_to_baseline']}"
@@ -237,20 +239,24 @@ def _finish(cfg, baselines: dict, baseline_reports: list[EdgeReport], baseline_s
     # The shared timings (the verify line on the cloud's own step times, the prefill) are fitted on every
     # run; every run is predicted with its own acceptance and bytes.
     fitted = model_fit.fit_timings([m.timings for m in measured], baseline_reports, baseline_samples, rtt_s=link.rtt_s)
-    per_prompt = lambda run: run["tokens"] / len(cfg.prompts)  # noqa: E731
     runs = [m.row for m in measured]
     for m in measured:
-        timings = fitted.for_timings(m.timings)
-        generation = round(per_prompt(m.row))  # (a short generation ends chains the steady state would not)
-        if m.row["schedule"] == "adaptive":
-            predicted = perf_model.predict_adaptive(timings, link, m.row["draft_len"], m.row["window"], generation)
-        else:
-            predicted = perf_model.predict_pipelined(timings, link, m.row["draft_len"], m.row["window"],
-                                                     generation_tokens=generation)
-        _attach_prediction(m.row, predicted, per_prompt(m.row), startup_s=timings.draft_prefill_s)
+        # Each prompt with its own acceptance, over its own length (a short generation ends chains the
+        # steady state would not).
+        parts = []
+        for prompt in m.prompts:
+            timings = fitted.for_prompt(m.timings, prompt)
+            if m.row["schedule"] == "adaptive":
+                predicted = perf_model.predict_adaptive(timings, link, m.row["draft_len"], m.row["window"], prompt.tokens)
+            else:
+                predicted = perf_model.predict_pipelined(timings, link, m.row["draft_len"], m.row["window"],
+                                                         generation_tokens=prompt.tokens)
+            parts.append((predicted, prompt.tokens, timings.draft_prefill_s))
+        _attach_prediction(m.row, parts)
         m.row["ratios"] = _ratios(m.row, baselines[m.baseline_kind])
     for baseline in baselines.values():
-        _attach_prediction(baseline, perf_model.predict_cloud_only(fitted.base, link), per_prompt(baseline))
+        alone = perf_model.predict_cloud_only(fitted.base, link)
+        _attach_prediction(baseline, [(alone, baseline["tokens"] / len(cfg.prompts), 0.0)] * len(cfg.prompts))
         baseline["identical_to_baseline"] = True
         baseline["ratios"] = _ratios(baseline, baseline)
     return {
@@ -269,13 +275,15 @@ def _finish(cfg, baselines: dict, baseline_reports: list[EdgeReport], baseline_s
     }
 
 
-def _attach_prediction(run: dict, predicted: perf_model.Prediction, n_tokens: int, startup_s: float = 0.0) -> None:
-    """Predicted tokens/s over the same span the edge measured: the first token, ``startup_s`` (the
-    drafter reading the prompt before its first block), then the rest at the steady rate."""
-    wall = predicted.ttft_s + startup_s + max(n_tokens - 1, 0) / predicted.tokens_per_s
-    run["predicted_tokens_per_s"] = n_tokens / wall if wall > 0 else 0.0
+def _attach_prediction(run: dict, parts: list[tuple[perf_model.Prediction, float, float]]) -> None:
+    """Predicted tokens/s over the same span the edge measured, from (prediction, tokens, startup
+    seconds) per prompt: each prompt's first token, its startup (the drafter reading the prompt
+    before its first block), then its other tokens at its rate; all prompts' tokens over all that."""
+    walls = [p.ttft_s + startup_s + max(n - 1, 0) / p.tokens_per_s for p, n, startup_s in parts]
+    wall, tokens = sum(walls), sum(n for _, n, _ in parts)
+    run["predicted_tokens_per_s"] = tokens / wall if wall > 0 else 0.0
     run["prediction_error"] = run["predicted_tokens_per_s"] / run["tokens_per_s"] - 1 if run["tokens_per_s"] else None
-    run["limited_by"] = predicted.limit
+    run["limited_by"] = max(zip(walls, (p for p, _, _ in parts)), key=lambda pair: pair[0])[1].limit
 
 
 _RATIO_KEYS = ["tokens_per_s", "ttft_s", "up_bytes_per_token", "down_bytes_per_token", "cloud_forwards_per_token", "cloud_cpu_s_per_token"]

@@ -43,6 +43,7 @@ class RunTimings:
     rebased_verified: int = 0  # ... and verified
     stale_guesses: int = 0  # blocks drafted on guesses of the tokens decoded for stale blocks
     stale_guesses_hit: int = 0  # ... verified
+    tokens: int = 0  # tokens generated
 
 
 def service_samples(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]) -> list[tuple[int, float]]:
@@ -85,6 +86,7 @@ def timings_from_reports(reports: list[EdgeReport], verify_samples: list[tuple[i
         rebased_verified=sum(r.decode.rebased_verified for r in reports),
         stale_guesses=sum(r.decode.stale_guesses for r in reports),
         stale_guesses_hit=sum(r.decode.stale_guesses_hit for r in reports),
+        tokens=sum(len(r.tokens) for r in reports),
     )
 
 
@@ -108,14 +110,17 @@ class FittedTimings:
             verify_fixed_s=verify_fixed,
             verify_per_token_s=verify_per_token,
             draft_s_per_token=measured.draft_s / max(measured.drafted, 1),
-            alpha_per_position=_alpha(measured.accepted_at, measured.drafted_at),
             up_bytes_fixed=up_fixed,
             up_bytes_per_draft=up_per_draft,
             down_bytes_per_round=sum(measured.down_samples) / max(len(measured.down_samples), 1),
-            rebased_per_fill=measured.rebased / max(measured.filled, 1),
-            rebased_verified_per_fill=measured.rebased_verified / max(measured.filled, 1),
-            stale_guess_hit=measured.stale_guesses_hit / measured.stale_guesses if measured.stale_guesses else None,
+            **_outcomes(measured),
         )
+
+    def for_prompt(self, run: RunTimings, prompt: RunTimings) -> Timings:
+        """``for_timings(run)`` with one prompt's own acceptance and stale-block figures (``prompt``:
+        that prompt's part of ``run``): prompts differ in how well the drafter guesses them, and a
+        run's rate is its tokens over the sum of its prompts' times, not the rate of its mean."""
+        return dataclasses.replace(self.for_timings(run), **_outcomes(prompt))
 
     def describe(self) -> dict:
         b = self.base
@@ -136,6 +141,17 @@ class FittedTimings:
             "not modelled": "HTTP/2 control frames (WINDOW_UPDATE, PING) and headers, jitter, Python start-up, "
                             "hedge branches (a hedged run is predicted as if unhedged)",
         }
+
+
+def _outcomes(measured: RunTimings) -> dict:
+    """What verification made of the drafts: acceptance per position and the stale blocks' figures."""
+    return dict(
+        alpha_per_position=_alpha(measured.accepted_at, measured.drafted_at),
+        rebased_per_fill=measured.rebased / max(measured.filled, 1),
+        rebased_verified_per_fill=measured.rebased_verified / max(measured.filled, 1),
+        stale_guess_hit=measured.stale_guesses_hit / measured.stale_guesses if measured.stale_guesses else None,
+        stale_guesses=measured.stale_guesses,
+    )
 
 
 def _alpha(accepted_at: list[int], drafted_at: list[int]) -> list[float]:

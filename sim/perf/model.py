@@ -2,7 +2,8 @@
 
 Contract. Pure arithmetic on explicit inputs (`Timings`, `NetworkModel`, a draft
 length); the only I/O is reading a hardware profile TOML in `load_hardware`.
-A lock-step round (``predict_split``; pipelined chains: ``predict_pipelined``) is
+A lock-step round (``predict_split``; pipelined chains are followed block by block,
+``predict_pipelined`` and ``sim.perf.block_sim``) is
 
     draft D tokens on the edge      D * t_draft
     send one Draft frame up         serialization + expected loss stall
@@ -38,13 +39,13 @@ from typing import Any
 
 import numpy as np
 
-from shared.acceptance import ends_on_correction, expected_acceptance_length, pipelined_chain
+from edge.early_block import EARLY_DRAFT_LEN
+from shared.acceptance import expected_acceptance_length
 from shared.wire import http2_framed_size
 from sim.package_data import list_shipped, load_toml
+from sim.perf.block_sim import BlockCosts, simulate_pipelined, token_guess_rate
 
 __all__ = [
-    "chain_timeline",
-    "expected_chain_end",
     "HardwareProfile",
     "NetworkModel",
     "Prediction",
@@ -147,6 +148,7 @@ class Timings:
     # measured: (1 - h) / h misses a chain (None: one guess, right with the drafts' acceptance, as in
     # coupled mode, where drafter and target share the noise; rejection mode's guesses are independent).
     stale_guess_hit: float | None = None
+    stale_guesses: int = 0  # how many guessing blocks it was measured on (0: take it as exact)
 
     def verify_s(self, n_tokens: float) -> float:
         """Target forward time over `n_tokens` new tokens (D drafts + the pending token)."""
@@ -245,130 +247,75 @@ def first_token_s(timings: Timings, link: NetworkModel, first_message_bytes: flo
     return link.up_s(timings.open_up_bytes) + link.rtt_s + timings.prefill_s + link.down_s(first_message_bytes)
 
 
+STEADY_GENERATION_TOKENS = 256  # a generation long enough for the steady state (generation_tokens None)
+SIMULATED_GENERATIONS = 64  # generations each pipelined prediction follows (their mean: a few % at most apart)
+
+
 def predict_pipelined(timings: Timings, link: NetworkModel, draft_len: int, window: int,
                       decode_stale: bool = True, generation_tokens: int | None = None) -> Prediction:
     """Split decoding with up to `window` blocks of `draft_len` drafts in flight (window 1: lock-step).
 
-    A *chain* of blocks runs from one correction to the next: each block is
-    sent with more_follows, so a fully accepted block defers its bonus and the
-    chain goes on. With p = P(a block is fully accepted) = Π α_j over the
-    block's positions, a chain holds 1/(1-p) blocks on average and ends at its
-    n-th block with probability p^(n-1) (1-p), when the edge reads that block's
-    verdict (``chain_timeline``): the drafter drafts on while the window allows,
-    the edge reads a verdict once the window is full, and the verifier takes
-    every block pending when it starts a forward (a verifier slower than the
-    drafter coalesces them). Blocks in flight past the failing one are stale:
-    the cloud answers each with a token it decodes while the next chain's
-    first block is on its way, after the drafts sent for those positions that
-    it accepts where they lie (``shared.acceptance.pipelined_chain``, whose
-    closed-form interval the controller predicts with; ``decode_stale``
-    False: a verifier run with ``--stale-blocks drop``). ``generation_tokens``: the tokens one
-    generation makes, where it is short enough to matter: no chain outlasts the blocks they fill,
-    and one that reaches the end pays its last block's round trip without a correction (None: the
-    steady state of a long generation).
+    Followed block by block over whole generations (``sim.perf.block_sim``): the edge drafts on
+    from its unverified blocks while the window allows and reads a verdict once it is full, the
+    verifier takes every block pending when it starts a forward, a correction voids the blocks in
+    flight past it, and the cloud answers those stale blocks with tokens it decodes while the
+    next chain's first block, drafted on guesses of them, is on its way (``decode_stale`` False:
+    a verifier run with ``--stale-blocks drop``). The guesses hold as often as measured
+    (``Timings.stale_guess_hit``), or with the first draft's acceptance. The early block
+    (``edge.early_block``) is in flight when the first token arrives. ``generation_tokens``: the
+    tokens one generation makes (None: a long one, ``STEADY_GENERATION_TOKENS``); the rate is
+    from each generation's first token to its last.
     """
     if window < 1:
         raise ValueError(f"window must be >= 1, got {window}")
     if window == 1 or draft_len == 0:
         return predict_split(timings, link, draft_len)
-    draft = draft_len * timings.draft_s_per_token
-    up_bytes = timings.up_bytes(draft_len)
-    verify = timings.verify_s(draft_len + 1)
-    max_blocks = None if generation_tokens is None else max(math.ceil(generation_tokens / draft_len), 1)
+    tokens = max(generation_tokens or STEADY_GENERATION_TOKENS, 2)
     latency = {
-        "uplink": link.up_s(up_bytes),
+        "uplink": link.up_s(timings.up_bytes(draft_len)),
         "rtt": link.rtt_s,
-        "verify": verify,
+        "verify": timings.verify_s(draft_len + 1),
         "downlink": link.down_s(timings.down_bytes_per_round),
     }
-    fill = timings.fill_s
-    network = latency["uplink"] + link.rtt_s + latency["downlink"]
-    chain = pipelined_chain(timings.alpha_per_position or [0.0], draft_len, window, timings.draft_s_per_token,
-                            network, verify, fill, stale_share=1.0 if decode_stale else 0.0,
-                            rebased_per_fill=timings.rebased_per_fill, guess_hit=timings.stale_guess_hit,
-                            in_flight_past=window - 1,  # (the edge reads a verdict once its window is full)
-                            max_blocks=max_blocks)
-    blocks, tokens = chain.blocks, chain.tokens
-    corrected = ends_on_correction(chain.p_full, max_blocks)  # (a chain cut by the generation's end leaves nothing stale)
-    per_extra_block = max(timings.verify_per_token_s, 0.0) * draft_len
-    horizon = _chain_horizon(chain.p_full, window)
-    ends = max_blocks is not None and max_blocks <= horizon  # (the generation ends before chains grow rare)
-    verdict_s, cloud_s = expected_chain_end(chain.p_full, chain_timeline(
-        draft, network, verify, per_extra_block, window, max_blocks if ends else horizon, final=ends))
-    seconds = verdict_s + chain.stale_s
-    cloud_s += chain.fills * fill
+    costs = BlockCosts(
+        alpha=timings.alpha_per_position or [0.0], draft_s=timings.draft_s_per_token,
+        up_s=lambda drafts: link.up_s(timings.up_bytes(drafts)), rtt_s=link.rtt_s, down_s=latency["downlink"],
+        verify_s=latency["verify"], per_extra_block_s=max(timings.verify_per_token_s, 0.0) * draft_len,
+        fill_s=timings.fill_s, rebased_per_fill=timings.rebased_per_fill, decode_stale=decode_stale,
+        early_drafts=min(draft_len, EARLY_DRAFT_LEN),
+    )
+    if timings.stale_guess_hit is not None:
+        costs = dataclasses.replace(costs, token_guessed=token_guess_rate(costs, draft_len, window, tokens,
+                                                                          _guesses_held(timings, costs, draft_len, window, tokens)))
+    run = simulate_pipelined(costs, draft_len, window, tokens, SIMULATED_GENERATIONS)
+    verified = max(run.verdicts - run.stale, 1)
     return Prediction(
         draft_len=draft_len,
-        tokens_per_s=tokens / seconds,
-        round_s=seconds / blocks,
-        acceptance_length=tokens / blocks,
-        cloud_s_per_token=cloud_s / tokens,
+        tokens_per_s=run.tokens_per_s,
+        round_s=run.seconds / verified,
+        acceptance_length=run.tokens / verified,
+        cloud_s_per_token=run.cloud_s / run.tokens,
         ttft_s=first_token_s(timings, link, timings.down_bytes_per_round),
-        up_bytes_per_token=(blocks + corrected * chain.in_flight_past * chain.p_full) * up_bytes / tokens,
-        down_bytes_per_token=(blocks + corrected * chain.stale_blocks) * timings.down_bytes_per_round / tokens,
-        breakdown={"draft": draft, **latency},  # one block's terms; the chain overlaps them
+        up_bytes_per_token=(run.sent * timings.up_bytes_fixed + run.sent_drafts * timings.up_bytes_per_draft) / run.tokens,
+        down_bytes_per_token=run.verdicts * timings.down_bytes_per_round / run.tokens,
+        breakdown={"draft": draft_len * timings.draft_s_per_token, **latency},  # one block's terms; the chain overlaps them
     )
 
 
-def chain_timeline(draft_s: float, network_s: float, verify_s: float, per_extra_block_s: float, window: int,
-                   blocks: int, final: bool = False) -> list[tuple[float, float]]:
-    """(when the edge reads its verdict, the cloud's seconds by then) for each of a chain's first
-    ``blocks`` blocks, from the start of drafting the first, were none of them to fail.
-
-    The edge drafts block i (``draft_s``) once block i-1 is sent and it has read block i-window's
-    verdict, and sends it at once; it reads a verdict once the window is full (``edge.decode_loop``
-    drafts and sends while there is room), or when it arrives, if that is later. The network adds
-    ``network_s`` (uplink, RTT, downlink) to each block's verify. The verifier starts a forward
-    when it is free and a block is pending, and takes every block sent by then, up to the window:
-    ``verify_s`` for one, ``per_extra_block_s`` more for each other (the verify line's per-row
-    cost of a block's drafts). ``final``: these are the generation's last blocks; with none after
-    them to fill the window, the edge reads their verdicts as they arrive, once the last is sent.
-    """
-    wanted, blocks = blocks, blocks + (0 if final else window - 1)  # (the last reads wait for the blocks that fill the window)
-    sent, arrived, cloud_at, read = [0.0] * blocks, [], [], []
-    free = cloud = 0.0
-
-    def forward(known: int) -> None:  # the next forward, over the pending blocks of the first ``known``
-        nonlocal free, cloud
-        first = len(arrived)
-        start = max(free, sent[first])
-        last = first + 1
-        while last < min(first + window, known) and sent[last] <= start:
-            last += 1
-        free = start + verify_s + (last - first - 1) * per_extra_block_s
-        cloud += free - start
-        arrived.extend([free + network_s] * (last - first))
-        cloud_at.extend([cloud] * (last - first))
-
-    def read_time(n: int, known: int) -> float:  # (blocks up to known-1 are sent)
-        full = min(n + window - 1, known - 1)  # the block that fills the window behind block n (or the last)
-        return max(arrived[n], sent[full])
-
-    for i in range(blocks):
-        if i >= window:
-            while len(arrived) <= i - window:  # (blocks i-window+1 .. i-1 are sent: a forward may take them)
-                forward(i)
-            read.append(read_time(i - window, i))
-        sent[i] = max(sent[i - 1] if i else 0.0, read[i - window] if i >= window else 0.0) + draft_s
-    while len(arrived) < blocks:
-        forward(blocks)
-    while len(read) < wanted:
-        read.append(read_time(len(read), blocks))
-    return list(zip(read, cloud_at[:wanted]))
+GUESS_PRIOR_BLOCKS = 8  # a measured share of guesses held weighs as if this many more had held as acceptance implies
 
 
-def _chain_horizon(p_full: float, window: int) -> int:
-    """Blocks to follow a chain for: past those, the chance it is still going is under 1e-4."""
-    return window + (1 if p_full <= 0 else math.ceil(math.log(1e-4) / math.log(p_full)))
-
-
-def expected_chain_end(p_full: float, timeline: list[tuple[float, float]]) -> tuple[float, float]:
-    """(seconds until the edge reads the failing block's verdict, the cloud's seconds by then), averaged
-    over where a chain ends: at its n-th block with probability p^(n-1) (1-p), and at the timeline's
-    last block (the generation's end, or a horizon past which chains are rare) with what is left."""
-    weights = [p_full**n * (1 - p_full) for n in range(len(timeline) - 1)] + [p_full ** (len(timeline) - 1)]
-    return (sum(w * at for w, (at, _) in zip(weights, timeline)),
-            sum(w * cloud for w, (_, cloud) in zip(weights, timeline)))
+def _guesses_held(timings: Timings, costs: BlockCosts, draft_len: int, window: int, tokens: int) -> float:
+    """The share of a chain's first blocks whose guesses hold: as measured, drawn towards the share the
+    first draft's acceptance implies by ``GUESS_PRIOR_BLOCKS`` (a run has few such blocks)."""
+    measured, count = timings.stale_guess_hit, timings.stale_guesses
+    if not count:
+        return measured
+    implied = simulate_pipelined(costs, draft_len, window, tokens, 16)
+    if not implied.guessing:
+        return measured
+    share = implied.guesses_held / implied.guessing
+    return (measured * count + share * GUESS_PRIOR_BLOCKS) / (count + GUESS_PRIOR_BLOCKS)
 
 
 def predict_adaptive(timings: Timings, link: NetworkModel, max_draft_len: int, window: int,

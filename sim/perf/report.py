@@ -166,7 +166,7 @@ def format_report(r: dict[str, Any], tablefmt: str = "simple") -> str:
         f"cloud compute {b['cloud_compute_vs_cloud_only']:.2f}x cloud-only per token; "
         "round = " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in b["breakdown"].items()),
         "",
-        f"pipelined, up to {r['window']} blocks in flight (AL = tokens per verdict; a chain runs until a correction):",
+        f"pipelined, up to {r['window']} blocks in flight (AL = tokens per verified block, those decoded for stale blocks included; a chain runs until a correction):",
         "",
         pipelined,
         "",

@@ -1,0 +1,272 @@
+"""Pipelined split decoding followed block by block, stale blocks and guesses included.
+
+The controller prices a chain's stale blocks in closed form
+(``shared.acceptance.pipelined_chain``): they overlap the next chain's first
+block, and each missed guess costs a share of the window. Where stale blocks
+make many of the tokens (a weak drafter on a long round trip) that is
+optimistic: they hold window slots and the cloud's forwards like any other
+block, and the verifier's queue builds behind them. The performance model
+follows the protocol instead, with random acceptance, over whole generations:
+
+- the edge (one thread, ``edge.decode_loop``) drafts and sends while the window
+  has room and the last block in flight asks for a follower (or everything in
+  flight is void), then reads the oldest verdict; a chain's first block drafts
+  a guess for each void block in flight besides its own drafts; on a
+  correction, on a stale verdict for a block it counted on, or on a token
+  decoded for a void block that its live chain guessed wrong, everything in
+  flight is void;
+- a block reaches the cloud ``up_s(drafts)`` + RTT/2 after it is sent; the
+  cloud answers blocks in order, one forward at a time
+  (``cloud.session.VerifierSession.verify_chain_steps``): a live block with
+  every later live block already there (``verify_s`` and ``per_extra_block_s``
+  each), or one stale block: with a token decoded for it (``fill_s``, after
+  ``rebased_per_fill`` rebased drafts on average) when no usable block waits
+  behind it and, after a correction, the forward would be over before the
+  edge's next block is due (``cloud.next_block``); otherwise at once, empty.
+  Its verdict is read RTT/2 + ``down_s`` later;
+- a live block's drafts are accepted with the conditional ``alpha``; a
+  correction makes the chain's later blocks stale; a chain's first block is
+  usable when every token decoded under its guesses (their verdicts not read
+  when it was drafted) was guessed right, each with probability
+  ``token_guessed``;
+- the early block (``edge.early_block``) is at the cloud when the first token
+  leaves it; on a wrong guess of that token (``alpha[0]``) it commits one token
+  and the edge chains nothing on it.
+
+Deterministic for a seed. Pure arithmetic: no clock, no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from shared.stats import Ewma
+
+__all__ = ["BlockCosts", "SimulatedRun", "simulate_pipelined", "token_guess_rate"]
+
+
+@dataclass(frozen=True)
+class BlockCosts:
+    """What a block costs where, in seconds (``up_s``: its Draft frame up, by drafts it holds)."""
+
+    alpha: list[float]  # conditional acceptance per position in a block (the last repeats)
+    draft_s: float  # the drafter, per drafted token (guesses included)
+    up_s: Callable[[int], float]
+    rtt_s: float
+    down_s: float  # a Verdict frame down
+    verify_s: float  # a forward over a block's drafts and one more row
+    per_extra_block_s: float  # ... each other block verified in the same forward
+    fill_s: float  # a stale block's forward (its token, after the rebased drafts it verifies)
+    rebased_per_fill: float = 0.0  # rebased drafts such a forward accepts, on average
+    decode_stale: bool = True  # False: a verifier run with --stale-blocks drop answers stale blocks empty
+    token_guessed: float | None = None  # P(a guess of a token decoded for a stale block is right); None: alpha[0]
+    early_drafts: int = 0  # drafts of the early block (0: none)
+
+
+@dataclass(frozen=True)
+class SimulatedRun:
+    """Totals over the simulated generations, each from its first token to its last."""
+
+    generations: int
+    tokens: int  # tokens committed after each first one
+    seconds: float  # the edge's time for them
+    cloud_s: float  # the cloud's forwards
+    verdicts: int  # stale ones included
+    stale: int
+    sent: int  # blocks sent
+    sent_drafts: int  # drafts they held (guesses included)
+    up_s: float  # their Draft frames' time on the uplink
+    guessing: int  # a chain's first blocks drafted on guesses
+    guesses_held: int  # ... that were verified
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+def simulate_pipelined(costs: BlockCosts, draft_len: int, window: int, generation_tokens: int,
+                       generations: int = 64, seed: int = 0) -> SimulatedRun:
+    """``generations`` generations of ``generation_tokens`` tokens each: blocks of ``draft_len``
+    drafts, ``window`` in flight at most."""
+    if draft_len < 1 or window < 1 or generation_tokens < 2 or generations < 1:
+        raise ValueError("need draft_len >= 1, window >= 1, generation_tokens >= 2 and generations >= 1")
+    costs = replace(costs, alpha=[min(max(float(a), 0.0), 1.0) for a in costs.alpha] or [0.0])
+    if costs.token_guessed is None:
+        costs = replace(costs, token_guessed=costs.alpha[0])
+    rng = random.Random(seed)
+    runs = [_Generation(costs, draft_len, window, rng).run(generation_tokens - 1) for _ in range(generations)]
+    return SimulatedRun(generations, *(sum(values) for values in zip(*runs)))
+
+
+def token_guess_rate(costs: BlockCosts, draft_len: int, window: int, generation_tokens: int, guesses_held: float,
+                     seed: int = 0) -> float:
+    """``token_guessed`` at which a chain's first blocks drafted on guesses are verified as often as
+    ``guesses_held`` (measured): bisection on short simulations (the share rises with the rate)."""
+    low, high = 0.0, 1.0
+    for _ in range(10):
+        rate = (low + high) / 2
+        run = simulate_pipelined(replace(costs, token_guessed=rate), draft_len, window, generation_tokens, 16, seed)
+        if not run.guessing:
+            return rate
+        low, high = (rate, high) if run.guesses_held / run.guessing < guesses_held else (low, rate)
+    return (low + high) / 2
+
+
+@dataclass
+class _Block:
+    chain: int  # the chain it was drafted in (a correction or a wrong guess starts the next)
+    drafts: int  # drafts for the chain's positions
+    guesses: int  # guesses of the tokens the void blocks in flight bring (a chain's first block)
+    first: bool  # a chain's first block
+    more_follows: bool
+    sent_at: float
+    at_cloud: float
+    verdict_at: float = math.inf
+    committed: int = 0
+    ends_chain: bool = False  # a correction
+    stale: bool = False
+    mismatch: bool = False  # a token decoded for it, guessed wrong by chains drafted before its verdict was read
+    void: bool = False  # the edge's view: drafted past a token the verifier will not commit
+    guess_wrong: bool = False  # the early block, drafted on a wrong guess of the first token
+
+
+class _Generation:
+    """One generation: the edge's loop (``run``) and the cloud's (``_Cloud``)."""
+
+    def __init__(self, costs: BlockCosts, draft_len: int, window: int, rng: random.Random) -> None:
+        self.costs, self.draft_len, self.window, self.rng = costs, draft_len, window, rng
+
+    def accepted(self, drafts: int) -> int:
+        alpha = self.costs.alpha
+        for i in range(drafts):
+            if self.rng.random() >= alpha[min(i, len(alpha) - 1)]:
+                return i
+        return drafts
+
+    def fill(self) -> int:
+        """Tokens a stale block's forward commits: the one decoded, after the rebased drafts it accepts."""
+        whole = int(self.costs.rebased_per_fill)
+        return 1 + whole + (self.rng.random() < self.costs.rebased_per_fill - whole)
+
+    def run(self, tokens_wanted: int) -> tuple[int, float, float, int, int, int, int, float, int, int]:
+        costs, window = self.costs, self.window
+        in_flight: deque[_Block] = deque()
+        pending: deque[_Block] = deque()  # sent, not yet answered by the cloud
+        cloud = _Cloud(self, pending)
+        chain, now, up_s = 0, 0.0, 0.0
+        committed = verdicts = stale = sent = sent_drafts = guessing = held = 0
+        hold = None  # the early block while the edge chains nothing on it
+
+        def send(block: _Block, drafted: int) -> None:
+            nonlocal sent, sent_drafts, up_s
+            in_flight.append(block)
+            pending.append(block)
+            sent, sent_drafts, up_s = sent + 1, sent_drafts + drafted, up_s + costs.up_s(drafted)
+
+        early = min(costs.early_drafts, tokens_wanted - 1)
+        if early > 0 and window > 1:
+            chain = 1
+            block = _Block(chain, early, 0, first=True, more_follows=True, sent_at=-math.inf,
+                           at_cloud=-(costs.rtt_s / 2 + costs.down_s))
+            block.guess_wrong = self.rng.random() >= costs.alpha[0]
+            hold = block if block.guess_wrong else None
+            send(block, early)
+        while committed < tokens_wanted:
+            while (len(in_flight) < window and hold is None
+                   and (not in_flight or in_flight[-1].void or in_flight[-1].more_follows)):
+                live = [b for b in in_flight if not b.void]
+                room = tokens_wanted - committed - sum(b.drafts for b in live)
+                if room <= 0:
+                    break
+                guesses = 0 if live else len(in_flight)
+                chain += not live
+                drafts = min(self.draft_len, room)
+                now += (drafts + guesses) * costs.draft_s
+                send(_Block(chain, drafts, guesses, first=not live, more_follows=window > 1 and drafts < room,
+                            sent_at=now, at_cloud=now + costs.up_s(drafts + guesses) + costs.rtt_s / 2),
+                     drafts + guesses)
+            block = in_flight.popleft()
+            hold = None if block is hold else hold
+            while block.verdict_at == math.inf:
+                cloud.step()
+            now = max(now, block.verdict_at)
+            verdicts, stale, committed = verdicts + 1, stale + block.stale, committed + block.committed
+            if block.first and block.guesses:
+                guessing, held = guessing + 1, held + (not block.stale)
+            live = any(not b.void for b in in_flight)
+            if block.ends_chain or (block.stale and not block.void) or (block.mismatch and live):
+                for rest in in_flight:
+                    rest.void = True
+        return (min(committed, tokens_wanted), now, cloud.busy_s, verdicts, stale, sent, sent_drafts, up_s, guessing,
+                held)
+
+
+class _Cloud:
+    """The verifier's side of one generation."""
+
+    def __init__(self, generation: _Generation, pending: deque[_Block]) -> None:
+        self.generation, self.costs, self.pending = generation, generation.costs, pending
+        self.free_at = self.busy_s = 0.0
+        self.chain, self.alive = 0, True  # the chain it verifies, until a correction ends it
+        self.filled = 0  # tokens decoded for stale blocks since the last correction
+        self.fills: list[_Block] = []  # ... the blocks they were decoded for
+        self.corrected_at: float | None = None  # a correction's verdict left; None once the next block came
+        self.gap_s = Ewma()  # from a correction's verdict to the next chain's first block
+
+    def _usable(self, block: _Block) -> bool:
+        if block.chain == self.chain:
+            return self.alive
+        return block.first and block.chain > self.chain and not any(
+            fill.mismatch and fill.verdict_at > block.sent_at for fill in self.fills)
+
+    def step(self) -> None:
+        """Answer the front of the pending blocks (one forward, or an empty stale verdict)."""
+        costs, pending = self.costs, self.pending
+        start = max(self.free_at, pending[0].at_cloud)
+        there = [b for b in pending if b.at_cloud <= start]
+        if self.corrected_at is not None:
+            came = next((b for b in there if b.chain > self.chain), None)
+            if came is not None:
+                self.gap_s.add(max(came.at_cloud - self.corrected_at, 0.0))
+                self.corrected_at = None
+        head = pending.popleft()
+        if not self._usable(head):
+            head.stale = True
+            due = None if self.corrected_at is None or self.gap_s.value is None else self.corrected_at + self.gap_s.value
+            if (not costs.decode_stale or any(self._usable(b) for b in there[1:])
+                    or (due is not None and start + costs.fill_s > due)):
+                head.verdict_at = start + costs.rtt_s / 2 + costs.down_s
+                return
+            head.committed = self.generation.fill()
+            head.mismatch = self.generation.rng.random() >= costs.token_guessed
+            self.filled += head.committed
+            self.fills.append(head)
+            self._ran(start, costs.fill_s, [head])
+            return
+        if head.chain != self.chain:  # a new chain: the tokens decoded under its guesses are skipped,
+            head.drafts += max(head.guesses - self.filled, 0)  # its other guesses are drafts
+            self.chain, self.alive, self.filled, self.fills = head.chain, True, 0, []
+        batch = [head]
+        while pending and pending[0].at_cloud <= start and pending[0].chain == self.chain:
+            batch.append(pending.popleft())
+        for i, block in enumerate(batch):
+            accepted = 0 if block.guess_wrong else self.generation.accepted(block.drafts)
+            block.committed = accepted if accepted == block.drafts and block.more_follows else accepted + 1
+            if accepted < block.drafts:  # a correction: the chain's later blocks are stale
+                block.ends_chain, self.alive = True, False
+                pending.extendleft(reversed(batch[i + 1:]))
+                del batch[i + 1:]
+                break
+        self._ran(start, costs.verify_s + (len(batch) - 1) * costs.per_extra_block_s, batch)
+        if not self.alive:
+            self.corrected_at, self.filled, self.fills = self.free_at, 0, []
+
+    def _ran(self, start: float, seconds: float, answered: list[_Block]) -> None:
+        self.free_at = start + seconds
+        self.busy_s += seconds
+        for block in answered:
+            block.verdict_at = self.free_at + self.costs.rtt_s / 2 + self.costs.down_s

@@ -1,0 +1,86 @@
+"""The block-by-block simulation the performance model predicts pipelined decoding with: cases
+worked out by hand, and what stale blocks and guesses do."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from sim.perf.block_sim import BlockCosts, simulate_pipelined, token_guess_rate
+
+
+def _costs(**over) -> BlockCosts:
+    base = dict(alpha=[1.0], draft_s=0.01, up_s=lambda drafts: 0.0, rtt_s=0.1, down_s=0.0, verify_s=0.05,
+                per_extra_block_s=0.002, fill_s=0.03)
+    base.update(over)
+    return BlockCosts(**base)
+
+
+def test_two_blocks_in_flight_by_hand():
+    """A drafter never wrong, two drafts a block (20 ms), two in flight, 100 ms RTT, 50 ms forwards."""
+    run = simulate_pipelined(_costs(draft_s=0.02), 2, 2, generation_tokens=5, generations=1)
+    # Block 0 sent at 0.04, at the cloud at 0.09; block 1 sent at 0.08, there at 0.13, after block 0's
+    # forward began: each alone (0.09-0.14, 0.14-0.19); their verdicts read at 0.19 and 0.24.
+    assert (run.tokens, run.seconds, run.cloud_s, run.verdicts, run.sent) == (4, pytest.approx(0.24), 0.1, 2, 2)
+
+
+def test_the_verifier_takes_every_block_there_when_it_starts_a_forward():
+    """A block every 10 ms, eight in flight, no network delay, a 100 ms forward and 20 ms per extra block."""
+    run = simulate_pipelined(_costs(rtt_s=0.0, verify_s=0.1, per_extra_block_s=0.02), 1, 8, generation_tokens=9,
+                             generations=1)
+    # Block 0 alone (0.01-0.11); blocks 1 to 7, there by 0.08, in one forward (0.11-0.33).
+    assert (run.seconds, run.cloud_s, run.verdicts) == (pytest.approx(0.33), pytest.approx(0.32), 8)
+
+
+def test_a_correction_voids_the_blocks_in_flight_and_the_next_block_guesses_their_tokens():
+    """A drafter never right; a verifier that answers stale blocks empty (``--stale-blocks drop``)."""
+    run = simulate_pipelined(_costs(alpha=[0.0], decode_stale=False), 1, 3, generation_tokens=3, generations=1)
+    # Blocks 0 and 1 go at 0.01 and 0.02; block 0's correction is read at 0.16 (its forward 0.06-0.11), block 1
+    # is void. The next chain's block drafts a guess for it and its own draft (0.16-0.18); block 1 is answered
+    # empty at 0.11 (read at 0.16), so the guess is a draft; that block's correction is read at 0.33.
+    assert (run.tokens, run.seconds, run.verdicts, run.stale, run.sent_drafts) == (2, pytest.approx(0.33), 3, 1, 4)
+    assert (run.guessing, run.guesses_held) == (1, 1)
+
+
+def test_stale_blocks_make_the_cloud_decode_at_the_window_s_pace():
+    """A drafter never right on a 600 ms round trip: the blocks in flight past each correction come back
+    with a token decoded for each (40 ms), so tokens flow at about four a round trip, not one."""
+    costs = _costs(alpha=[0.0], rtt_s=0.6, fill_s=0.04)
+    dropped = simulate_pipelined(dataclasses.replace(costs, decode_stale=False), 1, 4, 101, generations=4)
+    for guessed in (0.0, 1.0):
+        decoded = simulate_pipelined(dataclasses.replace(costs, token_guessed=guessed), 1, 4, 101, generations=4)
+        assert 3 / 0.7 < decoded.tokens_per_s <= 4 / 0.64 and decoded.stale > decoded.verdicts / 2
+        assert decoded.tokens_per_s > 3 * dropped.tokens_per_s
+
+
+def test_guesses_hold_as_often_as_the_tokens_under_them_are_guessed():
+    costs = _costs(alpha=[0.5], rtt_s=0.6, fill_s=0.04)
+    held = {}
+    for guessed in (0.0, 0.5, 1.0):
+        run = simulate_pipelined(dataclasses.replace(costs, token_guessed=guessed), 4, 4, 129, generations=16)
+        held[guessed] = run.guesses_held / run.guessing
+    assert held[0.0] == 0.0 and 0.0 < held[0.5] < 1.0 and held[1.0] == 1.0
+    # The rate that reproduces a measured share: simulated with it, the share comes back.
+    rate = token_guess_rate(costs, 4, 4, 129, 0.4)
+    run = simulate_pipelined(dataclasses.replace(costs, token_guessed=rate), 4, 4, 129, generations=64)
+    assert run.guesses_held / run.guessing == pytest.approx(0.4, abs=0.08)
+
+
+def test_the_early_block_saves_the_first_block_s_drafting_and_trip():
+    costs = _costs(rtt_s=0.3)
+    without = simulate_pipelined(costs, 4, 4, 33, generations=1)
+    early = simulate_pipelined(dataclasses.replace(costs, early_drafts=4), 4, 4, 33, generations=1)
+    # It is there when the first token leaves the cloud: the blocks behind it flow one slot earlier.
+    assert 0.05 - 1e-9 <= without.seconds - early.seconds <= 0.04 + 0.3 + 0.05
+    # Drafted on a wrong guess of the first token, it commits that one token and nothing is chained on it.
+    wrong = simulate_pipelined(dataclasses.replace(costs, alpha=[0.0, 1.0], early_drafts=4), 4, 4, 33, generations=1)
+    assert wrong.seconds > early.seconds
+
+
+def test_a_seed_gives_the_same_run_and_bad_shapes_are_refused():
+    costs = _costs(alpha=[0.7, 0.6])
+    assert simulate_pipelined(costs, 4, 3, 64, seed=5) == simulate_pipelined(costs, 4, 3, 64, seed=5)
+    for draft_len, window, tokens in ((0, 2, 10), (2, 0, 10), (2, 2, 1)):
+        with pytest.raises(ValueError):
+            simulate_pipelined(costs, draft_len, window, tokens)
