@@ -103,13 +103,14 @@ def simulate_pipelined(costs: BlockCosts, draft_len: int, window: int, generatio
 
 
 def token_guess_rate(costs: BlockCosts, draft_len: int, window: int, generation_tokens: int, guesses_held: float,
-                     seed: int = 0) -> float:
+                     generations: int = 64, seed: int = 0) -> float:
     """``token_guessed`` at which a chain's first blocks drafted on guesses are verified as often as
-    ``guesses_held`` (measured): bisection on short simulations (the share rises with the rate)."""
+    ``guesses_held`` (measured): bisection on simulations (the share rises with the rate)."""
     low, high = 0.0, 1.0
     for _ in range(10):
         rate = (low + high) / 2
-        run = simulate_pipelined(replace(costs, token_guessed=rate), draft_len, window, generation_tokens, 16, seed)
+        run = simulate_pipelined(replace(costs, token_guessed=rate), draft_len, window, generation_tokens, generations,
+                                 seed)
         if not run.guessing:
             return rate
         low, high = (rate, high) if run.guesses_held / run.guessing < guesses_held else (low, rate)

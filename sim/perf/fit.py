@@ -150,7 +150,6 @@ def _outcomes(measured: RunTimings) -> dict:
         rebased_per_fill=measured.rebased / max(measured.filled, 1),
         rebased_verified_per_fill=measured.rebased_verified / max(measured.filled, 1),
         stale_guess_hit=measured.stale_guesses_hit / measured.stale_guesses if measured.stale_guesses else None,
-        stale_guesses=measured.stale_guesses,
     )
 
 

@@ -148,7 +148,6 @@ class Timings:
     # measured: (1 - h) / h misses a chain (None: one guess, right with the drafts' acceptance, as in
     # coupled mode, where drafter and target share the noise; rejection mode's guesses are independent).
     stale_guess_hit: float | None = None
-    stale_guesses: int = 0  # how many guessing blocks it was measured on (0: take it as exact)
 
     def verify_s(self, n_tokens: float) -> float:
         """Target forward time over `n_tokens` new tokens (D drafts + the pending token)."""
@@ -248,7 +247,8 @@ def first_token_s(timings: Timings, link: NetworkModel, first_message_bytes: flo
 
 
 STEADY_GENERATION_TOKENS = 256  # a generation long enough for the steady state (generation_tokens None)
-SIMULATED_GENERATIONS = 64  # generations each pipelined prediction follows (their mean: a few % at most apart)
+SIMULATED_TOKENS = 16_384  # tokens each pipelined prediction follows, over at least 32 generations (runs differ
+# by a few % at most: what guesses do rests on a few events a generation)
 
 
 def predict_pipelined(timings: Timings, link: NetworkModel, draft_len: int, window: int,
@@ -284,10 +284,11 @@ def predict_pipelined(timings: Timings, link: NetworkModel, draft_len: int, wind
         fill_s=timings.fill_s, rebased_per_fill=timings.rebased_per_fill, decode_stale=decode_stale,
         early_drafts=min(draft_len, EARLY_DRAFT_LEN),
     )
+    generations = max(32, SIMULATED_TOKENS // tokens)
     if timings.stale_guess_hit is not None:
-        costs = dataclasses.replace(costs, token_guessed=token_guess_rate(costs, draft_len, window, tokens,
-                                                                          _guesses_held(timings, costs, draft_len, window, tokens)))
-    run = simulate_pipelined(costs, draft_len, window, tokens, SIMULATED_GENERATIONS)
+        costs = dataclasses.replace(costs, token_guessed=token_guess_rate(
+            costs, draft_len, window, tokens, timings.stale_guess_hit, max(generations // 2, 32)))
+    run = simulate_pipelined(costs, draft_len, window, tokens, generations)
     verified = max(run.verdicts - run.stale, 1)
     return Prediction(
         draft_len=draft_len,
@@ -300,22 +301,6 @@ def predict_pipelined(timings: Timings, link: NetworkModel, draft_len: int, wind
         down_bytes_per_token=run.verdicts * timings.down_bytes_per_round / run.tokens,
         breakdown={"draft": draft_len * timings.draft_s_per_token, **latency},  # one block's terms; the chain overlaps them
     )
-
-
-GUESS_PRIOR_BLOCKS = 8  # a measured share of guesses held weighs as if this many more had held as acceptance implies
-
-
-def _guesses_held(timings: Timings, costs: BlockCosts, draft_len: int, window: int, tokens: int) -> float:
-    """The share of a chain's first blocks whose guesses hold: as measured, drawn towards the share the
-    first draft's acceptance implies by ``GUESS_PRIOR_BLOCKS`` (a run has few such blocks)."""
-    measured, count = timings.stale_guess_hit, timings.stale_guesses
-    if not count:
-        return measured
-    implied = simulate_pipelined(costs, draft_len, window, tokens, 16)
-    if not implied.guessing:
-        return measured
-    share = implied.guesses_held / implied.guessing
-    return (measured * count + share * GUESS_PRIOR_BLOCKS) / (count + GUESS_PRIOR_BLOCKS)
 
 
 def predict_adaptive(timings: Timings, link: NetworkModel, max_draft_len: int, window: int,
