@@ -80,6 +80,16 @@ class AcceptanceEstimate:
         self.pooled_hits, self.pooled_trials = prior * prior_weight, prior_weight
         self.samples = 0
 
+    @classmethod
+    def settled(cls, alpha_per_position: list[float], trials: float = 1e6) -> AcceptanceEstimate:
+        """An estimate that has seen ``alpha_per_position`` over many trials (the priors forgotten)."""
+        estimate = cls()
+        estimate.hits = [a * trials for a in alpha_per_position]
+        estimate.trials = [trials] * len(alpha_per_position)
+        estimate.pooled_hits, estimate.pooled_trials = sum(estimate.hits), trials * len(alpha_per_position)
+        estimate.samples = int(trials)
+        return estimate
+
     def add(self, position: int, hit: bool) -> None:
         while len(self.trials) <= position:
             self.hits.append(0.0)
@@ -141,6 +151,20 @@ class Controller:
         self.draft_len = max_draft_len
         self.chosen_window = min(_MIN_WINDOW, window)
         self.switches = 0
+
+    @classmethod
+    def settled(cls, max_draft_len: int, window: int, *, alpha_per_position: list[float], draft_s_per_token: float,
+                network_s: float, block_cloud_s: float, cloud_s_per_token: float, stale_rebased: float = 0.0,
+                cloud_window: int = CLOUD_WINDOW) -> Controller:
+        """A controller that has measured these at length (the performance model asks it what it would
+        choose); it has not chosen yet: ``plan`` starts from the longest blocks, as a session does."""
+        controller = cls(max_draft_len, window, cloud_window)
+        controller.acceptance = AcceptanceEstimate.settled(alpha_per_position)
+        for estimate, value in ((controller.draft_s_per_token, draft_s_per_token), (controller.network_s, network_s),
+                                (controller.block_cloud_s, block_cloud_s), (controller.cloud_s_per_token, cloud_s_per_token),
+                                (controller.stale_rebased, stale_rebased)):
+            estimate.value = value
+        return controller
 
     # -- what the loop measured ------------------------------------------
     def observe_block(self, drafted: int, accepted: int, trip_s: float, draft_s: float, cloud_s: float = 0.0) -> None:

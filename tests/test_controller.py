@@ -81,6 +81,23 @@ def test_a_drafter_that_is_always_wrong_hands_decoding_to_the_cloud_and_comes_ba
     assert c.plan().draft_len > 0 and c.switches == 2
 
 
+def test_a_settled_controller_chooses_as_one_that_measured_at_length():
+    """What the performance model asks the controller: its choice once its estimates have settled."""
+    def settled(alpha: float) -> Controller:
+        return Controller.settled(8, 4, alpha_per_position=[alpha], draft_s_per_token=0.015, network_s=0.65,
+                                  block_cloud_s=0.17, cloud_s_per_token=0.15)
+
+    estimate = AcceptanceEstimate.settled([0.9, 0.6])
+    assert estimate.per_position(3) == pytest.approx([0.9, 0.6, 0.75], abs=1e-4)  # past the measured: the pooled rate
+    assert settled(0.95).plan().draft_len == 8  # a good drafter drafts long blocks on a 600 ms trip
+    assert settled(0.0).plan().draft_len == 0  # one always wrong hands decoding to the cloud at once
+    measured = Controller(8, 4, 16)
+    for _ in range(200):
+        measured.observe_block(drafted=8, accepted=8, trip_s=0.82, draft_s=0.12, cloud_s=0.17)
+    measured.observe_cloud_token(trip_s=0.8, cloud_s=0.15, interval_s=0.15)
+    assert measured.plan() == settled(1.0).plan()
+
+
 def test_acceptance_is_estimated_per_position_and_forgets():
     estimate = AcceptanceEstimate(memory=8)
     assert estimate.pooled is None and estimate.per_position(3) is None

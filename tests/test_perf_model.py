@@ -117,6 +117,27 @@ def test_pipelining_helps_when_the_round_trip_dominates_and_window_1_is_lockstep
     assert 3 / (trip + 0.051) < alone.tokens_per_s <= 4 / (0.6 + 0.051)
 
 
+def test_the_adaptive_schedule_is_predicted_as_its_controller_settles():
+    """The controller's choice, predicted block by block: never above the best configuration, and the
+    cloud decoding alone where the controller hands it decoding."""
+    from edge.controller import Controller
+    from sim.perf.model import best_adaptive, predict_adaptive
+
+    slow = NetworkModel(up_bps=50_000, down_bps=50_000, rtt_s=0.6)
+    for alpha in (0.0, 0.5, 0.9):
+        t = _timings(alpha_per_position=[alpha])
+        adaptive, best = predict_adaptive(t, slow, 8, 4), best_adaptive(t, slow, 8, 4)
+        assert adaptive.tokens_per_s <= best.tokens_per_s * 1.0001
+        choice = Controller.settled(8, 4, alpha_per_position=[alpha], draft_s_per_token=0.010,
+                                    network_s=slow.up_s(t.up_bytes(8)) + 0.6 + slow.down_s(30.0),
+                                    block_cloud_s=t.verify_s(9), cloud_s_per_token=predict_cloud_only(t, slow).round_s)
+        plan = choice.plan()
+        assert adaptive.draft_len == plan.draft_len
+        if plan.draft_len:
+            assert adaptive == predict_pipelined(t, slow, plan.draft_len, plan.window)
+    assert predict_adaptive(_timings(alpha_per_position=[0.0]), slow, 8, 4).draft_len == 0
+
+
 def test_a_short_generation_pays_its_last_round_trip():
     """A drafter that is never wrong makes one chain of the whole generation, over when the last
     verdict is read, which a long generation amortises away."""

@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from edge.controller import Controller
 from edge.early_block import EARLY_DRAFT_LEN
 from shared.acceptance import expected_acceptance_length
 from shared.wire import http2_framed_size
@@ -59,6 +60,7 @@ __all__ = [
     "predict_split",
     "predict_pipelined",
     "predict_adaptive",
+    "best_adaptive",
     "first_token_s",
     "protocol_bytes",
 ]
@@ -305,15 +307,45 @@ def predict_pipelined(timings: Timings, link: NetworkModel, draft_len: int, wind
 
 def predict_adaptive(timings: Timings, link: NetworkModel, max_draft_len: int, window: int,
                      generation_tokens: int | None = None) -> Prediction:
-    """The adaptive schedule at its best: the faster of pipelined chains with D = 1..max_draft_len
-    and the cloud decoding alone (cloud-only decoding's rate, paid for with a small empty Draft
-    frame up per token). The controller estimates the same quantities online; this is its ceiling."""
+    """The adaptive schedule as its controller settles: given the timings as its measurements, the
+    controller (``edge.controller``) chooses, by its own closed-form arithmetic, a draft length and
+    window, or the cloud decoding alone (cloud-only decoding's rate, paid for with a small empty
+    Draft frame up per token); that choice is predicted block by block (``predict_pipelined``).
+    Where the closed form misjudges (stale blocks on a long round trip), this is what the session
+    gets, not the best configuration (``best_adaptive``)."""
+    alone = _cloud_alone(timings, link)
+    controller = Controller.settled(
+        max_draft_len, window, alpha_per_position=timings.alpha_per_position or [0.0],
+        draft_s_per_token=timings.draft_s_per_token,
+        network_s=link.up_s(timings.up_bytes(max_draft_len)) + link.rtt_s + link.down_s(timings.down_bytes_per_round),
+        block_cloud_s=timings.verify_s(max_draft_len + 1), cloud_s_per_token=alone.round_s,
+        stale_rebased=timings.rebased_per_fill,
+    )
+    plan = controller.plan()
+    for _ in range(4):  # (hysteresis: from the longest blocks, a step at a time)
+        again = controller.plan()
+        if again == plan:
+            break
+        plan = again
+    if plan.draft_len == 0:
+        return alone
+    return predict_pipelined(timings, link, plan.draft_len, plan.window, generation_tokens=generation_tokens)
+
+
+def best_adaptive(timings: Timings, link: NetworkModel, max_draft_len: int, window: int,
+                  generation_tokens: int | None = None) -> Prediction:
+    """The adaptive schedule's ceiling: the faster of pipelined chains with D = 1..max_draft_len and
+    the cloud decoding alone."""
     options = [predict_pipelined(timings, link, d, window, generation_tokens=generation_tokens)
                for d in range(1, max_draft_len + 1)]
+    return max([*options, _cloud_alone(timings, link)], key=lambda p: p.tokens_per_s)
+
+
+def _cloud_alone(timings: Timings, link: NetworkModel) -> Prediction:
+    """The cloud decoding alone over the split protocol: cloud-only's rate, an empty Draft frame up a token."""
     alone = predict_cloud_only(timings, link)
     up = timings.up_bytes(0)
-    options.append(dataclasses.replace(alone, up_bytes_per_token=up, breakdown={**alone.breakdown, "uplink": link.up_s(up)}))
-    return max(options, key=lambda p: p.tokens_per_s)
+    return dataclasses.replace(alone, up_bytes_per_token=up, breakdown={**alone.breakdown, "uplink": link.up_s(up)})
 
 
 def predict_cloud_only(timings: Timings, link: NetworkModel) -> Prediction:
