@@ -13,9 +13,7 @@ loop reports what it measured and asks for a plan. Moving estimates:
   α_0 mixes both cases);
 - the drafter's seconds per drafted token;
 - the network's share of a block's trip (send to verdict, less the cloud's
-  own time) and the cloud's time on a drafted block (and its least, the
-  forward with no queue before it: the cloud decoding alone is first priced at
-  that);
+  own time) and the cloud's time on a drafted block;
 - the cloud's seconds per token when it decodes alone (the interval between
   its tokens in a full pipeline: with enough empty blocks in flight the round
   trip is hidden);
@@ -42,7 +40,7 @@ from dataclasses import dataclass
 from shared.acceptance import pipelined_chain
 from shared.stats import Ewma
 
-__all__ = ["Controller", "Plan", "AcceptanceEstimate", "Floor", "controller_for", "CLOUD_WINDOW"]
+__all__ = ["Controller", "Plan", "AcceptanceEstimate", "controller_for", "CLOUD_WINDOW"]
 
 CLOUD_WINDOW = 16  # empty blocks in flight while the cloud decodes alone (the verifier may allow fewer)
 _MIN_SAMPLES_TO_LEAVE_CLOUD = 24  # acceptance samples (shadow ones included) before drafting again
@@ -63,18 +61,6 @@ def controller_for(schedule: str, max_draft_len: int, window: int) -> Controller
     if schedule != "adaptive" or max_draft_len < 1:
         return None
     return Controller(max_draft_len, window, CLOUD_WINDOW)
-
-
-class Floor:
-    """The least of the samples, rising by ``drift`` a sample so that it follows a slower cloud; None
-    until the first sample."""
-
-    def __init__(self, drift: float = 0.01) -> None:
-        self.drift = drift
-        self.value: float | None = None
-
-    def add(self, sample: float) -> None:
-        self.value = sample if self.value is None else min(self.value * (1 + self.drift), sample)
 
 
 class AcceptanceEstimate:
@@ -155,7 +141,6 @@ class Controller:
         self.draft_s_per_token = Ewma()
         self.network_s = Ewma()  # a block's trip less the cloud's time on it: uplink, RTT, downlink
         self.block_cloud_s = Ewma()  # the cloud's time on a drafted block
-        self.block_forward_s = Floor()  # ... at its least: the forward itself, without a queue before it
         self.cloud_s_per_token = Ewma()  # seconds per token while the cloud decodes alone
         self.stale_filled = Ewma(value=1.0)  # share of stale blocks answered with a token
         self.stale_rebased = Ewma(value=0.0)  # ... the rebased drafts accepted before it, per such block
@@ -176,8 +161,7 @@ class Controller:
         controller = cls(max_draft_len, window, cloud_window)
         controller.acceptance = AcceptanceEstimate.settled(alpha_per_position)
         for estimate, value in ((controller.draft_s_per_token, draft_s_per_token), (controller.network_s, network_s),
-                                (controller.block_cloud_s, block_cloud_s), (controller.block_forward_s, block_cloud_s),
-                                (controller.cloud_s_per_token, cloud_s_per_token),
+                                (controller.block_cloud_s, block_cloud_s), (controller.cloud_s_per_token, cloud_s_per_token),
                                 (controller.stale_rebased, stale_rebased)):
             estimate.value = value
         return controller
@@ -191,7 +175,6 @@ class Controller:
         self.observe_acceptance(drafted, accepted)
         self.draft_s_per_token.add(draft_s / drafted)
         self.block_cloud_s.add(cloud_s)
-        self.block_forward_s.add(cloud_s)
         self.network_s.add(max(trip_s - cloud_s, 0.0))
 
     def observe_acceptance(self, drafted: int, accepted: int) -> None:
@@ -252,9 +235,7 @@ class Controller:
     def predict_cloud(self) -> float | None:
         """Tokens/s with the cloud decoding alone: one forward a token, the round trip hidden by a
         window of empty blocks (or not, when the window is too small for the trip)."""
-        # Before a stretch has measured it: a drafted block's forward, no queue counted (a queue of
-        # stale blocks on a long trip made the cloud look half as fast as it decodes alone).
-        per_token = self.cloud_s_per_token.value or self.block_forward_s.value
+        per_token = self.cloud_s_per_token.value or self.block_cloud_s.value
         if not per_token:
             return None
         rate = 1.0 / per_token

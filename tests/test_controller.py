@@ -98,20 +98,6 @@ def test_a_settled_controller_chooses_as_one_that_measured_at_length():
     assert measured.plan() == settled(1.0).plan()
 
 
-def test_the_cloud_alone_is_priced_at_a_forward_not_at_the_queue_before_it():
-    """On a long trip, stale blocks queue at the cloud: a drafted block's verdict waits behind them.
-    Decoding alone has no such queue; before a stretch has measured it, it is priced at the least a
-    drafted block's forward took (drifting up 1% a block, to follow a cloud that got slower)."""
-    c = Controller(max_draft_len=4, window=4, cloud_window=16)
-    c.observe_block(drafted=4, accepted=1, trip_s=0.80, draft_s=0.08, cloud_s=0.17)
-    for _ in range(5):
-        c.observe_block(drafted=4, accepted=1, trip_s=1.10, draft_s=0.08, cloud_s=0.45)
-    assert c.block_cloud_s.value > 0.3
-    assert c.predict_cloud() == pytest.approx(1 / (0.17 * 1.01**5))
-    c.observe_cloud_token(trip_s=0.75, cloud_s=0.15, interval_s=0.15)  # a stretch measured: its own rate
-    assert c.predict_cloud() == pytest.approx(1 / 0.15)
-
-
 def test_acceptance_is_estimated_per_position_and_forgets():
     estimate = AcceptanceEstimate(memory=8)
     assert estimate.pooled is None and estimate.per_position(3) is None
