@@ -237,7 +237,7 @@ def _finish(cfg, baselines: dict, baseline_reports: list[EdgeReport], baseline_s
             measured: list[_Measured]) -> dict:
     link = perf_model.NetworkModel.from_link_config(cfg.scenario.link)
     # The shared timings (the verify line on the cloud's own step times, the prefill) are fitted on every
-    # run; every run is predicted with its own acceptance and bytes.
+    # run; every run is predicted with its own drafter speed and bytes, every prompt with its own acceptance.
     fitted = model_fit.fit_timings([m.timings for m in measured], baseline_reports, baseline_samples, rtt_s=link.rtt_s)
     runs = [m.row for m in measured]
     for m in measured:
