@@ -106,6 +106,14 @@ def _headline(result: dict) -> list[str]:
         + ", ".join(f"{_label(r)} ({r['prediction_error']:+.0%}, limited by {r.get('limited_by', '?')})" for r in off)
         + "."
     )
+    adaptive = [r for r in result["runs"] if r.get("predicted_best_tokens_per_s")]
+    if adaptive:
+        lines.append(
+            "- Adaptive runs are predicted as their controller settles; the best configuration is predicted at "
+            + ", ".join(f"{r['predicted_best_tokens_per_s']:.2f} tok/s for {_label(r)} ({r['predicted_tokens_per_s']:.2f} "
+                        "as settled)" for r in adaptive)
+            + "."
+        )
     return lines
 
 

@@ -243,16 +243,20 @@ def _finish(cfg, baselines: dict, baseline_reports: list[EdgeReport], baseline_s
     for m in measured:
         # Each prompt with its own acceptance, over its own length (a short generation ends chains the
         # steady state would not).
-        parts = []
+        parts, best = [], []
         for prompt in m.prompts:
             timings = fitted.for_prompt(m.timings, prompt)
             if m.row["schedule"] == "adaptive":
                 predicted = perf_model.predict_adaptive(timings, link, m.row["draft_len"], m.row["window"], prompt.tokens)
+                best.append((perf_model.best_adaptive(timings, link, m.row["draft_len"], m.row["window"], prompt.tokens),
+                             prompt.tokens, timings.draft_prefill_s))
             else:
                 predicted = perf_model.predict_pipelined(timings, link, m.row["draft_len"], m.row["window"],
                                                          generation_tokens=prompt.tokens)
             parts.append((predicted, prompt.tokens, timings.draft_prefill_s))
         _attach_prediction(m.row, parts)
+        # The adaptive schedule's ceiling beside its controller's choice: the gap is the controller's.
+        m.row["predicted_best_tokens_per_s"] = _predicted_rate(best)[0] if best else None
         m.row["ratios"] = _ratios(m.row, baselines[m.baseline_kind])
     for baseline in baselines.values():
         alone = perf_model.predict_cloud_only(fitted.base, link)
@@ -279,11 +283,16 @@ def _attach_prediction(run: dict, parts: list[tuple[perf_model.Prediction, float
     """Predicted tokens/s over the same span the edge measured, from (prediction, tokens, startup
     seconds) per prompt: each prompt's first token, its startup (the drafter reading the prompt
     before its first block), then its other tokens at its rate; all prompts' tokens over all that."""
+    run["predicted_tokens_per_s"], run["limited_by"] = _predicted_rate(parts)
+    run["prediction_error"] = run["predicted_tokens_per_s"] / run["tokens_per_s"] - 1 if run["tokens_per_s"] else None
+
+
+def _predicted_rate(parts: list[tuple[perf_model.Prediction, float, float]]) -> tuple[float, str]:
+    """(tokens/s, what the prompt that takes longest waits on most) over ``_attach_prediction``'s parts."""
     walls = [p.ttft_s + startup_s + max(n - 1, 0) / p.tokens_per_s for p, n, startup_s in parts]
     wall, tokens = sum(walls), sum(n for _, n, _ in parts)
-    run["predicted_tokens_per_s"] = tokens / wall if wall > 0 else 0.0
-    run["prediction_error"] = run["predicted_tokens_per_s"] / run["tokens_per_s"] - 1 if run["tokens_per_s"] else None
-    run["limited_by"] = max(zip(walls, (p for p, _, _ in parts)), key=lambda pair: pair[0])[1].limit
+    slowest = max(zip(walls, (p for p, _, _ in parts)), key=lambda pair: pair[0])[1]
+    return (tokens / wall if wall > 0 else 0.0), slowest.limit
 
 
 _RATIO_KEYS = ["tokens_per_s", "ttft_s", "up_bytes_per_token", "down_bytes_per_token", "cloud_forwards_per_token", "cloud_cpu_s_per_token"]
