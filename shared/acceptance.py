@@ -101,12 +101,6 @@ class ChainForecast:
     blocks: float  # blocks verified
     tokens: float  # tokens committed, those the cloud decoded for stale blocks included
     seconds: float
-    p_full: float  # P(a block is fully accepted)
-    in_flight_past: float  # blocks in flight past the failing one (their drafts come to nothing)
-    stale_blocks: int  # ... whole ones: each gets a stale verdict
-    fills: float  # forwards the cloud ran for them (a token decoded after rebased drafts)
-    filled: float  # tokens those forwards committed
-    stale_s: float  # ... and the time the chain waits on them (included in ``seconds``)
 
 
 def pipelined_chain(alpha_per_position: list[float], draft_len: int, window: int, draft_s_per_token: float,
@@ -122,12 +116,11 @@ def pipelined_chain(alpha_per_position: list[float], draft_len: int, window: int
     on average; 0: a verifier that answers them empty) while the next chain's first block is on its way:
     those the drafter makes during the failing block's round trip and one more, ``window - 1`` at most.
     """
-    blocks, tokens, p_full = chain_expectation(alpha_per_position, draft_len)
+    blocks, tokens, _ = chain_expectation(alpha_per_position, draft_len)
     draft = draft_len * draft_s_per_token
     trip = network_s + verify_s
     interval = max(draft, verify_s, (draft + trip) / window)
-    in_flight_past = min(window - 1, 1 + trip / max(draft, 1e-9))
-    stale = math.floor(in_flight_past)
+    stale = math.floor(min(window - 1, 1 + trip / max(draft, 1e-9)))  # blocks in flight past the failing one
     redraft = (draft_len + stale) * draft_s_per_token  # the next block: its drafts and a guess per stale block
     gap = network_s + redraft  # the correction down, drafting, the next block up
     fill = stale_expectation(alpha_per_position, stale, gap, fill_s, rebased_per_fill)
@@ -135,10 +128,4 @@ def pipelined_chain(alpha_per_position: list[float], draft_len: int, window: int
         blocks=blocks,
         tokens=tokens + stale_share * fill.tokens,
         seconds=draft + trip + (blocks - 1) * interval + stale_share * fill.seconds,
-        p_full=p_full,
-        in_flight_past=in_flight_past,
-        stale_blocks=stale,
-        fills=stale_share * fill.forwards,
-        filled=stale_share * fill.tokens,
-        stale_s=stale_share * fill.seconds,
     )

@@ -260,7 +260,7 @@ def _finish(cfg, baselines: dict, baseline_reports: list[EdgeReport], baseline_s
         m.row["ratios"] = _ratios(m.row, baselines[m.baseline_kind])
     for baseline in baselines.values():
         alone = perf_model.predict_cloud_only(fitted.base, link)
-        _attach_prediction(baseline, [(alone, baseline["tokens"] / len(cfg.prompts), 0.0)] * len(cfg.prompts))
+        _attach_prediction(baseline, [(alone, baseline["tokens"] / len(cfg.prompts), 0.0)])  # (every prompt alike)
         baseline["identical_to_baseline"] = True
         baseline["ratios"] = _ratios(baseline, baseline)
     return {

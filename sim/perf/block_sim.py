@@ -79,7 +79,6 @@ class SimulatedRun:
     stale: int
     sent: int  # blocks sent
     sent_drafts: int  # drafts they held (guesses included)
-    up_s: float  # their Draft frames' time on the uplink
     guessing: int  # a chain's first blocks drafted on guesses
     guesses_held: int  # ... that were verified
 
@@ -153,20 +152,20 @@ class _Generation:
         whole = int(self.costs.rebased_per_fill)
         return 1 + whole + (self.rng.random() < self.costs.rebased_per_fill - whole)
 
-    def run(self, tokens_wanted: int) -> tuple[int, float, float, int, int, int, int, float, int, int]:
+    def run(self, tokens_wanted: int) -> tuple[int, float, float, int, int, int, int, int, int]:
         costs, window = self.costs, self.window
         in_flight: deque[_Block] = deque()
         pending: deque[_Block] = deque()  # sent, not yet answered by the cloud
         cloud = _Cloud(self, pending)
-        chain, now, up_s = 0, 0.0, 0.0
+        chain, now = 0, 0.0
         committed = verdicts = stale = sent = sent_drafts = guessing = held = 0
         hold = None  # the early block while the edge chains nothing on it
 
         def send(block: _Block, drafted: int) -> None:
-            nonlocal sent, sent_drafts, up_s
+            nonlocal sent, sent_drafts
             in_flight.append(block)
             pending.append(block)
-            sent, sent_drafts, up_s = sent + 1, sent_drafts + drafted, up_s + costs.up_s(drafted)
+            sent, sent_drafts = sent + 1, sent_drafts + drafted
 
         early = min(costs.early_drafts, tokens_wanted - 1)
         if early > 0 and window > 1:
@@ -202,8 +201,7 @@ class _Generation:
             if block.ends_chain or (block.stale and not block.void) or (block.mismatch and live):
                 for rest in in_flight:
                     rest.void = True
-        return (min(committed, tokens_wanted), now, cloud.busy_s, verdicts, stale, sent, sent_drafts, up_s, guessing,
-                held)
+        return min(committed, tokens_wanted), now, cloud.busy_s, verdicts, stale, sent, sent_drafts, guessing, held
 
 
 class _Cloud:
