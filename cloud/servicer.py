@@ -15,6 +15,7 @@ import asyncio
 import logging
 import time
 from collections import deque
+from typing import NamedTuple
 
 import grpc
 
@@ -52,6 +53,21 @@ _CLOSE = object()  # the edge sent Close
 
 
 _LOG_LINES_PER_S = 20  # session-end log lines per second at most
+
+
+class Answered(NamedTuple):
+    """A block's verdict, the cloud's seconds since the block arrived, and the forward's alone (0: none)."""
+
+    verdict: Verdict
+    seconds: float
+    forward_s: float
+
+
+def _verdict_message(answer: Answered, forwards: int) -> pb.Verdict:
+    """``answer`` for the wire; the session's ``forwards`` ride on the final verdict only (0 is not
+    sent, so rounds pay no bytes for it)."""
+    return verdict_to_proto(answer.verdict, seconds=answer.seconds, forward_s=answer.forward_s,
+                            forwards=forwards if answer.verdict.done else 0)
 
 
 class _Abort(Exception):
@@ -234,7 +250,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         received: deque[tuple[float, int, int]],
         stream: int,
         fill_deadline: float | None = None,
-    ) -> list[tuple[Verdict, float]]:
+    ) -> list[Answered]:
         """Verify the next chain of ``pending`` in one forward on the engine thread, observed once.
 
         ``received``: (arrival time, start position, drafts) of each pending block, in the same order.
@@ -242,7 +258,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         has taken the session over, nothing is verified (checked on the engine
         thread, where every change to the session happens).
         ``fill_deadline``: when the edge's next block is expected (``VerifierSession.verify_chain_steps``).
-        Returns (verdict, cloud seconds since its block arrived) per block answered.
+        Returns an ``Answered`` per block answered.
         """
         session = entry.session
 
@@ -266,15 +282,16 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         self.table.touch(entry)
         out = []
         forwards = session.forwards - forwards_before
+        forward_s = session.seq.forward_s - forward_before if forwards else 0.0
         overhead = 0.0
         for i, verdict in enumerate(verdicts):
             arrived, start, drafts = received.popleft()
             # Verified drafts only: a stale block's were not, drafts before the verdict's start were committed.
             drafted = 0 if verdict.stale else max(drafts - (verdict.start_position - start), 0)
             seconds = now - arrived
-            out.append((verdict, seconds))
+            out.append(Answered(verdict, seconds, forward_s))
             if i == 0:  # the chain shared one forward: its cost and overhead go to its first block
-                overhead = max(seconds - (session.seq.forward_s - forward_before), 0.0)
+                overhead = max(seconds - forward_s, 0.0)
                 self.recent_overheads_s.append(overhead)
                 self.recent_latencies_s.append(seconds)
             self.metrics.observe_round(
@@ -290,7 +307,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             )
         return out
 
-    async def _decode_alone(self, entry: SessionEntry, arrived: float, stream: int) -> tuple[Verdict, float]:
+    async def _decode_alone(self, entry: SessionEntry, arrived: float, stream: int) -> Answered:
         """The session's next token, decoded alone (an empty block that arrived at ``arrived``)."""
         position = len(entry.session.tokens)
         (answered,) = await self._verify_pending(
@@ -331,10 +348,8 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                 opened = pb.Opened(committed_length=len(entry.session.tokens))
             session = entry.session
             if answer_first:  # the first position, answered from the prefill's last row, rides with the Opened
-                verdict, seconds = await self._decode_alone(entry, opened_at, stream)
-                opened.first_verdict.CopyFrom(
-                    verdict_to_proto(verdict, seconds=seconds, forwards=session.forwards if verdict.done else 0)
-                )
+                first_answer = await self._decode_alone(entry, opened_at, stream)
+                opened.first_verdict.CopyFrom(_verdict_message(first_answer, session.forwards))
             opened.MergeFrom(
                 pb.Opened(
                     resume_ticket=entry.ticket,
@@ -355,11 +370,9 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             reader = asyncio.create_task(self._read_frames(context, frames))
             try:
                 if not session.done:  # (the first verdict may have been the last)
-                    async for verdict, seconds in self._verdicts(entry, stream, frames, ending):
-                        # The forward count rides on the final verdict only: 0 is not sent, so rounds pay no bytes for it.
-                        message = verdict_to_proto(verdict, seconds=seconds, forwards=session.forwards if verdict.done else 0)
-                        yield self._count_out(pb.CloudFrame(verdict=message))
-                        if verdict.done:
+                    async for answer in self._verdicts(entry, stream, frames, ending):
+                        yield self._count_out(pb.CloudFrame(verdict=_verdict_message(answer, session.forwards)))
+                        if answer.verdict.done:
                             break
                 if session.done and not ending:
                     finished = await self._acknowledged(frames)
@@ -426,7 +439,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             ) from exc
 
     async def _verdicts(self, entry: SessionEntry, stream: int, frames: asyncio.Queue, ending: list):
-        """Verdicts, with cloud seconds, for the blocks read from ``frames``, one per block, in
+        """``Answered`` verdicts for the blocks read from ``frames``, one per block, in
         order: each step answers the chain at the front of what is pending, in one forward
         (``VerifierSession.verify_chain``), or one stale block.
 
@@ -462,8 +475,8 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             if pending and not ending:  # one chain at a time: a stale block's answer depends on what arrived
                 epoch = entry.session.epoch
                 answered = await self._verify_pending(entry, pending, received, stream, next_block.deadline())
-                for verdict, seconds in answered:
-                    yield verdict, seconds
+                for answer in answered:
+                    yield answer
                     progress = time.monotonic()
                 if entry.session.epoch != epoch:
                     next_block.corrected(time.perf_counter(), entry.session.epoch)
@@ -599,7 +612,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             entry = await self._new_session(self._parse_request(request), 0, self._owner(context))
             session = entry.session
             while not session.done:
-                verdict, seconds = await self._decode_alone(entry, arrived, entry.stream)
+                verdict, seconds, _ = await self._decode_alone(entry, arrived, entry.stream)
                 encoded = codec.encode_tokens([verdict.token] if verdict.token is not None else [], self.engine.vocab_size)
                 yield self._count_out(
                     pb.GenerateChunk(

@@ -194,6 +194,7 @@ class GrpcVerifier:
         self.forwards = 0
         self._forwards_offset = 0
         self.last_cloud_s = 0.0  # the cloud's time on the last verdict (server_us)
+        self.last_forward_s = 0.0  # ... the forward's alone (forward_us; 0: none, or a cloud that does not say)
         self.open_s = 0.0  # Open sent -> Opened received (prefill included)
         self.first_token_cloud_s = 0.0  # the cloud's time to the first token, prefill included (0: not answered with the Opened)
         self._connected = False
@@ -347,6 +348,7 @@ class GrpcVerifier:
         """Account for one verdict (``down_bytes``: what it cost the downlink) and decode it."""
         arrived = time.perf_counter()
         self.last_cloud_s = message.server_us * 1e-6
+        self.last_forward_s = message.forward_us * 1e-6
         if message.done:  # the total rides on the final verdict only
             self.forwards = self._forwards_offset + message.forwards
         if not self._in_flight:

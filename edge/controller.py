@@ -14,6 +14,11 @@ loop reports what it measured and asks for a plan. Moving estimates:
 - the drafter's seconds per drafted token;
 - the network's share of a block's trip (send to verdict, less the cloud's
   own time) and the cloud's time on a drafted block;
+- the forward alone (the verdict's ``forward_us``: the cloud's time less the
+  wait behind other blocks' forwards), for a drafted block (what verifying one
+  costs) and for one token (a stale block's, or the cloud's alone): on a long
+  round trip, stale blocks queue at the cloud, and pricing blocks, or the cloud
+  decoding alone, at the cloud's whole time would count that queue as compute;
 - the cloud's seconds per token when it decodes alone (the interval between
   its tokens in a full pipeline: with enough empty blocks in flight the round
   trip is hidden);
@@ -140,7 +145,9 @@ class Controller:
         self.acceptance = AcceptanceEstimate()
         self.draft_s_per_token = Ewma()
         self.network_s = Ewma()  # a block's trip less the cloud's time on it: uplink, RTT, downlink
-        self.block_cloud_s = Ewma()  # the cloud's time on a drafted block
+        self.block_cloud_s = Ewma()  # the cloud's time on a drafted block (its wait behind other blocks included)
+        self.forward_s = Ewma()  # the forward that verified a drafted block, alone (0s: not reported)
+        self.one_token_s = Ewma()  # a forward that decoded one token (stale block's or alone), alone
         self.cloud_s_per_token = Ewma()  # seconds per token while the cloud decodes alone
         self.stale_filled = Ewma(value=1.0)  # share of stale blocks answered with a token
         self.stale_rebased = Ewma(value=0.0)  # ... the rebased drafts accepted before it, per such block
@@ -154,27 +161,30 @@ class Controller:
 
     @classmethod
     def settled(cls, max_draft_len: int, window: int, *, alpha_per_position: list[float], draft_s_per_token: float,
-                network_s: float, block_cloud_s: float, cloud_s_per_token: float, stale_rebased: float = 0.0,
+                network_s: float, forward_s: float, cloud_s_per_token: float, stale_rebased: float = 0.0,
                 cloud_window: int = CLOUD_WINDOW) -> Controller:
         """A controller that has measured these at length (the performance model asks it what it would
         choose); it has not chosen yet: ``plan`` starts from the longest blocks, as a session does."""
         controller = cls(max_draft_len, window, cloud_window)
         controller.acceptance = AcceptanceEstimate.settled(alpha_per_position)
         for estimate, value in ((controller.draft_s_per_token, draft_s_per_token), (controller.network_s, network_s),
-                                (controller.block_cloud_s, block_cloud_s), (controller.cloud_s_per_token, cloud_s_per_token),
+                                (controller.forward_s, forward_s), (controller.cloud_s_per_token, cloud_s_per_token),
                                 (controller.stale_rebased, stale_rebased)):
             estimate.value = value
         return controller
 
     # -- what the loop measured ------------------------------------------
-    def observe_block(self, drafted: int, accepted: int, trip_s: float, draft_s: float, cloud_s: float = 0.0) -> None:
+    def observe_block(self, drafted: int, accepted: int, trip_s: float, draft_s: float, cloud_s: float = 0.0,
+                      forward_s: float = 0.0) -> None:
         """A drafted block's verdict: ``accepted`` of ``drafted``, its trip (send to verdict), its
-        drafting time and the cloud's time on it (arrival there to verdict, queueing included)."""
+        drafting time, the cloud's time on it (arrival there to verdict, queueing included) and
+        the forward's alone (0: not reported)."""
         if drafted <= 0:
             return
         self.observe_acceptance(drafted, accepted)
         self.draft_s_per_token.add(draft_s / drafted)
         self.block_cloud_s.add(cloud_s)
+        _add_reported(self.forward_s, forward_s)
         self.network_s.add(max(trip_s - cloud_s, 0.0))
 
     def observe_acceptance(self, drafted: int, accepted: int) -> None:
@@ -183,22 +193,27 @@ class Controller:
         for i in range(min(accepted + 1, drafted)):  # drafts reached: Bernoulli(α_i) trials until a rejection
             self.acceptance.add(i, i < accepted)
 
-    def observe_stale(self, committed: int, rebased: int = 0) -> None:
+    def observe_stale(self, committed: int, rebased: int = 0, forward_s: float = 0.0) -> None:
         """A stale block's verdict: ``committed`` tokens the cloud decoded for it, ``rebased`` of them
-        drafts sent for those positions that it accepted where they lay (none: empty)."""
+        drafts sent for those positions that it accepted where they lay (none: empty), in a forward of
+        ``forward_s`` (0: not reported)."""
         self.stale_filled.add(float(committed > 0))
         if committed:
             self.stale_rebased.add(rebased)
+            _add_reported(self.one_token_s, forward_s)
 
     def observe_shadow(self, hit: bool, draft_s: float) -> None:
         """While the cloud decodes alone: would the drafter have proposed the cloud's token?"""
         self.acceptance.add(0, hit)  # a proposal right after a committed token: a block's first draft
         self.draft_s_per_token.add(draft_s)
 
-    def observe_cloud_token(self, trip_s: float, cloud_s: float, interval_s: float | None) -> None:
-        """A token the cloud decoded alone: its trip, the cloud's time on it (queueing included) and,
-        in a full pipeline, the time since the previous such token (the stretch's real rate)."""
+    def observe_cloud_token(self, trip_s: float, cloud_s: float, interval_s: float | None,
+                            forward_s: float = 0.0) -> None:
+        """A token the cloud decoded alone: its trip, the cloud's time on it (queueing included), the
+        forward's alone (0: not reported) and, in a full pipeline, the time since the previous such
+        token (the stretch's real rate)."""
         self.network_s.add(max(trip_s - cloud_s, 0.0))
+        _add_reported(self.one_token_s, forward_s)
         if interval_s is not None:
             self.cloud_s_per_token.add(interval_s)
 
@@ -223,19 +238,21 @@ class Controller:
         """Tokens/s of chains of ``draft_len``-draft blocks, ``window`` of them in flight at most (default:
         the cap), or None before the needed measurements."""
         window = window or self.window
-        verify = self.block_cloud_s.value or self.cloud_s_per_token.value
+        verify = self.forward_s.value or self.block_cloud_s.value or self.cloud_s_per_token.value
         alphas = self.acceptance.per_position(draft_len)
         if None in (alphas, self.network_s.value, self.draft_s_per_token.value) or not verify:
             return None
+        fill = self.cloud_s_per_token.value or self.one_token_s.value or verify
         chain = pipelined_chain(alphas, draft_len, window, self.draft_s_per_token.value, self.network_s.value, verify,
-                                self.cloud_s_per_token.value or verify, stale_share=self.stale_filled.value,
-                                rebased_per_fill=self.stale_rebased.value)
+                                fill, stale_share=self.stale_filled.value, rebased_per_fill=self.stale_rebased.value)
         return chain.tokens / chain.seconds
 
     def predict_cloud(self) -> float | None:
         """Tokens/s with the cloud decoding alone: one forward a token, the round trip hidden by a
-        window of empty blocks (or not, when the window is too small for the trip)."""
-        per_token = self.cloud_s_per_token.value or self.block_cloud_s.value
+        window of empty blocks (or not, when the window is too small for the trip). Before a stretch
+        of it has been measured, a forward for one token, else for a block, is the price."""
+        per_token = (self.cloud_s_per_token.value or self.one_token_s.value or self.forward_s.value
+                     or self.block_cloud_s.value)
         if not per_token:
             return None
         rate = 1.0 / per_token
@@ -287,3 +304,9 @@ class Controller:
         best = max(predicted.values())
         window = max(w for w, v in predicted.items() if v * (1 + _WINDOW_TIE) >= best)
         return predicted[window], window
+
+
+def _add_reported(estimate: Ewma, seconds: float) -> None:
+    """A forward's time, where the cloud reported one (0: an older cloud, or none ran)."""
+    if seconds > 0:
+        estimate.add(seconds)

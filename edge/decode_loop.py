@@ -113,6 +113,7 @@ class VerifierConnection(Protocol):
 
     forwards: int  # target forwards the verifier reports for this session, prefill included
     last_cloud_s: float  # the cloud's own time for the last verdict received (its server_us)
+    last_forward_s: float  # ... of that, the forward that answered it (its forward_us; 0: none, or not said)
 
     def open(self, prompt: Sequence[int], params: SamplingParams, max_new_tokens: int, max_draft_len: int,
              early_block: Future | None = None) -> SessionTerms:
@@ -358,7 +359,7 @@ def run_decode(
             if verdict.stale:
                 stats.record_stale(len(committed), len(verdict.rebased), verdict.rebased_verified)
                 if controller is not None:
-                    controller.observe_stale(len(committed), len(verdict.rebased))
+                    controller.observe_stale(len(committed), len(verdict.rebased), verifier.last_forward_s)
                 # A block the loop thought usable was stale, or the tokens decoded for it leave the live
                 # blocks in flight unusable (decided once they are committed, below): all in flight is void.
                 void_now = not sent.void
@@ -374,8 +375,7 @@ def run_decode(
             if controller is not None and not sent.first and not verdict.stale:
                 # In a stretch the cloud decodes alone, the interval between its tokens is its real rate.
                 interval = arrived - last_arrival if not drafts and since_plan > 0 else None
-                _observe(controller, drafter, sent, len(drafts), verdict, committed, verifier.last_cloud_s, since_plan,
-                         interval, hold)
+                _observe(controller, drafter, sent, len(drafts), verdict, committed, verifier, since_plan, interval, hold)
             last_arrival = arrived
             if sent.first and early_guess is not None:
                 hold = committed[:1] != [early_guess] and bool(in_flight)  # the early block rests on a wrong guess:
@@ -455,9 +455,11 @@ def _first_live_continues(in_flight: deque[_InFlight], generated: list[int], pro
 
 
 def _observe(controller: Controller, drafter: Drafter, sent: _InFlight, drafted: int, verdict: Verdict,
-             committed: list[int], cloud_s: float, since_plan: int, interval_s: float | None, wrong_guess: bool) -> None:
+             committed: list[int], verifier: VerifierConnection, since_plan: int, interval_s: float | None,
+             wrong_guess: bool) -> None:
     """Feed one verdict's measurements to the controller (before the drafter commits it); ``drafted``:
     the block's drafts the verifier verified."""
+    cloud_s, forward_s = verifier.last_cloud_s, verifier.last_forward_s
     trip = time.perf_counter() - sent.sent_at
     if sent.early:
         if not wrong_guess:  # (drafted after a first token the target did not pick: measures nothing)
@@ -465,11 +467,11 @@ def _observe(controller: Controller, drafter: Drafter, sent: _InFlight, drafted:
         return
     if drafted:
         controller.observe_block(drafted, verdict.accepted, trip, sent.draft_s * drafted / len(sent.block.tokens),
-                                 cloud_s)
+                                 cloud_s, forward_s)
         return
     if sent.block.tokens:
         return  # every draft was already committed: nothing measured
-    controller.observe_cloud_token(trip, cloud_s, interval_s)
+    controller.observe_cloud_token(trip, cloud_s, interval_s, forward_s)
     if committed and (controller.shadows_every_token() or since_plan % _SHADOW_EVERY == 0):
         started = time.perf_counter()
         shadow = drafter.draft(1).tokens  # what the drafter would have proposed for this position

@@ -154,7 +154,7 @@ def next_epoch(epoch: int, verdict: Verdict) -> int:
 
 
 def server_us(seconds: float) -> int:
-    """Cloud time for a ``server_us`` field: microseconds, clamped to the uint32 range."""
+    """Cloud time for a ``server_us`` or ``forward_us`` field: microseconds, clamped to the uint32 range."""
     return min(max(int(seconds * 1e6), 0), _MAX_SERVER_US)
 
 
@@ -230,8 +230,9 @@ def stop_reason_from_proto(value: int) -> StopReason:
     return _STOPS_BACK[value]
 
 
-def verdict_to_proto(verdict: Verdict, *, seconds: float = 0.0, forwards: int = 0) -> pb.Verdict:
-    """``seconds``: cloud time on the block; ``forwards``: the session's forwards so far."""
+def verdict_to_proto(verdict: Verdict, *, seconds: float = 0.0, forward_s: float = 0.0, forwards: int = 0) -> pb.Verdict:
+    """``seconds``: cloud time on the block; ``forward_s``: the forward's alone (0: none ran for it);
+    ``forwards``: the session's forwards so far."""
     message = pb.Verdict(
         epoch=verdict.epoch,
         start_position=verdict.start_position,
@@ -240,6 +241,7 @@ def verdict_to_proto(verdict: Verdict, *, seconds: float = 0.0, forwards: int = 
         done=verdict.done,
         stop_reason=stop_reason_to_proto(verdict.stop_reason),
         server_us=server_us(seconds),
+        forward_us=server_us(forward_s),
         forwards=forwards,
         branch=verdict.branch,
         branch_accepted=verdict.branch_accepted,

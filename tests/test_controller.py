@@ -85,7 +85,7 @@ def test_a_settled_controller_chooses_as_one_that_measured_at_length():
     """What the performance model asks the controller: its choice once its estimates have settled."""
     def settled(alpha: float) -> Controller:
         return Controller.settled(8, 4, alpha_per_position=[alpha], draft_s_per_token=0.015, network_s=0.65,
-                                  block_cloud_s=0.17, cloud_s_per_token=0.15)
+                                  forward_s=0.17, cloud_s_per_token=0.15)
 
     estimate = AcceptanceEstimate.settled([0.9, 0.6])
     assert estimate.per_position(3) == pytest.approx([0.9, 0.6, 0.75], abs=1e-4)  # past the measured: the pooled rate
@@ -96,6 +96,30 @@ def test_a_settled_controller_chooses_as_one_that_measured_at_length():
         measured.observe_block(drafted=8, accepted=8, trip_s=0.82, draft_s=0.12, cloud_s=0.17)
     measured.observe_cloud_token(trip_s=0.8, cloud_s=0.15, interval_s=0.15)
     assert measured.plan() == settled(1.0).plan()
+
+
+def test_a_queue_at_the_cloud_is_not_priced_as_its_compute():
+    """On a long round trip stale blocks queue at the cloud, so a block's time there (``server_us``)
+    is its wait plus its forward. Blocks are priced at the forward, and the cloud decoding alone at a
+    stale block's one-token forward until a stretch of it is measured; a cloud that does not report
+    the forward (``forward_us`` 0) is priced at its whole time, as before."""
+    def measured(reports_forward: bool) -> Controller:
+        c = Controller(max_draft_len=4, window=4, cloud_window=16)
+        for _ in range(30):
+            c.observe_block(drafted=4, accepted=2, trip_s=0.9, draft_s=0.08, cloud_s=0.24,
+                            forward_s=0.15 if reports_forward else 0.0)
+            c.observe_stale(1, 0, forward_s=0.14 if reports_forward else 0.0)
+        return c
+
+    queued, older = measured(True), measured(False)
+    assert queued.predict_cloud() == pytest.approx(1 / 0.14)
+    assert older.predict_cloud() == pytest.approx(1 / 0.24)
+    assert queued.predict_drafting(4) > 1.03 * older.predict_drafting(4)  # a shorter trip (window-bound here)
+    settled = Controller.settled(4, 4, alpha_per_position=queued.acceptance.per_position(4), draft_s_per_token=0.02,
+                                 network_s=0.66, forward_s=0.15, cloud_s_per_token=0.14)
+    assert queued.predict_drafting(4) == pytest.approx(settled.predict_drafting(4), rel=1e-6)
+    queued.observe_cloud_token(trip_s=0.8, cloud_s=0.2, interval_s=0.16, forward_s=0.13)  # a stretch alone: its pace
+    assert queued.predict_cloud() == pytest.approx(1 / 0.16)
 
 
 def test_acceptance_is_estimated_per_position_and_forgets():

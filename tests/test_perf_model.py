@@ -130,7 +130,7 @@ def test_the_adaptive_schedule_is_predicted_as_its_controller_settles():
         assert adaptive.tokens_per_s <= best.tokens_per_s * 1.0001
         choice = Controller.settled(8, 4, alpha_per_position=[alpha], draft_s_per_token=0.010,
                                     network_s=slow.up_s(t.up_bytes(8)) + 0.6 + slow.down_s(30.0),
-                                    block_cloud_s=t.verify_s(9), cloud_s_per_token=predict_cloud_only(t, slow).round_s)
+                                    forward_s=t.verify_s(9), cloud_s_per_token=predict_cloud_only(t, slow).round_s)
         plan = choice.plan()
         assert adaptive.draft_len == plan.draft_len
         if plan.draft_len:

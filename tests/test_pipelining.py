@@ -27,7 +27,7 @@ from protos import splitspec_pb2 as pb
 from protos import splitspec_pb2_grpc as pb_grpc
 from shared import codec
 from shared.params import Mode, SamplingParams
-from shared.verdict import StopReason
+from shared.verdict import StopReason, Verdict
 from shared.wire import sampling_to_proto
 from sim.inprocess import LocalVerifier, generate
 
@@ -429,9 +429,15 @@ def test_stale_blocks_come_back_with_tokens_the_cloud_decoded_alone(tiny_engine,
             params = SamplingParams(mode=Mode.COUPLED, temperature=0.9, seed=seed)
             want = generate(tiny_engine, drafters["drafter_f32"], prompt, params, max_new_tokens=32, draft_len=0)
             drafter = ScriptedDrafter(tiny_vocab[0], want.tokens, len(prompt), right=False, wrong_every=4)
-            link = GrpcVerifier(server.address, vocab_size=tiny_vocab[0], fingerprint=tiny_vocab[1])
+            link = _TimingsSeen(server.address, vocab_size=tiny_vocab[0], fingerprint=tiny_vocab[1])
             got = run_decode(drafter, link, prompt, params, max_new_tokens=32, draft_len=3, window=4)
             assert got.tokens == want.tokens, f"seed {seed}"
+            for verdict, cloud_s, forward_s in link.seen:  # the forward alone, within the cloud's time on the block
+                assert 0 <= forward_s <= cloud_s
+                if verdict.stale and verdict.token is None:
+                    assert forward_s == 0  # answered empty: no forward
+                if verdict.accepted:
+                    assert forward_s > 0  # its drafts were verified in a forward
             stats = got.stats
             assert stats.generated == len(got.tokens) and stats.target_forwards <= stats.rounds + stats.filled + 1
             totals.update(stale=stats.stale, filled=stats.filled, rebased=stats.rebased,
@@ -444,6 +450,19 @@ def test_stale_blocks_come_back_with_tokens_the_cloud_decoded_alone(tiny_engine,
     assert totals["guesses_hit"] == totals["guesses"] if stale_blocks == "drop" else True
     assert totals["filled"] > 0 if stale_blocks != "drop" else totals["filled"] == 0
     assert totals["rebased"] > 0 if stale_blocks == "rebase" else totals["rebased"] == 0, totals
+
+
+class _TimingsSeen(GrpcVerifier):
+    """Each verdict with the cloud's time on it and its forward's alone, as the edge read them."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.seen: list[tuple[Verdict, float, float]] = []
+
+    def receive(self) -> Verdict:
+        verdict = super().receive()
+        self.seen.append((verdict, self.last_cloud_s, self.last_forward_s))
+        return verdict
 
 
 def test_only_an_edge_that_takes_rebased_drafts_gets_them_and_stale_blocks_bring_theirs(tiny_engine, tiny_vocab,
@@ -531,7 +550,7 @@ def test_the_cloud_bounds_blocks_in_flight(tiny_engine, greedy_path):
         verdicts = servicer._verdicts(entry, entry.stream, frames, [])
         out = []
         try:
-            async for verdict, _ in verdicts:
+            async for verdict, *_ in verdicts:
                 out.append(verdict)
                 if len(out) == blocks:
                     break

@@ -318,7 +318,7 @@ def predict_adaptive(timings: Timings, link: NetworkModel, max_draft_len: int, w
         max_draft_len, window, alpha_per_position=timings.alpha_per_position or [0.0],
         draft_s_per_token=timings.draft_s_per_token,
         network_s=link.up_s(timings.up_bytes(max_draft_len)) + link.rtt_s + link.down_s(timings.down_bytes_per_round),
-        block_cloud_s=timings.verify_s(max_draft_len + 1), cloud_s_per_token=alone.round_s,
+        forward_s=timings.verify_s(max_draft_len + 1), cloud_s_per_token=alone.round_s,
         stale_rebased=timings.rebased_per_fill,
     )
     plan = controller.plan()
