@@ -260,6 +260,20 @@ class Controller:
             rate = min(rate, self.cloud_window / (self.network_s.value + per_token))
         return rate
 
+    def describe(self, plan: Plan) -> str:
+        """One line: ``plan`` and the estimates it rests on (for debug logs)."""
+        def ms(estimate: Ewma) -> str:
+            return "-" if estimate.value is None else f"{estimate.value * 1e3:.0f} ms"
+
+        alphas = self.acceptance.per_position(self.max_draft_len)
+        predicted = "-" if plan.predicted_tokens_per_s is None else f"{plan.predicted_tokens_per_s:.2f}"
+        cloud = self.predict_cloud()
+        return (f"D={plan.draft_len} W={plan.window} predicted {predicted} tok/s (cloud alone "
+                f"{'-' if cloud is None else f'{cloud:.2f}'}); α {[round(a, 2) for a in alphas or []]} on "
+                f"{self.acceptance.samples} trials, forward {ms(self.forward_s)}, one token {ms(self.one_token_s)}, "
+                f"block at the cloud {ms(self.block_cloud_s)}, network {ms(self.network_s)}, "
+                f"drafting {ms(self.draft_s_per_token)}/token, cloud alone {ms(self.cloud_s_per_token)}/token")
+
     def plan(self, drafting_only: bool = False) -> Plan:
         """The choice for the next chain (call when nothing live is in flight: a chain just ended).
         ``drafting_only``: within a chain, only its draft length and window may change (blocks of a
@@ -272,8 +286,8 @@ class Controller:
         chosen = {d: self._best_window(d, windows) if settled else (None, self.drafting_window)
                   for d in range(1, self.max_draft_len + 1)}
         options = {d: value for d, (value, _) in chosen.items()}
-        if not drafting_only:
-            options[0] = self.predict_cloud()
+        if not drafting_only and (self.draft_len == 0 or options[self.draft_len] is not None):
+            options[0] = self.predict_cloud()  # (drafting is left on a prediction for it, not for want of one)
         known = {d: v for d, v in options.items() if v is not None}
         current = known.get(self.draft_len)
         for choice in sorted(known, key=lambda d: (known[d], d), reverse=True):  # the best first

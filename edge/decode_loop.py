@@ -275,6 +275,7 @@ def run_decode(
             if controller is not None and all(f.void for f in in_flight):  # a new chain starts
                 plan = controller.plan()
                 draft_len, window, since_plan, leaving_cloud = plan.draft_len, plan.window, 0, False
+                log.debug("at %d tokens: %s", len(generated), controller.describe(plan))
             elif controller is not None and draft_len == 0 and since_plan >= _CLOUD_STRETCH:
                 # While the cloud decodes alone, choose again every few tokens without draining the
                 # pipeline; only a switch to drafting waits for the empty blocks still in flight.

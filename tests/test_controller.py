@@ -122,6 +122,20 @@ def test_a_queue_at_the_cloud_is_not_priced_as_its_compute():
     assert queued.predict_cloud() == pytest.approx(1 / 0.16)
 
 
+def test_drafting_is_left_for_the_cloud_on_a_prediction_for_it_only():
+    """A stale block's token may come back before any drafted block's verdict: the cloud alone then has a
+    price and drafting none yet, which is no evidence that drafting does not pay (measured: a satellite
+    session went to the cloud after one block and stayed there)."""
+    c = Controller(max_draft_len=4, window=4, cloud_window=16)
+    c.observe_acceptance(4, 1)
+    c.observe_stale(1, 0, forward_s=0.3)
+    assert c.predict_cloud() is not None and c.predict_drafting(4) is None
+    assert c.plan().draft_len == 4
+    for _ in range(30):
+        c.observe_block(drafted=4, accepted=0, trip_s=0.9, draft_s=0.16, cloud_s=0.3, forward_s=0.3)
+    assert c.plan().draft_len == 0  # with a prediction for drafting it leaves as before
+
+
 def test_acceptance_is_estimated_per_position_and_forgets():
     estimate = AcceptanceEstimate(memory=8)
     assert estimate.pooled is None and estimate.per_position(3) is None
