@@ -120,6 +120,8 @@ def test_a_queue_at_the_cloud_is_not_priced_as_its_compute():
     assert queued.predict_drafting(4) == pytest.approx(settled.predict_drafting(4), rel=1e-6)
     queued.observe_cloud_token(trip_s=0.8, cloud_s=0.2, interval_s=0.16, forward_s=0.13)  # a stretch alone: its pace
     assert queued.predict_cloud() == pytest.approx(1 / 0.16)
+    line = queued.describe(queued.plan())  # what -vv logs at each chain's start
+    assert "forward 150 ms" in line and "block at the cloud 240 ms" in line and "cloud alone 160 ms/token" in line
 
 
 def test_drafting_is_left_for_the_cloud_on_a_prediction_for_it_only():
