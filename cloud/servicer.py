@@ -450,7 +450,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         received: deque[tuple[float, int, int]] = deque()
         idle_s = self.limits.idle_timeout_s
         progress = time.monotonic()  # the last verdict (or the open)
-        next_block = NextBlockClock()  # no fill started once the edge's next block is due
+        next_block = NextBlockClock()  # no fill that would still run when the edge's next block is due
         while not ending:
             items = [] if pending else [await self._next_frame(frames, idle_s - (time.monotonic() - progress))]
             while not frames.empty():

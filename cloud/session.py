@@ -12,13 +12,9 @@ of an older epoch (drafted past a correction the edge had not seen yet) or
 does not continue the committed tokens; it is answered without verification,
 and when no usable block waits behind it the cloud decodes the next token
 alone for it (a rejection then costs no idle round trip: the cloud decodes
-while the edge's next block is on its way), unless the next block is already
-due (the caller's ``fill_deadline``). A forward started before that may still
-run when the block arrives, which then waits for it; not starting one there
-measured worse: on lte with a q3_k_s drafter and a 0.3 s forward, the gap to
-the next block (0.27 s) was always shorter than a forward, no stale block got
-a token, and the adaptive schedule made 1.29-1.33x cloud-only against 1.76x
-with the fills. In greedy and
+while the edge's next block is on its way), unless that forward would still
+run when the next block is expected (the caller's ``fill_deadline``: a
+forward cannot be stopped, and the block would wait for it). In greedy and
 coupled modes that forward also verifies, where they lie, the drafts the edge
 sent for the next positions before it saw the correction (*rebased* drafts:
 the failing block's drafts past its correction, the stale blocks' drafts).
@@ -51,7 +47,7 @@ from cloud.engine import ForwardItem, Steps, TargetEngine, run_alone
 from cloud.verify_torch import verify_block
 from shared.params import Mode, SamplingParams
 from shared.sparse import SparseDist
-from shared.stats import DecodeStats
+from shared.stats import DecodeStats, Ewma
 from shared.verdict import StopReason, Verdict
 from shared.wire import committed_skip, next_epoch
 
@@ -126,6 +122,7 @@ class VerifierSession:
         # wall time, forward, verification and sampling included (the service's cost per step).
         self.last_step_rows = 0
         self.last_step_s = 0.0
+        self.one_token_s = Ewma()  # seconds a forward for the next token takes (a stale block's: with rebased drafts)
         self._deferred: torch.Tensor | None = None
         self._taken_branch: tuple[int, int] | None = None  # (position, tokens) of a branch to adopt into the cache
         # Drafts the edge sent for positions past the committed tokens, drafted past a token the target
@@ -206,9 +203,9 @@ class VerifierSession:
         and stops at the first correction, bonus or end, leaving the blocks after
         it pending (after a correction they are stale). A stale front block gets a
         stale verdict: with the next token (after the rebased drafts accepted) when
-        no usable block is pending behind it and ``fill_deadline`` (when the edge's
-        next block is due, ``time.perf_counter()`` seconds; None: no deadline) has
-        not passed, without one (and no forward) otherwise.
+        no usable block is pending behind it and that forward would be over by
+        ``fill_deadline`` (``time.perf_counter()`` seconds; None: no deadline),
+        without one (and no forward) otherwise.
         """
         if self.done:
             raise BlockRejected("session already finished")
@@ -258,6 +255,8 @@ class VerifierSession:
         elif self.rebases:
             self._spare = _past_correction(chain[len(verdicts) - 1], verdicts[-1])
         elapsed = time.perf_counter() - started
+        if (skip is None or not drafts) and self.forwards > self.stats.target_forwards:  # the next token, in a forward
+            self.one_token_s.add(elapsed)
         self.last_step_s = elapsed
         self.stats.target_forwards = self.forwards
         self.verify_s += elapsed
@@ -287,13 +286,13 @@ class VerifierSession:
 
     def _fills(self, pending: list[PendingBlock], deadline: float | None) -> bool:
         """Whether the stale block at the front of ``pending`` gets the next token: the service decodes
-        for stale blocks, no usable block waits behind it, and the edge's next block is not due yet
-        (``deadline``; after a deferred bonus the token needs no forward, and comes whenever)."""
+        for stale blocks, no usable block waits behind it, and the forward (none after a deferred
+        bonus) would be over by ``deadline``."""
         if not self.decode_stale or any(self._overlap(block) is not None for block in pending[1:]):
             return False
         if deadline is None or self._deferred is not None:
             return True
-        return time.perf_counter() < deadline
+        return time.perf_counter() + (self.one_token_s.value or 0.0) <= deadline
 
     def _check(self, block: PendingBlock) -> None:
         """Refuse a block no honest edge sends (whether it is usable is ``_overlap``'s question)."""

@@ -79,20 +79,19 @@ def stale_expectation(alpha_per_position: list[float], stale_blocks: int, gap_s:
                       rebased_per_fill: float = 0.0) -> StaleForecast:
     """The blocks in flight past a chain's correction are stale: the cloud answers each with
     a token it decodes (``fill_s`` a forward) while the next chain's first block is on its way
-    (``gap_s``: the correction down, drafting, the block up), as many as start before it is due
-    (the last may run past it: the block waits), each after the ``rebased_per_fill`` drafts sent
-    for those positions that it verifies and accepts where they lie, on average. That block's
-    first drafts guess the tokens committed meanwhile: they all hold with probability Π α_j over
-    the tokens; else it is stale too: one more forward, and a whole gap's wait.
+    (``gap_s``: the correction down, drafting, the block up), as many as fit, each after the
+    ``rebased_per_fill`` drafts sent for those positions that it verifies and accepts where
+    they lie, on average. That block's first drafts guess the tokens committed meanwhile: they
+    all hold with probability Π α_j over the tokens; else it is stale too: one more forward,
+    and a whole gap's wait.
     """
     if stale_blocks <= 0:
         return StaleForecast(0.0, 0.0, 0.0)
-    filled = min(stale_blocks, math.ceil(gap_s / fill_s)) if fill_s > 0 else stale_blocks
-    overrun = max(filled * fill_s - gap_s, 0.0)
+    filled = min(stale_blocks, math.floor(gap_s / fill_s)) if fill_s > 0 else stale_blocks
     per_fill = 1.0 + max(rebased_per_fill, 0.0)
     alphas = [min(max(float(a), 0.0), 1.0) for a in alpha_per_position] or [0.0]
     misses = 1 - math.prod(alphas[min(i, len(alphas) - 1)] for i in range(round(filled * per_fill))) if filled else 0.0
-    return StaleForecast(filled + misses, (filled + misses) * per_fill, misses * gap_s + overrun)
+    return StaleForecast(filled + misses, (filled + misses) * per_fill, misses * gap_s)
 
 
 @dataclass(frozen=True)

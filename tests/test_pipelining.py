@@ -189,9 +189,9 @@ def test_rebased_drafts_stop_at_eos_and_the_token_limit(tiny_engine, greedy_path
     assert session.tokens[p:] == want[:3]
 
 
-def test_a_stale_block_is_not_filled_once_the_next_block_is_due(tiny_engine, greedy_path):
-    """The caller's fill deadline (when the edge's next block is expected): once it has passed, no
-    token is decoded alone for a stale block; before, one is (its forward may outlast the deadline)."""
+def test_a_stale_block_is_not_filled_when_the_forward_would_delay_the_next_block(tiny_engine, greedy_path):
+    """The caller's fill deadline (when the edge's next block is expected): a token decoded alone
+    whose forward would still run then is not started, since the block would wait for it."""
     prompt, want = greedy_path
     p = len(prompt)
     wrong = (want[0] + 1) % tiny_engine.vocab_size
@@ -208,8 +208,9 @@ def test_a_stale_block_is_not_filled_once_the_next_block_is_due(tiny_engine, gre
     (empty,) = session.verify_chain(pending, fill_deadline=time.perf_counter() - 1.0)  # the block is due now
     assert empty.stale and empty.token is None and session.forwards == forwards and session.tokens[p:] == want[:1]
     session, pending = corrected()
-    (filled,) = session.verify_chain(pending, fill_deadline=time.perf_counter() + 60.0)  # not due yet
+    (filled,) = session.verify_chain(pending, fill_deadline=time.perf_counter() + 60.0)  # time for a forward
     assert filled.stale and filled.token == want[1] and session.forwards == forwards + 1
+    assert session.one_token_s.value > 0  # what the next deadline is weighed against
     # After a deferred bonus the token decoded alone needs no forward: filled whatever the deadline.
     session = new_session(tiny_engine, prompt)
     session.verify_chain([PendingBlock(0, p, want[:3], more_follows=True)])

@@ -21,8 +21,8 @@ follows the protocol instead, with random acceptance, over whole generations:
   every later live block already there (``verify_s`` and ``per_extra_block_s``
   each), or one stale block: with a token decoded for it (``fill_s``, after
   ``rebased_per_fill`` rebased drafts on average) when no usable block waits
-  behind it and, after a correction, the edge's next block is not due yet
-  (``cloud.next_block``); otherwise at once, empty.
+  behind it and, after a correction, the forward would be over before the
+  edge's next block is due (``cloud.next_block``); otherwise at once, empty.
   Its verdict is read RTT/2 + ``down_s`` later;
 - a live block's drafts are accepted with the conditional ``alpha``; a
   correction makes the chain's later blocks stale; a chain's first block is
@@ -237,7 +237,7 @@ class _Cloud:
             head.stale = True
             due = None if self.corrected_at is None or self.gap_s.value is None else self.corrected_at + self.gap_s.value
             if (not costs.decode_stale or any(self._usable(b) for b in there[1:])
-                    or (due is not None and start >= due)):
+                    or (due is not None and start + costs.fill_s > due)):
                 head.verdict_at = start + costs.rtt_s / 2 + costs.down_s
                 return
             head.committed = self.generation.fill()
