@@ -146,7 +146,7 @@ class Controller:
         self.draft_s_per_token = Ewma()
         self.network_s = Ewma()  # a block's trip less the cloud's time on it: uplink, RTT, downlink
         self.block_cloud_s = Ewma()  # the cloud's time on a drafted block (its wait behind other blocks included)
-        self.forward_s = Ewma()  # the forward that verified a drafted block, alone (0s: not reported)
+        self.forward_s = Ewma()  # the forward that verified a drafted block, alone (unset while the cloud reports none)
         self.one_token_s = Ewma()  # a forward that decoded one token (stale block's or alone), alone
         self.cloud_s_per_token = Ewma()  # seconds per token while the cloud decodes alone
         self.stale_filled = Ewma(value=1.0)  # share of stale blocks answered with a token
