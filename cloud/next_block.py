@@ -3,8 +3,7 @@
 After a correction the edge drafts the next chain and sends it; until its
 first block arrives, the cloud fills the stale blocks in flight with tokens it
 decodes alone. A forward cannot be stopped once started, so a fill that would
-still run when that block arrives delays it (the session weighs that delay
-against its time per token). ``NextBlockClock`` measures, per
+still run when that block arrives delays it. ``NextBlockClock`` measures, per
 stream, the gap from a correction's verdict leaving to the first block of the
 new epoch arriving (a moving average), and gives the deadline that
 ``VerifierSession.verify_chain_steps`` weighs a fill against. Times are

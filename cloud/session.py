@@ -14,8 +14,7 @@ and when no usable block waits behind it the cloud decodes the next token
 alone for it (a rejection then costs no idle round trip: the cloud decodes
 while the edge's next block is on its way), unless that forward would still
 run when the next block is expected (the caller's ``fill_deadline``: a
-forward cannot be stopped, and the block would wait for it) by as much as the
-turn has taken per token so far (a shorter wait is worth the token). In greedy and
+forward cannot be stopped, and the block would wait for it). In greedy and
 coupled modes that forward also verifies, where they lie, the drafts the edge
 sent for the next positions before it saw the correction (*rebased* drafts:
 the failing block's drafts past its correction, the stale blocks' drafts).
@@ -106,7 +105,6 @@ class VerifierSession:
         self.rebase_stale = rebase_stale
         self.tokens = [int(t) for t in prompt]
         self.prompt_len = len(self.tokens)
-        self.turn_started = time.perf_counter()  # this turn's prompt came (its tokens' pace counts from here)
         self.epoch = 0
         self.done = False
         self.stop_reason = StopReason.NONE
@@ -167,7 +165,7 @@ class VerifierSession:
         except BaseException:
             self.broken = True  # the cache no longer matches the committed tokens: never verify on it again
             raise
-        self.tokens, self.prompt_len, self.turn_started = full, len(full), time.perf_counter()
+        self.tokens, self.prompt_len = full, len(full)
         self.params, self.max_new_tokens, self.max_draft_len = params, max_new_tokens, max_draft_len
         self.epoch, self.done, self.stop_reason = 0, False, StopReason.NONE
         self._spare = {}
@@ -289,18 +287,12 @@ class VerifierSession:
     def _fills(self, pending: list[PendingBlock], deadline: float | None) -> bool:
         """Whether the stale block at the front of ``pending`` gets the next token: the service decodes
         for stale blocks, no usable block waits behind it, and the forward (none after a deferred
-        bonus) would be over by ``deadline``, or past it by less than this turn has taken per token
-        so far (the next block would wait for less than the token is worth: measured, on lte with a
-        weak drafter and a 0.3 s forward the gap to the next block, 0.27 s, never held a forward,
-        and no stale block got a token until overruns counted so)."""
+        bonus) would be over by ``deadline``."""
         if not self.decode_stale or any(self._overlap(block) is not None for block in pending[1:]):
             return False
         if deadline is None or self._deferred is not None:
             return True
-        now = time.perf_counter()
-        overrun = now + (self.one_token_s.value or 0.0) - deadline
-        made = len(self.tokens) - self.prompt_len
-        return overrun <= 0 or (made > 0 and overrun < (now - self.turn_started) / made)
+        return time.perf_counter() + (self.one_token_s.value or 0.0) <= deadline
 
     def _check(self, block: PendingBlock) -> None:
         """Refuse a block no honest edge sends (whether it is usable is ``_overlap``'s question)."""

@@ -191,8 +191,7 @@ def test_rebased_drafts_stop_at_eos_and_the_token_limit(tiny_engine, greedy_path
 
 def test_a_stale_block_is_not_filled_when_the_forward_would_delay_the_next_block(tiny_engine, greedy_path):
     """The caller's fill deadline (when the edge's next block is expected): a token decoded alone
-    whose forward would still run then is not started, since the block would wait for it, unless
-    it would wait for less than the turn has taken per token (the token is worth more)."""
+    whose forward would still run then is not started, since the block would wait for it."""
     prompt, want = greedy_path
     p = len(prompt)
     wrong = (want[0] + 1) % tiny_engine.vocab_size
@@ -211,10 +210,6 @@ def test_a_stale_block_is_not_filled_when_the_forward_would_delay_the_next_block
     session, pending = corrected()
     (filled,) = session.verify_chain(pending, fill_deadline=time.perf_counter() + 60.0)  # time for a forward
     assert filled.stale and filled.token == want[1] and session.forwards == forwards + 1
-    session, pending = corrected()
-    session.turn_started -= 100.0  # a turn at 100 s per token: a block due a second ago is worth less than a token
-    (filled,) = session.verify_chain(pending, fill_deadline=time.perf_counter() - 1.0)
-    assert filled.stale and filled.token == want[1]
     assert session.one_token_s.value > 0  # what the next deadline is weighed against
     # After a deferred bonus the token decoded alone needs no forward: filled whatever the deadline.
     session = new_session(tiny_engine, prompt)

@@ -22,8 +22,7 @@ follows the protocol instead, with random acceptance, over whole generations:
   each), or one stale block: with a token decoded for it (``fill_s``, after
   ``rebased_per_fill`` rebased drafts on average) when no usable block waits
   behind it and, after a correction, the forward would be over before the
-  edge's next block is due (``cloud.next_block``), or past it by less than
-  the generation has taken per token so far; otherwise at once, empty.
+  edge's next block is due (``cloud.next_block``); otherwise at once, empty.
   Its verdict is read RTT/2 + ``down_s`` later;
 - a live block's drafts are accepted with the conditional ``alpha``; a
   correction makes the chain's later blocks stale; a chain's first block is
@@ -212,7 +211,6 @@ class _Cloud:
         self.generation, self.costs, self.pending = generation, generation.costs, pending
         self.free_at = self.busy_s = 0.0
         self.chain, self.alive = 0, True  # the chain it verifies, until a correction ends it
-        self.committed = 0  # tokens answered so far
         self.filled = 0  # tokens decoded for stale blocks since the last correction
         self.fills: list[_Block] = []  # ... the blocks they were decoded for
         self.corrected_at: float | None = None  # a correction's verdict left; None once the next block came
@@ -238,9 +236,8 @@ class _Cloud:
         if not self._usable(head):
             head.stale = True
             due = None if self.corrected_at is None or self.gap_s.value is None else self.corrected_at + self.gap_s.value
-            overrun = -math.inf if due is None else start + costs.fill_s - due
-            per_token = start / self.committed if self.committed else 0.0
-            if not costs.decode_stale or any(self._usable(b) for b in there[1:]) or (overrun > 0 and overrun >= per_token):
+            if (not costs.decode_stale or any(self._usable(b) for b in there[1:])
+                    or (due is not None and start + costs.fill_s > due)):
                 head.verdict_at = start + costs.rtt_s / 2 + costs.down_s
                 return
             head.committed = self.generation.fill()
@@ -270,6 +267,5 @@ class _Cloud:
     def _ran(self, start: float, seconds: float, answered: list[_Block]) -> None:
         self.free_at = start + seconds
         self.busy_s += seconds
-        self.committed += sum(block.committed for block in answered)
         for block in answered:
             block.verdict_at = self.free_at + self.costs.rtt_s / 2 + self.costs.down_s
