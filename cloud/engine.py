@@ -20,6 +20,7 @@ tokens decoded on that path alone; their keys and values are kept aside, and
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Generator, Sequence
@@ -33,7 +34,7 @@ from cloud import slot_attention
 from cloud.slot_attention import ROW_TILE, RowLayout, RowPadding, SlotKV
 from shared.vocab import vocab_fingerprint
 
-__all__ = ["TargetEngine", "CachedSequence", "ForwardItem", "Steps", "run_alone", "invariant_row_padding"]
+__all__ = ["TargetEngine", "CachedSequence", "ForwardItem", "Steps", "run_alone", "invariant_row_padding", "torch_threads"]
 
 log = logging.getLogger(__name__)
 
@@ -134,11 +135,29 @@ def pick_device(device: str | None) -> torch.device:
     return chosen
 
 
+@contextlib.contextmanager
+def torch_threads(threads: int | None):
+    """torch's intra-op threads set to ``threads`` inside the block (None: left as they are)."""
+    before = torch.get_num_threads()
+    if threads is None or threads == before:
+        yield
+        return
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+_ROW_TILES = (ROW_TILE, 8, 16)  # tiles tried, the smallest (cheapest) first
+
+
 def invariant_row_padding(model: torch.nn.Module, max_rows: int = 64) -> RowPadding | None:
     """The row padding under which this device's matrix products give each row the same bits for
-    any row count and order (with torch's current thread count): at least ``ROW_TILE`` rows, else
-    multiples of it, else None. Checked at load on random rows against every distinct weight shape
-    of the model's linear layers (the output head included), up to ``max_rows`` rows."""
+    any row count and order (with torch's current thread count): the first of ``_ROW_TILES`` for
+    which at least a tile of rows, else multiples of it, holds; else None. Checked at load on random
+    rows against every distinct weight shape of the model's linear layers (the output head
+    included), up to ``max_rows`` rows (more than any tile, so every padded count is compared)."""
     def local(weight: torch.Tensor) -> torch.Tensor:  # a tensor-parallel shard is a DTensor
         return weight.to_local() if hasattr(weight, "to_local") else weight
 
@@ -151,7 +170,7 @@ def invariant_row_padding(model: torch.nn.Module, max_rows: int = 64) -> RowPadd
         if not torch.equal(torch.nn.functional.linear(rows.flip(0), weight).flip(0), full):
             return None
         checks.append((rows, weight, full))
-    for padding in (RowPadding(multiple=False), RowPadding(multiple=True)):
+    for padding in (RowPadding(multiple, tile) for tile in _ROW_TILES for multiple in (False, True)):
         counts = sorted({padding(m) for m in (1, 2, 3, 5, 6, 7, 9, 13, 17, 31, 33, 47, 63) if m < max_rows} - {max_rows})
         if all(torch.equal(torch.nn.functional.linear(rows[:m], weight), full[:m])
                for rows, weight, full in checks for m in counts):
@@ -211,6 +230,13 @@ class TargetEngine:
         # Positions the model was trained for (None when the config does not say).
         self.max_positions: int | None = getattr(self.model.config, "max_position_embeddings", None)
         self.padding = invariant_row_padding(self.model) if canonical else None
+        self.threads: int | None = None  # the products' thread count, where invariance needs one of its own
+        if canonical and self.padding is None and self.device.type == "cpu" and torch.get_num_threads() > 1:
+            # Some CPUs (an Intel Xeon with AVX-512, measured) split a product between threads by its row
+            # count at every padding tried, but are row-invariant on one thread.
+            with torch_threads(1):
+                self.padding = invariant_row_padding(self.model)
+            self.threads = 1 if self.padding is not None else None
         self.invariant = self.padding is not None
         if canonical and self.padding is None:
             log.warning("this device's matrix products are not row-invariant under any padding tried: batched "
@@ -227,7 +253,8 @@ class TargetEngine:
             "target %s loaded in %.1fs on %s/%s (vocab %d, %s shapes%s)",
             path.name, self.load_s, self.device, str(self.dtype).removeprefix("torch."), self.vocab_size,
             "free" if not canonical else "batch-invariant" if self.invariant else "canonical but NOT row-invariant",
-            f", tensor parallel over {tensor_parallel} ranks" if tensor_parallel > 1 else "",
+            (" on one thread: this CPU's products split between threads by row count" if self.threads else "")
+            + (f", tensor parallel over {tensor_parallel} ranks" if tensor_parallel > 1 else ""),
         )
 
     def _eos_ids(self) -> set[int]:
@@ -316,13 +343,14 @@ class TargetEngine:
         layout = RowLayout(slots, spans, self.padding, branch_stores=branch_stores)
         # A 4-D mask is taken as given by transformers' mask builders; slot attention ignores it.
         dummy_mask = torch.zeros(1, 1, 1, 1, dtype=self.dtype, device=self.device)
-        with slot_attention.using_layout(layout):
+        logits = None
+        with slot_attention.using_layout(layout), torch_threads(self.threads):
             hidden = self.model.get_decoder()(
                 input_ids=ids, position_ids=position_ids, attention_mask=dummy_mask, use_cache=False
             ).last_hidden_state
-        logits = None
-        if keep:
-            logits = self.head(hidden[:, keep])[0]
+            if keep:
+                logits = self.head(hidden[:, keep])[0]
+        if logits is not None:
             if self.logit_softcap:
                 logits = torch.tanh(logits / self.logit_softcap) * self.logit_softcap
             logits = logits.float()

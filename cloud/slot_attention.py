@@ -15,13 +15,15 @@ token, position and the keys before it, never on how rows are grouped:
   (multiples of ``KEY_BUCKET``), fixed by the row's own position; later
   entries are masked, their weights are exactly 0, and 0 * v adds nothing;
 - rows are grouped by bucket, and every product runs on rows padded as
-  ``RowPadding`` says (zero rows appended): at least ``ROW_TILE`` rows, and
+  ``RowPadding`` says (zero rows appended): at least a tile of rows, and
   with several threads a multiple of it. On CPU (MKL) a GEMM's rows are then
   bit-identical for any such M and any row order, so a row's result does not
   depend on its group-mates; other M take other kernels (1-3 rows) or other
-  splits between threads (5 and 9 rows with two threads, measured). The
-  engine picks the padding by checking the property on its device at load
-  (``cloud.engine.invariant_row_padding``).
+  splits between threads (5 and 9 rows with two threads, measured). The tile
+  is the CPU's: 4 rows on an AMD EPYC, 16 on an Intel Xeon with AVX-512,
+  whose kernels differ below 16 rows (measured on Gemma's 640 x 2048
+  products, one thread). The engine picks the padding by checking the
+  property on its device at load (``cloud.engine.invariant_row_padding``).
 
 Free mode (``canonical=False``) attends each sequence over exactly its keys
 with SDPA: what the cost of invariance is measured against.
@@ -46,7 +48,7 @@ __all__ = ["ATTENTION_NAME", "KEY_BUCKET", "ROW_TILE", "RowLayout", "RowPadding"
 
 ATTENTION_NAME = "splitspec_slots"
 KEY_BUCKET = 64  # keys a row attends over are padded to a multiple of this
-ROW_TILE = 4  # products run on at least (or a multiple of) this many rows (other M take other BLAS kernels)
+ROW_TILE = 4  # products run on at least (or a multiple of) this many rows, or a tile the CPU needs (``RowPadding``)
 
 _local = threading.local()
 
@@ -89,15 +91,16 @@ class SlotKV:
 
 @dataclass(frozen=True)
 class RowPadding:
-    """How many rows a product of ``rows`` runs on in canonical mode: at least ``ROW_TILE``, and a
+    """How many rows a product of ``rows`` runs on in canonical mode: at least ``tile``, and a
     multiple of it when ``multiple`` (several threads split products by rows)."""
 
     multiple: bool
+    tile: int = ROW_TILE
 
     def __call__(self, rows: int) -> int:
         if self.multiple:
-            return max(-(-rows // ROW_TILE), 1) * ROW_TILE
-        return max(rows, ROW_TILE)
+            return max(-(-rows // self.tile), 1) * self.tile
+        return max(rows, self.tile)
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,11 @@ import torch
 from helpers import tiny_prompt
 from test_service import remote, tiny_drafter
 
-from cloud.engine import ForwardItem, TargetEngine, run_alone
+from cloud.engine import ForwardItem, TargetEngine, run_alone, torch_threads
 from cloud.limits import ServiceLimits
 from cloud.scheduler import Scheduler
 from cloud.server import BackgroundServer, ServerConfig
+from cloud.slot_attention import RowPadding
 from protos import splitspec_pb2 as pb
 from shared.params import Mode, SamplingParams
 from sim.bench.fuzz import HostileFrames, send_raw_stream
@@ -38,6 +39,19 @@ def test_gemma_rows_are_bit_identical_across_batches_including_the_sliding_windo
     tokens = [2] + [rng.randrange(100, 20_000) for _ in range(530)]  # past the 512-token local window
     start = 500
     assert torch.equal(one_at_a_time(gemma_engine, tokens, start), chunked_beside_mates(gemma_engine, tokens, start, rng))
+
+
+def test_products_run_on_the_padding_and_threads_the_engine_checked_at_load(tiny_engine):
+    """Paddings by tile (4 rows on an AMD EPYC, 16 on an AVX-512 Xeon); the engine's thread count
+    (one, where the CPU splits products between threads by row count) holds inside its forwards only."""
+    assert (RowPadding(False)(5), RowPadding(False, 16)(3), RowPadding(True, 8)(9), RowPadding(True)(1)) == (5, 16, 16, 4)
+    assert tiny_engine.invariant and tiny_engine.padding.tile in (4, 8, 16)
+    before = torch.get_num_threads()
+    with torch_threads(1):
+        assert torch.get_num_threads() == 1
+    with torch_threads(None):
+        assert torch.get_num_threads() == before
+    assert torch.get_num_threads() == before
 
 
 def test_free_shapes_compute_the_same_model(tiny_models, tiny_engine):
