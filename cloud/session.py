@@ -14,10 +14,12 @@ and when no usable block waits behind it the cloud decodes the next token
 alone for it (a rejection then costs no idle round trip: the cloud decodes
 while the edge's next block is on its way), unless that forward would still
 run when the next block is expected (the caller's ``fill_deadline``: a
-forward cannot be stopped, and the block would wait for it). In greedy and
-coupled modes that forward also verifies, where they lie, the drafts the edge
-sent for the next positions before it saw the correction (*rebased* drafts:
-the failing block's drafts past its correction, the stale blocks' drafts).
+forward cannot be stopped, and the block would wait for it) and, in greedy
+and coupled modes, the edge's guesses hold too often for the overrun to pay
+(``cloud.next_block.fill_overrun_pays``). In greedy and coupled modes that
+forward also verifies, where they lie, the drafts the edge sent for the next
+positions before it saw the correction (*rebased* drafts: the failing block's
+drafts past its correction, the stale blocks' drafts).
 They were drafted after a token the target did not pick, so they often
 disagree, but what the target commits never depends on what a draft was
 conditioned on in these modes, only how many positions one forward settles;
@@ -44,6 +46,7 @@ from dataclasses import dataclass
 import torch
 
 from cloud.engine import ForwardItem, Steps, TargetEngine, run_alone
+from cloud.next_block import fill_overrun_pays
 from cloud.verify_torch import verify_block
 from shared.params import Mode, SamplingParams
 from shared.sparse import SparseDist
@@ -204,8 +207,9 @@ class VerifierSession:
         it pending (after a correction they are stale). A stale front block gets a
         stale verdict: with the next token (after the rebased drafts accepted) when
         no usable block is pending behind it and that forward would be over by
-        ``fill_deadline`` (``time.perf_counter()`` seconds; None: no deadline),
-        without one (and no forward) otherwise.
+        ``fill_deadline`` (``time.perf_counter()`` seconds; None: no deadline) or
+        its overrun pays (``fill_overrun_pays``), without one (and no forward)
+        otherwise.
         """
         if self.done:
             raise BlockRejected("session already finished")
@@ -287,12 +291,24 @@ class VerifierSession:
     def _fills(self, pending: list[PendingBlock], deadline: float | None) -> bool:
         """Whether the stale block at the front of ``pending`` gets the next token: the service decodes
         for stale blocks, no usable block waits behind it, and the forward (none after a deferred
-        bonus) would be over by ``deadline``."""
+        bonus) would be over by ``deadline``, or its overrun pays (``fill_overrun_pays``)."""
         if not self.decode_stale or any(self._overlap(block) is not None for block in pending[1:]):
             return False
         if deadline is None or self._deferred is not None:
             return True
-        return time.perf_counter() + (self.one_token_s.value or 0.0) <= deadline
+        now = time.perf_counter()
+        overrun = now + (self.one_token_s.value or 0.0) - deadline
+        if overrun <= 0:
+            return True
+        return self.params.mode is not Mode.REJECTION and fill_overrun_pays(overrun, deadline - now, self._guess_odds())
+
+    def _guess_odds(self) -> float:
+        """How often a block's first draft is accepted: the odds that the edge's guess of the token a
+        stale block's forward decodes holds (greedy and coupled modes: that token is the one verifying
+        the guess would commit). Laplace's rule over this session's blocks (1/2 before any)."""
+        drafted = self.stats.drafted_at[0] if self.stats.drafted_at else 0
+        accepted = self.stats.accepted_at[0] if self.stats.accepted_at else 0
+        return (accepted + 1) / (drafted + 2)
 
     def _check(self, block: PendingBlock) -> None:
         """Refuse a block no honest edge sends (whether it is usable is ``_overlap``'s question)."""

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from helpers import ScriptedDrafter, exact_distribution, greedy_continuation, tiny_prompt, total_variation
 
-from cloud.next_block import NextBlockClock
+from cloud.next_block import NextBlockClock, fill_overrun_pays
 from cloud.session import BlockRejected, PendingBlock, VerifierSession
 from edge.client import GrpcVerifier, VerifierError
 from edge.controller import Controller
@@ -27,6 +27,7 @@ from protos import splitspec_pb2 as pb
 from protos import splitspec_pb2_grpc as pb_grpc
 from shared import codec
 from shared.params import Mode, SamplingParams
+from shared.sparse import SparseDist
 from shared.verdict import StopReason, Verdict
 from shared.wire import sampling_to_proto
 from sim.inprocess import LocalVerifier, generate
@@ -216,6 +217,41 @@ def test_a_stale_block_is_not_filled_when_the_forward_would_delay_the_next_block
     session.verify_chain([PendingBlock(0, p, want[:3], more_follows=True)])
     (filled,) = session.verify_chain([PendingBlock(0, p + 9, want[9:11])], fill_deadline=time.perf_counter() - 1.0)
     assert filled.stale and filled.token == want[3]
+
+
+@pytest.mark.parametrize("mode", [Mode.GREEDY, Mode.REJECTION])
+def test_a_fill_runs_past_the_deadline_only_where_the_edge_s_guesses_seldom_hold(tiny_engine, greedy_path, mode):
+    """A fill that would end half-way between the next block's due time and its own length later
+    (overrun = the time still ahead) pays when the edge's guess of its token holds less than half
+    the time, in greedy and coupled modes: there the guess is verified against that same token.
+    Rejection mode samples it apart: never past the deadline."""
+    prompt, want = greedy_path
+    p = len(prompt)
+    wrong = (want[0] + 1) % tiny_engine.vocab_size
+    # (rejection mode, nearly greedy: the point-mass draft ``wrong`` is rejected, and the correction is want[0])
+    params = GREEDY if mode is Mode.GREEDY else SamplingParams(Mode.REJECTION, temperature=0.05, seed=3)
+
+    def corrected(first_drafts_held: int) -> tuple[VerifierSession, list[PendingBlock]]:
+        """A session whose blocks' first drafts held ``first_drafts_held`` times before a first draft
+        failed, with a block in flight past that correction."""
+        session = new_session(tiny_engine, prompt, rebase_stale=False, params=params)
+        session.stats.drafted_at, session.stats.accepted_at = [first_drafts_held], [first_drafts_held]
+        pending = [PendingBlock(0, p, [wrong, want[1]], more_follows=True), PendingBlock(0, p + 2, want[2:4])]
+        if mode is Mode.REJECTION:
+            pending = [replace(b, q=[SparseDist(np.array([t]), np.array([256]), 8) for t in b.drafts]) for b in pending]
+        (correction,) = session.verify_chain(pending)
+        assert correction.is_correction and len(pending) == 1
+        session.one_token_s.value = 20.0  # the forward, as measured: the deadline lies half-way through it
+        return session, pending
+
+    for held, fills in ((0, mode is Mode.GREEDY), (9, False)):  # odds (held + 1) / (held + 1 + 2): 1/3, 5/6
+        session, pending = corrected(held)
+        forwards = session.forwards
+        (verdict,) = session.verify_chain(pending, fill_deadline=time.perf_counter() + 10.0)
+        assert verdict.stale and (verdict.token is not None) == fills and session.forwards == forwards + fills
+    assert fill_overrun_pays(1.0, 1.0, 0.49) and not fill_overrun_pays(1.0, 1.0, 0.5)
+    assert not fill_overrun_pays(0.1, 0.0, 0.0)  # the block is due already: nothing is learned earlier
+    assert fill_overrun_pays(5.0, 0.1, 0.0)  # the guesses never hold: any head start pays
 
 
 def test_the_next_block_is_expected_one_measured_gap_after_a_correction():

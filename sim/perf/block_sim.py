@@ -22,7 +22,9 @@ follows the protocol instead, with random acceptance, over whole generations:
   each), or one stale block: with a token decoded for it (``fill_s``, after
   ``rebased_per_fill`` rebased drafts on average) when no usable block waits
   behind it and, after a correction, the forward would be over before the
-  edge's next block is due (``cloud.next_block``); otherwise at once, empty.
+  edge's next block is due, or (``fill_overruns``: greedy and coupled modes)
+  its overrun pays at the odds ``alpha[0]`` (``cloud.next_block``); otherwise
+  at once, empty.
   Its verdict is read RTT/2 + ``down_s`` later;
 - a live block's drafts are accepted with the conditional ``alpha``; a
   correction makes the chain's later blocks stale; a chain's first block is
@@ -44,6 +46,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from cloud.next_block import fill_overrun_pays
 from shared.stats import Ewma
 
 __all__ = ["BlockCosts", "SimulatedRun", "simulate_pipelined", "token_guess_rate"]
@@ -65,6 +68,7 @@ class BlockCosts:
     decode_stale: bool = True  # False: a verifier run with --stale-blocks drop answers stale blocks empty
     token_guessed: float | None = None  # P(a guess of a token decoded for a stale block is right); None: alpha[0]
     early_drafts: int = 0  # drafts of the early block (0: none)
+    fill_overruns: bool = False  # a fill may run past the next block's due time where that pays (greedy, coupled)
 
 
 @dataclass(frozen=True)
@@ -236,8 +240,7 @@ class _Cloud:
         if not self._usable(head):
             head.stale = True
             due = None if self.corrected_at is None or self.gap_s.value is None else self.corrected_at + self.gap_s.value
-            if (not costs.decode_stale or any(self._usable(b) for b in there[1:])
-                    or (due is not None and start + costs.fill_s > due)):
+            if not costs.decode_stale or any(self._usable(b) for b in there[1:]) or not self._fill_in_time(start, due):
                 head.verdict_at = start + costs.rtt_s / 2 + costs.down_s
                 return
             head.committed = self.generation.fill()
@@ -263,6 +266,11 @@ class _Cloud:
         self._ran(start, costs.verify_s + (len(batch) - 1) * costs.per_extra_block_s, batch)
         if not self.alive:
             self.corrected_at, self.filled, self.fills = self.free_at, 0, []
+
+    def _fill_in_time(self, start: float, due: float | None) -> bool:
+        """Whether a fill started at ``start`` ends by ``due`` (None: no deadline) or its overrun pays."""
+        overrun = start + self.costs.fill_s - (math.inf if due is None else due)
+        return overrun <= 0 or (self.costs.fill_overruns and fill_overrun_pays(overrun, due - start, self.costs.alpha[0]))
 
     def _ran(self, start: float, seconds: float, answered: list[_Block]) -> None:
         self.free_at = start + seconds

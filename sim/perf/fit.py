@@ -113,6 +113,7 @@ class FittedTimings:
             up_bytes_fixed=up_fixed,
             up_bytes_per_draft=up_per_draft,
             down_bytes_per_round=sum(measured.down_samples) / max(len(measured.down_samples), 1),
+            fill_overruns=measured.mode != "rejection",
             **_outcomes(measured),
         )
 

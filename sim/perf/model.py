@@ -150,6 +150,9 @@ class Timings:
     # measured: (1 - h) / h misses a chain (None: one guess, right with the drafts' acceptance, as in
     # coupled mode, where drafter and target share the noise; rejection mode's guesses are independent).
     stale_guess_hit: float | None = None
+    # The verifier lets such a forward run past the next block's due time where the guesses' odds make it
+    # pay (``cloud.next_block.fill_overrun_pays``): greedy and coupled modes; False for rejection mode.
+    fill_overruns: bool = True
 
     def verify_s(self, n_tokens: float) -> float:
         """Target forward time over `n_tokens` new tokens (D drafts + the pending token)."""
@@ -284,7 +287,7 @@ def predict_pipelined(timings: Timings, link: NetworkModel, draft_len: int, wind
         up_s=lambda drafts: link.up_s(timings.up_bytes(drafts)), rtt_s=link.rtt_s, down_s=latency["downlink"],
         verify_s=latency["verify"], per_extra_block_s=max(timings.verify_per_token_s, 0.0) * draft_len,
         fill_s=timings.fill_s, rebased_per_fill=timings.rebased_per_fill, decode_stale=decode_stale,
-        early_drafts=min(draft_len, EARLY_DRAFT_LEN),
+        early_drafts=min(draft_len, EARLY_DRAFT_LEN), fill_overruns=timings.fill_overruns,
     )
     generations = max(32, SIMULATED_TOKENS // tokens)
     if timings.stale_guess_hit is not None:
