@@ -26,6 +26,16 @@ loop reports what it measured and asks for a plan. Moving estimates:
   the cloud decoded for it (a verifier may not, or may have had the next block
   already), and how many rebased drafts that forward accepted before it.
 
+Hedge branches (``edge.hedging``, at the width the caller allows) are weighed
+apart, on what they measurably buy and cost: a session first measures blocks
+without them, then tries them on ``_HEDGE_PROBE_BLOCKS`` blocks, then keeps
+them only while the tokens a hedged block gains (a taken branch's tokens past
+its correction, averaged over every hedged block) exceed what its extra
+seconds (the branches' drafting on the edge, and the longer forward at the
+cloud) are worth at the predicted rate, with hysteresis. The choice holds
+until the estimates move; without hedging nothing new is learned of them,
+so a session that dropped hedges keeps them dropped.
+
 It predicts tokens/s for each draft length and window (blocks in flight, up
 to the cap) with the chain arithmetic of ``shared.acceptance`` (a chain of
 pipelined blocks runs until a correction) plus what the stale blocks past
@@ -59,6 +69,7 @@ _MIN_SAMPLES_TO_LEAVE_CLOUD = 24  # acceptance samples (shadow ones included) be
 _EVIDENCE_TO_DRAFT_LESS = 2.0
 _WINDOW_TIE = 0.01  # windows predicted this close count as equally fast
 _MIN_WINDOW = 2  # blocks in flight the controller chooses at least (it never goes lock-step), and starts with
+_HEDGE_PROBE_BLOCKS = 8  # blocks measured without hedges, then with them, before hedging is weighed
 
 
 def controller_for(schedule: str, max_draft_len: int, window: int) -> Controller | None:
@@ -151,6 +162,14 @@ class Controller:
         self.cloud_s_per_token = Ewma()  # seconds per token while the cloud decodes alone
         self.stale_filled = Ewma(value=1.0)  # share of stale blocks answered with a token
         self.stale_rebased = Ewma(value=0.0)  # ... the rebased drafts accepted before it, per such block
+        # Hedge branches: the width the caller allows (0: none), and what hedged blocks measured.
+        self.hedge_cap = 0
+        self.hedge_gain = Ewma()  # tokens a hedged block's taken branch committed past its correction (0: none taken)
+        self.hedge_s = Ewma()  # the edge's time drafting a block's branches
+        self.forward_hedged_s = Ewma()  # the forward that verified a hedged block (``forward_s``: an unhedged one)
+        self.drafted_blocks = 0  # drafted blocks observed
+        self.hedged_blocks = 0  # ... of them hedged
+        self.hedging = False  # the current choice (``hedge_width``)
         # The current choice. A session starts drafting (measured here: starting with the cloud decoding
         # alone cost the self-drafting Gemma pair 1.47x instead of 2.2x cloud-only on acespec-50k), with
         # two blocks in flight until the measurements say more pay (a drafter that turns out useless on
@@ -181,11 +200,21 @@ class Controller:
         the forward's alone (0: not reported)."""
         if drafted <= 0:
             return
+        self.drafted_blocks += 1
         self.observe_acceptance(drafted, accepted)
         self.draft_s_per_token.add(draft_s / drafted)
         self.block_cloud_s.add(cloud_s)
         _add_reported(self.forward_s, forward_s)
         self.network_s.add(max(trip_s - cloud_s, 0.0))
+
+    def observe_hedge(self, gained: int, hedge_s: float, forward_s: float = 0.0) -> None:
+        """A hedged block's verdict (after ``observe_block``, given no forward): ``gained`` tokens its taken
+        branch committed past the correction (0: none taken), ``hedge_s`` spent drafting its branches,
+        the forward that verified it (0: not reported)."""
+        self.hedged_blocks += 1
+        self.hedge_gain.add(gained)
+        self.hedge_s.add(hedge_s)
+        _add_reported(self.forward_hedged_s, forward_s)
 
     def observe_acceptance(self, drafted: int, accepted: int) -> None:
         """Only what a verdict says of acceptance (for a block whose timings measure something
@@ -222,6 +251,11 @@ class Controller:
         token (it is well under the cloud's time per token), or only for some."""
         draft, cloud = self.draft_s_per_token.value, self.cloud_s_per_token.value
         return draft is None or cloud is None or draft < 0.5 * cloud
+
+    @property
+    def hedge_width(self) -> int:
+        """Hedge branches for the next block: the caller's width while hedging (and drafting), else 0."""
+        return self.hedge_cap if self.hedging and self.draft_len else 0
 
     @property
     def drafting_window(self) -> int:
@@ -272,7 +306,10 @@ class Controller:
                 f"{'-' if cloud is None else f'{cloud:.2f}'}); α {[round(a, 2) for a in alphas or []]} on "
                 f"{self.acceptance.samples} trials, forward {ms(self.forward_s)}, one token {ms(self.one_token_s)}, "
                 f"block at the cloud {ms(self.block_cloud_s)}, network {ms(self.network_s)}, "
-                f"drafting {ms(self.draft_s_per_token)}/token, cloud alone {ms(self.cloud_s_per_token)}/token")
+                f"drafting {ms(self.draft_s_per_token)}/token, cloud alone {ms(self.cloud_s_per_token)}/token"
+                + (f"; hedge {self.hedge_width} of {self.hedge_cap} (a hedged block gains "
+                   f"{self.hedge_gain.value or 0.0:.2f} tokens for {self.hedge_extra_s() * 1e3:.0f} ms, "
+                   f"{self.hedged_blocks} measured)" if self.hedge_cap else ""))
 
     def plan(self, drafting_only: bool = False) -> Plan:
         """The choice for the next chain (call when nothing live is in flight: a chain just ended).
@@ -304,7 +341,28 @@ class Controller:
         if self.draft_len:
             self.chosen_window = chosen[self.draft_len][1]
         window = self.cloud_window if self.draft_len == 0 else self.drafting_window
+        self._choose_hedging(known.get(self.draft_len))
         return Plan(self.draft_len, window, known.get(self.draft_len))
+
+    def _choose_hedging(self, rate: float | None) -> None:
+        """Hedge or not (at ``hedge_cap``): off until ``_HEDGE_PROBE_BLOCKS`` unhedged blocks were measured,
+        then on until as many hedged ones were, then on while a hedged block's gain in tokens beats its
+        extra seconds at ``rate`` (tokens/s predicted for the plan) by the hysteresis margin."""
+        if not self.hedge_cap or self.drafted_blocks - self.hedged_blocks < _HEDGE_PROBE_BLOCKS:
+            self.hedging = False
+        elif self.hedged_blocks < _HEDGE_PROBE_BLOCKS:
+            self.hedging = True
+        elif rate is not None:
+            margin = 1 + self.hysteresis
+            worth = self.hedge_extra_s() * rate * (1 / margin if self.hedging else margin)
+            self.hedging = self.hedge_gain.value > worth
+
+    def hedge_extra_s(self) -> float:
+        """Seconds a hedged block adds: its branches' drafting, and its forward's excess over an unhedged one's
+        (none known where the cloud does not report forwards)."""
+        hedged, plain = self.forward_hedged_s.value, self.forward_s.value
+        extra = hedged - plain if hedged is not None and plain is not None else 0.0
+        return (self.hedge_s.value or 0.0) + max(extra, 0.0)
 
     def _best_window(self, draft_len: int, windows: list[int]) -> tuple[float | None, int]:
         """(predicted tokens/s, window) for ``draft_len``: the best of ``windows``, the largest of those

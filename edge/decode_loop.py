@@ -154,7 +154,8 @@ class _InFlight:
     block: DraftBlock
     more_follows: bool
     sent_at: float = 0.0  # perf_counter at send
-    draft_s: float = 0.0  # drafting time of this block
+    draft_s: float = 0.0  # drafting time of this block's drafts
+    hedge_s: float = 0.0  # ... and of its hedge branches
     first: bool = False  # the first position, answered with the Open (not a measurement)
     early: bool = False  # sent before the Opened: its trip spans the prefill (only its acceptance is a measurement)
     void: bool = False  # drafted past a token the verifier did not commit: likely answered stale (any verdict is taken)
@@ -226,6 +227,7 @@ def run_decode(
         window = min(window, terms.max_blocks_in_flight) if draft_len else 1
         if controller is not None and draft_len:
             controller.cap(draft_len)
+            controller.hedge_cap = hedge_width  # whether to hedge is its choice
             controller.window = min(controller.window, terms.max_blocks_in_flight)
             controller.cloud_window = min(controller.cloud_window, terms.max_blocks_in_flight)
             window = controller.drafting_window  # its choice (two until it has measured): the first chain too
@@ -305,13 +307,15 @@ def run_decode(
                 settle()
                 drafting = time.perf_counter()
                 block = drafter.draft(n) if n > 0 else DraftBlock([])
-                if hedge_width:
-                    block = hedge(drafter, block, hedge_width)
+                drafted_at = time.perf_counter()
+                width = controller.hedge_width if controller is not None else hedge_width
+                if width:
+                    block = hedge(drafter, block, width)
                 sent_at = time.perf_counter()
                 more = window > 1 and 0 < len(block.tokens) < room
                 verifier.send(epoch, start, block, more)
-                in_flight.append(_InFlight(epoch, start, block, more, sent_at, sent_at - drafting,
-                                           guessing=guesses > 0 and bool(block.tokens)))
+                in_flight.append(_InFlight(epoch, start, block, more, sent_at, drafted_at - drafting,
+                                           sent_at - drafted_at, guessing=guesses > 0 and bool(block.tokens)))
             try:
                 verdict = verifier.receive()
             except LinkLost as lost:
@@ -467,8 +471,12 @@ def _observe(controller: Controller, drafter: Drafter, sent: _InFlight, drafted:
             controller.observe_acceptance(drafted, verdict.accepted)
         return
     if drafted:
+        hedged = bool(sent.block.branches)
         controller.observe_block(drafted, verdict.accepted, trip, sent.draft_s * drafted / len(sent.block.tokens),
-                                 cloud_s, forward_s)
+                                 cloud_s, 0.0 if hedged else forward_s)
+        if hedged:
+            gained = len(committed) - verdict.accepted - 1 if verdict.branch else 0
+            controller.observe_hedge(gained, sent.hedge_s, forward_s)
         return
     if sent.block.tokens:
         return  # every draft was already committed: nothing measured

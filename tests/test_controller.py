@@ -207,6 +207,35 @@ def test_hysteresis_keeps_a_choice_that_is_nearly_as_good():
     assert measured(0.0).plan().draft_len == best  # without hysteresis it takes the best
 
 
+def test_hedges_are_tried_after_plain_blocks_and_kept_only_where_their_gain_beats_their_cost():
+    """Eight plain blocks, then eight hedged ones, then the weighing: a hedged block's gain in tokens
+    against its extra seconds (branch drafting, a longer forward) at the predicted rate."""
+    def measured(gained: int, hedge_s: float, hedged_forward_s: float) -> Controller:
+        c = Controller(max_draft_len=4, window=2, cloud_window=16)
+        c.hedge_cap = 2
+        widths = []
+        for _ in range(16):
+            c.plan()
+            widths.append(c.hedge_width)
+            c.observe_block(drafted=4, accepted=2, trip_s=0.2, draft_s=0.02, cloud_s=0.05,
+                            forward_s=0.0 if c.hedge_width else 0.05)
+            if c.hedge_width:
+                c.observe_hedge(gained, hedge_s, hedged_forward_s)
+        assert widths == [0] * 8 + [2] * 8
+        return c
+
+    cheap = measured(gained=1, hedge_s=0.001, hedged_forward_s=0.052)  # a GPU: rows nearly free, a fast drafter
+    rate = cheap.predict_drafting(cheap.draft_len, cheap.drafting_window)
+    assert cheap.hedge_gain.value > rate * cheap.hedge_extra_s()
+    assert cheap.plan() and cheap.hedge_width == 2
+    assert "hedge 2 of 2" in cheap.describe(cheap.plan())
+    costly = measured(gained=1, hedge_s=0.04, hedged_forward_s=0.09)  # this CPU: rows and drafts cost
+    assert costly.hedge_extra_s() == pytest.approx(0.08)
+    assert costly.plan() and costly.hedge_width == 0 and "hedge 0 of 2" in costly.describe(costly.plan())
+    cheap.draft_len = 0  # the cloud decoding alone hedges nothing
+    assert cheap.hedge_width == 0 and Controller(4, 2, 16).hedge_width == 0  # (nor a caller that allows none)
+
+
 def test_the_cloud_load_hint_caps_the_draft_length():
     c = Controller(max_draft_len=8, window=2, cloud_window=16)
     c.draft_len = 8
@@ -241,6 +270,28 @@ def test_adaptive_decoding_is_token_identical_and_switches(tiny_models, tiny_eng
             got = generate(tiny_engine, drafter, prompt, params, max_new_tokens=48, draft_len=6, window=3,
                            controller=controller)
             assert got.tokens == want.tokens and got.stop_reason == want.stop_reason
+    finally:
+        drafter.close()
+
+
+@pytest.mark.parametrize("mode", [Mode.GREEDY, Mode.COUPLED])
+def test_adaptive_decoding_tries_hedges_then_drops_those_that_gain_nothing(tiny_models, tiny_engine, mode):
+    """The f32 drafter is the target: no draft is rejected, so no branch is ever taken. The session
+    measures plain blocks, tries hedges on a probe's worth of blocks (the window's in flight may
+    add to it), and drafts on without them; the output is target-only's throughout."""
+    drafter = LlamaDrafter(tiny_models["drafter_f32"], n_ctx=512, n_threads=1, f32_kv_cache=True)
+    try:
+        prompt = tiny_prompt(tiny_engine, "The cat sat on the mat.")
+        params = SamplingParams(mode=mode, temperature=0.9, seed=2)
+        want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=120, draft_len=0)
+        controller = Controller(max_draft_len=4, window=3, cloud_window=16)
+        got = generate(tiny_engine, drafter, prompt, params, max_new_tokens=120, draft_len=4, window=3,
+                       controller=controller, hedge_width=1)
+        assert got.tokens == want.tokens and got.stop_reason == want.stop_reason
+        assert controller.hedge_cap == 1 and 8 <= controller.hedged_blocks <= 8 + 3
+        assert controller.drafted_blocks - controller.hedged_blocks > 8  # the plain ones before, and after
+        assert controller.hedge_gain.value == 0.0 and not controller.hedging
+        assert got.stats.hedges_sent >= controller.hedged_blocks and got.stats.hedges_taken == 0
     finally:
         drafter.close()
 
