@@ -373,8 +373,7 @@ def run_decode(
                 if verdict.is_correction and guesses and guesses[verdict.accepted] is not None:
                     stats.record_correction_guess(committed[verdict.accepted] == guesses[verdict.accepted])
                 if branches:
-                    stats.record_hedges(len(branches), verdict.branch > 0,
-                                        len(committed) - verdict.accepted - 1 if verdict.branch else 0)
+                    stats.record_hedges(len(branches), verdict.branch > 0, _branch_gain(verdict, committed))
                 stats.record_round(len(drafts), verdict.accepted, len(committed))
             arrived = time.perf_counter()
             if controller is not None and not sent.first and not verdict.stale:
@@ -417,6 +416,11 @@ def run_decode(
 
 _CLOUD_STRETCH = 8  # within a cloud stretch or a chain, the controller chooses again every this many tokens
 _SHADOW_EVERY = 4  # ... and a drafter slower than half the cloud's pace is measured on every 4th token
+
+
+def _branch_gain(verdict: Verdict, committed: list[int]) -> int:
+    """Tokens a taken hedge branch committed past the correction (0: none taken)."""
+    return len(committed) - verdict.accepted - 1 if verdict.branch else 0
 
 
 def _answers_branch(verdict: Verdict, branches: tuple[tuple[int, list[int]], ...]) -> bool:
@@ -475,8 +479,7 @@ def _observe(controller: Controller, drafter: Drafter, sent: _InFlight, drafted:
         controller.observe_block(drafted, verdict.accepted, trip, sent.draft_s * drafted / len(sent.block.tokens),
                                  cloud_s, 0.0 if hedged else forward_s)
         if hedged:
-            gained = len(committed) - verdict.accepted - 1 if verdict.branch else 0
-            controller.observe_hedge(gained, sent.hedge_s, forward_s)
+            controller.observe_hedge(_branch_gain(verdict, committed), sent.hedge_s, forward_s)
         return
     if sent.block.tokens:
         return  # every draft was already committed: nothing measured

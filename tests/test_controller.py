@@ -227,11 +227,12 @@ def test_hedges_are_tried_after_plain_blocks_and_kept_only_where_their_gain_beat
     cheap = measured(gained=1, hedge_s=0.001, hedged_forward_s=0.052)  # a GPU: rows nearly free, a fast drafter
     rate = cheap.predict_drafting(cheap.draft_len, cheap.drafting_window)
     assert cheap.hedge_gain.value > rate * cheap.hedge_extra_s()
-    assert cheap.plan() and cheap.hedge_width == 2
-    assert "hedge 2 of 2" in cheap.describe(cheap.plan())
+    plan = cheap.plan()
+    assert cheap.hedge_width == 2 and "hedge 2 of 2" in cheap.describe(plan)
     costly = measured(gained=1, hedge_s=0.04, hedged_forward_s=0.09)  # this CPU: rows and drafts cost
     assert costly.hedge_extra_s() == pytest.approx(0.08)
-    assert costly.plan() and costly.hedge_width == 0 and "hedge 0 of 2" in costly.describe(costly.plan())
+    plan = costly.plan()
+    assert costly.hedge_width == 0 and "hedge 0 of 2" in costly.describe(plan)
     cheap.draft_len = 0  # the cloud decoding alone hedges nothing
     assert cheap.hedge_width == 0 and Controller(4, 2, 16).hedge_width == 0  # (nor a caller that allows none)
 
