@@ -344,6 +344,9 @@ class GrpcVerifier:
         reply = self._receive("verdict")
         return self._take_verdict(reply.verdict, message_wire_bytes(reply))
 
+    def ready(self) -> bool:
+        return self._first_verdict is not None or not self._responses.empty()
+
     def _take_verdict(self, message: pb.Verdict, down_bytes: int) -> Verdict:
         """Account for one verdict (``down_bytes``: what it cost the downlink) and decode it."""
         arrived = time.perf_counter()

@@ -11,8 +11,12 @@ the committed prefix plus the correction at once, the first drafts of the new
 block guessing the tokens those stale blocks will bring (the verifier skips
 the ones that match; when they bring more than the block holds, or one it
 guessed wrong, everything in flight is void and the loop drafts again).
-Randomness is keyed by absolute position, so where drafting pauses or
-restarts never changes the output.
+A verdict that arrives while a block is drafted is read before the next
+draft (``VerifierConnection.ready``): one that voids the block ends its
+drafting there, and it is not sent (a weak drafter on a slow device used to
+spend most of its time on such blocks: measured, 432 tokens drafted for 64
+committed); otherwise drafting goes on. Randomness is keyed by absolute
+position, so where drafting pauses or restarts never changes the output.
 
 Transport-agnostic: a ``VerifierConnection`` is answered in-process
 (``sim.inprocess``) or over gRPC (``edge.client``). The loop trusts only
@@ -130,6 +134,10 @@ class VerifierConnection(Protocol):
     def receive(self) -> Verdict:
         """The next verdict (blocks until it arrives); ``LinkLost`` when the stream broke."""
 
+    def ready(self) -> bool:
+        """Whether ``receive`` would return (or raise) without waiting: a verdict, or the news that
+        the stream broke, has arrived."""
+
     def resume(self, committed: Sequence[int]) -> Resumption:
         """After ``LinkLost``: the same session on a new stream, or, when it is gone, a new one opened
         on ``committed`` (prompt included). Blocks sent before are forgotten. Raises
@@ -148,6 +156,27 @@ class GenerationResult:
 
 
 @dataclass(frozen=True)
+class _Drafting:
+    """A block being drafted. Drafting stops when a verdict arrives, so that one that voids the
+    block ends it at once; otherwise drafting goes on after the verdict is read."""
+
+    start: int  # the position of its first draft
+    drafts: int  # the drafts it is to hold
+    room: int  # tokens the limit leaves from ``start``, the correction or bonus aside
+    block: DraftBlock = DraftBlock([])  # drafted so far
+    draft_s: float = 0.0  # ... in this many seconds
+
+    def grown(self, more: DraftBlock, seconds: float) -> _Drafting:
+        return replace(self, block=self.block.then(more), draft_s=self.draft_s + seconds)
+
+    def continues(self, generated: list[int], prompt_len: int) -> bool:
+        """Whether the tokens committed from ``start`` on (``generated`` from ``prompt_len``) are
+        drafts of this block (a chain's first block guessed them), or there are none."""
+        committed = generated[self.start - prompt_len:]
+        return committed == self.block.tokens[:len(committed)]
+
+
+@dataclass(frozen=True)
 class _InFlight:
     epoch: int
     start_position: int
@@ -159,7 +188,6 @@ class _InFlight:
     first: bool = False  # the first position, answered with the Open (not a measurement)
     early: bool = False  # sent before the Opened: its trip spans the prefill (only its acceptance is a measurement)
     void: bool = False  # drafted past a token the verifier did not commit: likely answered stale (any verdict is taken)
-    guessing: bool = False  # a chain's first block whose first drafts guess the tokens decoded for void blocks
 
     @property
     def end(self) -> int:
@@ -272,9 +300,10 @@ def run_decode(
                                            early.draft_s, early=True))
         since_plan = 0  # tokens committed since the controller last chose
         leaving_cloud = False  # a switch from cloud decoding to drafting waits for the pipeline to drain
+        drafting: _Drafting | None = None  # the block being drafted, when drafting stopped to read a verdict
         last_arrival = time.perf_counter()
         while True:
-            if controller is not None and all(f.void for f in in_flight):  # a new chain starts
+            if controller is not None and drafting is None and all(f.void for f in in_flight):  # a new chain starts
                 plan = controller.plan()
                 draft_len, window, since_plan, leaving_cloud = plan.draft_len, plan.window, 0, False
                 log.debug("at %d tokens: %s", len(generated), controller.describe(plan))
@@ -288,34 +317,43 @@ def run_decode(
                 since_plan = 0
                 plan = controller.plan(drafting_only=True)
                 draft_len, window = plan.draft_len, plan.window
-            while may_send():
-                committed_end = len(prompt) + len(generated)
-                live = [f for f in in_flight if not f.void]
-                # A new chain starts at the committed prefix; its first drafts guess the tokens the
-                # void blocks in flight will bring (one each, as the token decoded for each; the rebased
-                # drafts before it, which are often none, are not counted: the session allows
-                # window - 1 drafts more than draft_len for these guesses).
-                start = live[-1].end if live else committed_end
-                guesses = 0 if live else len(in_flight)
-                produced = start - len(prompt)
-                if produced >= max_new_tokens:
-                    break
-                room = max_new_tokens - produced - 1  # room for the correction/bonus inside the limit
-                n = min(draft_len + guesses if draft_len else 0, room, draft_limit)
-                if n <= 0 and live and live[-1].block.tokens:
-                    break  # the limit is reached by what is in flight; wait for it
-                settle()
-                drafting = time.perf_counter()
-                block = drafter.draft(n) if n > 0 else DraftBlock([])
+            while drafting is not None or may_send():
+                if drafting is None:
+                    committed_end = len(prompt) + len(generated)
+                    live = [f for f in in_flight if not f.void]
+                    # A new chain starts at the committed prefix; its first drafts guess the tokens the
+                    # void blocks in flight will bring (one each, as the token decoded for each; the rebased
+                    # drafts before it, which are often none, are not counted: the session allows
+                    # window - 1 drafts more than draft_len for these guesses).
+                    start = live[-1].end if live else committed_end
+                    guesses = 0 if live else len(in_flight)
+                    produced = start - len(prompt)
+                    if produced >= max_new_tokens:
+                        break
+                    room = max_new_tokens - produced - 1  # room for the correction/bonus inside the limit
+                    n = min(draft_len + guesses if draft_len else 0, room, draft_limit)
+                    if n <= 0 and live and live[-1].block.tokens:
+                        break  # the limit is reached by what is in flight; wait for it
+                    settle()
+                    drafting = _Drafting(start, n, room)
+                if len(drafting.block.tokens) < drafting.drafts:
+                    # A verdict that arrives meanwhile is read first: it may void this block.
+                    began = time.perf_counter()
+                    more = drafter.draft(drafting.drafts - len(drafting.block.tokens), stop=verifier.ready)
+                    drafting = drafting.grown(more, time.perf_counter() - began)
+                    if len(drafting.block.tokens) < drafting.drafts and verifier.ready():
+                        break
+                block = drafting.block
                 drafted_at = time.perf_counter()
                 width = controller.hedge_width if controller is not None else hedge_width
                 if width:
                     block = hedge(drafter, block, width)
                 sent_at = time.perf_counter()
-                more = window > 1 and 0 < len(block.tokens) < room
-                verifier.send(epoch, start, block, more)
-                in_flight.append(_InFlight(epoch, start, block, more, sent_at, drafted_at - drafting,
-                                           sent_at - drafted_at, guessing=guesses > 0 and bool(block.tokens)))
+                more = window > 1 and 0 < len(block.tokens) < drafting.room
+                verifier.send(epoch, drafting.start, block, more)
+                in_flight.append(_InFlight(epoch, drafting.start, block, more, sent_at, drafting.draft_s,
+                                           sent_at - drafted_at))
+                drafting = None
             try:
                 verdict = verifier.receive()
             except LinkLost as lost:
@@ -324,6 +362,7 @@ def run_decode(
                 settle()
                 drafter.rewind()  # what was in flight is drafted again, from the verifier's state
                 in_flight.clear()
+                drafting = None
                 hold, early_guess = False, None
                 halt = commit(resumed.missed)
                 stats.record_recovered(len(resumed.missed))
@@ -359,10 +398,11 @@ def run_decode(
                 )
             committed = verdict.committed(drafts, branches)
             void_now = verdict.is_correction  # everything in flight was drafted past the corrected token
-            if sent.guessing:  # verified: its guesses held (or nothing was decoded under them); else the next block guesses again
-                stats.record_stale_guess(hit=not sent.void and not verdict.stale)
             if verdict.stale:
                 stats.record_stale(len(committed), len(verdict.rebased), verdict.rebased_verified)
+                guessed = _guessed(in_flight, drafting, committed_end, committed)
+                if guessed is not None:
+                    stats.record_fill_guess(guessed)
                 if controller is not None:
                     controller.observe_stale(len(committed), len(verdict.rebased), verifier.last_forward_s)
                 # A block the loop thought usable was stale, or the tokens decoded for it leave the live
@@ -395,6 +435,10 @@ def run_decode(
             if void_now:
                 in_flight = _voided(in_flight)
                 drafter.rewind()  # the next chain is drafted from the committed tokens
+                drafting = None  # (drafted past them)
+            elif drafting is not None and not drafting.continues(generated, len(prompt)):
+                drafting = None  # a chain's first block that guessed a token decoded for a void block wrong
+                drafter.rewind()
             if not in_flight:
                 hold = False
             if len(generated) >= max_new_tokens:
@@ -448,6 +492,19 @@ def _skips(sent: _InFlight, skip: int, committed_since: list[int]) -> bool:
     """Whether a verifier may skip the first ``skip`` drafts of ``sent``: the tokens committed
     since its start position are exactly those drafts."""
     return 0 <= skip <= len(sent.block.tokens) and sent.block.tokens[:skip] == committed_since
+
+
+def _guessed(in_flight: deque[_InFlight], drafting: _Drafting | None, position: int, tokens: list[int]) -> bool | None:
+    """Whether a chain's first block (the first live one in flight, else the one being drafted) guessed
+    ``tokens``, decoded for a stale block from ``position`` on: its drafts there are those tokens. None:
+    there is no such block, or it has not drafted that far and holds them so far."""
+    live = next((f for f in in_flight if not f.void and f.block.tokens), None)
+    start, drafts = (live.start_position, live.block.tokens) if live else (
+        (drafting.start, drafting.block.tokens) if drafting else (position, []))
+    guesses = drafts[position - start:position - start + len(tokens)]
+    if position < start or not guesses or (len(guesses) < len(tokens) and guesses == tokens[:len(guesses)]):
+        return None
+    return guesses == tokens
 
 
 def _voided(in_flight: deque[_InFlight]) -> deque[_InFlight]:

@@ -13,7 +13,7 @@ Each drafter keeps its own ``DrafterStats`` (llama.cpp's per-proposer
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from typing import Any, NamedTuple, Protocol
@@ -49,6 +49,17 @@ class DraftBlock:
     runner_up: list[int | None] | None = None  # [n] the drafter's second choice per position, when it has one
     margins: list[float | None] | None = None  # [n] how far ahead the choice was of the runner-up (small: a likely flip)
     branches: tuple[tuple[int, list[int]], ...] = ()  # hedges: (index of the draft, its guessed correction and more)
+
+    def then(self, more: DraftBlock) -> DraftBlock:
+        """This block followed by ``more``, drafted right after it by the same drafter (no branches)."""
+        if not self.tokens or not more.tokens:
+            return more if not self.tokens else self
+
+        def joined(a: list | None, b: list | None) -> list | None:
+            return None if a is None or b is None else a + b
+
+        return DraftBlock(self.tokens + more.tokens, joined(self.q, more.q), joined(self.runner_up, more.runner_up),
+                          joined(self.margins, more.margins))
 
 
 @dataclass
@@ -174,8 +185,10 @@ class Drafter(Protocol):
     def begin(self, prompt: Sequence[int], params: SamplingParams) -> None:
         """Start a sequence; ``prompt`` is the committed prefix."""
 
-    def draft(self, n: int) -> DraftBlock:
-        """Propose up to ``n`` tokens continuing the current speculation (may return fewer)."""
+    def draft(self, n: int, stop: Callable[[], bool] | None = None) -> DraftBlock:
+        """Propose up to ``n`` tokens continuing the current speculation (may return fewer). ``stop``,
+        where given, may be asked before each token; once it answers True drafting ends there (a
+        drafter for which a token costs next to nothing may not ask)."""
 
     def draft_branch(self, back: int, first: int, n: int) -> list[int]:
         """Up to ``n`` tokens continuing the speculation with its last ``back`` tokens replaced by
@@ -209,8 +222,8 @@ class ModelFreeDrafter:
         self._spec = Speculation.start(prompt)
         self._params = params
 
-    def draft(self, n: int) -> DraftBlock:
-        started = time.perf_counter()
+    def draft(self, n: int, stop: Callable[[], bool] | None = None) -> DraftBlock:
+        started = time.perf_counter()  # (a proposal costs next to nothing: ``stop`` is not asked)
         block = self.propose_block(n)
         self._spec.tokens.extend(block.tokens)
         self.stats.record_draft(len(block.tokens), time.perf_counter() - started)

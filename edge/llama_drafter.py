@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -85,12 +85,14 @@ class LlamaDrafter:
         self.llm.n_tokens = shared
         self._prompt_pending = True
 
-    def draft(self, n: int) -> DraftBlock:
+    def draft(self, n: int, stop: Callable[[], bool] | None = None) -> DraftBlock:
         started = time.perf_counter()
         seq = self._spec.tokens
         n = min(n, self.context_size - len(seq) - 1)  # near a full context: fewer drafts, then none
         tokens, q, runner_up, margins = [], [], [], []
         for _ in range(max(n, 0)):
+            if stop is not None and stop():
+                break
             logits = self.next_logits()
             proposal = propose(logits, self._params, position=len(seq))
             seq.append(proposal.token)

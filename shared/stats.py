@@ -59,8 +59,8 @@ class DecodeStats:
     filled: int = 0  # ... with a token the verifier decoded meanwhile (a forward each, but after a deferred bonus)
     rebased: int = 0  # ... drafts those forwards verified where they lay and accepted, before that token
     rebased_verified: int = 0  # ... drafts those forwards verified, accepted or not
-    stale_guesses: int = 0  # blocks drafted on guesses of the tokens decoded for stale blocks (a chain's first)
-    stale_guesses_hit: int = 0  # ... verified (else void: the next block guessed again)
+    fill_guesses: int = 0  # stale blocks' tokens (decoded for them) that a chain's first block had guessed
+    fill_guesses_hit: int = 0  # ... right (else that block was void: the next one guessed again)
 
     def record_round(self, drafted: int, accepted: int, committed: int) -> None:
         """One verification round: ``committed`` tokens entered the sequence."""
@@ -89,12 +89,11 @@ class DecodeStats:
         self.rebased_verified += verified
         self.generated += committed
 
-    def record_stale_guess(self, hit: bool) -> None:
-        """A chain's first block, drafted on guesses of the tokens the verifier decodes for the stale
-        blocks before it: ``hit``, it was verified (its guesses held, or none was decoded under them);
-        else it came to nothing and the next block guessed again. Misses per chain: (1 - h) / h."""
-        self.stale_guesses += 1
-        self.stale_guesses_hit += hit
+    def record_fill_guess(self, hit: bool) -> None:
+        """Tokens a stale block's verdict brought (decoded for it, after the rebased drafts) at
+        positions a chain's first block had drafted guesses for: ``hit``, they were its drafts."""
+        self.fill_guesses += 1
+        self.fill_guesses_hit += hit
 
     def record_correction_guess(self, hit: bool) -> None:
         """A correction the drafter's second choice predicted (``hit``) or not: the hit rate h
@@ -152,8 +151,8 @@ class DecodeStats:
             "filled": self.filled,
             "rebased": self.rebased,
             "rebased_verified": self.rebased_verified,
-            "stale_guesses": self.stale_guesses,
-            "stale_guesses_hit": self.stale_guesses_hit,
+            "fill_guesses": self.fill_guesses,
+            "fill_guesses_hit": self.fill_guesses_hit,
         }
 
     @classmethod

@@ -74,6 +74,10 @@ class LocalVerifier:
             self.last_cloud_s = self.last_forward_s = time.perf_counter() - started
         return self._verdicts.popleft()
 
+    def ready(self) -> bool:
+        """Verdicts are made when asked for (``receive``): those of a chain verified together wait here."""
+        return bool(self._verdicts)
+
     def resume(self, committed: Sequence[int]) -> Resumption:
         """The session, as a reattach over the wire finds it: blocks not yet verified are dropped,
         verdicts not yet received are lost, and the tokens they committed are reported as missed."""

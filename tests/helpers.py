@@ -71,16 +71,19 @@ class ScriptedDrafter:
     def _want(self) -> int:
         return self.target[len(self._spec.tokens) - self.offset]
 
-    def draft(self, n: int):
+    def draft(self, n: int, stop=None):
         from edge.drafter import DraftBlock
 
         tokens, runner_up = [], []
         for _ in range(n):
+            if stop is not None and stop():
+                break
             want = self._want()
             wrong = (len(self._spec.tokens) - self.offset) % self.wrong_every == 0
             tokens.append((want + 1) % self.vocab_size if wrong else want)
             runner_up.append(want if self.right else (want + 2) % self.vocab_size)
             self._spec.tokens.append(tokens[-1])
+        self.stats.record_draft(len(tokens), 0.0)
         return DraftBlock(tokens, None, runner_up)
 
     def draft_branch(self, back: int, first: int, n: int) -> list[int]:

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from sim.perf.block_sim import BlockCosts, simulate_pipelined, token_guess_rate
+from sim.perf.block_sim import BlockCosts, simulate_pipelined
 
 
 def _costs(**over) -> BlockCosts:
@@ -56,15 +56,14 @@ def test_stale_blocks_make_the_cloud_decode_at_the_window_s_pace():
 
 def test_guesses_hold_as_often_as_the_tokens_under_them_are_guessed():
     costs = _costs(alpha=[0.5], rtt_s=0.6, fill_s=0.04)
-    held = {}
+    held, speed = {}, {}
     for guessed in (0.0, 0.5, 1.0):
         run = simulate_pipelined(dataclasses.replace(costs, token_guessed=guessed), 4, 4, 129, generations=16)
-        held[guessed] = run.guesses_held / run.guessing
-    assert held[0.0] == 0.0 and 0.0 < held[0.5] < 1.0 and held[1.0] == 1.0
-    # The rate that reproduces a measured share: simulated with it, the share comes back.
-    rate = token_guess_rate(costs, 4, 4, 129, 0.4)
-    run = simulate_pipelined(dataclasses.replace(costs, token_guessed=rate), 4, 4, 129, generations=64)
-    assert run.guesses_held / run.guessing == pytest.approx(0.4, abs=0.08)
+        held[guessed], speed[guessed] = run.guesses_held / run.guessing, run.tokens_per_s
+    # (Guesses with no token decoded under them hold whatever the rate: the void blocks they guessed for
+    # were answered empty, as when a usable block waits behind them.)
+    assert held[0.0] < 0.05 and 0.2 < held[0.5] < 0.8 and held[1.0] == 1.0
+    assert speed[0.0] < speed[0.5] < speed[1.0]
 
 
 def test_the_early_block_saves_the_first_block_s_drafting_and_trip():

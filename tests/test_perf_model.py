@@ -70,9 +70,9 @@ def test_round_time_by_hand():
     assert p.limit == "rtt"
 
 
-def test_the_measured_share_of_guesses_that_held_reaches_the_prediction():
+def test_the_measured_rate_of_right_guesses_reaches_the_prediction():
     link = NetworkModel(up_bps=50_000, down_bps=50_000, rtt_s=0.1)
-    speeds = [predict_pipelined(_timings(alpha_per_position=[0.8], stale_guess_hit=h), link, 4, 4).tokens_per_s
+    speeds = [predict_pipelined(_timings(alpha_per_position=[0.8], fill_guess_hit=h), link, 4, 4).tokens_per_s
               for h in (1.0, 0.5, 0.25)]
     assert speeds[0] > speeds[1] > speeds[2]
 
@@ -414,14 +414,14 @@ def test_the_fit_takes_what_stale_blocks_forwards_committed_per_run():
     decode.record_stale(3, rebased=2, verified=3)  # two rebased drafts, then the token
     decode.record_stale(1, rebased=0, verified=2)
     decode.record_stale(0)  # answered empty: no forward
-    decode.record_stale_guess(hit=True)  # the next chains' first blocks: one verified on its guesses, one stale
-    decode.record_stale_guess(hit=False)
+    decode.record_fill_guess(hit=True)  # the next chains' first blocks had guessed the first two's tokens: one right
+    decode.record_fill_guess(hit=False)
     report = EdgeReport(kind=SPLIT, tokens=[1] * 7, text="", stop_reason="length", prompt_tokens=5, wall_s=1.0,
                         ttft_s=0.3, open_s=0.25, ttft_cloud_s=0.2, bytes_up=100, bytes_down=60, rtt_ms=100.0, decode=decode,
                         drafter=DrafterStats(drafted=8, draft_s=0.16))
     measured = timings_from_reports([report], [], "coupled")
     assert (measured.filled, measured.rebased, measured.rebased_verified) == (2, 2, 5)
-    assert (measured.stale_guesses, measured.stale_guesses_hit) == (2, 1)
+    assert (measured.fill_guesses, measured.fill_guesses_hit) == (2, 1)
     assert decode.generated == 7 and decode.stale == 3
 
 

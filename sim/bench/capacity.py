@@ -69,9 +69,9 @@ class RecordingDrafter:
         self._seed = params.seed
         self.inner.begin(prompt, params)
 
-    def draft(self, n: int) -> DraftBlock:
+    def draft(self, n: int, stop: Callable[[], bool] | None = None) -> DraftBlock:
         key = (self._seed, *self._spec.tokens)
-        block = self.inner.draft(n)
+        block = self.inner.draft(n, stop)
         self.blocks[key] = block
         self._spec.tokens.extend(block.tokens)
         return block

@@ -10,11 +10,12 @@ follows the protocol instead, with random acceptance, over whole generations:
 
 - the edge (one thread, ``edge.decode_loop``) drafts and sends while the window
   has room and the last block in flight asks for a follower (or everything in
-  flight is void), then reads the oldest verdict; a chain's first block drafts
-  a guess for each void block in flight besides its own drafts; on a
-  correction, on a stale verdict for a block it counted on, or on a token
-  decoded for a void block that its live chain guessed wrong, everything in
-  flight is void;
+  flight is void), then reads the oldest verdict; a verdict that arrives while
+  it drafts is read at the next token, and one that voids the block being
+  drafted ends it there (it is not sent); a chain's first block drafts a guess
+  for each void block in flight besides its own drafts; on a correction, on a
+  stale verdict for a block it counted on, or on a token decoded for a void
+  block that its live chain guessed wrong, everything in flight is void;
 - a block reaches the cloud ``up_s(drafts)`` + RTT/2 after it is sent; the
   cloud answers blocks in order, one forward at a time
   (``cloud.session.VerifierSession.verify_chain_steps``): a live block with
@@ -49,7 +50,7 @@ from dataclasses import dataclass, replace
 from cloud.next_block import fill_overrun_pays
 from shared.stats import Ewma
 
-__all__ = ["BlockCosts", "SimulatedRun", "simulate_pipelined", "token_guess_rate"]
+__all__ = ["BlockCosts", "SimulatedRun", "simulate_pipelined"]
 
 
 @dataclass(frozen=True)
@@ -105,21 +106,6 @@ def simulate_pipelined(costs: BlockCosts, draft_len: int, window: int, generatio
     return SimulatedRun(generations, *(sum(values) for values in zip(*runs)))
 
 
-def token_guess_rate(costs: BlockCosts, draft_len: int, window: int, generation_tokens: int, guesses_held: float,
-                     generations: int = 64, seed: int = 0) -> float:
-    """``token_guessed`` at which a chain's first blocks drafted on guesses are verified as often as
-    ``guesses_held`` (measured): bisection on simulations (the share rises with the rate)."""
-    low, high = 0.0, 1.0
-    for _ in range(10):
-        rate = (low + high) / 2
-        run = simulate_pipelined(replace(costs, token_guessed=rate), draft_len, window, generation_tokens, generations,
-                                 seed)
-        if not run.guessing:
-            return rate
-        low, high = (rate, high) if run.guesses_held / run.guessing < guesses_held else (low, rate)
-    return (low + high) / 2
-
-
 @dataclass
 class _Block:
     chain: int  # the chain it was drafted in (a correction or a wrong guess starts the next)
@@ -171,6 +157,36 @@ class _Generation:
             pending.append(block)
             sent, sent_drafts = sent + 1, sent_drafts + drafted
 
+        def answered_before(at: float) -> bool:
+            """Whether the oldest block in flight has its verdict before ``at`` (the cloud answers it
+            first where that can be: then it started before a block sent at ``at`` would be there)."""
+            head = in_flight[0]
+            if head.verdict_at == math.inf:
+                earliest = max(cloud.free_at, head.at_cloud) + costs.rtt_s / 2 + costs.down_s
+                if earliest >= at:
+                    return False
+                while head.verdict_at == math.inf:
+                    cloud.step()
+            return head.verdict_at < at
+
+        def read() -> bool:
+            """Read the oldest verdict in flight (at its arrival, or now); True when it voids what is
+            drafted after it (a block being drafted included)."""
+            nonlocal now, verdicts, stale, committed, guessing, held, hold
+            block = in_flight.popleft()
+            hold = None if block is hold else hold
+            while block.verdict_at == math.inf:
+                cloud.step()
+            now = max(now, block.verdict_at)
+            verdicts, stale, committed = verdicts + 1, stale + block.stale, committed + block.committed
+            if block.first and block.guesses:
+                guessing, held = guessing + 1, held + (not block.stale)
+            voids = block.ends_chain or (block.stale and not block.void) or block.mismatch
+            if voids:
+                for rest in in_flight:
+                    rest.void = True
+            return voids
+
         early = min(costs.early_drafts, tokens_wanted - 1)
         if early > 0 and window > 1:
             chain = 1
@@ -180,6 +196,7 @@ class _Generation:
             hold = block if block.guess_wrong else None
             send(block, early)
         while committed < tokens_wanted:
+            voided = False  # a verdict read while a block was drafted voided it: draft again at once
             while (len(in_flight) < window and hold is None
                    and (not in_flight or in_flight[-1].void or in_flight[-1].more_follows)):
                 live = [b for b in in_flight if not b.void]
@@ -187,24 +204,23 @@ class _Generation:
                 if room <= 0:
                     break
                 guesses = 0 if live else len(in_flight)
-                chain += not live
                 drafts = min(self.draft_len, room)
-                now += (drafts + guesses) * costs.draft_s
+                # Drafting reads each verdict that arrives meanwhile (between two tokens) and ends at one
+                # that voids the block, which then does not go.
+                began, done_at = now, now + (drafts + guesses) * costs.draft_s
+                while not voided and in_flight and answered_before(done_at):
+                    steps = math.ceil(max(in_flight[0].verdict_at - began, 0.0) / costs.draft_s - 1e-9)
+                    now = began + steps * costs.draft_s
+                    voided = read()
+                if voided:
+                    break
+                chain += not live
+                now = done_at
                 send(_Block(chain, drafts, guesses, first=not live, more_follows=window > 1 and drafts < room,
                             sent_at=now, at_cloud=now + costs.up_s(drafts + guesses) + costs.rtt_s / 2),
                      drafts + guesses)
-            block = in_flight.popleft()
-            hold = None if block is hold else hold
-            while block.verdict_at == math.inf:
-                cloud.step()
-            now = max(now, block.verdict_at)
-            verdicts, stale, committed = verdicts + 1, stale + block.stale, committed + block.committed
-            if block.first and block.guesses:
-                guessing, held = guessing + 1, held + (not block.stale)
-            live = any(not b.void for b in in_flight)
-            if block.ends_chain or (block.stale and not block.void) or (block.mismatch and live):
-                for rest in in_flight:
-                    rest.void = True
+            if in_flight and not voided and committed < tokens_wanted:
+                read()
         return min(committed, tokens_wanted), now, cloud.busy_s, verdicts, stale, sent, sent_drafts, guessing, held
 
 

@@ -41,8 +41,8 @@ class RunTimings:
     filled: int = 0  # stale blocks the cloud ran a forward for
     rebased: int = 0  # ... the rebased drafts those forwards accepted
     rebased_verified: int = 0  # ... and verified
-    stale_guesses: int = 0  # blocks drafted on guesses of the tokens decoded for stale blocks
-    stale_guesses_hit: int = 0  # ... verified
+    fill_guesses: int = 0  # stale blocks' tokens that a chain's first block had guessed
+    fill_guesses_hit: int = 0  # ... right
     tokens: int = 0  # tokens generated
 
 
@@ -84,8 +84,8 @@ def timings_from_reports(reports: list[EdgeReport], verify_samples: list[tuple[i
         filled=sum(r.decode.filled for r in reports),
         rebased=sum(r.decode.rebased for r in reports),
         rebased_verified=sum(r.decode.rebased_verified for r in reports),
-        stale_guesses=sum(r.decode.stale_guesses for r in reports),
-        stale_guesses_hit=sum(r.decode.stale_guesses_hit for r in reports),
+        fill_guesses=sum(r.decode.fill_guesses for r in reports),
+        fill_guesses_hit=sum(r.decode.fill_guesses_hit for r in reports),
         tokens=sum(len(r.tokens) for r in reports),
     )
 
@@ -138,7 +138,7 @@ class FittedTimings:
             "downlink": f"{b.down_bytes_per_round:.1f} B per verdict, {b.down_bytes_per_token_cloud_only:.1f} B per cloud-only token",
             "prefill": f"{b.prefill_s * 1e3:.0f} ms (Open round trip minus the RTT)",
             "stale blocks": "per run: the rebased drafts a stale block's forward verified and accepted, per forward, "
-                            "and the share of the blocks drafted on guesses of their tokens that were verified",
+                            "and how often a chain's first block guessed the tokens decoded for them",
             "not modelled": "HTTP/2 control frames (WINDOW_UPDATE, PING) and headers, jitter, Python start-up, "
                             "hedge branches (a hedged run is predicted as if unhedged)",
         }
@@ -150,7 +150,7 @@ def _outcomes(measured: RunTimings) -> dict:
         alpha_per_position=_alpha(measured.accepted_at, measured.drafted_at),
         rebased_per_fill=measured.rebased / max(measured.filled, 1),
         rebased_verified_per_fill=measured.rebased_verified / max(measured.filled, 1),
-        stale_guess_hit=measured.stale_guesses_hit / measured.stale_guesses if measured.stale_guesses else None,
+        fill_guess_hit=measured.fill_guesses_hit / measured.fill_guesses if measured.fill_guesses else None,
     )
 
 

@@ -44,7 +44,7 @@ from edge.early_block import EARLY_DRAFT_LEN
 from shared.acceptance import expected_acceptance_length
 from shared.wire import http2_framed_size
 from sim.package_data import list_shipped, load_toml
-from sim.perf.block_sim import BlockCosts, simulate_pipelined, token_guess_rate
+from sim.perf.block_sim import BlockCosts, simulate_pipelined
 
 __all__ = [
     "HardwareProfile",
@@ -146,10 +146,10 @@ class Timings:
     # and how many of them it accepts, on average; 0 with --stale-blocks decode or rejection mode.
     rebased_verified_per_fill: float = 0.0
     rebased_per_fill: float = 0.0
-    # Of the blocks drafted on guesses of the tokens decoded for stale blocks, the share verified, when
-    # measured: (1 - h) / h misses a chain (None: one guess, right with the drafts' acceptance, as in
-    # coupled mode, where drafter and target share the noise; rejection mode's guesses are independent).
-    stale_guess_hit: float | None = None
+    # How often a chain's first block guessed the tokens decoded for a stale block right, when measured
+    # (None: with the first draft's acceptance, as in coupled mode, where drafter and target share the
+    # noise; rejection mode's guesses are independent).
+    fill_guess_hit: float | None = None
     # The verifier lets such a forward run past the next block's due time where the guesses' odds make it
     # pay (``cloud.next_block.fill_overrun_pays``): greedy and coupled modes; False for rejection mode.
     fill_overruns: bool = True
@@ -266,7 +266,7 @@ def predict_pipelined(timings: Timings, link: NetworkModel, draft_len: int, wind
     flight past it, and the cloud answers those stale blocks with tokens it decodes while the
     next chain's first block, drafted on guesses of them, is on its way (``decode_stale`` False:
     a verifier run with ``--stale-blocks drop``). The guesses hold as often as measured
-    (``Timings.stale_guess_hit``), or with the first draft's acceptance. The early block
+    (``Timings.fill_guess_hit``), or with the first draft's acceptance. The early block
     (``edge.early_block``) is in flight when the first token arrives. ``generation_tokens``: the
     tokens one generation makes (None: a long one, ``STEADY_GENERATION_TOKENS``); the rate is
     from each generation's first token to its last.
@@ -288,12 +288,9 @@ def predict_pipelined(timings: Timings, link: NetworkModel, draft_len: int, wind
         verify_s=latency["verify"], per_extra_block_s=max(timings.verify_per_token_s, 0.0) * draft_len,
         fill_s=timings.fill_s, rebased_per_fill=timings.rebased_per_fill, decode_stale=decode_stale,
         early_drafts=min(draft_len, EARLY_DRAFT_LEN), fill_overruns=timings.fill_overruns,
+        token_guessed=timings.fill_guess_hit,
     )
-    generations = max(32, SIMULATED_TOKENS // tokens)
-    if timings.stale_guess_hit is not None:
-        costs = dataclasses.replace(costs, token_guessed=token_guess_rate(
-            costs, draft_len, window, tokens, timings.stale_guess_hit, max(generations // 2, 32)))
-    run = simulate_pipelined(costs, draft_len, window, tokens, generations)
+    run = simulate_pipelined(costs, draft_len, window, tokens, max(32, SIMULATED_TOKENS // tokens))
     verified = max(run.verdicts - run.stale, 1)
     return Prediction(
         draft_len=draft_len,
