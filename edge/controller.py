@@ -64,7 +64,7 @@ from dataclasses import dataclass
 from shared.acceptance import pipelined_chain
 from shared.stats import Ewma
 
-__all__ = ["Controller", "Plan", "AcceptanceEstimate", "controller_for", "CLOUD_WINDOW"]
+__all__ = ["Controller", "Plan", "AcceptanceEstimate", "controller_for", "CLOUD_WINDOW", "SHRINK_STRENGTH"]
 
 CLOUD_WINDOW = 16  # empty blocks in flight while the cloud decodes alone (the verifier may allow fewer)
 _MIN_SAMPLES_TO_LEAVE_CLOUD = 24  # acceptance samples (shadow ones included) before drafting again
@@ -77,6 +77,7 @@ _MIN_SAMPLES_TO_LEAVE_CLOUD = 24  # acceptance samples (shadow ones included) be
 # of its gain.
 _EVIDENCE_TO_DRAFT_LESS = 2.0
 _WINDOW_TIE = 0.01  # windows predicted this close count as equally fast
+SHRINK_STRENGTH = 4.0  # pseudo-trials at the pooled rate that a position's acceptance estimate is shrunk by
 _CHANGE_TIE = 0.03  # another draft length, or the cloud alone, must be predicted this much faster to be taken
 _MIN_WINDOW = 2  # blocks in flight the controller chooses at least (it never goes lock-step), and starts with
 _HEDGE_PROBE_BLOCKS = 8  # blocks measured without hedges, then with them, before hedging is weighed
@@ -98,7 +99,8 @@ class AcceptanceEstimate:
     any trial (one early rejection reads as about 1/3, not 0). ``samples`` counts every trial added.
     """
 
-    def __init__(self, memory: float = 32.0, strength: float = 4.0, prior: float = 0.5, prior_weight: float = 2.0) -> None:
+    def __init__(self, memory: float = 32.0, strength: float = SHRINK_STRENGTH, prior: float = 0.5,
+                 prior_weight: float = 2.0) -> None:
         self.keep = 1.0 - 1.0 / memory
         self.strength = strength
         self.hits: list[float] = []

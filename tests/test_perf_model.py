@@ -475,8 +475,13 @@ def test_each_prompt_is_predicted_with_its_own_acceptance_and_the_run_adds_their
     easy, hard = part([9, 9, 9, 9], [10, 10, 10, 10], 64), part([2, 0, 0, 0], [10, 2, 0, 0], 64)
     pooled = part([11, 9, 9, 9], [20, 12, 10, 10], 128)
     fitted = fit_timings([pooled], [], [(1, 0.07)])
-    assert fitted.for_prompt(pooled, easy).alpha_per_position == pytest.approx([0.9, 1.0, 1.0, 1.0])
-    assert fitted.for_prompt(pooled, hard).alpha_per_position == pytest.approx([0.2, 0.0])
+    # Draft i was reached (hits at i-1) x (blocks that held draft i) / (those that held draft i-1) times;
+    # each position's rate is shrunk toward the prompt's pooled one by 4 pseudo-trials, as the controller's.
+    shrunk = lambda hits, trials, pooled: [(h + 4 * pooled) / (t + 4) for h, t in zip(hits, trials)]  # noqa: E731
+    assert fitted.for_prompt(pooled, easy).alpha_per_position == pytest.approx(
+        shrunk([9, 9, 9, 9], [10, 9, 9, 9], 36 / 37))  # [0.92, 0.99, 0.99, 0.99]
+    assert fitted.for_prompt(pooled, hard).alpha_per_position == pytest.approx(
+        shrunk([2, 0], [10, 0.4], 2 / 10.4))  # [0.20, 0.17]: a draft reached 0.4 times says little
     assert fitted.for_prompt(pooled, hard).draft_s_per_token == fitted.for_timings(pooled).draft_s_per_token
     link = NetworkModel(up_bps=50_000, down_bps=50_000, rtt_s=0.6)
     parts = [(predict_pipelined(fitted.for_prompt(pooled, p), link, 4, 4, generation_tokens=64), 64, 0.01)

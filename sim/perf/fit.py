@@ -17,6 +17,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from cloud.metrics import VERIFY_SERVICE_METRIC
+from edge.controller import SHRINK_STRENGTH
 from edge.report import EdgeReport
 from shared.wire import HTTP2_FRAME_HEADER_BYTES
 from sim.perf.model import Timings, fit_linear
@@ -155,16 +156,23 @@ def _outcomes(measured: RunTimings) -> dict:
 
 
 def _alpha(accepted_at: list[int], drafted_at: list[int]) -> list[float]:
-    """Conditional acceptance per position, P(draft i accepted | drafts < i accepted).
+    """Conditional acceptance per position, P(draft i accepted | drafts < i accepted), each shrunk
+    toward the pooled rate by ``SHRINK_STRENGTH`` pseudo-trials, as the controller estimates it
+    (``edge.controller.AcceptanceEstimate``): a position a prompt reached once or twice says little.
 
-    ``accepted_at[i] / drafted_at[i]`` is P(the first i+1 drafts were all
-    accepted); the ratio of consecutive ones is the conditional the model uses.
+    ``accepted_at[i]`` blocks accepted their first i+1 drafts, of ``drafted_at[i]`` that held i+1
+    drafts: draft i was reached ``accepted_at[i-1] * drafted_at[i] / drafted_at[i-1]`` times.
     """
-    reached = [a / d for a, d in zip(accepted_at, drafted_at) if d]
-    conditional = reached[:1] or [0.0]
-    for prev, cur in zip(reached, reached[1:]):
-        conditional.append(min(cur / prev, 1.0) if prev else 0.0)
-    return conditional
+    hits, trials = [], []
+    for i, (accepted, drafted) in enumerate(zip(accepted_at, drafted_at)):
+        if not drafted:
+            break
+        hits.append(accepted)
+        trials.append(accepted_at[i - 1] * drafted / drafted_at[i - 1] if i else drafted)
+    if not trials:
+        return [0.0]
+    pooled = sum(hits) / sum(trials)
+    return [min((h + SHRINK_STRENGTH * pooled) / (t + SHRINK_STRENGTH), 1.0) for h, t in zip(hits, trials)]
 
 
 def fit_timings(runs: list[RunTimings], baseline_reports: list[EdgeReport], baseline_samples: list[tuple[int, float]],
