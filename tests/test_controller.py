@@ -217,6 +217,18 @@ def test_only_the_way_back_from_the_cloud_alone_asks_for_the_hysteresis_margin()
     assert c.plan().draft_len == 0 and c.switches == 1
 
 
+def test_among_draft_lengths_predicted_alike_the_longest_is_taken():
+    """Blocks of 8 on a settled estimate: the draft lengths predicted within 3% of the best are as fast,
+    and the longest of them verifies its tokens in fewer forwards and bytes."""
+    c = Controller.settled(8, 4, alpha_per_position=[0.8], draft_s_per_token=0.011, network_s=0.13, forward_s=0.057,
+                           cloud_s_per_token=0.055)
+    speeds = {d: c._best_window(d, [2, 3, 4])[0] for d in range(1, 9)}
+    best = max(speeds, key=speeds.get)
+    alike = [d for d, v in speeds.items() if v * 1.03 >= speeds[best]]
+    assert len(alike) > 1 and max(alike) > best, speeds  # (a case where the rule matters)
+    assert c.plan().draft_len == max(alike)
+
+
 def test_hedges_are_tried_after_plain_blocks_and_kept_only_where_their_gain_beats_their_cost():
     """Eight plain blocks, then eight hedged ones, then the weighing: a hedged block's gain in tokens
     against its extra seconds (branch drafting, a longer forward) at the predicted rate."""

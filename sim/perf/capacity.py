@@ -20,7 +20,14 @@ import dataclasses
 from typing import Any
 
 from shared.params import DEFAULT_WINDOW
-from sim.perf.model import HardwareProfile, NetworkModel, Prediction, predict_cloud_only, predict_pipelined
+from sim.perf.model import (
+    HardwareProfile,
+    NetworkModel,
+    Prediction,
+    fastest_then_cheapest,
+    predict_cloud_only,
+    predict_pipelined,
+)
 
 __all__ = ["capacity_rows", "capacity_at_slo", "DEFAULT_SESSION_COUNTS"]
 
@@ -39,9 +46,10 @@ def _batched(profile: HardwareProfile, sessions: int, rows_per_session: int):
 
 
 def _drafting(profile: HardwareProfile, link: NetworkModel, sessions: int, max_draft_len: int, window: int) -> Prediction:
-    """The best pipelined split with drafting (D >= 1) when ``sessions`` share each forward."""
-    options = [predict_pipelined(_batched(profile, sessions, d + 1), link, d, window) for d in range(1, max_draft_len + 1)]
-    return max(options, key=lambda p: p.tokens_per_s)
+    """The best pipelined split with drafting (D >= 1) when ``sessions`` share each forward (among the
+    nearly as fast, the least cloud compute)."""
+    return fastest_then_cheapest(
+        [predict_pipelined(_batched(profile, sessions, d + 1), link, d, window) for d in range(1, max_draft_len + 1)])
 
 
 def capacity_rows(profile: HardwareProfile, link: NetworkModel, sessions=DEFAULT_SESSION_COUNTS,

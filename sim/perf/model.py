@@ -305,6 +305,17 @@ def predict_pipelined(timings: Timings, link: NetworkModel, draft_len: int, wind
     )
 
 
+SPEED_TIE = 0.01  # predictions this close count as equally fast
+
+
+def fastest_then_cheapest(predictions: list[Prediction]) -> Prediction:
+    """The prediction fastest; among those within ``SPEED_TIE`` of it, the one with the least cloud
+    compute per token (then the shortest block)."""
+    best = max(p.tokens_per_s for p in predictions)
+    return min((p for p in predictions if p.tokens_per_s * (1 + SPEED_TIE) >= best),
+               key=lambda p: (p.cloud_s_per_token, p.draft_len))
+
+
 def predict_adaptive(timings: Timings, link: NetworkModel, max_draft_len: int, window: int,
                      generation_tokens: int | None = None) -> Prediction:
     """The adaptive schedule as its controller settles: given the timings as its measurements, the

@@ -44,6 +44,7 @@ def model_report(hardware: str, scenario: str, max_draft_len: int = 16, window: 
     from sim.perf.model import (
         NetworkModel,
         best_draft_len,
+        fastest_then_cheapest,
         load_hardware,
         predict_cloud_only,
         predict_pipelined,
@@ -61,9 +62,9 @@ def model_report(hardware: str, scenario: str, max_draft_len: int = 16, window: 
     rows = [_row(base, base, "cloud-only")]
     rows += [_row(predict_split(timings, link, d), base, "split") for d in range(1, max_draft_len + 1)]
     best = best_draft_len(timings, link, max_draft_len)
-    pipelined = [
-        _row(predict_pipelined(timings, link, d, window), base, "pipelined") for d in range(1, max_draft_len + 1)
-    ]
+    pipelined_predictions = [predict_pipelined(timings, link, d, window) for d in range(1, max_draft_len + 1)]
+    pipelined = [_row(p, base, "pipelined") for p in pipelined_predictions]
+    best_pipelined = fastest_then_cheapest(pipelined_predictions).draft_len
     return {
         "kind": "modelled",
         "label": LABEL,
@@ -85,21 +86,10 @@ def model_report(hardware: str, scenario: str, max_draft_len: int = 16, window: 
         "best": next(r for r in rows if r["draft_len"] == best and r["config"] == "split"),
         "window": window,
         "pipelined_rows": pipelined,
-        "best_pipelined": _fastest_then_cheapest(pipelined),
+        "best_pipelined": next(r for r in pipelined if r["draft_len"] == best_pipelined),
         "capacity": {"rows": (cap := capacity_rows(profile, link, max_draft_len=max_draft_len, window=window)),
                      "ridge_rows": profile.ridge_rows, **capacity_at_slo(cap, slo)},
     }
-
-
-_SPEED_TIE = 0.01  # draft lengths predicted this close count as equally fast
-
-
-def _fastest_then_cheapest(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The row predicted fastest; among those within ``_SPEED_TIE`` of it, the one with the least cloud
-    compute per token (then the shortest block)."""
-    best = max(r["tokens_per_s"] for r in rows)
-    return min((r for r in rows if r["tokens_per_s"] * (1 + _SPEED_TIE) >= best),
-               key=lambda r: (r["cloud_compute_vs_cloud_only"], r["draft_len"]))
 
 
 def _row(pred, base, config: str) -> dict[str, Any]:
