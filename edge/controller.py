@@ -42,19 +42,21 @@ pipelined blocks runs until a correction) plus what the stale blocks past
 each chain's correction bring (``shared.acceptance.stale_expectation``), and
 for cloud decoding (one token per forward). It takes the window predicted
 best (among equals the largest: a verifier-bound pipeline gains from blocks
-pending that the arithmetic does not credit). It goes back from the cloud
-decoding alone to drafting only when that is predicted ``hysteresis``
-better (the switch drains the pipeline of empty blocks, a round trip, and
-noise must not make it flap); to another draft length, or from drafting to
-the cloud alone, when that is predicted ``_CHANGE_TIE`` better: neither
-drains anything (a chain's blocks may differ in length; the blocks in
-flight at a chain's end are void either way), so only noise is guarded
-against; among draft lengths predicted within that margin of the best it
-takes the longest (as fast, with fewer forwards and bytes a token). Measured: a 15% margin kept a q3_k_s drafter at 8-draft blocks
+pending that the arithmetic does not credit). It switches between drafting
+and the cloud decoding alone only when the other is predicted
+``hysteresis`` better: going back to drafting drains the pipeline of empty
+blocks (a round trip) and asks for that margin again, so a wrong switch to
+the cloud costs much more than drafting a little slower (measured with a 3%
+margin to leave: the self-drafting Gemma pair on satellite handed a prompt
+to the cloud and made 3.7 tok/s there, where drafting makes 5.6). It takes
+another draft length when that is predicted ``_CHANGE_TIE`` better: the
+change drains nothing (a chain's blocks may differ in length), so only
+noise is guarded against; among draft lengths predicted within that margin
+of the best it takes the longest (as fast, with fewer forwards and bytes a
+token). Measured: a 15% margin there kept a q3_k_s drafter at 8-draft blocks
 where 5 were predicted 19% faster (adaptive D<=8 made 1.21x cloud-only
-against D<=4's 1.40x), and drafting where the cloud alone was predicted 10%
-faster. Shorter blocks, or none, need a wider gap while acceptance samples
-are few. A load hint from the cloud caps
+against D<=4's 1.40x). Shorter blocks, or none, need a wider gap while
+acceptance samples are few. A load hint from the cloud caps
 the draft length.
 """
 
@@ -69,7 +71,7 @@ __all__ = ["Controller", "Plan", "AcceptanceEstimate", "controller_for", "CLOUD_
 
 CLOUD_WINDOW = 16  # empty blocks in flight while the cloud decodes alone (the verifier may allow fewer)
 _MIN_SAMPLES_TO_LEAVE_CLOUD = 24  # acceptance samples (shadow ones included) before drafting again
-# Drafting less (shorter blocks, or none) asks for a gap of (1 + _CHANGE_TIE) * (1 + this / acceptance
+# Drafting less (shorter blocks, or none) asks for a gap of (1 + margin) * (1 + this / acceptance
 # samples): one unlucky first block must not hand the session to the cloud (measured: a q3_k_s drafter's
 # first block rejected at draft 0, on a prompt where drafting pays 1.3x) or to short blocks (measured: the
 # Gemma pair in rejection mode, a first block rejected at draft 1, went from D=8 to D=2 and ramped back
@@ -79,7 +81,7 @@ _MIN_SAMPLES_TO_LEAVE_CLOUD = 24  # acceptance samples (shadow ones included) be
 _EVIDENCE_TO_DRAFT_LESS = 2.0
 _WINDOW_TIE = 0.01  # windows predicted this close count as equally fast
 SHRINK_STRENGTH = 4.0  # pseudo-trials at the pooled rate that a position's acceptance estimate is shrunk by
-_CHANGE_TIE = 0.03  # another draft length, or the cloud alone, must be predicted this much faster to be taken
+_CHANGE_TIE = 0.03  # another draft length must be predicted this much faster to be taken
 _MIN_WINDOW = 2  # blocks in flight the controller chooses at least (it never goes lock-step), and starts with
 _HEDGE_PROBE_BLOCKS = 8  # blocks measured without hedges, then with them, before hedging is weighed
 
@@ -351,7 +353,7 @@ class Controller:
         for choice in sorted(known, key=order, reverse=True):
             if choice == self.draft_len:
                 break
-            margin = 1 + (self.hysteresis if self.draft_len == 0 else _CHANGE_TIE)
+            margin = 1 + (self.hysteresis if (choice == 0) != (self.draft_len == 0) else _CHANGE_TIE)
             if choice < self.draft_len:  # on few acceptance samples, only a wide gap makes blocks shorter or none
                 margin *= 1 + _EVIDENCE_TO_DRAFT_LESS / max(samples, 1)
             if current is None or known[choice] > margin * current:
