@@ -163,7 +163,7 @@ class _Drafting:
     start: int  # the position of its first draft
     drafts: int  # the drafts it is to hold
     room: int  # tokens the limit leaves from ``start``, the correction or bonus aside
-    block: DraftBlock = DraftBlock([])  # drafted so far
+    block: DraftBlock = field(default_factory=lambda: DraftBlock([]))  # drafted so far
     draft_s: float = 0.0  # ... in this many seconds
 
     def grown(self, more: DraftBlock, seconds: float) -> _Drafting:

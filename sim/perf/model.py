@@ -61,6 +61,7 @@ __all__ = [
     "predict_pipelined",
     "predict_adaptive",
     "best_adaptive",
+    "fastest_then_cheapest",
     "first_token_s",
     "protocol_bytes",
 ]
