@@ -46,9 +46,11 @@ pending that the arithmetic does not credit). It switches between drafting
 and the cloud decoding alone only when the other is predicted
 ``hysteresis`` better: going back to drafting drains the pipeline of empty
 blocks (a round trip) and asks for that margin again, so a wrong switch to
-the cloud costs much more than drafting a little slower (measured with a 3%
-margin to leave: the self-drafting Gemma pair on satellite handed a prompt
-to the cloud and made 3.7 tok/s there, where drafting makes 5.6). It takes
+the cloud costs more than drafting a little slower (measured: the
+self-drafting Gemma pair on satellite handed a prompt to the cloud on its
+early evidence, with this margin and with 3% alike, and made 3.7 tok/s
+there, where drafting makes 5.6; a 3% margin to leave did better on the
+q3_k_s drafter's hard satellite prompt, within the runs' noise). It takes
 another draft length when that is predicted ``_CHANGE_TIE`` better: the
 change drains nothing (a chain's blocks may differ in length), so only
 noise is guarded against; among draft lengths predicted within that margin
