@@ -58,8 +58,8 @@ of the best it takes the longest (as fast, with fewer forwards and bytes a
 token). Measured: a 15% margin there kept a q3_k_s drafter at 8-draft blocks
 where 5 were predicted 19% faster (adaptive D<=8 made 1.21x cloud-only
 against D<=4's 1.40x). Shorter blocks, or none, need a wider gap while
-acceptance samples are few. A load hint from the cloud caps
-the draft length.
+acceptance samples are few. A load hint from the cloud caps the draft
+length.
 """
 
 from __future__ import annotations

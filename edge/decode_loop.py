@@ -499,10 +499,14 @@ def _guessed(in_flight: deque[_InFlight], drafting: _Drafting | None, position: 
     ``tokens``, decoded for a stale block from ``position`` on: its drafts there are those tokens. None:
     there is no such block, or it has not drafted that far and holds them so far."""
     live = next((f for f in in_flight if not f.void and f.block.tokens), None)
-    start, drafts = (live.start_position, live.block.tokens) if live else (
-        (drafting.start, drafting.block.tokens) if drafting else (position, []))
-    guesses = drafts[position - start:position - start + len(tokens)]
-    if position < start or not guesses or (len(guesses) < len(tokens) and guesses == tokens[:len(guesses)]):
+    if live is not None:
+        start, drafts = live.start_position, live.block.tokens
+    elif drafting is not None:
+        start, drafts = drafting.start, drafting.block.tokens
+    else:
+        return None
+    guesses = drafts[position - start:][:len(tokens)] if position >= start else []
+    if not guesses or (len(guesses) < len(tokens) and guesses == tokens[:len(guesses)]):
         return None
     return guesses == tokens
 

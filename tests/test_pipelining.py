@@ -637,6 +637,10 @@ def test_a_fill_guess_is_judged_by_the_chain_s_first_block_in_flight_or_being_dr
     assert _guessed(deque([void]), drafting, 12, [3, 4]) is None  # right so far; the second not guessed yet
     assert _guessed(deque([void]), _Drafting(12, 6, 20), 12, [3]) is None  # nothing drafted yet
     assert _guessed(deque([void]), None, 12, [3]) is None  # no chain drafted after the correction
+    # The block being drafted goes on while the committed tokens from its start are its drafts.
+    prompt_len = 10
+    assert drafting.continues([0, 0], prompt_len) and drafting.continues([0, 0, 3], prompt_len)
+    assert not drafting.continues([0, 0, 8], prompt_len) and not drafting.continues([0, 0, 3, 4], prompt_len)
 
 
 def test_the_cloud_bounds_blocks_in_flight(tiny_engine, greedy_path):
