@@ -69,9 +69,12 @@ from dataclasses import dataclass
 from shared.acceptance import pipelined_chain
 from shared.stats import Ewma
 
-__all__ = ["Controller", "Plan", "AcceptanceEstimate", "controller_for", "CLOUD_WINDOW", "SHRINK_STRENGTH"]
+__all__ = ["Controller", "Plan", "AcceptanceEstimate", "controller_for", "CLOUD_WINDOW", "SHRINK_STRENGTH",
+           "REPLAN_TOKENS", "SHADOW_EVERY"]
 
 CLOUD_WINDOW = 16  # empty blocks in flight while the cloud decodes alone (the verifier may allow fewer)
+REPLAN_TOKENS = 8  # within a cloud stretch or a chain, the decode loop asks for a plan again every this many tokens
+SHADOW_EVERY = 4  # ... and a drafter slower than half the cloud's pace is measured on every this many tokens
 _MIN_SAMPLES_TO_LEAVE_CLOUD = 24  # acceptance samples (shadow ones included) before drafting again
 # Drafting less (shorter blocks, or none) asks for a gap of (1 + margin) * (1 + this / acceptance
 # samples): one unlucky first block must not hand the session to the cloud (measured: a q3_k_s drafter's
@@ -199,8 +202,8 @@ class Controller:
     def settled(cls, max_draft_len: int, window: int, *, alpha_per_position: list[float], draft_s_per_token: float,
                 network_s: float, forward_s: float, cloud_s_per_token: float, stale_rebased: float = 0.0,
                 cloud_window: int = CLOUD_WINDOW) -> Controller:
-        """A controller that has measured these at length (the performance model asks it what it would
-        choose); it has not chosen yet: ``plan`` starts from the longest blocks, as a session does."""
+        """A controller that has measured these at length (what it chooses once its estimates have
+        settled); it has not chosen yet: ``plan`` starts from the longest blocks, as a session does."""
         controller = cls(max_draft_len, window, cloud_window)
         controller.acceptance = AcceptanceEstimate.settled(alpha_per_position)
         for estimate, value in ((controller.draft_s_per_token, draft_s_per_token), (controller.network_s, network_s),

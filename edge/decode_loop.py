@@ -40,7 +40,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from edge.controller import Controller
+from edge.controller import REPLAN_TOKENS, SHADOW_EVERY, Controller
 from edge.drafter import DraftBlock, Drafter
 from edge.early_block import EARLY_DRAFT_LEN, EarlyBlock
 from edge.hedging import hedge
@@ -307,12 +307,12 @@ def run_decode(
                 plan = controller.plan()
                 draft_len, window, since_plan, leaving_cloud = plan.draft_len, plan.window, 0, False
                 log.debug("at %d tokens: %s", len(generated), controller.describe(plan))
-            elif controller is not None and draft_len == 0 and since_plan >= _CLOUD_STRETCH:
+            elif controller is not None and draft_len == 0 and since_plan >= REPLAN_TOKENS:
                 # While the cloud decodes alone, choose again every few tokens without draining the
                 # pipeline; only a switch to drafting waits for the empty blocks still in flight.
                 since_plan = 0
                 leaving_cloud = controller.plan().draft_len > 0
-            elif controller is not None and draft_len > 0 and since_plan >= _CLOUD_STRETCH:
+            elif controller is not None and draft_len > 0 and since_plan >= REPLAN_TOKENS:
                 # A long chain (a drafter that is seldom wrong) chooses its draft length and window again on the way.
                 since_plan = 0
                 plan = controller.plan(drafting_only=True)
@@ -458,10 +458,6 @@ def run_decode(
     return GenerationResult(generated, stop, stats, ttft)
 
 
-_CLOUD_STRETCH = 8  # within a cloud stretch or a chain, the controller chooses again every this many tokens
-_SHADOW_EVERY = 4  # ... and a drafter slower than half the cloud's pace is measured on every 4th token
-
-
 def _branch_gain(verdict: Verdict, committed: list[int]) -> int:
     """Tokens a taken hedge branch committed past the correction (0: none taken)."""
     return len(committed) - verdict.accepted - 1 if verdict.branch else 0
@@ -545,7 +541,7 @@ def _observe(controller: Controller, drafter: Drafter, sent: _InFlight, drafted:
     if sent.block.tokens:
         return  # every draft was already committed: nothing measured
     controller.observe_cloud_token(trip, cloud_s, interval_s, forward_s)
-    if committed and (controller.shadows_every_token() or since_plan % _SHADOW_EVERY == 0):
+    if committed and (controller.shadows_every_token() or since_plan % SHADOW_EVERY == 0):
         started = time.perf_counter()
         shadow = drafter.draft(1).tokens  # what the drafter would have proposed for this position
         controller.observe_shadow(shadow == committed[:1], time.perf_counter() - started)

@@ -7,12 +7,14 @@ import dataclasses
 
 import pytest
 
-from sim.perf.block_sim import BlockCosts, simulate_pipelined
+from edge.controller import Controller
+from sim.perf.block_sim import BlockCosts, simulate_adaptive, simulate_pipelined
 
 
-def _costs(**over) -> BlockCosts:
-    base = dict(alpha=[1.0], draft_s=0.01, up_s=lambda drafts: 0.0, rtt_s=0.1, down_s=0.0, verify_s=0.05,
-                per_extra_block_s=0.002, fill_s=0.03)
+def _costs(verify_s: float = 0.05, per_row_s: float = 0.0, **over) -> BlockCosts:
+    """Costs whose forward takes ``verify_s`` over one block of one draft and ``per_row_s`` for each row more."""
+    base = dict(alpha=[1.0], draft_s=0.01, up_s=lambda drafts: 0.0, rtt_s=0.1, down_s=0.0,
+                forward_s=lambda rows: verify_s + per_row_s * max(rows - 2, 0), fill_s=0.03)
     base.update(over)
     return BlockCosts(**base)
 
@@ -27,7 +29,7 @@ def test_two_blocks_in_flight_by_hand():
 
 def test_the_verifier_takes_every_block_there_when_it_starts_a_forward():
     """A block every 10 ms, eight in flight, no network delay, a 100 ms forward and 20 ms per extra block."""
-    run = simulate_pipelined(_costs(rtt_s=0.0, verify_s=0.1, per_extra_block_s=0.02), 1, 8, generation_tokens=9,
+    run = simulate_pipelined(_costs(rtt_s=0.0, verify_s=0.1, per_row_s=0.02), 1, 8, generation_tokens=9,
                              generations=1)
     # Block 0 alone (0.01-0.11); blocks 1 to 7, there by 0.08, in one forward (0.11-0.33).
     assert (run.seconds, run.cloud_s, run.verdicts) == (pytest.approx(0.33), pytest.approx(0.32), 8)
@@ -91,10 +93,27 @@ def test_a_fill_overruns_the_next_block_s_due_time_where_the_guesses_seldom_hold
     rejection mode fills nothing after a correction; in greedy and coupled modes, with first drafts
     that hold a third of the time, a fill pays (the edge hears of a wrong guess sooner), and the run is
     faster at every window, at more cloud work per token."""
-    costs = _costs(alpha=[0.35], rtt_s=0.06, draft_s=0.037, verify_s=0.35, per_extra_block_s=0.03, fill_s=0.33,
+    costs = _costs(alpha=[0.35], rtt_s=0.06, draft_s=0.037, verify_s=0.35 - 3 * 0.0075, per_row_s=0.0075, fill_s=0.33,
                    early_drafts=4)
     for window, gain in ((2, 1.2), (4, 1.03)):
         held = simulate_pipelined(costs, 4, window, 65, generations=64)
         overrun = simulate_pipelined(dataclasses.replace(costs, fill_overruns=True), 4, window, 65, generations=64)
         assert overrun.tokens_per_s > gain * held.tokens_per_s
         assert overrun.cloud_s / overrun.tokens > held.cloud_s / held.tokens
+
+
+def test_a_session_s_controller_hands_a_useless_drafter_to_the_cloud_and_keeps_a_good_one_drafting():
+    """The closed loop: a fresh controller each generation, fed what the simulated verdicts measure. On a
+    600 ms round trip with a 50 ms forward, a drafter never right costs the first chains, then the cloud
+    decodes alone (empty blocks, one forward of one row each, sixteen in flight) at its forward's pace; a
+    drafter never wrong keeps drafting and never sends an empty block."""
+    costs = _costs(rtt_s=0.6, forward_s=lambda rows: 0.05 + 0.001 * (rows - 1), fill_s=0.05, early_drafts=4)
+    useless = simulate_adaptive(dataclasses.replace(costs, alpha=[0.0]), lambda: Controller(8, 4, 16), 257,
+                                generations=4)
+    assert useless.empty > 0.8 * useless.tokens
+    assert 0.8 / 0.05 < useless.tokens_per_s < 1 / 0.05
+    good = simulate_adaptive(costs, lambda: Controller(8, 4, 16), 257, generations=4)
+    assert good.empty == 0 and good.sent_drafts >= good.tokens - good.sent
+    assert good.tokens_per_s > 2 * useless.tokens_per_s
+    assert simulate_adaptive(costs, lambda: Controller(8, 4, 16), 64, seed=3) == simulate_adaptive(
+        costs, lambda: Controller(8, 4, 16), 64, seed=3)

@@ -117,25 +117,26 @@ def test_pipelining_helps_when_the_round_trip_dominates_and_window_1_is_lockstep
     assert 3 / (trip + 0.051) < alone.tokens_per_s <= 4 / (0.6 + 0.051)
 
 
-def test_the_adaptive_schedule_is_predicted_as_its_controller_settles():
-    """The controller's choice, predicted block by block: never above the best configuration, and the
-    cloud decoding alone where the controller hands it decoding."""
-    from edge.controller import Controller
+def test_the_adaptive_schedule_is_predicted_as_a_session_runs_its_controller():
+    """A fresh controller each generation, learning from the simulated verdicts: never above the best
+    configuration (beyond the simulations' noise), a short generation paying for the first chains it
+    drafts on its priors. Where the cloud alone is fastest (cheap forwards, a 600 ms round trip) a long
+    generation ends near its pace whatever the drafter; where drafting pays, near the best."""
     from sim.perf.model import best_adaptive, predict_adaptive
 
     slow = NetworkModel(up_bps=50_000, down_bps=50_000, rtt_s=0.6)
-    for alpha in (0.0, 0.5, 0.9):
+    for alpha in (0.0, 0.9):
         t = _timings(alpha_per_position=[alpha])
-        adaptive, best = predict_adaptive(t, slow, 8, 4), best_adaptive(t, slow, 8, 4)
-        assert adaptive.tokens_per_s <= best.tokens_per_s * 1.0001
-        choice = Controller.settled(8, 4, alpha_per_position=[alpha], draft_s_per_token=0.010,
-                                    network_s=slow.up_s(t.up_bytes(8)) + 0.6 + slow.down_s(30.0),
-                                    forward_s=t.verify_s(9), cloud_s_per_token=predict_cloud_only(t, slow).round_s)
-        plan = choice.plan()
-        assert adaptive.draft_len == plan.draft_len
-        if plan.draft_len:
-            assert adaptive == predict_pipelined(t, slow, plan.draft_len, plan.window)
-    assert predict_adaptive(_timings(alpha_per_position=[0.0]), slow, 8, 4).draft_len == 0
+        short, long = predict_adaptive(t, slow, 8, 4, 64), predict_adaptive(t, slow, 8, 4, 1024)
+        best = best_adaptive(t, slow, 8, 4, 1024)
+        assert best.draft_len == 0
+        assert short.tokens_per_s < 0.8 * long.tokens_per_s and 0.9 * best.tokens_per_s < long.tokens_per_s
+        assert long.tokens_per_s <= 1.02 * best.tokens_per_s
+    fast = NetworkModel(up_bps=50_000, down_bps=50_000, rtt_s=0.1)
+    t = _timings(alpha_per_position=[0.9], verify_fixed_s=0.3, draft_s_per_token=0.02)
+    adaptive, best = predict_adaptive(t, fast, 8, 4, 1024), best_adaptive(t, fast, 8, 4, 1024)
+    assert best.draft_len > 0 and 0.95 * best.tokens_per_s < adaptive.tokens_per_s <= 1.02 * best.tokens_per_s
+    assert adaptive.tokens_per_s > 3 * predict_cloud_only(t, fast).tokens_per_s
 
 
 def test_a_short_generation_pays_its_last_round_trip():

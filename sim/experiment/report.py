@@ -109,9 +109,10 @@ def _headline(result: dict) -> list[str]:
     adaptive = [r for r in result["runs"] if r.get("predicted_best_tokens_per_s")]
     if adaptive:
         lines.append(
-            "- Adaptive runs are predicted as their controller settles; the best configuration is predicted at "
+            "- Adaptive runs are predicted as a session runs its controller (learning from the first verdicts on); "
+            "the best configuration is predicted at "
             + ", ".join(f"{r['predicted_best_tokens_per_s']:.2f} tok/s for {_label(r)} ({r['predicted_tokens_per_s']:.2f} "
-                        "as settled)" for r in adaptive)
+                        "with the controller)" for r in adaptive)
             + "."
         )
     return lines

@@ -34,7 +34,19 @@ follows the protocol instead, with random acceptance, over whole generations:
   ``token_guessed``;
 - the early block (``edge.early_block``) is at the cloud when the first token
   leaves it; on a wrong guess of that token (``alpha[0]``) it commits one token
-  and the edge chains nothing on it.
+  and the edge chains nothing on it;
+- a forward costs ``forward_s`` of the rows it verifies (a block's drafts and
+  the pending token; a chain's blocks together; one row for a token alone).
+
+The adaptive schedule (``simulate_adaptive``) closes the loop: a session's own
+``edge.controller.Controller``, fresh each generation, is fed what each
+simulated verdict measures (acceptance, trips, the cloud's time, forwards,
+stale blocks' tokens) and chooses each chain's draft length and window, and
+when the cloud decodes alone (empty blocks, each its own one-row forward, a
+window of them in flight, the drafter's shadow proposals costing the edge a
+draft each), at the points where ``edge.decode_loop`` asks it. Its priors,
+its first chains and its switches are in the prediction; a short generation
+pays for them.
 
 Deterministic for a seed. Pure arithmetic: no clock, no I/O.
 """
@@ -48,9 +60,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from cloud.next_block import fill_overrun_pays
+from edge.controller import REPLAN_TOKENS, SHADOW_EVERY, Controller, Plan
 from shared.stats import Ewma
 
-__all__ = ["BlockCosts", "SimulatedRun", "simulate_pipelined"]
+__all__ = ["BlockCosts", "SimulatedRun", "simulate_pipelined", "simulate_adaptive"]
 
 
 @dataclass(frozen=True)
@@ -62,8 +75,7 @@ class BlockCosts:
     up_s: Callable[[int], float]
     rtt_s: float
     down_s: float  # a Verdict frame down
-    verify_s: float  # a forward over a block's drafts and one more row
-    per_extra_block_s: float  # ... each other block verified in the same forward
+    forward_s: Callable[[int], float]  # a forward over this many rows (the drafts verified, one more; 1: a token alone)
     fill_s: float  # a stale block's forward (its token, after the rebased drafts it verifies)
     rebased_per_fill: float = 0.0  # rebased drafts such a forward accepts, on average
     decode_stale: bool = True  # False: a verifier run with --stale-blocks drop answers stale blocks empty
@@ -86,6 +98,8 @@ class SimulatedRun:
     sent_drafts: int  # drafts they held (guesses included)
     guessing: int  # a chain's first blocks drafted on guesses
     guesses_held: int  # ... that were verified
+    guesses: int = 0  # sent_drafts that were guesses
+    empty: int = 0  # blocks sent empty (the cloud decoding alone)
 
     @property
     def tokens_per_s(self) -> float:
@@ -96,13 +110,34 @@ def simulate_pipelined(costs: BlockCosts, draft_len: int, window: int, generatio
                        generations: int = 64, seed: int = 0) -> SimulatedRun:
     """``generations`` generations of ``generation_tokens`` tokens each: blocks of ``draft_len``
     drafts, ``window`` in flight at most."""
-    if draft_len < 1 or window < 1 or generation_tokens < 2 or generations < 1:
-        raise ValueError("need draft_len >= 1, window >= 1, generation_tokens >= 2 and generations >= 1")
+    if draft_len < 1 or window < 1:
+        raise ValueError("need draft_len >= 1 and window >= 1")
+    return _simulate(costs, lambda: (draft_len, window, None), generation_tokens, generations, seed)
+
+
+def simulate_adaptive(costs: BlockCosts, controller: Callable[[], Controller], generation_tokens: int,
+                      generations: int = 64, seed: int = 0) -> SimulatedRun:
+    """As ``simulate_pipelined``, each generation under a fresh ``controller()`` (a session has one a
+    generation), fed what the simulated verdicts measure as ``edge.decode_loop`` feeds it: it chooses
+    each chain's draft length and window, again every ``REPLAN_TOKENS`` tokens of a chain, and when
+    the cloud decodes alone (empty blocks, a window of them in flight, one forward of one row each,
+    the drafter's shadow proposals accepted as a first draft and costing the edge a draft each)."""
+    def start() -> tuple[int, int, Controller]:
+        session = controller()
+        return session.draft_len, session.drafting_window, session
+
+    return _simulate(costs, start, generation_tokens, generations, seed)
+
+
+def _simulate(costs: BlockCosts, schedule: Callable[[], tuple[int, int, Controller | None]], generation_tokens: int,
+              generations: int, seed: int) -> SimulatedRun:
+    if generation_tokens < 2 or generations < 1:
+        raise ValueError("need generation_tokens >= 2 and generations >= 1")
     costs = replace(costs, alpha=[min(max(float(a), 0.0), 1.0) for a in costs.alpha] or [0.0])
     if costs.token_guessed is None:
         costs = replace(costs, token_guessed=costs.alpha[0])
     rng = random.Random(seed)
-    runs = [_Generation(costs, draft_len, window, rng).run(generation_tokens - 1) for _ in range(generations)]
+    runs = [_Generation(costs, *schedule(), rng).run(generation_tokens - 1) for _ in range(generations)]
     return SimulatedRun(generations, *(sum(values) for values in zip(*runs)))
 
 
@@ -117,18 +152,29 @@ class _Block:
     at_cloud: float
     verdict_at: float = math.inf
     committed: int = 0
+    accepted: int = 0
+    forward_s: float = 0.0  # the forward that answered it (0: answered without one)
+    done_at: float = 0.0  # ... its end at the cloud
     ends_chain: bool = False  # a correction
     stale: bool = False
     mismatch: bool = False  # a token decoded for it, guessed wrong by chains drafted before its verdict was read
     void: bool = False  # the edge's view: drafted past a token the verifier will not commit
+    early: bool = False  # the early block
     guess_wrong: bool = False  # the early block, drafted on a wrong guess of the first token
+
+    @property
+    def empty(self) -> bool:
+        """Sent with no drafts: it asks the cloud for one token (the cloud decoding alone)."""
+        return self.drafts == 0 and self.guesses == 0
 
 
 class _Generation:
-    """One generation: the edge's loop (``run``) and the cloud's (``_Cloud``)."""
+    """One generation: the edge's loop (``run``) and the cloud's (``_Cloud``); ``controller`` (None:
+    a fixed schedule) changes ``draft_len`` and ``window`` as the decode loop lets it."""
 
-    def __init__(self, costs: BlockCosts, draft_len: int, window: int, rng: random.Random) -> None:
-        self.costs, self.draft_len, self.window, self.rng = costs, draft_len, window, rng
+    def __init__(self, costs: BlockCosts, draft_len: int, window: int, controller: Controller | None,
+                 rng: random.Random) -> None:
+        self.costs, self.draft_len, self.window, self.controller, self.rng = costs, draft_len, window, controller, rng
 
     def accepted(self, drafts: int) -> int:
         alpha = self.costs.alpha
@@ -142,20 +188,45 @@ class _Generation:
         whole = int(self.costs.rebased_per_fill)
         return 1 + whole + (self.rng.random() < self.costs.rebased_per_fill - whole)
 
-    def run(self, tokens_wanted: int) -> tuple[int, float, float, int, int, int, int, int, int]:
-        costs, window = self.costs, self.window
+    def follow(self, plan: Plan) -> None:
+        self.draft_len, self.window = plan.draft_len, plan.window
+
+    def observe(self, block: _Block, interval_s: float | None, since_plan: int) -> float:
+        """Feed the controller what ``block``'s verdict measures (``edge.decode_loop._observe``); the
+        edge's seconds that took (a shadow proposal)."""
+        control, costs = self.controller, self.costs
+        if block.stale:
+            control.observe_stale(block.committed, max(block.committed - 1, 0), block.forward_s)
+        elif block.early:
+            if not block.guess_wrong:
+                control.observe_acceptance(block.drafts, block.accepted)
+        elif block.drafts:
+            control.observe_block(block.drafts, block.accepted, block.verdict_at - block.sent_at,
+                                  block.drafts * costs.draft_s, block.done_at - block.at_cloud, block.forward_s)
+        else:
+            control.observe_cloud_token(block.verdict_at - block.sent_at, block.done_at - block.at_cloud, interval_s,
+                                        block.forward_s)
+            if control.shadows_every_token() or since_plan % SHADOW_EVERY == 0:
+                control.observe_shadow(self.rng.random() < costs.alpha[0], costs.draft_s)
+                return costs.draft_s
+        return 0.0
+
+    def run(self, tokens_wanted: int) -> tuple[int, float, float, int, int, int, int, int, int, int, int]:
+        costs, control = self.costs, self.controller
         in_flight: deque[_Block] = deque()
         pending: deque[_Block] = deque()  # sent, not yet answered by the cloud
         cloud = _Cloud(self, pending)
         chain, now = 0, 0.0
-        committed = verdicts = stale = sent = sent_drafts = guessing = held = 0
+        committed = verdicts = stale = sent = sent_drafts = guessing = held = guesses_sent = empty = 0
         hold = None  # the early block while the edge chains nothing on it
+        since_plan, leaving_cloud, last_read = 0, False, 0.0
 
-        def send(block: _Block, drafted: int) -> None:
-            nonlocal sent, sent_drafts
+        def send(block: _Block) -> None:
+            nonlocal sent, sent_drafts, guesses_sent, empty
             in_flight.append(block)
             pending.append(block)
-            sent, sent_drafts = sent + 1, sent_drafts + drafted
+            sent, sent_drafts, empty = sent + 1, sent_drafts + block.drafts + block.guesses, empty + block.empty
+            guesses_sent += block.guesses
 
         def answered_before(at: float) -> bool:
             """Whether the oldest block in flight has its verdict before ``at`` (the cloud answers it
@@ -172,13 +243,18 @@ class _Generation:
         def read() -> bool:
             """Read the oldest verdict in flight (at its arrival, or now); True when it voids what is
             drafted after it (a block being drafted included)."""
-            nonlocal now, verdicts, stale, committed, guessing, held, hold
+            nonlocal now, verdicts, stale, committed, guessing, held, hold, since_plan, last_read
             block = in_flight.popleft()
             hold = None if block is hold else hold
             while block.verdict_at == math.inf:
                 cloud.step()
             now = max(now, block.verdict_at)
+            if control is not None:
+                interval = now - last_read if block.empty and since_plan > 0 else None
+                last_read = now
+                now += self.observe(block, interval, since_plan)
             verdicts, stale, committed = verdicts + 1, stale + block.stale, committed + block.committed
+            since_plan += block.committed
             if block.first and block.guesses:
                 guessing, held = guessing + 1, held + (not block.stale)
             voids = block.ends_chain or (block.stale and not block.void) or block.mismatch
@@ -187,22 +263,43 @@ class _Generation:
                     rest.void = True
             return voids
 
+        def may_follow() -> bool:
+            """``edge.decode_loop._may_follow``: after a block asking for a follower, after a void one,
+            an empty block after an empty one."""
+            if not in_flight:
+                return True
+            last = in_flight[-1]
+            return last.void or last.more_follows or (last.empty and self.draft_len == 0)
+
         early = min(costs.early_drafts, tokens_wanted - 1)
-        if early > 0 and window > 1:
+        if early > 0 and self.window > 1:
             chain = 1
             block = _Block(chain, early, 0, first=True, more_follows=True, sent_at=-math.inf,
-                           at_cloud=-(costs.rtt_s / 2 + costs.down_s))
+                           at_cloud=-(costs.rtt_s / 2 + costs.down_s), early=True)
             block.guess_wrong = self.rng.random() >= costs.alpha[0]
             hold = block if block.guess_wrong else None
-            send(block, early)
+            send(block)
         while committed < tokens_wanted:
+            if control is not None:  # (``edge.decode_loop.decode``'s choices, at the same points)
+                if all(b.void for b in in_flight):  # a new chain starts
+                    self.follow(control.plan())
+                    since_plan, leaving_cloud = 0, False
+                elif since_plan >= REPLAN_TOKENS and self.draft_len == 0:
+                    since_plan, leaving_cloud = 0, control.plan().draft_len > 0
+                elif since_plan >= REPLAN_TOKENS:
+                    since_plan = 0
+                    self.follow(control.plan(drafting_only=True))
             voided = False  # a verdict read while a block was drafted voided it: draft again at once
-            while (len(in_flight) < window and hold is None
-                   and (not in_flight or in_flight[-1].void or in_flight[-1].more_follows)):
+            while len(in_flight) < self.window and hold is None and not leaving_cloud and may_follow():
                 live = [b for b in in_flight if not b.void]
-                room = tokens_wanted - committed - sum(b.drafts for b in live)
+                room = tokens_wanted - committed - sum(b.drafts + b.empty for b in live)
                 if room <= 0:
                     break
+                if self.draft_len == 0:
+                    chain += not live
+                    send(_Block(chain, 0, 0, first=not live, more_follows=False, sent_at=now,
+                                at_cloud=now + costs.up_s(0) + costs.rtt_s / 2))
+                    continue
                 guesses = 0 if live else len(in_flight)
                 drafts = min(self.draft_len, room)
                 # Drafting reads each verdict that arrives meanwhile (between two tokens) and ends at one
@@ -216,12 +313,12 @@ class _Generation:
                     break
                 chain += not live
                 now = done_at
-                send(_Block(chain, drafts, guesses, first=not live, more_follows=window > 1 and drafts < room,
-                            sent_at=now, at_cloud=now + costs.up_s(drafts + guesses) + costs.rtt_s / 2),
-                     drafts + guesses)
+                send(_Block(chain, drafts, guesses, first=not live, more_follows=self.window > 1 and drafts < room,
+                            sent_at=now, at_cloud=now + costs.up_s(drafts + guesses) + costs.rtt_s / 2))
             if in_flight and not voided and committed < tokens_wanted:
                 read()
-        return min(committed, tokens_wanted), now, cloud.busy_s, verdicts, stale, sent, sent_drafts, guessing, held
+        return (min(committed, tokens_wanted), now, cloud.busy_s, verdicts, stale, sent, sent_drafts, guessing, held,
+                guesses_sent, empty)
 
 
 class _Cloud:
@@ -239,8 +336,11 @@ class _Cloud:
     def _usable(self, block: _Block) -> bool:
         if block.chain == self.chain:
             return self.alive
+        # A chain's first block is usable unless a token decoded for a void block before the edge read
+        # its verdict moved the committed end from under it: a guess of it that was wrong, or none at all
+        # (an empty block asks for the token at the end the edge knew).
         return block.first and block.chain > self.chain and not any(
-            fill.mismatch and fill.verdict_at > block.sent_at for fill in self.fills)
+            (fill.mismatch or block.empty) and fill.verdict_at > block.sent_at for fill in self.fills)
 
     def step(self) -> None:
         """Answer the front of the pending blocks (one forward, or an empty stale verdict)."""
@@ -268,18 +368,18 @@ class _Cloud:
         if head.chain != self.chain:  # a new chain: the tokens decoded under its guesses are skipped,
             head.drafts += max(head.guesses - self.filled, 0)  # its other guesses are drafts
             self.chain, self.alive, self.filled, self.fills = head.chain, True, 0, []
-        batch = [head]
-        while pending and pending[0].at_cloud <= start and pending[0].chain == self.chain:
+        batch = [head]  # with every later block of the chain there (each empty block is a forward of its own)
+        while not head.empty and pending and pending[0].at_cloud <= start and pending[0].chain == self.chain:
             batch.append(pending.popleft())
         for i, block in enumerate(batch):
-            accepted = 0 if block.guess_wrong else self.generation.accepted(block.drafts)
-            block.committed = accepted if accepted == block.drafts and block.more_follows else accepted + 1
-            if accepted < block.drafts:  # a correction: the chain's later blocks are stale
+            block.accepted = 0 if block.guess_wrong else self.generation.accepted(block.drafts)
+            block.committed = block.accepted if block.accepted == block.drafts and block.more_follows else block.accepted + 1
+            if block.accepted < block.drafts:  # a correction: the chain's later blocks are stale
                 block.ends_chain, self.alive = True, False
                 pending.extendleft(reversed(batch[i + 1:]))
                 del batch[i + 1:]
                 break
-        self._ran(start, costs.verify_s + (len(batch) - 1) * costs.per_extra_block_s, batch)
+        self._ran(start, costs.forward_s(sum(b.drafts for b in batch) + 1), batch)
         if not self.alive:
             self.corrected_at, self.filled, self.fills = self.free_at, 0, []
 
@@ -292,4 +392,5 @@ class _Cloud:
         self.free_at = start + seconds
         self.busy_s += seconds
         for block in answered:
+            block.forward_s, block.done_at = seconds, self.free_at
             block.verdict_at = self.free_at + self.costs.rtt_s / 2 + self.costs.down_s

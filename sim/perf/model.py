@@ -39,12 +39,12 @@ from typing import Any
 
 import numpy as np
 
-from edge.controller import Controller
+from edge.controller import CLOUD_WINDOW, Controller
 from edge.early_block import EARLY_DRAFT_LEN
 from shared.acceptance import expected_acceptance_length
 from shared.wire import http2_framed_size
 from sim.package_data import list_shipped, load_toml
-from sim.perf.block_sim import BlockCosts, simulate_pipelined
+from sim.perf.block_sim import BlockCosts, SimulatedRun, simulate_adaptive, simulate_pipelined
 
 __all__ = [
     "HardwareProfile",
@@ -255,6 +255,7 @@ def first_token_s(timings: Timings, link: NetworkModel, first_message_bytes: flo
 STEADY_GENERATION_TOKENS = 256  # a generation long enough for the steady state (generation_tokens None)
 SIMULATED_TOKENS = 16_384  # tokens each pipelined prediction follows, over at least 32 generations (runs differ
 # by a few % at most: what guesses do rests on a few events a generation)
+ADAPTIVE_SIMULATED_TOKENS = 8_192  # ... each adaptive one (its controller's arithmetic costs more than the blocks)
 
 
 def predict_pipelined(timings: Timings, link: NetworkModel, draft_len: int, window: int,
@@ -277,22 +278,37 @@ def predict_pipelined(timings: Timings, link: NetworkModel, draft_len: int, wind
     if window == 1 or draft_len == 0:
         return predict_split(timings, link, draft_len)
     tokens = max(generation_tokens or STEADY_GENERATION_TOKENS, 2)
+    costs = _block_costs(timings, link, draft_len, decode_stale)
+    return _simulated(timings, link, simulate_pipelined(costs, draft_len, window, tokens, max(32, SIMULATED_TOKENS // tokens)))
+
+
+def _block_costs(timings: Timings, link: NetworkModel, max_draft_len: int, decode_stale: bool = True) -> BlockCosts:
+    """What a block costs where, for the block simulation; a forward over more rows never costs less."""
+    def forward_s(rows: int) -> float:
+        return timings.verify_s(1) if rows == 1 else timings.verify_s(2) + max(timings.verify_per_token_s, 0.0) * (rows - 2)
+
+    return BlockCosts(
+        alpha=timings.alpha_per_position or [0.0], draft_s=timings.draft_s_per_token,
+        up_s=lambda drafts: link.up_s(timings.up_bytes(drafts)), rtt_s=link.rtt_s,
+        down_s=link.down_s(timings.down_bytes_per_round), forward_s=forward_s, fill_s=timings.fill_s,
+        rebased_per_fill=timings.rebased_per_fill, decode_stale=decode_stale,
+        early_drafts=min(max_draft_len, EARLY_DRAFT_LEN), fill_overruns=timings.fill_overruns,
+        token_guessed=timings.fill_guess_hit,
+    )
+
+
+def _simulated(timings: Timings, link: NetworkModel, run: SimulatedRun) -> Prediction:
+    """A prediction from a block simulation's totals; its draft length is the mean drafts (guesses apart)
+    of the blocks sent with any (0: none), its breakdown one such block's terms (the chain overlaps them)."""
+    drafted = run.sent - run.empty
+    draft_len = round((run.sent_drafts - run.guesses) / drafted) if drafted else 0
+    verified = max(run.verdicts - run.stale, 1)
     latency = {
         "uplink": link.up_s(timings.up_bytes(draft_len)),
         "rtt": link.rtt_s,
         "verify": timings.verify_s(draft_len + 1),
         "downlink": link.down_s(timings.down_bytes_per_round),
     }
-    costs = BlockCosts(
-        alpha=timings.alpha_per_position or [0.0], draft_s=timings.draft_s_per_token,
-        up_s=lambda drafts: link.up_s(timings.up_bytes(drafts)), rtt_s=link.rtt_s, down_s=latency["downlink"],
-        verify_s=latency["verify"], per_extra_block_s=max(timings.verify_per_token_s, 0.0) * draft_len,
-        fill_s=timings.fill_s, rebased_per_fill=timings.rebased_per_fill, decode_stale=decode_stale,
-        early_drafts=min(draft_len, EARLY_DRAFT_LEN), fill_overruns=timings.fill_overruns,
-        token_guessed=timings.fill_guess_hit,
-    )
-    run = simulate_pipelined(costs, draft_len, window, tokens, max(32, SIMULATED_TOKENS // tokens))
-    verified = max(run.verdicts - run.stale, 1)
     return Prediction(
         draft_len=draft_len,
         tokens_per_s=run.tokens_per_s,
@@ -302,7 +318,7 @@ def predict_pipelined(timings: Timings, link: NetworkModel, draft_len: int, wind
         ttft_s=first_token_s(timings, link, timings.down_bytes_per_round),
         up_bytes_per_token=(run.sent * timings.up_bytes_fixed + run.sent_drafts * timings.up_bytes_per_draft) / run.tokens,
         down_bytes_per_token=run.verdicts * timings.down_bytes_per_round / run.tokens,
-        breakdown={"draft": draft_len * timings.draft_s_per_token, **latency},  # one block's terms; the chain overlaps them
+        breakdown={"draft": draft_len * timings.draft_s_per_token, **latency},
     )
 
 
@@ -319,29 +335,17 @@ def fastest_then_cheapest(predictions: list[Prediction]) -> Prediction:
 
 def predict_adaptive(timings: Timings, link: NetworkModel, max_draft_len: int, window: int,
                      generation_tokens: int | None = None) -> Prediction:
-    """The adaptive schedule as its controller settles: given the timings as its measurements, the
-    controller (``edge.controller``) chooses, by its own closed-form arithmetic, a draft length and
-    window, or the cloud decoding alone (cloud-only decoding's rate, paid for with a small empty
-    Draft frame up per token); that choice is predicted block by block (``predict_pipelined``).
-    Where the closed form misjudges (stale blocks on a long round trip), this is what the session
+    """The adaptive schedule as a session runs it: each generation under a fresh controller
+    (``edge.controller``, as ``edge.controller.controller_for`` makes one) that learns from the
+    simulated verdicts, block by block (``sim.perf.block_sim.simulate_adaptive``): its first
+    chains on its priors, its switches to the cloud decoding alone and back, its choices where its
+    closed-form arithmetic misjudges (stale blocks on a long round trip). That is what a session
     gets, not the best configuration (``best_adaptive``)."""
-    alone = _cloud_alone(timings, link)
-    controller = Controller.settled(
-        max_draft_len, window, alpha_per_position=timings.alpha_per_position or [0.0],
-        draft_s_per_token=timings.draft_s_per_token,
-        network_s=link.up_s(timings.up_bytes(max_draft_len)) + link.rtt_s + link.down_s(timings.down_bytes_per_round),
-        forward_s=timings.verify_s(max_draft_len + 1), cloud_s_per_token=alone.round_s,
-        stale_rebased=timings.rebased_per_fill,
-    )
-    plan = controller.plan()
-    for _ in range(4):  # (hysteresis: from the longest blocks, a step at a time)
-        again = controller.plan()
-        if again == plan:
-            break
-        plan = again
-    if plan.draft_len == 0:
-        return alone
-    return predict_pipelined(timings, link, plan.draft_len, plan.window, generation_tokens=generation_tokens)
+    tokens = max(generation_tokens or STEADY_GENERATION_TOKENS, 2)
+    costs = _block_costs(timings, link, max_draft_len)
+    run = simulate_adaptive(costs, lambda: Controller(max_draft_len, window, CLOUD_WINDOW), tokens,
+                            max(32, ADAPTIVE_SIMULATED_TOKENS // tokens))
+    return _simulated(timings, link, run)
 
 
 def best_adaptive(timings: Timings, link: NetworkModel, max_draft_len: int, window: int,
