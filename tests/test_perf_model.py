@@ -368,6 +368,10 @@ def test_sim_model_cli_json_is_labelled_modelled():
     fastest = max(r["tokens_per_s"] for r in piped)
     near = [r for r in piped if r["tokens_per_s"] * 1.01 >= fastest]
     assert chosen in near and chosen["cloud_compute_vs_cloud_only"] == min(r["cloud_compute_vs_cloud_only"] for r in near)
+    # The adaptive row: a session's controller, learning as it goes, gets near the best it could choose.
+    adaptive = report["adaptive"]
+    assert adaptive["config"] == "adaptive" and 1 <= adaptive["draft_len"] <= 16
+    assert 0.85 * fastest < adaptive["tokens_per_s"] <= 1.02 * fastest
     assert {"draft", "uplink", "rtt", "verify", "downlink"} == set(rows[3]["breakdown"])
 
 

@@ -46,6 +46,7 @@ def model_report(hardware: str, scenario: str, max_draft_len: int = 16, window: 
         best_draft_len,
         fastest_then_cheapest,
         load_hardware,
+        predict_adaptive,
         predict_cloud_only,
         predict_pipelined,
         predict_split,
@@ -65,6 +66,7 @@ def model_report(hardware: str, scenario: str, max_draft_len: int = 16, window: 
     pipelined_predictions = [predict_pipelined(timings, link, d, window) for d in range(1, max_draft_len + 1)]
     pipelined = [_row(p, base, "pipelined") for p in pipelined_predictions]
     best_pipelined = fastest_then_cheapest(pipelined_predictions).draft_len
+    adaptive = _row(predict_adaptive(timings, link, max_draft_len, window), base, "adaptive")
     return {
         "kind": "modelled",
         "label": LABEL,
@@ -87,6 +89,7 @@ def model_report(hardware: str, scenario: str, max_draft_len: int = 16, window: 
         "window": window,
         "pipelined_rows": pipelined,
         "best_pipelined": next(r for r in pipelined if r["draft_len"] == best_pipelined),
+        "adaptive": adaptive,
         "capacity": {"rows": (cap := capacity_rows(profile, link, max_draft_len=max_draft_len, window=window)),
                      "ridge_rows": profile.ridge_rows, **capacity_at_slo(cap, slo)},
     }
@@ -131,7 +134,7 @@ def format_report(r: dict[str, Any], tablefmt: str = "simple") -> str:
         colalign=[align for _, align in _TABLE_COLUMNS],
         disable_numparse=True,  # cells are formatted already: keep "0.50" as written
     )
-    b, p = r["best"], r["best_pipelined"]
+    b, p, a = r["best"], r["best_pipelined"], r["adaptive"]
     pipelined = tabulate(
         [_table_cells(row) for row in r["pipelined_rows"]],
         headers=[title for title, _ in _TABLE_COLUMNS],
@@ -163,6 +166,11 @@ def format_report(r: dict[str, Any], tablefmt: str = "simple") -> str:
         f"best pipelined D = {p['draft_len']}: {p['tokens_per_s']:.2f} tok/s ({p['speedup_vs_cloud_only']:.2f}x "
         f"cloud-only, {p['tokens_per_s'] / b['tokens_per_s']:.2f}x the best lock-step), cloud compute "
         f"{p['cloud_compute_vs_cloud_only']:.2f}x cloud-only per token",
+        f"adaptive (a session's controller, fresh each generation, D <= {r['rows'][-1]['draft_len']} and up to "
+        f"{r['window']} blocks in flight or the cloud alone, learning from its first verdicts on): "
+        f"{a['tokens_per_s']:.2f} tok/s ({a['speedup_vs_cloud_only']:.2f}x cloud-only, "
+        f"{a['tokens_per_s'] / b['tokens_per_s']:.2f}x the best lock-step), cloud compute "
+        f"{a['cloud_compute_vs_cloud_only']:.2f}x cloud-only per token, {a['draft_len']} drafts a drafted block on average",
         "",
         _capacity_text(r["capacity"], tablefmt),
         f"({LABEL}: predictions of sim.perf.model; measure with `splitspec sim run` and `splitspec bench capacity`.)",
