@@ -8,9 +8,10 @@ loop reports what it measured and asks for a plan. Moving estimates:
   block (acceptance is not geometric: the first draft of a block, right after
   a verified token, is often likelier than the sixth); from verdicts, and from
   *shadow* proposals while the cloud decodes alone (the drafter's token for a
-  position compared with the cloud's, a position-0 trial; in a pipelined
-  chain, position 0 of a later block does not follow a verified token, so
-  α_0 mixes both cases);
+  position compared with the cloud's; a run of them reads as a block drafted
+  from the committed tokens, see ``observe_shadow``; in a pipelined chain,
+  position 0 of a later block does not follow a verified token, so α_0 mixes
+  both cases);
 - the drafter's seconds per drafted token;
 - the network's share of a block's trip (send to verdict, less the cloud's
   own time) and the cloud's time on a drafted block;
@@ -76,13 +77,16 @@ CLOUD_WINDOW = 16  # empty blocks in flight while the cloud decodes alone (the v
 REPLAN_TOKENS = 8  # within a cloud stretch or a chain, the decode loop asks for a plan again every this many tokens
 SHADOW_EVERY = 4  # ... and a drafter slower than half the cloud's pace is measured on every this many tokens
 _MIN_SAMPLES_TO_LEAVE_CLOUD = 24  # acceptance samples (shadow ones included) before drafting again
-# Drafting less (shorter blocks, or none) asks for a gap of (1 + margin) * (1 + this / acceptance
-# samples): one unlucky first block must not hand the session to the cloud (measured: a q3_k_s drafter's
+# Drafting less (shorter blocks, or none) asks for a gap of (1 + margin) * (1 + (this / acceptance
+# samples)^2): one unlucky first block must not hand the session to the cloud (measured: a q3_k_s drafter's
 # first block rejected at draft 0, on a prompt where drafting pays 1.3x) or to short blocks (measured: the
 # Gemma pair in rejection mode, a first block rejected at draft 1, went from D=8 to D=2 and ramped back
 # over the next chains), while a drafter that cannot pay at all (a satellite round trip) is dropped
 # after a block or two. Too long a block costs a drafter little; too short a block costs a good one most
-# of its gain.
+# of its gain. The factor fades fast (5 on one sample, 1.04 on ten): it was 1 + 2 / samples (1.2 on ten)
+# while a cloud stretch measured first drafts only and a wrong hand-off took up to 192 tokens to undo
+# (32 to 64 with shadow runs). The closed-loop model (``sim.perf.block_sim``) on 25 measured runs'
+# timings put the weak drafters' adaptive rows up to 8% faster this way, the self-drafting pair's alike.
 _EVIDENCE_TO_DRAFT_LESS = 2.0
 _WINDOW_TIE = 0.01  # windows predicted this close count as equally fast
 SHRINK_STRENGTH = 4.0  # pseudo-trials at the pooled rate that a position's acceptance estimate is shrunk by
@@ -197,6 +201,7 @@ class Controller:
         self.draft_len = max_draft_len
         self.chosen_window = min(_MIN_WINDOW, window)
         self.switches = 0
+        self._shadow_run = 0  # shadow hits in a row since the last miss (``observe_shadow``)
 
     @classmethod
     def settled(cls, max_draft_len: int, window: int, *, alpha_per_position: list[float], draft_s_per_token: float,
@@ -251,9 +256,21 @@ class Controller:
             self.stale_rebased.add(rebased)
             _add_reported(self.one_token_s, forward_s)
 
+    @property
+    def shadow_position(self) -> int:
+        """The draft of a block that the next shadow proposal is a trial of (``observe_shadow``)."""
+        return self._shadow_run if self.shadows_every_token() else 0
+
     def observe_shadow(self, hit: bool, draft_s: float) -> None:
-        """While the cloud decodes alone: would the drafter have proposed the cloud's token?"""
-        self.acceptance.add(0, hit)  # a proposal right after a committed token: a block's first draft
+        """While the cloud decodes alone: would the drafter have proposed the cloud's token? Where every
+        token is shadowed, the proposals read as blocks drafted from the committed tokens: after i hits
+        in a row (i < the longest block) a proposal is a trial of draft i, as the block's would be; after
+        a miss, or a whole block's hits, of a first draft. A stretch thus measures every position, and a
+        drafter handed to the cloud on early bad luck is seen to pay again within tokens, not only
+        through its first drafts. Where only some tokens are shadowed, each is a first draft's trial."""
+        position = self.shadow_position
+        self.acceptance.add(position, hit)
+        self._shadow_run = position + 1 if hit and position + 1 < self.max_draft_len else 0
         self.draft_s_per_token.add(draft_s)
 
     def observe_cloud_token(self, trip_s: float, cloud_s: float, interval_s: float | None,
@@ -360,10 +377,11 @@ class Controller:
                 break
             margin = 1 + (self.hysteresis if (choice == 0) != (self.draft_len == 0) else _CHANGE_TIE)
             if choice < self.draft_len:  # on few acceptance samples, only a wide gap makes blocks shorter or none
-                margin *= 1 + _EVIDENCE_TO_DRAFT_LESS / max(samples, 1)
+                margin *= 1 + (_EVIDENCE_TO_DRAFT_LESS / max(samples, 1)) ** 2
             if current is None or known[choice] > margin * current:
                 if (choice == 0) != (self.draft_len == 0):
                     self.switches += 1
+                    self._shadow_run = 0  # (a chain ends at a miss: the stretch's first proposal is a first draft)
                 self.draft_len = choice
                 break
         if self.draft_len:

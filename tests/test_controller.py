@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from helpers import tiny_prompt
 
-from edge.controller import AcceptanceEstimate, Controller, controller_for
+from edge.controller import REPLAN_TOKENS, AcceptanceEstimate, Controller, controller_for
 from edge.decode_loop import run_decode
 from edge.llama_drafter import LlamaDrafter
 from edge.ngram_drafter import NgramDrafter
@@ -74,8 +76,9 @@ def test_a_drafter_that_is_always_wrong_hands_decoding_to_the_cloud_and_comes_ba
         c.observe_block(drafted=6, accepted=0, trip_s=0.7, draft_s=0.06, cloud_s=0.1)
     plan = c.plan()
     assert plan.draft_len == 0 and plan.window == 16 and c.switches == 1
-    # In the shadow the drafter turns out right every time: once the rejections are forgotten, drafting pays again.
-    for _ in range(200):
+    # In the shadow the drafter turns out right every time: once the rejections are forgotten, drafting pays
+    # again (the shadow's runs stand for blocks of six: a first draft's trial every six tokens).
+    for _ in range(320):
         c.observe_shadow(True, 0.01)
         c.observe_cloud_token(trip_s=0.7, cloud_s=0.07, interval_s=0.07)
     assert c.plan().draft_len > 0 and c.switches == 2
@@ -457,3 +460,42 @@ def test_switching_over_grpc_is_token_identical(tiny_engine, tiny_models, tiny_v
         assert len(link.rtt_samples_s) == got.stats.rounds + got.stats.stale
     finally:
         drafter.close()
+
+
+def test_shadow_proposals_in_a_row_stand_for_a_block_s_drafts():
+    """While the cloud decodes alone, a run of shadow hits reads as a block drafted from the committed
+    tokens: after i hits in a row a proposal is a trial of draft i; a miss, or a whole block of hits,
+    starts the next block. A drafter too slow to shadow every token measures first drafts only."""
+    c = Controller(max_draft_len=4, window=4, cloud_window=16)
+    c.draft_len = 0
+    positions = []
+    for hit in (True, True, False, True, True, True, True, True):
+        positions.append(c.shadow_position)
+        c.observe_shadow(hit, 0.001)
+    assert positions == [0, 1, 2, 0, 1, 2, 3, 0]
+    assert [round(t) for t in c.acceptance.trials] == [3, 2, 2, 1]
+    slow = Controller(max_draft_len=4, window=4, cloud_window=16)
+    slow.observe_cloud_token(trip_s=0.2, cloud_s=0.1, interval_s=0.1)
+    for _ in range(3):
+        slow.observe_shadow(True, 0.08)
+        assert slow.shadow_position == 0
+
+
+def test_a_drafter_handed_to_the_cloud_on_early_bad_luck_comes_back_within_a_few_dozen_tokens():
+    """Blocks rejected at their first or second draft hand a satellite session to the cloud; the
+    drafter then proposes the cloud's tokens nine times in ten. Shadow runs measure every position
+    of a block, so drafting is back within 64 tokens (a first draft's trials alone took up to 192)."""
+    for seed in range(8):
+        rng = random.Random(seed)
+        c = Controller(max_draft_len=8, window=4, cloud_window=16)
+        for i in range(8):
+            c.observe_block(drafted=8, accepted=i % 2, trip_s=0.9, draft_s=0.4, cloud_s=0.3, forward_s=0.3)
+        assert c.plan().draft_len == 0
+        back = None
+        for token in range(1, 65):
+            c.observe_cloud_token(trip_s=0.9, cloud_s=0.3, interval_s=0.27, forward_s=0.27)
+            c.observe_shadow(rng.random() < 0.9, 0.05)
+            if token % REPLAN_TOKENS == 0 and c.plan().draft_len:
+                back = token
+                break
+        assert back is not None, f"seed {seed}: still with the cloud after 64 tokens"

@@ -43,8 +43,8 @@ The adaptive schedule (``simulate_adaptive``) closes the loop: a session's own
 simulated verdict measures (acceptance, trips, the cloud's time, forwards,
 stale blocks' tokens) and chooses each chain's draft length and window, and
 when the cloud decodes alone (empty blocks, each its own one-row forward, a
-window of them in flight, the drafter's shadow proposals costing the edge a
-draft each), at the points where ``edge.decode_loop`` asks it. Its priors,
+window of them in flight, the drafter's shadow proposals, accepted as the
+draft of a block they stand for, costing the edge a draft each), at the points where ``edge.decode_loop`` asks it. Its priors,
 its first chains and its switches are in the prediction; a short generation
 pays for them.
 
@@ -121,7 +121,7 @@ def simulate_adaptive(costs: BlockCosts, controller: Callable[[], Controller], g
     generation), fed what the simulated verdicts measure as ``edge.decode_loop`` feeds it: it chooses
     each chain's draft length and window, again every ``REPLAN_TOKENS`` tokens of a chain, and when
     the cloud decodes alone (empty blocks, a window of them in flight, one forward of one row each,
-    the drafter's shadow proposals accepted as a first draft and costing the edge a draft each)."""
+    the drafter's shadow proposals accepted as the draft they stand for, costing the edge a draft each)."""
     def start() -> tuple[int, int, Controller]:
         session = controller()
         return session.draft_len, session.drafting_window, session
@@ -207,7 +207,8 @@ class _Generation:
             control.observe_cloud_token(block.verdict_at - block.sent_at, block.done_at - block.at_cloud, interval_s,
                                         block.forward_s)
             if control.shadows_every_token() or since_plan % SHADOW_EVERY == 0:
-                control.observe_shadow(self.rng.random() < costs.alpha[0], costs.draft_s)
+                alpha = costs.alpha[min(control.shadow_position, len(costs.alpha) - 1)]
+                control.observe_shadow(self.rng.random() < alpha, costs.draft_s)
                 return costs.draft_s
         return 0.0
 
