@@ -86,7 +86,8 @@ _MIN_SAMPLES_TO_LEAVE_CLOUD = 24  # acceptance samples (shadow ones included) be
 # of its gain. The factor fades fast (5 on one sample, 1.04 on ten): it was 1 + 2 / samples (1.2 on ten)
 # while a cloud stretch measured first drafts only and a wrong hand-off took up to 192 tokens to undo
 # (32 to 64 with shadow runs). The closed-loop model (``sim.perf.block_sim``) on 25 measured runs'
-# timings put the weak drafters' adaptive rows up to 8% faster this way, the self-drafting pair's alike.
+# timings put the weak drafters' adaptive rows up to 7% faster this way (+2% over 42 rows), the
+# self-drafting pair's alike.
 _EVIDENCE_TO_DRAFT_LESS = 2.0
 _WINDOW_TIE = 0.01  # windows predicted this close count as equally fast
 SHRINK_STRENGTH = 4.0  # pseudo-trials at the pooled rate that a position's acceptance estimate is shrunk by
