@@ -154,7 +154,7 @@ def markdown_report(result: dict) -> str:
             "All numbers below were measured in this run with real processes (edge and cloud pinned to separate cores) "
             "through the emulated link, except the *predicted* column, which is the performance model fitted on the "
             "same run's timings, each prompt with its own acceptance (lock-step rounds in closed form; pipelined and "
-            "adaptive schedules followed block by block, an adaptive run as its controller settles). Bytes are what "
+            "adaptive schedules followed block by block, an adaptive run with a session's controller in the loop). Bytes are what "
             "crossed the emulated TCP link (HTTP/2 and gRPC framing and the session's setup included).",
             "",
             *_headline(result),
