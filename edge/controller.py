@@ -242,20 +242,31 @@ class Controller:
         self.hedge_s.add(hedge_s)
         _add_reported(self.forward_hedged_s, forward_s)
 
-    def observe_acceptance(self, drafted: int, accepted: int) -> None:
+    def observe_acceptance(self, drafted: int, accepted: int, first: int = 0) -> None:
         """Only what a verdict says of acceptance (for a block whose timings measure something
-        else, as the one sent before the Opened, whose trip spans the prefill)."""
+        else, as the one sent before the Opened, whose trip spans the prefill), or what tokens the
+        cloud decoded for stale blocks say of a live block's drafts there: ``accepted`` of
+        ``drafted`` drafts in a row, from the block's draft ``first`` on."""
         for i in range(min(accepted + 1, drafted)):  # drafts reached: Bernoulli(α_i) trials until a rejection
-            self.acceptance.add(i, i < accepted)
+            self.acceptance.add(first + i, i < accepted)
 
-    def observe_stale(self, committed: int, rebased: int = 0, forward_s: float = 0.0) -> None:
+    def observe_stale(self, committed: int, rebased: int = 0, forward_s: float = 0.0, *, trip_s: float | None = None,
+                      cloud_s: float = 0.0, drafted: int = 0, draft_s: float = 0.0) -> None:
         """A stale block's verdict: ``committed`` tokens the cloud decoded for it, ``rebased`` of them
         drafts sent for those positions that it accepted where they lay (none: empty), in a forward of
-        ``forward_s`` (0: not reported)."""
+        ``forward_s`` (0: not reported); its trip (send to verdict; None: not timed) and the cloud's
+        time on it, and its ``drafted`` drafts' drafting time. A drafter whose every chain goes stale
+        (a weak one on a long round trip: each chain's first block guessed a token decoded for a void
+        block wrong) is thus still measured: without these, drafting could not be predicted, and the
+        cloud alone never weighed against it."""
         self.stale_filled.add(float(committed > 0))
         if committed:
             self.stale_rebased.add(rebased)
             _add_reported(self.one_token_s, forward_s)
+        if trip_s is not None:
+            self.network_s.add(max(trip_s - cloud_s, 0.0))
+        if drafted > 0:
+            self.draft_s_per_token.add(draft_s / drafted)
 
     @property
     def shadow_position(self) -> int:
@@ -310,7 +321,7 @@ class Controller:
         """Tokens/s of chains of ``draft_len``-draft blocks, ``window`` of them in flight at most (default:
         the cap), or None before the needed measurements."""
         window = window or self.window
-        verify = self.forward_s.value or self.block_cloud_s.value or self.cloud_s_per_token.value
+        verify = self.forward_s.value or self.block_cloud_s.value or self.cloud_s_per_token.value or self.one_token_s.value
         alphas = self.acceptance.per_position(draft_len)
         if None in (alphas, self.network_s.value, self.draft_s_per_token.value) or not verify:
             return None

@@ -41,10 +41,10 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from edge.controller import REPLAN_TOKENS, SHADOW_EVERY, Controller
-from edge.drafter import DraftBlock, Drafter
+from edge.drafter import DraftBlock, Drafter, common_prefix_length
 from edge.early_block import EARLY_DRAFT_LEN, EarlyBlock
 from edge.hedging import hedge
-from shared.params import SamplingParams
+from shared.params import Mode, SamplingParams
 from shared.stats import DecodeStats
 from shared.verdict import StopReason, Verdict
 from shared.wire import committed_skip, next_epoch
@@ -271,6 +271,9 @@ def run_decode(
     else:
         drafter.begin(prompt, params)
     kept_early = False
+    # A chain's first block's drafts at tokens decoded for stale blocks are acceptance trials where a
+    # draft is accepted exactly when it is the target's token (rejection mode accepts by odds).
+    guesses_are_trials = params.is_greedy or params.mode is not Mode.REJECTION
     hold = False  # blocks in flight were drafted past a token the verifier did not commit: send none until they drain
     early_guess = None  # the first token the kept early block was drafted on, until the first verdict
 
@@ -400,11 +403,19 @@ def run_decode(
             void_now = verdict.is_correction  # everything in flight was drafted past the corrected token
             if verdict.stale:
                 stats.record_stale(len(committed), len(verdict.rebased), verdict.rebased_verified)
-                guessed = _guessed(in_flight, drafting, committed_end, committed)
+                guessed = _guesses(in_flight, drafting, committed_end, committed)
                 if guessed is not None:
-                    stats.record_fill_guess(guessed)
+                    first_draft, guesses = guessed
+                    right = common_prefix_length(guesses, committed)
+                    if right < len(guesses) or len(guesses) == len(committed):  # (else right so far, not done)
+                        stats.record_fill_guess(right == len(committed))
+                    if controller is not None and guesses_are_trials:  # the drafts a live block held there
+                        controller.observe_acceptance(len(guesses), right, first=first_draft)
                 if controller is not None:
-                    controller.observe_stale(len(committed), len(verdict.rebased), verifier.last_forward_s)
+                    controller.observe_stale(len(committed), len(verdict.rebased), verifier.last_forward_s,
+                                             trip_s=None if sent.early else time.perf_counter() - sent.sent_at,
+                                             cloud_s=verifier.last_cloud_s,
+                                             drafted=len(sent.block.tokens), draft_s=sent.draft_s)
                 # A block the loop thought usable was stale, or the tokens decoded for it leave the live
                 # blocks in flight unusable (decided once they are committed, below): all in flight is void.
                 void_now = not sent.void
@@ -490,10 +501,13 @@ def _skips(sent: _InFlight, skip: int, committed_since: list[int]) -> bool:
     return 0 <= skip <= len(sent.block.tokens) and sent.block.tokens[:skip] == committed_since
 
 
-def _guessed(in_flight: deque[_InFlight], drafting: _Drafting | None, position: int, tokens: list[int]) -> bool | None:
-    """Whether a chain's first block (the first live one in flight, else the one being drafted) guessed
-    ``tokens``, decoded for a stale block from ``position`` on: its drafts there are those tokens. None:
-    there is no such block, or it has not drafted that far and holds them so far."""
+def _guesses(in_flight: deque[_InFlight], drafting: _Drafting | None, position: int,
+             tokens: list[int]) -> tuple[int, list[int]] | None:
+    """What a chain's first block (the first live one in flight, else the one being drafted) guessed of
+    ``tokens``, decoded for a stale block from ``position`` on: (its draft index at ``position``, its
+    drafts there, as many as it has of ``tokens``' length). None: there is no such block, or it has
+    drafted none there. Those drafts are still its own (it is live): each is a trial of its index, as
+    a verdict's would be."""
     live = next((f for f in in_flight if not f.void and f.block.tokens), None)
     if live is not None:
         start, drafts = live.start_position, live.block.tokens
@@ -502,9 +516,7 @@ def _guessed(in_flight: deque[_InFlight], drafting: _Drafting | None, position: 
     else:
         return None
     guesses = drafts[position - start:][:len(tokens)] if position >= start else []
-    if not guesses or (len(guesses) < len(tokens) and guesses == tokens[:len(guesses)]):
-        return None
-    return guesses == tokens
+    return (position - start, guesses) if guesses else None
 
 
 def _voided(in_flight: deque[_InFlight]) -> deque[_InFlight]:

@@ -499,3 +499,17 @@ def test_a_drafter_handed_to_the_cloud_on_early_bad_luck_comes_back_within_a_few
                 back = token
                 break
         assert back is not None, f"seed {seed}: still with the cloud after 64 tokens"
+
+
+def test_a_drafter_whose_every_chain_goes_stale_is_still_measured_and_handed_to_the_cloud():
+    """A weak drafter on a satellite round trip: each chain's first block guessed the token the cloud
+    decoded for a void block wrong, so no block is ever verified. The stale verdicts still time the
+    drafter and the network, and the guesses are acceptance trials: the cloud alone takes over (it
+    stayed at D=8 for whole generations while nothing could predict drafting)."""
+    c = Controller(max_draft_len=8, window=4, cloud_window=16)
+    assert c.predict_drafting(8) is None
+    for _ in range(12):
+        c.observe_acceptance(1, 0)  # a guess of a token decoded for a stale block, wrong: a first draft's trial
+        c.observe_stale(1, 0, forward_s=0.25, trip_s=0.9, cloud_s=0.25, drafted=9, draft_s=0.45)
+    assert c.predict_drafting(8) is not None and c.network_s.value == pytest.approx(0.65)
+    assert c.plan().draft_len == 0

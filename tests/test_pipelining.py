@@ -625,18 +625,17 @@ def test_the_edge_voids_its_chain_when_stale_tokens_leave_its_first_live_block_u
 
 
 def test_a_fill_guess_is_judged_by_the_chain_s_first_block_in_flight_or_being_drafted():
-    from edge.decode_loop import _Drafting, _guessed, _InFlight
+    from edge.decode_loop import _Drafting, _guesses, _InFlight
 
     void = _InFlight(0, 20, DraftBlock([9, 9]), False, void=True)
     first = _InFlight(1, 12, DraftBlock([3, 4, 5]), True)  # drafted from position 12: guesses 3, then 4, 5
-    assert _guessed(deque([void, first]), None, 12, [3]) is True
-    assert _guessed(deque([void, first]), None, 12, [3, 7]) is False  # a rebased draft, then a token it missed
+    assert _guesses(deque([void, first]), None, 12, [3]) == (0, [3])
+    assert _guesses(deque([void, first]), None, 12, [3, 7]) == (0, [3, 4])  # a rebased draft, then a token
+    assert _guesses(deque([void, first]), None, 13, [4]) == (1, [4])  # its second draft
     drafting = _Drafting(12, 6, 20, DraftBlock([3]))  # drafted one guess so far
-    assert _guessed(deque([void]), drafting, 12, [3]) is True
-    assert _guessed(deque([void]), drafting, 12, [8, 4]) is False
-    assert _guessed(deque([void]), drafting, 12, [3, 4]) is None  # right so far; the second not guessed yet
-    assert _guessed(deque([void]), _Drafting(12, 6, 20), 12, [3]) is None  # nothing drafted yet
-    assert _guessed(deque([void]), None, 12, [3]) is None  # no chain drafted after the correction
+    assert _guesses(deque([void]), drafting, 12, [8, 4]) == (0, [3])
+    assert _guesses(deque([void]), _Drafting(12, 6, 20), 12, [3]) is None  # nothing drafted yet
+    assert _guesses(deque([void]), None, 12, [3]) is None  # no chain drafted after the correction
     # The block being drafted goes on while the committed tokens from its start are its drafts.
     prompt_len = 10
     assert drafting.continues([0, 0], prompt_len) and drafting.continues([0, 0, 3], prompt_len)

@@ -82,6 +82,7 @@ class BlockCosts:
     token_guessed: float | None = None  # P(a guess of a token decoded for a stale block is right); None: alpha[0]
     early_drafts: int = 0  # drafts of the early block (0: none)
     fill_overruns: bool = False  # a fill may run past the next block's due time where that pays (greedy, coupled)
+    guess_trials: bool = False  # a controller counts a live block's guesses of fills as acceptance trials (same modes)
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,7 @@ class _Block:
     mismatch: bool = False  # a token decoded for it, guessed wrong by chains drafted before its verdict was read
     void: bool = False  # the edge's view: drafted past a token the verifier will not commit
     early: bool = False  # the early block
+    judged: int = 0  # its guesses judged by tokens decoded for stale blocks (a chain's first block)
     guess_wrong: bool = False  # the early block, drafted on a wrong guess of the first token
 
     @property
@@ -191,12 +193,19 @@ class _Generation:
     def follow(self, plan: Plan) -> None:
         self.draft_len, self.window = plan.draft_len, plan.window
 
-    def observe(self, block: _Block, interval_s: float | None, since_plan: int) -> float:
-        """Feed the controller what ``block``'s verdict measures (``edge.decode_loop._observe``); the
-        edge's seconds that took (a shadow proposal)."""
+    def observe(self, block: _Block, interval_s: float | None, since_plan: int, guesser: _Block | None) -> float:
+        """Feed the controller what ``block``'s verdict measures (``edge.decode_loop._observe``), and for
+        a token decoded for a stale block, what it says of ``guesser``'s guess of it; the edge's seconds
+        that took (a shadow proposal)."""
         control, costs = self.controller, self.costs
         if block.stale:
-            control.observe_stale(block.committed, max(block.committed - 1, 0), block.forward_s)
+            control.observe_stale(block.committed, max(block.committed - 1, 0), block.forward_s,
+                                  trip_s=None if block.early else block.verdict_at - block.sent_at,
+                                  cloud_s=block.done_at - block.at_cloud,
+                                  drafted=block.drafts + block.guesses, draft_s=(block.drafts + block.guesses) * costs.draft_s)
+            if block.committed and guesser is not None and costs.guess_trials:
+                control.observe_acceptance(1, int(not block.mismatch), first=guesser.judged)
+                guesser.judged += 1
         elif block.early:
             if not block.guess_wrong:
                 control.observe_acceptance(block.drafts, block.accepted)
@@ -253,7 +262,8 @@ class _Generation:
             if control is not None:
                 interval = now - last_read if block.empty and since_plan > 0 else None
                 last_read = now
-                now += self.observe(block, interval, since_plan)
+                guesser = next((b for b in in_flight if not b.void and b.first and b.guesses > b.judged), None)
+                now += self.observe(block, interval, since_plan, guesser)
             verdicts, stale, committed = verdicts + 1, stale + block.stale, committed + block.committed
             since_plan += block.committed
             if block.first and block.guesses:
@@ -358,7 +368,7 @@ class _Cloud:
             head.stale = True
             due = None if self.corrected_at is None or self.gap_s.value is None else self.corrected_at + self.gap_s.value
             if not costs.decode_stale or any(self._usable(b) for b in there[1:]) or not self._fill_in_time(start, due):
-                head.verdict_at = start + costs.rtt_s / 2 + costs.down_s
+                head.done_at, head.verdict_at = start, start + costs.rtt_s / 2 + costs.down_s
                 return
             head.committed = self.generation.fill()
             head.mismatch = self.generation.rng.random() >= costs.token_guessed
