@@ -77,17 +77,19 @@ CLOUD_WINDOW = 16  # empty blocks in flight while the cloud decodes alone (the v
 REPLAN_TOKENS = 8  # within a cloud stretch or a chain, the decode loop asks for a plan again every this many tokens
 SHADOW_EVERY = 4  # ... and a drafter slower than half the cloud's pace is measured on every this many tokens
 _MIN_SAMPLES_TO_LEAVE_CLOUD = 24  # acceptance samples (shadow ones included) before drafting again
-# Drafting less (shorter blocks, or none) asks for a gap of (1 + margin) * (1 + (this / acceptance
-# samples)^2): one unlucky first block must not hand the session to the cloud (measured: a q3_k_s drafter's
-# first block rejected at draft 0, on a prompt where drafting pays 1.3x) or to short blocks (measured: the
-# Gemma pair in rejection mode, a first block rejected at draft 1, went from D=8 to D=2 and ramped back
-# over the next chains), while a drafter that cannot pay at all (a satellite round trip) is dropped
-# after a block or two. Too long a block costs a drafter little; too short a block costs a good one most
-# of its gain. The factor fades fast (5 on one sample, 1.04 on ten): it was 1 + 2 / samples (1.2 on ten)
-# while a cloud stretch measured first drafts only and a wrong hand-off took up to 192 tokens to undo
-# (32 to 64 with shadow runs). The closed-loop model (``sim.perf.block_sim``) on 25 measured runs'
-# timings put the weak drafters' adaptive rows up to 7% faster this way (+2% over 42 rows), the
-# self-drafting pair's alike.
+# Drafting less asks for a gap of (1 + margin) * (1 + this / acceptance samples) for shorter blocks, and
+# (1 + margin) * (1 + (this / samples)^2) for none: one unlucky first block must not hand the session to the
+# cloud (measured: a q3_k_s drafter's first block rejected at draft 0, on a prompt where drafting pays
+# 1.3x) or to short blocks (measured: the Gemma pair in rejection mode, a first block rejected at draft
+# 1, went from D=8 to D=2 and ramped back over the next chains), while a drafter that cannot pay at all
+# (a satellite round trip) is dropped after a block or two. Too long a block costs a drafter little; too
+# short a block costs a good one most of its gain. The factor for none fades fast (5 on one sample, 1.04
+# on ten; it was 1 + 2 / samples, 1.2 on ten, while a cloud stretch measured first drafts only and a wrong
+# hand-off took up to 192 tokens to undo, 32 to 64 with shadow runs). On the closed-loop model
+# (``sim.perf.block_sim``) with measured runs' timings, the square for none made the weak drafters'
+# satellite rows 1-3% faster; for shorter blocks too it made weak drafters' D<=8 rows up to 5% faster,
+# but the Gemma pair's rejection-mode D<=8 rows 3-5% slower (measured once: 2.17x against the fixed
+# schedule's 3.08x), so shorter blocks keep the linear factor.
 _EVIDENCE_TO_DRAFT_LESS = 2.0
 _WINDOW_TIE = 0.01  # windows predicted this close count as equally fast
 SHRINK_STRENGTH = 4.0  # pseudo-trials at the pooled rate that a position's acceptance estimate is shrunk by
@@ -389,7 +391,8 @@ class Controller:
                 break
             margin = 1 + (self.hysteresis if (choice == 0) != (self.draft_len == 0) else _CHANGE_TIE)
             if choice < self.draft_len:  # on few acceptance samples, only a wide gap makes blocks shorter or none
-                margin *= 1 + (_EVIDENCE_TO_DRAFT_LESS / max(samples, 1)) ** 2
+                evidence = _EVIDENCE_TO_DRAFT_LESS / max(samples, 1)
+                margin *= 1 + (evidence ** 2 if choice == 0 else evidence)
             if current is None or known[choice] > margin * current:
                 if (choice == 0) != (self.draft_len == 0):
                     self.switches += 1
