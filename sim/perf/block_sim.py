@@ -199,10 +199,10 @@ class _Generation:
         that took (a shadow proposal)."""
         control, costs = self.controller, self.costs
         if block.stale:
+            drafted = block.drafts + block.guesses
             control.observe_stale(block.committed, max(block.committed - 1, 0), block.forward_s,
                                   trip_s=None if block.early else block.verdict_at - block.sent_at,
-                                  cloud_s=block.done_at - block.at_cloud,
-                                  drafted=block.drafts + block.guesses, draft_s=(block.drafts + block.guesses) * costs.draft_s)
+                                  cloud_s=block.done_at - block.at_cloud, drafted=drafted, draft_s=drafted * costs.draft_s)
             if block.committed and guesser is not None and costs.guess_trials:
                 control.observe_acceptance(1, int(not block.mismatch), first=guesser.judged)
                 guesser.judged += 1
