@@ -111,6 +111,9 @@ def test_a_session_s_controller_hands_a_useless_drafter_to_the_cloud_and_keeps_a
     useless = simulate_adaptive(dataclasses.replace(costs, alpha=[0.0]), lambda: Controller(8, 4, 16), 257,
                                 generations=4)
     assert useless.empty > 0.8 * useless.tokens
+    # The tokens decoded for the last chain's stale blocks do not make the stretch's empty blocks stale
+    # (each asks for the next token, wherever it is): they are answered, and measure the cloud alone.
+    assert useless.stale < 0.05 * useless.verdicts
     assert 0.8 / 0.05 < useless.tokens_per_s < 1 / 0.05
     good = simulate_adaptive(costs, lambda: Controller(8, 4, 16), 257, generations=4)
     assert good.empty == 0 and good.sent_drafts >= good.tokens - good.sent

@@ -60,9 +60,9 @@ class CountingController(Controller):
 
     acceptances = blocks = 0
 
-    def observe_acceptance(self, drafted, accepted):
+    def observe_acceptance(self, drafted, accepted, first=0):
         self.acceptances += 1
-        super().observe_acceptance(drafted, accepted)
+        super().observe_acceptance(drafted, accepted, first)
 
     def observe_block(self, *args, **kwargs):
         self.blocks += 1
@@ -461,6 +461,60 @@ def test_drafting_stops_for_a_verdict_that_voids_the_block_and_goes_on_after_one
         # Blocks that went were drafted to their full length, the limit aside (a chain's first block
         # holds guesses besides): drafting went on after the verdicts that did not void them.
         assert all(drafts >= 4 for start, drafts in blocks if start - len(prompt) + 4 < 47), (lag, blocks)
+
+
+class FarVerifier(LocalVerifier):
+    """A cloud at a long round trip with quick forwards: each block reaches it after it has answered
+    the blocks sent before (one forward each, nothing coalesced; a stale block has no usable block
+    behind it, so it gets a token decoded), and no verdict is ready before ``receive``."""
+
+    def __init__(self, engine) -> None:
+        super().__init__(engine)
+        self._on_the_way: list[PendingBlock] = []
+
+    def send(self, epoch, start_position, block, more_follows):
+        super().send(epoch, start_position, block, more_follows)
+        self._on_the_way.append(self._pending.pop())
+
+    def ready(self) -> bool:
+        return False
+
+    def receive(self):
+        if not self._verdicts and not self._pending and self._on_the_way:
+            self._pending.append(self._on_the_way.pop(0))
+        return super().receive()
+
+
+def test_a_drafter_whose_every_chain_goes_stale_is_measured_through_the_stale_verdicts(tiny_engine, tiny_vocab):
+    """The regime of a weak drafter on a long round trip, through the decode loop: the drafter is wrong
+    at every position, so after the first correction each chain's first block goes out guessing the
+    tokens decoded for the void blocks before it, wrongly, and comes back stale. No drafted block is
+    verified after the first, yet the stale verdicts time the network and the drafter, and the guesses
+    are first drafts' trials: the controller sees drafting fail and weighs the cloud alone against it.
+    The output stays target-only's."""
+    prompt = tiny_prompt(tiny_engine, TEXTS[0])
+    want = greedy_continuation(tiny_engine, prompt, 32)
+    drafter = ScriptedDrafter(tiny_vocab[0], want, len(prompt), right=False, wrong_every=1)
+    controller = CountingController(max_draft_len=4, window=4, cloud_window=16)
+    controller.observe_stale = _recorded(controller.observe_stale, stale := [])
+    got = run_decode(drafter, FarVerifier(tiny_engine), prompt, GREEDY, max_new_tokens=32, draft_len=4,
+                     window=4, controller=controller)
+    assert got.tokens == want[:32]
+    assert controller.blocks == 1, got.stats  # the first chain's block (the early block's timings span the prefill)
+    chains_stale = [k for k in stale if k["trip_s"] is not None and k["drafted"] > 4]  # a chain's first block: guesses
+    assert len(chains_stale) >= 3 and got.stats.fill_guesses >= 3 and got.stats.fill_guesses_hit == 0, got.stats
+    assert all(k["trip_s"] >= k["cloud_s"] >= 0 and k["draft_s"] > 0 for k in chains_stale), chains_stale
+    assert controller.acceptances >= controller.blocks + got.stats.fill_guesses  # the guesses, each a trial
+    assert controller.acceptance.per_position(1)[0] < 0.2
+    assert controller.predict_drafting(4) < controller.predict_cloud()
+
+
+def _recorded(method, calls: list):
+    """``method``, recording each call's keyword arguments (and the positional ones by name) in ``calls``."""
+    def record(committed, rebased=0, forward_s=0.0, **kwargs):
+        calls.append(dict(committed=committed, rebased=rebased, forward_s=forward_s, **kwargs))
+        return method(committed, rebased, forward_s, **kwargs)
+    return record
 
 
 def test_pipelining_shares_forwards_between_blocks(tiny_engine, drafters):

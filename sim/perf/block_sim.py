@@ -31,7 +31,7 @@ follows the protocol instead, with random acceptance, over whole generations:
   correction makes the chain's later blocks stale; a chain's first block is
   usable when every token decoded under its guesses (their verdicts not read
   when it was drafted) was guessed right, each with probability
-  ``token_guessed``;
+  ``token_guessed``; an empty one always is (it asks for the next token);
 - the early block (``edge.early_block``) is at the cloud when the first token
   leaves it; on a wrong guess of that token (``alpha[0]``) it commits one token
   and the edge chains nothing on it;
@@ -348,10 +348,11 @@ class _Cloud:
         if block.chain == self.chain:
             return self.alive
         # A chain's first block is usable unless a token decoded for a void block before the edge read
-        # its verdict moved the committed end from under it: a guess of it that was wrong, or none at all
-        # (an empty block asks for the token at the end the edge knew).
-        return block.first and block.chain > self.chain and not any(
-            (fill.mismatch or block.empty) and fill.verdict_at > block.sent_at for fill in self.fills)
+        # its verdict moved the committed end from under it with a guess of it that was wrong. An empty
+        # block asks for the next token wherever that is (``cloud.session``: a token decoded for a
+        # stale block is a bonus, not a correction, so the epoch it was sent at still holds).
+        return block.first and block.chain > self.chain and (block.empty or not any(
+            fill.mismatch and fill.verdict_at > block.sent_at for fill in self.fills))
 
     def step(self) -> None:
         """Answer the front of the pending blocks (one forward, or an empty stale verdict)."""
