@@ -95,6 +95,12 @@ _WINDOW_TIE = 0.01  # windows predicted this close count as equally fast
 SHRINK_STRENGTH = 4.0  # pseudo-trials at the pooled rate that a position's acceptance estimate is shrunk by
 _CHANGE_TIE = 0.03  # another draft length must be predicted this much faster to be taken
 _MIN_WINDOW = 2  # blocks in flight the controller chooses at least (it never goes lock-step), and starts with
+# Drafts per block until the first verdicts say otherwise (the cap where lower). Starting at the cap cost the
+# weak drafters' first chains their drafting time: in the closed-loop model over 44 measured D<=8 rows, starting
+# at 4 made them 1-10% faster (q2_k on satellite 0.95x -> 1.02x cloud-only; geometric mean of all adaptive rows
+# +2.4%), and the 70B profile 1.58x at 0.50x compute -> 1.66x at 0.49x (six seeds); 5 and 6 gained less. Only the
+# Gemma pair's acespec-50k D<=8 rows were predicted slower (4%-6%), where D<=4 measures as fast as D<=8.
+_START_DRAFT_LEN = 4
 _HEDGE_PROBE_BLOCKS = 8  # blocks measured without hedges, then with them, before hedging is weighed
 
 
@@ -199,9 +205,10 @@ class Controller:
         self.hedging = False  # the current choice (``hedge_width``)
         # The current choice. A session starts drafting (measured here: starting with the cloud decoding
         # alone cost the self-drafting Gemma pair 1.47x instead of 2.2x cloud-only on acespec-50k), with
-        # two blocks in flight until the measurements say more pay (a drafter that turns out useless on
-        # a long link then costs fewer wasted blocks before the cloud takes over).
-        self.draft_len = max_draft_len
+        # blocks of _START_DRAFT_LEN and two in flight until the measurements say more pay (a drafter that
+        # turns out useless on a long link then costs fewer wasted drafts and blocks before the cloud
+        # takes over).
+        self.draft_len = min(max_draft_len, _START_DRAFT_LEN)
         self.chosen_window = min(_MIN_WINDOW, window)
         self.switches = 0
         self._shadow_run = 0  # shadow hits in a row since the last miss (``observe_shadow``)
@@ -211,7 +218,7 @@ class Controller:
                 network_s: float, forward_s: float, cloud_s_per_token: float, stale_rebased: float = 0.0,
                 cloud_window: int = CLOUD_WINDOW) -> Controller:
         """A controller that has measured these at length (what it chooses once its estimates have
-        settled); it has not chosen yet: ``plan`` starts from the longest blocks, as a session does."""
+        settled); it has not chosen yet: ``plan`` starts from where a session does."""
         controller = cls(max_draft_len, window, cloud_window)
         controller.acceptance = AcceptanceEstimate.settled(alpha_per_position)
         for estimate, value in ((controller.draft_s_per_token, draft_s_per_token), (controller.network_s, network_s),

@@ -37,6 +37,14 @@ def test_a_good_drafter_on_a_slow_link_drafts_long_blocks():
     assert plan.predicted_tokens_per_s > c.predict_cloud()
 
 
+def test_a_session_starts_with_short_blocks_and_a_good_drafter_lengthens_them_after_a_few_verdicts():
+    c = Controller(max_draft_len=8, window=2, cloud_window=16)
+    assert c.plan().draft_len == 4
+    for _ in range(3):
+        c.observe_block(drafted=4, accepted=4, trip_s=0.4, draft_s=0.06, cloud_s=0.12)
+    assert c.plan().draft_len == 8
+
+
 def test_the_window_starts_at_two_and_takes_the_blocks_in_flight_that_pay():
     def measured(trip_s: float) -> Controller:
         c = Controller(max_draft_len=4, window=4, cloud_window=16)
@@ -58,7 +66,8 @@ def test_the_window_starts_at_two_and_takes_the_blocks_in_flight_that_pay():
 def test_a_session_starts_drafting_and_leaves_the_cloud_only_on_evidence():
     c = Controller(max_draft_len=6, window=3, cloud_window=16, hysteresis=0.0)
     plan = c.plan()  # nothing measured yet: draft (the common case is a useful drafter), two blocks in flight
-    assert plan.draft_len == 6 and plan.window == 2 and plan.predicted_tokens_per_s is None
+    assert plan.draft_len == 4 and plan.window == 2 and plan.predicted_tokens_per_s is None
+    assert Controller(max_draft_len=3, window=3, cloud_window=16).plan().draft_len == 3  # (within the cap)
     c.draft_len = 0  # the cloud decodes alone; a few lucky shadow hits are not enough to leave
     for _ in range(5):
         c.observe_shadow(True, 0.001)
@@ -175,6 +184,7 @@ def test_one_unlucky_first_block_does_not_make_blocks_short():
     alone, but too short a block costs a good drafter most of its gain; the blocks stay long until
     the evidence says otherwise."""
     c = Controller(max_draft_len=8, window=4, cloud_window=16, hysteresis=0.0)
+    c.draft_len = 8  # drafting blocks of 8
     c.observe_block(drafted=8, accepted=1, trip_s=0.3, draft_s=0.11, cloud_s=0.15)
     speeds = {d: c.predict_drafting(d) for d in range(1, 9)}
     assert max(speeds, key=speeds.get) < 8
@@ -227,6 +237,7 @@ def test_among_draft_lengths_predicted_alike_the_longest_is_taken():
     and the longest of them verifies its tokens in fewer forwards and bytes."""
     c = Controller.settled(8, 4, alpha_per_position=[0.8], draft_s_per_token=0.011, network_s=0.13, forward_s=0.057,
                            cloud_s_per_token=0.055)
+    c.draft_len = 8
     speeds = {d: c._best_window(d, [2, 3, 4])[0] for d in range(1, 9)}
     best = max(speeds, key=speeds.get)
     alike = [d for d, v in speeds.items() if v * 1.03 >= speeds[best]]
