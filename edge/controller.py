@@ -96,7 +96,7 @@ SHRINK_STRENGTH = 4.0  # pseudo-trials at the pooled rate that a position's acce
 _CHANGE_TIE = 0.03  # another draft length must be predicted this much faster to be taken
 _MIN_WINDOW = 2  # blocks in flight the controller chooses at least (it never goes lock-step), and starts with
 # Drafts per block until the first verdicts say otherwise (the cap where lower). Starting at the cap cost the
-# weak drafters' first chains their drafting time: in the closed-loop model over 44 measured D<=8 rows, starting
+# weak drafters' first chains their drafting time: in the closed-loop model over 40 measured D<=8 rows, starting
 # at 4 made them 1-10% faster (q2_k on satellite 0.95x -> 1.02x cloud-only; geometric mean of all adaptive rows
 # +2.4%), and the 70B profile 1.58x at 0.50x compute -> 1.66x at 0.49x (six seeds); 5 and 6 gained less. Only the
 # Gemma pair's acespec-50k D<=8 rows were predicted slower (4%-6%), where D<=4 measures as fast as D<=8.
