@@ -44,9 +44,9 @@ simulated verdict measures (acceptance, trips, the cloud's time, forwards,
 stale blocks' tokens) and chooses each chain's draft length and window, and
 when the cloud decodes alone (empty blocks, each its own one-row forward, a
 window of them in flight, the drafter's shadow proposals, accepted as the
-draft of a block they stand for, costing the edge a draft each), at the points where ``edge.decode_loop`` asks it. Its priors,
-its first chains and its switches are in the prediction; a short generation
-pays for them.
+draft of a block they stand for, costing the edge a draft each), at the
+points where ``edge.decode_loop`` asks it. Its priors, its first chains and
+its switches are in the prediction; a short generation pays for them.
 
 Deterministic for a seed. Pure arithmetic: no clock, no I/O.
 """

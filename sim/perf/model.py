@@ -293,8 +293,8 @@ def _block_costs(timings: Timings, link: NetworkModel, max_draft_len: int, decod
         down_s=link.down_s(timings.down_bytes_per_round), forward_s=forward_s, fill_s=timings.fill_s,
         rebased_per_fill=timings.rebased_per_fill, decode_stale=decode_stale,
         early_drafts=min(max_draft_len, EARLY_DRAFT_LEN), fill_overruns=timings.fill_overruns,
-        guess_trials=timings.fill_overruns,  # (both hold in greedy and coupled modes: a draft is accepted
-        token_guessed=timings.fill_guess_hit,  # exactly when it is the target's token)
+        # Both hold in greedy and coupled modes, where a draft is accepted exactly when it is the target's token.
+        guess_trials=timings.fill_overruns, token_guessed=timings.fill_guess_hit,
     )
 
 
