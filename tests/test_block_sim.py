@@ -31,17 +31,20 @@ def test_the_verifier_takes_every_block_there_when_it_starts_a_forward():
     """A block every 10 ms, eight in flight, no network delay, a 100 ms forward and 20 ms per extra block."""
     run = simulate_pipelined(_costs(rtt_s=0.0, verify_s=0.1, per_row_s=0.02), 1, 8, generation_tokens=9,
                              generations=1)
-    # Block 0 alone (0.01-0.11); blocks 1 to 7, there by 0.08, in one forward (0.11-0.33).
-    assert (run.seconds, run.cloud_s, run.verdicts) == (pytest.approx(0.33), pytest.approx(0.32), 8)
+    # Seven blocks (the seventh's bonus is the eighth token: the decode loop drafts none past the limit).
+    # Block 0 alone (0.01-0.11); blocks 1 to 6, there by 0.07, in one forward of 7 rows (0.11-0.31).
+    assert (run.seconds, run.cloud_s, run.verdicts) == (pytest.approx(0.31), pytest.approx(0.30), 7)
 
 
 def test_a_correction_voids_the_blocks_in_flight_and_the_next_block_guesses_their_tokens():
     """A drafter never right; a verifier that answers stale blocks empty (``--stale-blocks drop``)."""
-    run = simulate_pipelined(_costs(alpha=[0.0], decode_stale=False), 1, 3, generation_tokens=3, generations=1)
-    # Blocks 0 and 1 go at 0.01 and 0.02; block 0's correction is read at 0.16 (its forward 0.06-0.11), block 1
-    # is void. The next chain's block drafts a guess for it and its own draft (0.16-0.18); block 1 is answered
-    # empty at 0.11 (read at 0.16), so the guess is a draft; that block's correction is read at 0.33.
-    assert (run.tokens, run.seconds, run.verdicts, run.stale, run.sent_drafts) == (2, pytest.approx(0.33), 3, 1, 4)
+    run = simulate_pipelined(_costs(alpha=[0.0], decode_stale=False), 1, 3, generation_tokens=4, generations=1)
+    # Blocks 0 and 1 go at 0.01 and 0.02 (block 1 leaves room for its bonus only: it asks for no follower);
+    # block 0's correction is read at 0.16 (its forward 0.06-0.11), block 1 is void. The next chain's block
+    # holds a guess for it (the limit leaves room for no more), drafted 0.16-0.17; block 1 is answered empty
+    # at 0.11 (read at 0.16), so the guess is a draft; that block's correction is read at 0.32, and the
+    # last token comes from an empty block (0.32-0.47).
+    assert (run.tokens, run.seconds, run.verdicts, run.stale, run.sent_drafts) == (3, pytest.approx(0.47), 4, 1, 3)
     assert (run.guessing, run.guesses_held) == (1, 1)
 
 

@@ -60,7 +60,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from cloud.next_block import fill_overrun_pays
-from edge.controller import REPLAN_TOKENS, SHADOW_EVERY, Controller, Plan
+from edge.controller import Controller
+from edge.pipeline import Pipeline, first_live, more_follows, observe_verdict
 from shared.stats import Ewma
 
 __all__ = ["BlockCosts", "SimulatedRun", "simulate_pipelined", "simulate_adaptive"]
@@ -144,13 +145,17 @@ def _simulate(costs: BlockCosts, schedule: Callable[[], tuple[int, int, Controll
 
 @dataclass
 class _Block:
+    """A simulated block (an ``edge.pipeline.Flight``) with its times at the cloud."""
+
     chain: int  # the chain it was drafted in (a correction or a wrong guess starts the next)
     drafts: int  # drafts for the chain's positions
     guesses: int  # guesses of the tokens the void blocks in flight bring (a chain's first block)
-    first: bool  # a chain's first block
+    opens_chain: bool  # a chain's first block
     more_follows: bool
     sent_at: float
     at_cloud: float
+    start_position: int = 0  # counted from the first generated token
+    size: int = 0  # drafts and guesses as sent
     verdict_at: float = math.inf
     committed: int = 0
     accepted: int = 0
@@ -163,6 +168,7 @@ class _Block:
     early: bool = False  # the early block
     judged: int = 0  # its guesses judged by tokens decoded for stale blocks (a chain's first block)
     guess_wrong: bool = False  # the early block, drafted on a wrong guess of the first token
+    first: bool = False  # (the first position, answered with the Opened, is not simulated)
 
     @property
     def empty(self) -> bool:
@@ -170,13 +176,35 @@ class _Block:
         return self.drafts == 0 and self.guesses == 0
 
 
+@dataclass
+class _Tally:
+    """One generation's counts (``SimulatedRun``'s fields)."""
+
+    committed: int = 0
+    seconds: float = 0.0
+    cloud_s: float = 0.0
+    verdicts: int = 0
+    stale: int = 0
+    sent: int = 0
+    sent_drafts: int = 0
+    guessing: int = 0
+    guesses_held: int = 0
+    guesses: int = 0
+    empty: int = 0
+
+
 class _Generation:
-    """One generation: the edge's loop (``run``) and the cloud's (``_Cloud``); ``controller`` (None:
-    a fixed schedule) changes ``draft_len`` and ``window`` as the decode loop lets it."""
+    """One generation: the edge's loop (``run``, an ``edge.pipeline.Pipeline`` on a simulated clock) and
+    the cloud's (``_Cloud``); ``controller`` (None: a fixed schedule) chooses as the decode loop lets it."""
 
     def __init__(self, costs: BlockCosts, draft_len: int, window: int, controller: Controller | None,
                  rng: random.Random) -> None:
-        self.costs, self.draft_len, self.window, self.controller, self.rng = costs, draft_len, window, controller, rng
+        self.costs, self.rng = costs, rng
+        self.pipeline: Pipeline[_Block] = Pipeline(draft_len, window, controller)
+        self.pending: deque[_Block] = deque()  # sent, not yet answered by the cloud
+        self.cloud = _Cloud(self, self.pending)
+        self.tally = _Tally()
+        self.chain, self.now, self.last_read = 0, 0.0, 0.0
 
     def accepted(self, drafts: int) -> int:
         alpha = self.costs.alpha
@@ -185,19 +213,16 @@ class _Generation:
                 return i
         return drafts
 
-    def fill(self) -> int:
+    def stale_decode(self) -> int:
         """Tokens a stale block's forward commits: the one decoded, after the rebased drafts it accepts."""
         whole = int(self.costs.rebased_per_fill)
         return 1 + whole + (self.rng.random() < self.costs.rebased_per_fill - whole)
 
-    def follow(self, plan: Plan) -> None:
-        self.draft_len, self.window = plan.draft_len, plan.window
-
-    def observe(self, block: _Block, interval_s: float | None, since_plan: int, guesser: _Block | None) -> float:
-        """Feed the controller what ``block``'s verdict measures (``edge.decode_loop._observe``), and for
+    def observe(self, block: _Block, interval_s: float | None, guesser: _Block | None) -> float:
+        """Feed the controller what ``block``'s verdict measures (as ``edge.decode_loop`` does), and for
         a token decoded for a stale block, what it says of ``guesser``'s guess of it; the edge's seconds
         that took (a shadow proposal)."""
-        control, costs = self.controller, self.costs
+        control, costs = self.pipeline.controller, self.costs
         if block.stale:
             drafted = block.drafts + block.guesses
             control.observe_stale(block.committed, max(block.committed - 1, 0), block.forward_s,
@@ -206,130 +231,99 @@ class _Generation:
             if block.committed and guesser is not None and costs.guess_trials:
                 control.observe_acceptance(1, int(not block.mismatch), first=guesser.judged)
                 guesser.judged += 1
-        elif block.early:
-            if not block.guess_wrong:
-                control.observe_acceptance(block.drafts, block.accepted)
-        elif block.drafts:
-            control.observe_block(block.drafts, block.accepted, block.verdict_at - block.sent_at,
-                                  block.drafts * costs.draft_s, block.done_at - block.at_cloud, block.forward_s)
-        else:
-            control.observe_cloud_token(block.verdict_at - block.sent_at, block.done_at - block.at_cloud, interval_s,
-                                        block.forward_s)
-            if control.shadows_every_token() or since_plan % SHADOW_EVERY == 0:
-                alpha = costs.alpha[min(control.shadow_position, len(costs.alpha) - 1)]
-                control.observe_shadow(self.rng.random() < alpha, costs.draft_s)
-                return costs.draft_s
+            return 0.0
+        cloud_token = observe_verdict(
+            control, early=block.early, wrong_guess=block.guess_wrong, drafted=block.drafts, held=block.size,
+            accepted=block.accepted, trip_s=block.verdict_at - block.sent_at, draft_s=block.drafts * costs.draft_s,
+            cloud_s=block.done_at - block.at_cloud, forward_s=block.forward_s, interval_s=interval_s)
+        if cloud_token and self.pipeline.shadow_due():
+            alpha = costs.alpha[min(control.shadow_position, len(costs.alpha) - 1)]
+            control.observe_shadow(self.rng.random() < alpha, costs.draft_s)
+            return costs.draft_s
         return 0.0
 
-    def run(self, tokens_wanted: int) -> tuple[int, float, float, int, int, int, int, int, int, int, int]:
-        costs, control = self.costs, self.controller
-        in_flight: deque[_Block] = deque()
-        pending: deque[_Block] = deque()  # sent, not yet answered by the cloud
-        cloud = _Cloud(self, pending)
-        chain, now = 0, 0.0
-        committed = verdicts = stale = sent = sent_drafts = guessing = held = guesses_sent = empty = 0
-        hold = None  # the early block while the edge chains nothing on it
-        since_plan, leaving_cloud, last_read = 0, False, 0.0
+    def send(self, block: _Block) -> None:
+        tally = self.tally
+        self.pipeline.sent(block)
+        self.pending.append(block)
+        tally.sent, tally.sent_drafts = tally.sent + 1, tally.sent_drafts + block.drafts + block.guesses
+        tally.empty, tally.guesses = tally.empty + block.empty, tally.guesses + block.guesses
 
-        def send(block: _Block) -> None:
-            nonlocal sent, sent_drafts, guesses_sent, empty
-            in_flight.append(block)
-            pending.append(block)
-            sent, sent_drafts, empty = sent + 1, sent_drafts + block.drafts + block.guesses, empty + block.empty
-            guesses_sent += block.guesses
-
-        def answered_before(at: float) -> bool:
-            """Whether the oldest block in flight has its verdict before ``at`` (the cloud answers it
-            first where that can be: then it started before a block sent at ``at`` would be there)."""
-            head = in_flight[0]
-            if head.verdict_at == math.inf:
-                earliest = max(cloud.free_at, head.at_cloud) + costs.rtt_s / 2 + costs.down_s
-                if earliest >= at:
-                    return False
-                while head.verdict_at == math.inf:
-                    cloud.step()
-            return head.verdict_at < at
-
-        def read() -> bool:
-            """Read the oldest verdict in flight (at its arrival, or now); True when it voids what is
-            drafted after it (a block being drafted included)."""
-            nonlocal now, verdicts, stale, committed, guessing, held, hold, since_plan, last_read
-            block = in_flight.popleft()
-            hold = None if block is hold else hold
-            while block.verdict_at == math.inf:
+    def answered_before(self, at: float) -> bool:
+        """Whether the oldest block in flight has its verdict before ``at`` (the cloud answers it
+        first where that can be: then it started before a block sent at ``at`` would be there)."""
+        costs, cloud, head = self.costs, self.cloud, self.pipeline.in_flight[0]
+        if head.verdict_at == math.inf:
+            earliest = max(cloud.free_at, head.at_cloud) + costs.rtt_s / 2 + costs.down_s
+            if earliest >= at:
+                return False
+            while head.verdict_at == math.inf:
                 cloud.step()
-            now = max(now, block.verdict_at)
-            if control is not None:
-                interval = now - last_read if block.empty and since_plan > 0 else None
-                last_read = now
-                guesser = next((b for b in in_flight if not b.void and b.first and b.guesses > b.judged), None)
-                now += self.observe(block, interval, since_plan, guesser)
-            verdicts, stale, committed = verdicts + 1, stale + block.stale, committed + block.committed
-            since_plan += block.committed
-            if block.first and block.guesses:
-                guessing, held = guessing + 1, held + (not block.stale)
-            voids = block.ends_chain or (block.stale and not block.void) or block.mismatch
-            if voids:
-                for rest in in_flight:
-                    rest.void = True
-            return voids
+        return head.verdict_at < at
 
-        def may_follow() -> bool:
-            """``edge.decode_loop._may_follow``: after a block asking for a follower, after a void one,
-            an empty block after an empty one."""
-            if not in_flight:
-                return True
-            last = in_flight[-1]
-            return last.void or last.more_follows or (last.empty and self.draft_len == 0)
+    def read(self) -> bool:
+        """Read the oldest verdict in flight (at its arrival, or now); True when it voids what is
+        drafted after it (a block being drafted included)."""
+        pipe, tally = self.pipeline, self.tally
+        block = pipe.answered()
+        while block.verdict_at == math.inf:
+            self.cloud.step()
+        self.now = max(self.now, block.verdict_at)
+        if pipe.controller is not None:
+            interval = self.now - self.last_read if block.empty and pipe.since_plan > 0 else None
+            self.last_read = self.now
+            guesser = first_live(pipe)
+            guesser = guesser if guesser is not None and guesser.opens_chain and guesser.guesses > guesser.judged else None
+            self.now += self.observe(block, interval, guesser)
+        tally.verdicts, tally.stale, tally.committed = tally.verdicts + 1, tally.stale + block.stale, \
+            tally.committed + block.committed
+        if block.opens_chain and block.guesses:
+            tally.guessing, tally.guesses_held = tally.guessing + 1, tally.guesses_held + (not block.stale)
+        return pipe.settle(block, block.committed, correction=block.ends_chain, stale=block.stale,
+                           chain_broken=block.mismatch)
 
+    def draft_and_send(self, tokens_wanted: int) -> bool:
+        """Draft and send what may go (``edge.decode_loop``); False when a verdict read while a block was
+        drafted voided it (it is not sent: draft again at once)."""
+        costs, pipe = self.costs, self.pipeline
+        while pipe.may_send():
+            nxt = pipe.next_block(self.tally.committed, tokens_wanted)
+            if nxt is None:
+                break
+            opens_chain = not pipe.live()
+            guesses, drafts = nxt.guesses, nxt.drafts - nxt.guesses
+            # Drafting reads each verdict that arrives meanwhile (between two tokens) and ends at one
+            # that voids the block, which then does not go.
+            began, done_at = self.now, self.now + nxt.drafts * costs.draft_s
+            while nxt.drafts and len(pipe) and self.answered_before(done_at):
+                steps = math.ceil(max(pipe.in_flight[0].verdict_at - began, 0.0) / costs.draft_s - 1e-9)
+                self.now = began + steps * costs.draft_s
+                if self.read():
+                    return False
+            self.chain += opens_chain
+            self.now = done_at
+            self.send(_Block(self.chain, drafts, guesses, opens_chain,
+                             more_follows(nxt.drafts, nxt.room, pipe.window), sent_at=self.now,
+                             at_cloud=self.now + costs.up_s(nxt.drafts) + costs.rtt_s / 2,
+                             start_position=nxt.start_position, size=nxt.drafts))
+        return True
+
+    def run(self, tokens_wanted: int) -> tuple[int, float, float, int, int, int, int, int, int, int, int]:
+        costs, pipe, tally = self.costs, self.pipeline, self.tally
         early = min(costs.early_drafts, tokens_wanted - 1)
-        if early > 0 and self.window > 1:
-            chain = 1
-            block = _Block(chain, early, 0, first=True, more_follows=True, sent_at=-math.inf,
-                           at_cloud=-(costs.rtt_s / 2 + costs.down_s), early=True)
+        if early > 0 and pipe.window > 1:
+            self.chain = 1
+            block = _Block(self.chain, early, 0, True, more_follows=True, sent_at=-math.inf,
+                           at_cloud=-(costs.rtt_s / 2 + costs.down_s), size=early, early=True)
             block.guess_wrong = self.rng.random() >= costs.alpha[0]
-            hold = block if block.guess_wrong else None
-            send(block)
-        while committed < tokens_wanted:
-            if control is not None:  # (``edge.decode_loop.decode``'s choices, at the same points)
-                if all(b.void for b in in_flight):  # a new chain starts
-                    self.follow(control.plan())
-                    since_plan, leaving_cloud = 0, False
-                elif since_plan >= REPLAN_TOKENS and self.draft_len == 0:
-                    since_plan, leaving_cloud = 0, control.plan().draft_len > 0
-                elif since_plan >= REPLAN_TOKENS:
-                    since_plan = 0
-                    self.follow(control.plan(drafting_only=True))
-            voided = False  # a verdict read while a block was drafted voided it: draft again at once
-            while len(in_flight) < self.window and hold is None and not leaving_cloud and may_follow():
-                live = [b for b in in_flight if not b.void]
-                room = tokens_wanted - committed - sum(b.drafts + b.empty for b in live)
-                if room <= 0:
-                    break
-                if self.draft_len == 0:
-                    chain += not live
-                    send(_Block(chain, 0, 0, first=not live, more_follows=False, sent_at=now,
-                                at_cloud=now + costs.up_s(0) + costs.rtt_s / 2))
-                    continue
-                guesses = 0 if live else len(in_flight)
-                drafts = min(self.draft_len, room)
-                # Drafting reads each verdict that arrives meanwhile (between two tokens) and ends at one
-                # that voids the block, which then does not go.
-                began, done_at = now, now + (drafts + guesses) * costs.draft_s
-                while not voided and in_flight and answered_before(done_at):
-                    steps = math.ceil(max(in_flight[0].verdict_at - began, 0.0) / costs.draft_s - 1e-9)
-                    now = began + steps * costs.draft_s
-                    voided = read()
-                if voided:
-                    break
-                chain += not live
-                now = done_at
-                send(_Block(chain, drafts, guesses, first=not live, more_follows=self.window > 1 and drafts < room,
-                            sent_at=now, at_cloud=now + costs.up_s(drafts + guesses) + costs.rtt_s / 2))
-            if in_flight and not voided and committed < tokens_wanted:
-                read()
-        return (min(committed, tokens_wanted), now, cloud.busy_s, verdicts, stale, sent, sent_drafts, guessing, held,
-                guesses_sent, empty)
+            pipe.hold = block.guess_wrong
+            self.send(block)
+        while tally.committed < tokens_wanted:
+            pipe.replan()  # (``edge.decode_loop``'s choices, at the same points)
+            if self.draft_and_send(tokens_wanted) and len(pipe) and tally.committed < tokens_wanted:
+                self.read()
+        return (min(tally.committed, tokens_wanted), self.now, self.cloud.busy_s, tally.verdicts, tally.stale,
+                tally.sent, tally.sent_drafts, tally.guessing, tally.guesses_held, tally.guesses, tally.empty)
 
 
 class _Cloud:
@@ -351,7 +345,7 @@ class _Cloud:
         # its verdict moved the committed end from under it with a guess of it that was wrong. An empty
         # block asks for the next token wherever that is (``cloud.session``: a token decoded for a
         # stale block is a bonus, not a correction, so the epoch it was sent at still holds).
-        return block.first and block.chain > self.chain and (block.empty or not any(
+        return block.opens_chain and block.chain > self.chain and (block.empty or not any(
             fill.mismatch and fill.verdict_at > block.sent_at for fill in self.fills))
 
     def step(self) -> None:
@@ -371,7 +365,7 @@ class _Cloud:
             if not costs.decode_stale or any(self._usable(b) for b in there[1:]) or not self._fill_in_time(start, due):
                 head.done_at, head.verdict_at = start, start + costs.rtt_s / 2 + costs.down_s
                 return
-            head.committed = self.generation.fill()
+            head.committed = self.generation.stale_decode()
             head.mismatch = self.generation.rng.random() >= costs.token_guessed
             self.filled += head.committed
             self.fills.append(head)

@@ -1,0 +1,114 @@
+"""What the decode loop asks of a verifier connection, and what a generation returns.
+
+A ``VerifierConnection`` is answered in-process (``sim.inprocess``) or over gRPC
+(``edge.client``); ``edge.decode_loop`` drives one through a generation. The
+errors say whether the verifier refused the request (``bad_input``) or the link
+broke and the session may be resumed (``LinkLost``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from edge.drafter import DraftBlock
+from shared.params import SamplingParams
+from shared.stats import DecodeStats
+from shared.verdict import StopReason, Verdict
+
+__all__ = ["VerifierConnection", "SessionTerms", "Resumption", "GenerationResult", "ProtocolError", "VerifierError",
+           "LinkLost"]
+
+
+class ProtocolError(RuntimeError):
+    """The verifier answered something that does not fit the blocks we sent."""
+
+
+class VerifierError(RuntimeError):
+    """The cloud could not be reached, refused us, or went away for good.
+
+    ``bad_input``: the cloud refused what we asked for (a status that says the
+    request was wrong), so a command line exits 2, not 1. ``partial``: what
+    ``run_decode`` had generated when it failed (set by ``run_decode``).
+    """
+
+    def __init__(self, message: str, bad_input: bool = False) -> None:
+        super().__init__(message)
+        self.bad_input = bad_input
+        self.partial: GenerationResult | None = None
+
+
+class LinkLost(VerifierError):
+    """The stream to the verifier broke or went silent; the session may be resumed."""
+
+
+@dataclass(frozen=True)
+class SessionTerms:
+    """What the verifier allows a session (its ``Opened``)."""
+
+    max_draft_len: int  # drafts per block (the loop asks for window - 1 more: guesses for stale blocks' tokens)
+    max_blocks_in_flight: int  # blocks sent and not yet answered
+    answers_first_position: bool = False  # a verdict for the first position comes unasked (an empty block)
+    max_branches: int = 0  # hedge branches a block may carry
+    kept_early_block: bool = False  # the block drafted while the Open was in flight went out and fits these terms
+
+
+@dataclass(frozen=True)
+class Resumption:
+    """The verifier's state after a broken stream, which the edge adopts (``VerifierConnection.resume``)."""
+
+    terms: SessionTerms
+    epoch: int  # the session's epoch: blocks go out at it
+    missed: list[int]  # tokens the verifier committed past the edge's (verdicts lost in the cut)
+    stop_reason: StopReason = StopReason.NONE  # not NONE: the session had ended; ``missed`` holds its last tokens
+    reopened: bool = False  # the session was gone: a new one was opened on the committed tokens
+
+
+class VerifierConnection(Protocol):
+    """One generation session with a verifier, wherever it runs.
+
+    Every block sent gets exactly one verdict, in order; one drafted at an
+    epoch older than the session's, or that does not continue the committed
+    tokens, gets a stale one (``Verdict.stale``).
+    """
+
+    forwards: int  # target forwards the verifier reports for this session, prefill included
+    last_cloud_s: float  # the cloud's own time for the last verdict received (its server_us)
+    last_forward_s: float  # ... of that, the forward that answered it (its forward_us; 0: none, or not said)
+
+    def open(self, prompt: Sequence[int], params: SamplingParams, max_new_tokens: int, max_draft_len: int,
+             early_block: Future | None = None) -> SessionTerms:
+        """Start a session for ``prompt``; returns what the verifier allows.
+
+        ``early_block``: resolves (on another thread) to a (block, more_follows) for the position
+        after the first, which the verifier answers unasked; it is sent if it is ready before the
+        Opened arrives, and ``kept_early_block`` says whether it went and stands (it fits the
+        session's draft length: the verifier drops one that does not)."""
+
+    def send(self, epoch: int, start_position: int, block: DraftBlock, more_follows: bool) -> None:
+        """Queue one block for verification (returns at once)."""
+
+    def receive(self) -> Verdict:
+        """The next verdict (blocks until it arrives); ``LinkLost`` when the stream broke."""
+
+    def ready(self) -> bool:
+        """Whether ``receive`` would return (or raise) without waiting: a verdict, or the news that
+        the stream broke, has arrived."""
+
+    def resume(self, committed: Sequence[int]) -> Resumption:
+        """After ``LinkLost``: the same session on a new stream, or, when it is gone, a new one opened
+        on ``committed`` (prompt included). Blocks sent before are forgotten. Raises
+        ``VerifierError`` when the verifier stays out of reach."""
+
+    def close(self) -> None:
+        """End the session."""
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[int]  # generated ids, prompt excluded
+    stop_reason: StopReason
+    stats: DecodeStats = field(default_factory=DecodeStats)
+    ttft_s: float = 0.0  # time from start to the first committed token
