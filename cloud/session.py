@@ -8,28 +8,18 @@ kept and checks the next block's first draft. A chain of pending blocks is
 verified in one target forward.
 
 Every block gets exactly one verdict, in order. A block is *stale* when it is
-of an older epoch (drafted past a correction the edge had not seen yet) or
-does not continue the committed tokens; it is answered without verification,
-and when no usable block waits behind it the cloud decodes the next token
-alone for it (a rejection then costs no idle round trip: the cloud decodes
-while the edge's next block is on its way), unless that forward would still
-run when the next block is expected (the caller's ``fill_deadline``: a
-forward cannot be stopped, and the block would wait for it) and, in greedy
-and coupled modes, the edge's guesses hold too often for the overrun to pay
-(``cloud.next_block.fill_overrun_pays``). In greedy and coupled modes that
-forward also verifies, where they lie, the drafts the edge sent for the next
-positions before it saw the correction (*rebased* drafts: the failing block's
-drafts past its correction, the stale blocks' drafts).
-They were drafted after a token the target did not pick, so they often
-disagree, but what the target commits never depends on what a draft was
-conditioned on in these modes, only how many positions one forward settles;
-in rejection mode a draft's q̃ must be the drafter's on the committed path,
-so there the token is decoded alone. A block may start before the next
-position when its first drafts guess such tokens: the ones the committed
-tokens match are skipped, the rest verified. Blocks that break the protocol
-(an epoch ahead, a position outside the session's, too long, malformed
-branches, after the end) are refused
-with ``BlockRejected``; the session never trusts the caller.
+of an older epoch or does not continue the committed tokens: it is answered
+unverified, with a *stale decode* (the next token, decoded alone) when no
+usable block waits behind it and that forward would be over by the caller's
+``stale_decode_deadline`` or its overrun pays
+(``cloud.next_block.stale_decode_overrun_pays``); in greedy and coupled modes
+that forward also verifies *rebased* drafts where they lie (rejection mode
+decodes the token alone: a draft's q̃ holds only on its own path). A block whose
+first drafts guess tokens committed since is cut to the drafts past them.
+Blocks that break the protocol (an epoch ahead, a position outside the
+session's, too long, malformed branches, after the end) are refused with
+``BlockRejected``; the session never trusts the caller. Why and how:
+``docs/pipelining.md``.
 
 Work that needs the target comes in two forms: ``*_steps`` generators yield
 the ``ForwardItem`` they need and are sent its logits (the scheduler packs

@@ -1,66 +1,22 @@
 """The link-aware controller: drafts per block and blocks in flight, or no drafting at all (the cloud
-decodes alone).
+decodes alone), and whether to hedge.
 
 Pure bookkeeping and arithmetic (no I/O, no clock of its own): the decode
-loop reports what it measured and asks for a plan. Moving estimates:
+loop reports what it measured (``observe_*``) and asks for a ``Plan`` when a
+chain ends, or every ``REPLAN_TOKENS`` within one. Moving estimates: α_i per
+position (from verdicts, guesses of stale decodes and shadow proposals), the
+drafter's seconds per token, the network's share of a block's trip, the
+forward alone (``Verdict.forward_us``) for a block and for one token, the
+cloud's seconds per token decoding alone, and what stale blocks bring back.
 
-- α_i, the acceptance of draft i given the ones before it, per position in a
-  block (acceptance is not geometric: the first draft of a block, right after
-  a verified token, is often likelier than the sixth); from verdicts, and from
-  *shadow* proposals while the cloud decodes alone (the drafter's token for a
-  position compared with the cloud's; a run of them reads as a block drafted
-  from the committed tokens, see ``observe_shadow``; in a pipelined chain,
-  position 0 of a later block does not follow a verified token, so α_0 mixes
-  both cases);
-- the drafter's seconds per drafted token;
-- the network's share of a block's trip (send to verdict, less the cloud's
-  own time) and the cloud's time on a drafted block;
-- the forward alone (the verdict's ``forward_us``: the cloud's time less the
-  wait behind other blocks' forwards), for a drafted block (what verifying one
-  costs) and for one token (a stale block's, or the cloud's alone): on a long
-  round trip, stale blocks queue at the cloud, and pricing blocks, or the cloud
-  decoding alone, at the cloud's whole time would count that queue as compute;
-- the cloud's seconds per token when it decodes alone (the interval between
-  its tokens in a full pipeline: with enough empty blocks in flight the round
-  trip is hidden);
-- how often a stale block (in flight past a correction) came back with a token
-  the cloud decoded for it (a verifier may not, or may have had the next block
-  already), and how many rebased drafts that forward accepted before it.
-
-Hedge branches (``edge.hedging``, at the width the caller allows) are weighed
-apart, on what they measurably buy and cost: a session first measures blocks
-without them, then tries them on ``_HEDGE_PROBE_BLOCKS`` blocks, then keeps
-them only while the tokens a hedged block gains (a taken branch's tokens past
-its correction, averaged over every hedged block) exceed what its extra
-seconds (the branches' drafting on the edge, and the longer forward at the
-cloud) are worth at the predicted rate, with hysteresis. The choice holds
-until the estimates move; without hedging nothing new is learned of them,
-so a session that dropped hedges keeps them dropped.
-
-It predicts tokens/s for each draft length and window (blocks in flight, up
-to the cap) with the chain arithmetic of ``shared.acceptance`` (a chain of
-pipelined blocks runs until a correction) plus what the stale blocks past
-each chain's correction bring (``shared.acceptance.stale_expectation``), and
-for cloud decoding (one token per forward). It takes the window predicted
-best (among equals the largest: a verifier-bound pipeline gains from blocks
-pending that the arithmetic does not credit). It switches between drafting
-and the cloud decoding alone only when the other is predicted
-``hysteresis`` better: going back to drafting drains the pipeline of empty
-blocks (a round trip) and asks for that margin again, so a wrong switch to
-the cloud costs more than drafting a little slower (measured: the
-self-drafting Gemma pair on satellite handed a prompt to the cloud on its
-early evidence, with this margin and with 3% alike, and made 3.7 tok/s
-there, where drafting makes 5.6; a 3% margin to leave did better on the
-q3_k_s drafter's hard satellite prompt, within the runs' noise). It takes
-another draft length when that is predicted ``_CHANGE_TIE`` better: the
-change drains nothing (a chain's blocks may differ in length), so only
-noise is guarded against; among draft lengths predicted within that margin
-of the best it takes the longest (as fast, with fewer forwards and bytes a
-token). Measured: a 15% margin there kept a q3_k_s drafter at 8-draft blocks
-where 5 were predicted 19% faster (adaptive D<=8 made 1.21x cloud-only
-against D<=4's 1.40x). Shorter blocks, or none, need a wider gap while
-acceptance samples are few. A load hint from the cloud caps the draft
-length.
+Promises: predictions come from ``shared.acceptance`` (closed form); a draft
+length is changed only when predicted ``_CHANGE_TIE`` faster, and drafting and
+the cloud alone swap only on ``hysteresis`` and enough acceptance samples;
+the window is never above the cap nor below ``_MIN_WINDOW`` where the cap
+allows (never lock-step), the draft length never above the cap or the cloud's
+load hint. Hedging is tried after ``_HEDGE_PROBE_BLOCKS`` plain blocks and kept
+only while it measurably pays. The rules and their reasons:
+``docs/pipelining.md``; how the constants were tuned: ``docs/history.md``.
 """
 
 from __future__ import annotations
@@ -78,28 +34,15 @@ REPLAN_TOKENS = 8  # within a cloud stretch or a chain, the decode loop asks for
 SHADOW_EVERY = 4  # ... and a drafter slower than half the cloud's pace is measured on every this many tokens
 _MIN_SAMPLES_TO_LEAVE_CLOUD = 24  # acceptance samples (shadow ones included) before drafting again
 # Drafting less asks for a gap of (1 + margin) * (1 + this / acceptance samples) for shorter blocks, and
-# (1 + margin) * (1 + (this / samples)^2) for none: one unlucky first block must not hand the session to the
-# cloud (measured: a q3_k_s drafter's first block rejected at draft 0, on a prompt where drafting pays
-# 1.3x) or to short blocks (measured: the Gemma pair in rejection mode, a first block rejected at draft
-# 1, went from D=8 to D=2 and ramped back over the next chains), while a drafter that cannot pay at all
-# (a satellite round trip) is dropped after a block or two. Too long a block costs a drafter little; too
-# short a block costs a good one most of its gain. The factor for none fades fast (5 on one sample, 1.04
-# on ten; it was 1 + 2 / samples, 1.2 on ten, while a cloud stretch measured first drafts only and a wrong
-# hand-off took up to 192 tokens to undo, 32 to 64 with shadow runs). On the closed-loop model
-# (``sim.perf.block_sim``) with measured runs' timings, the square for none made the weak drafters'
-# satellite rows 1-3% faster; for shorter blocks too it made weak drafters' D<=8 rows up to 5% faster,
-# but the Gemma pair's rejection-mode D<=8 rows 3-5% slower (measured once: 2.17x against the fixed
-# schedule's 3.08x), so shorter blocks keep the linear factor.
+# (1 + margin) * (1 + (this / samples)^2) for none (5 on one sample, 1.04 on ten): one unlucky first block
+# must not hand a useful drafter to the cloud or to short blocks (docs/history.md, the controller's tuning).
 _EVIDENCE_TO_DRAFT_LESS = 2.0
 _WINDOW_TIE = 0.01  # windows predicted this close count as equally fast
 SHRINK_STRENGTH = 4.0  # pseudo-trials at the pooled rate that a position's acceptance estimate is shrunk by
 _CHANGE_TIE = 0.03  # another draft length must be predicted this much faster to be taken
 _MIN_WINDOW = 2  # blocks in flight the controller chooses at least (it never goes lock-step), and starts with
-# Drafts per block until the first verdicts say otherwise (the cap where lower). Starting at the cap cost the
-# weak drafters' first chains their drafting time: in the closed-loop model over 40 measured D<=8 rows, starting
-# at 4 made them 1-10% faster (q2_k on satellite 0.95x -> 1.02x cloud-only; geometric mean of all adaptive rows
-# +2.4%), and the 70B profile 1.58x at 0.50x compute -> 1.66x at 0.49x (six seeds); 5 and 6 gained less. Only the
-# Gemma pair's acespec-50k D<=8 rows were predicted slower (4%-6%), where D<=4 measures as fast as D<=8.
+# Drafts per block until the first verdicts say otherwise (the cap where lower): in the closed-loop model over
+# measured runs, starting at the cap cost weak drafters 1-10% (docs/history.md).
 _START_DRAFT_LEN = 4
 _HEDGE_PROBE_BLOCKS = 8  # blocks measured without hedges, then with them, before hedging is weighed
 

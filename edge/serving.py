@@ -2,7 +2,7 @@
 device's drafter, split decoding against the cloud, conversations kept between requests, and
 the drafter alone when the cloud is out of reach (``fallback="local"``).
 
-HTTP-free: ``edge.openai_server`` turns requests into ``Job``s and ``Outcome``s into OpenAI
+HTTP-free: ``edge.openai_api`` turns requests into ``Job``s and ``Outcome``s into OpenAI
 responses. ``EdgeService.run`` blocks; the server runs it on a worker thread.
 """
 
@@ -16,11 +16,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from edge.chat_template import ChatTemplate, chat_template_for
-from edge.client import make_channel
 from edge.controller import Controller, controller_for
 from edge.conversation import Conversation
 from edge.decode_loop import GenerationResult, VerifierError, run_decode
 from edge.drafter import common_prefix_length
+from edge.endpoint import VerifierEndpoint
 from edge.fallback import drafter_only_decode
 from edge.text_stream import StopMatcher, TextDeltas
 from shared.params import DEFAULT_DRAFT_LEN, DEFAULT_SCHEDULE, DEFAULT_WINDOW, SamplingParams, window_for
@@ -125,6 +125,10 @@ class EdgeService:
                  fleet=None) -> None:
         """``fleet``: an ``edge.telemetry.EdgeFleet`` to report to and take draft-length caps from."""
         self.drafter, self.vocab, self.template, self.config = drafter, vocab, template, config
+        self.endpoint = VerifierEndpoint(
+            config.cloud, vocab.size, vocab.fingerprint, root_certificates=config.root_certificates,
+            auth_token=config.auth_token, connect_timeout_s=config.connect_timeout_s,
+        )
         self.fleet = fleet
         self.last_replica = ""  # the replica that served the last split generation
         self.stop_token_ids = stop_token_ids  # end-of-turn tokens: the reply ends there
@@ -181,9 +185,8 @@ class EdgeService:
             return self._fallback(job, emitter, emitted)
         conversation = self._conversation_for(job.prompt)
         verifier = conversation.verifier(
-            self.config.cloud, channel=self._cloud_channel(), vocab_size=self.vocab.size,
-            fingerprint=self.vocab.fingerprint, connect_timeout_s=self.config.connect_timeout_s,
-            verdict_timeout_s=self.config.verdict_timeout_s, outage_budget_s=self.config.outage_budget_s,
+            self.endpoint, channel=self._cloud_channel(), verdict_timeout_s=self.config.verdict_timeout_s,
+            outage_budget_s=self.config.outage_budget_s,
         )
         emitter.on_cancel = lambda: setattr(verifier, "keep_session", False)  # the cloud ends the session
         params, draft_len = self._steered(job.params)
@@ -274,7 +277,7 @@ class EdgeService:
         """The channel to the cloud, opened on first use and kept: each request's session goes
         over the same connection (no TCP, TLS and HTTP/2 setup per request)."""
         if self._channel is None:
-            self._channel = make_channel(self.config.cloud, self.config.root_certificates, self.config.auth_token)
+            self._channel = self.endpoint.open_channel()
         return self._channel
 
     def close(self) -> None:
