@@ -1,0 +1,124 @@
+"""The verifier's side of the block simulation (``sim.perf.block_sim``), on the same clock.
+
+It answers pending blocks in order, one forward at a time, as
+``cloud.session.VerifierSession.verify_chain_steps`` does: a usable block with
+every later block of its chain already there in one forward (``forward_s`` of
+the rows: the drafts and one more), or a stale block, with a token decoded for it
+(``fill_s``, after ``rebased_per_fill`` rebased drafts on average) when no
+usable block waits behind it and the forward would be over before the edge's
+next block is due (``cloud.next_block``) or its overrun pays, else at once,
+empty. A correction makes the chain's later blocks stale; a chain's first block
+is usable unless a token decoded for a void block under its guesses was guessed
+wrong (``token_guessed``); an empty one always is (it asks for the next token).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import deque
+
+from cloud.next_block import fill_overrun_pays
+from shared.stats import Ewma
+from sim.perf.block_costs import BlockCosts, SimBlock
+
+__all__ = ["VerifierSim"]
+
+
+class VerifierSim:
+    """The verifier's side of one generation."""
+
+    def __init__(self, costs: BlockCosts, rng: random.Random, pending: deque[SimBlock]) -> None:
+        self.costs, self.rng, self.pending = costs, rng, pending
+        self.free_at = self.busy_s = 0.0
+        self.chain, self.alive = 0, True  # the chain it verifies, until a correction ends it
+        self.filled = 0  # tokens decoded for stale blocks since the last correction
+        self.fills: list[SimBlock] = []  # ... the blocks they were decoded for
+        self.corrected_at: float | None = None  # a correction's verdict left; None once the next block came
+        self.gap_s = Ewma()  # from a correction's verdict to the next chain's first block
+
+    def answers_before(self, head: SimBlock, at: float) -> bool:
+        """Whether ``head``, the oldest block in flight, has its verdict before ``at`` (it is answered
+        first where that can be: then it started before a block sent at ``at`` would be there)."""
+        if head.verdict_at == math.inf:
+            earliest = max(self.free_at, head.at_cloud) + self.costs.rtt_s / 2 + self.costs.down_s
+            if earliest >= at:
+                return False
+            while head.verdict_at == math.inf:
+                self.step()
+        return head.verdict_at < at
+
+    def _accepted(self, drafts: int) -> int:
+        alpha = self.costs.alpha
+        for i in range(drafts):
+            if self.rng.random() >= alpha[min(i, len(alpha) - 1)]:
+                return i
+        return drafts
+
+    def _stale_decode(self) -> int:
+        """Tokens a stale block's forward commits: the one decoded, after the rebased drafts it accepts."""
+        whole = int(self.costs.rebased_per_fill)
+        return 1 + whole + (self.rng.random() < self.costs.rebased_per_fill - whole)
+
+    def _usable(self, block: SimBlock) -> bool:
+        if block.chain == self.chain:
+            return self.alive
+        # A chain's first block is usable unless a token decoded for a void block before the edge read
+        # its verdict moved the committed end from under it with a guess of it that was wrong. An empty
+        # block asks for the next token wherever that is (``cloud.session``: a token decoded for a
+        # stale block is a bonus, not a correction, so the epoch it was sent at still holds).
+        return block.opens_chain and block.chain > self.chain and (block.empty or not any(
+            fill.mismatch and fill.verdict_at > block.sent_at for fill in self.fills))
+
+    def step(self) -> None:
+        """Answer the front of the pending blocks (one forward, or an empty stale verdict)."""
+        costs, pending = self.costs, self.pending
+        start = max(self.free_at, pending[0].at_cloud)
+        there = [b for b in pending if b.at_cloud <= start]
+        if self.corrected_at is not None:
+            came = next((b for b in there if b.chain > self.chain), None)
+            if came is not None:
+                self.gap_s.add(max(came.at_cloud - self.corrected_at, 0.0))
+                self.corrected_at = None
+        head = pending.popleft()
+        if not self._usable(head):
+            head.stale = True
+            due = None if self.corrected_at is None or self.gap_s.value is None else self.corrected_at + self.gap_s.value
+            if not costs.decode_stale or any(self._usable(b) for b in there[1:]) or not self._fill_in_time(start, due):
+                head.done_at, head.verdict_at = start, start + costs.rtt_s / 2 + costs.down_s
+                return
+            head.committed = self._stale_decode()
+            head.mismatch = self.rng.random() >= costs.token_guessed
+            self.filled += head.committed
+            self.fills.append(head)
+            self._ran(start, costs.fill_s, [head])
+            return
+        if head.chain != self.chain:  # a new chain: the tokens decoded under its guesses are skipped,
+            head.drafts += max(head.guesses - self.filled, 0)  # its other guesses are drafts
+            self.chain, self.alive, self.filled, self.fills = head.chain, True, 0, []
+        batch = [head]  # with every later block of the chain there (each empty block is a forward of its own)
+        while not head.empty and pending and pending[0].at_cloud <= start and pending[0].chain == self.chain:
+            batch.append(pending.popleft())
+        for i, block in enumerate(batch):
+            block.accepted = 0 if block.guess_wrong else self._accepted(block.drafts)
+            block.committed = block.accepted if block.accepted == block.drafts and block.more_follows else block.accepted + 1
+            if block.accepted < block.drafts:  # a correction: the chain's later blocks are stale
+                block.ends_chain, self.alive = True, False
+                pending.extendleft(reversed(batch[i + 1:]))
+                del batch[i + 1:]
+                break
+        self._ran(start, costs.forward_s(sum(b.drafts for b in batch) + 1), batch)
+        if not self.alive:
+            self.corrected_at, self.filled, self.fills = self.free_at, 0, []
+
+    def _fill_in_time(self, start: float, due: float | None) -> bool:
+        """Whether a fill started at ``start`` ends by ``due`` (None: no deadline) or its overrun pays."""
+        overrun = start + self.costs.fill_s - (math.inf if due is None else due)
+        return overrun <= 0 or (self.costs.fill_overruns and fill_overrun_pays(overrun, due - start, self.costs.alpha[0]))
+
+    def _ran(self, start: float, seconds: float, answered: list[SimBlock]) -> None:
+        self.free_at = start + seconds
+        self.busy_s += seconds
+        for block in answered:
+            block.forward_s, block.done_at = seconds, self.free_at
+            block.verdict_at = self.free_at + self.costs.rtt_s / 2 + self.costs.down_s
