@@ -197,22 +197,21 @@ def run_edge(args: argparse.Namespace) -> int:
 
 def _run_edge(args, drafter, prompt, params, controller, options, fleet) -> int:
     from edge.cli_options import window_from_args
-    from edge.client import GrpcVerifier, VerifierError
     from edge.decode_loop import run_decode
+    from edge.endpoint import VerifierEndpoint
+    from edge.grpc_verifier import GrpcVerifier
     from edge.report import SPLIT, EdgeReport
     from edge.text_stream import TextStream
+    from edge.verifier_protocol import VerifierError
     from shared.cli import CliError
 
     vocab = drafter.vocab
     failure = None
     try:
         verifier = GrpcVerifier(
-            args.cloud,
-            vocab_size=vocab.size,
-            fingerprint=vocab.fingerprint,
+            VerifierEndpoint(args.cloud, vocab.size, vocab.fingerprint, **options),
             verdict_timeout_s=args.verdict_timeout,
             outage_budget_s=args.outage_budget,
-            **options,
         )
         # Connection setup is not part of the generation's time, as for the baseline; an app would
         # connect ahead of the prompt, and so opens its stream then too.
@@ -339,10 +338,12 @@ def serve_http(service, host: str, port: int, *, api_key: str | None, max_waitin
 
 def run_baseline(args: argparse.Namespace) -> int:
     from edge.cli_options import sampling_from_args
-    from edge.client import VerifierError, cloud_only_generate
+    from edge.cloud_only import cloud_only_generate
+    from edge.endpoint import VerifierEndpoint
     from edge.gguf_vocab import GgufVocab
     from edge.report import CLOUD_ONLY, EdgeReport
     from edge.text_stream import TextStream
+    from edge.verifier_protocol import VerifierError
     from shared.cli import CliError
     from shared.models import default_gguf_path
     from shared.stats import DecodeStats
@@ -353,15 +354,12 @@ def run_baseline(args: argparse.Namespace) -> int:
     prompt = vocab.tokenize(args.prompt)
     try:
         result = cloud_only_generate(
-            args.cloud,
+            VerifierEndpoint(args.cloud, vocab.size, vocab.fingerprint, **options),
             prompt,
             params,
-            vocab_size=vocab.size,
-            fingerprint=vocab.fingerprint,
             max_new_tokens=args.max_new_tokens,
             timeout_s=args.verdict_timeout * args.max_new_tokens,
             on_tokens=None if args.json else TextStream(vocab.detokenize),
-            **options,
         )
     except VerifierError as exc:
         raise CliError(str(exc), 2 if exc.bad_input else 1) from exc

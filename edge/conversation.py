@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from edge.client import GrpcVerifier
+from edge.endpoint import VerifierEndpoint
+from edge.grpc_verifier import GrpcVerifier
 
 __all__ = ["Conversation"]
 
@@ -28,10 +29,10 @@ class Conversation:
     replica: str = ""  # the verifier replica holding the session (a proxy routes the next turn there)
     turns: int = 0
 
-    def verifier(self, address: str, **kwargs) -> GrpcVerifier:
+    def verifier(self, endpoint: VerifierEndpoint, **kwargs) -> GrpcVerifier:
         """A verifier for the next turn: it continues the session if there is one, and keeps it after."""
         continue_from = (self.ticket, self.tokens) if self.ticket else None
-        link = GrpcVerifier(address, keep_session=True, continue_from=continue_from, **kwargs)
+        link = GrpcVerifier(endpoint, keep_session=True, continue_from=continue_from, **kwargs)
         link.replica = self.replica if self.ticket else ""
         return link
 

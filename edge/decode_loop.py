@@ -19,7 +19,7 @@ committed); otherwise drafting goes on. Randomness is keyed by absolute
 position, so where drafting pauses or restarts never changes the output.
 
 Transport-agnostic: a ``VerifierConnection`` is answered in-process
-(``sim.inprocess``) or over gRPC (``edge.client``). The loop trusts only
+(``sim.inprocess``) or over gRPC (``edge.grpc_verifier``). The loop trusts only
 verdicts that answer the oldest block in flight, and stops at ``done``.
 
 A broken link (``LinkLost``) does not end the generation: the connection

@@ -34,7 +34,7 @@ class BlockTiming:
 
 @dataclass
 class Recovery:
-    """One broken stream the edge recovered from (``edge.client.GrpcVerifier.resume``)."""
+    """One broken stream the edge recovered from (``edge.grpc_verifier.GrpcVerifier.resume``)."""
 
     reconnect_s: float  # the break noticed -> the session back (Opened), backoff and retries included
     attempts: int  # streams tried

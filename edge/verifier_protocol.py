@@ -1,7 +1,7 @@
 """What the decode loop asks of a verifier connection, and what a generation returns.
 
 A ``VerifierConnection`` is answered in-process (``sim.inprocess``) or over gRPC
-(``edge.client``); ``edge.decode_loop`` drives one through a generation. The
+(``edge.grpc_verifier``); ``edge.decode_loop`` drives one through a generation. The
 errors say whether the verifier refused the request (``bad_input``) or the link
 broke and the session may be resumed (``LinkLost``).
 """

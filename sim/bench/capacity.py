@@ -269,20 +269,22 @@ def session_params(seed: int, temperature: float):
 
 
 def cloud_only_session(address: str, session: BenchSession, vocab, max_new_tokens: int, temperature: float):
-    from edge.client import cloud_only_generate
+    from edge.cloud_only import cloud_only_generate
+    from edge.endpoint import VerifierEndpoint
 
     started = time.perf_counter()
-    result = cloud_only_generate(address, session.prompt, session_params(session.seed, temperature),
-                                 vocab_size=vocab[0], fingerprint=vocab[1], max_new_tokens=max_new_tokens)
+    result = cloud_only_generate(VerifierEndpoint(address, *vocab), session.prompt,
+                                 session_params(session.seed, temperature), max_new_tokens=max_new_tokens)
     return result.tokens, started, time.perf_counter()
 
 
 def split_session(address: str, session: BenchSession, vocab, drafter, max_new_tokens: int, draft_len: int,
            temperature: float):
-    from edge.client import GrpcVerifier
     from edge.decode_loop import run_decode
+    from edge.endpoint import VerifierEndpoint
+    from edge.grpc_verifier import GrpcVerifier
 
-    link = GrpcVerifier(address, vocab_size=vocab[0], fingerprint=vocab[1])
+    link = GrpcVerifier(VerifierEndpoint(address, *vocab))
     started = time.perf_counter()
     result = run_decode(drafter, link, session.prompt, session_params(session.seed, temperature),
                         max_new_tokens=max_new_tokens, draft_len=draft_len)

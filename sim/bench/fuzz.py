@@ -342,8 +342,9 @@ def soak_tiny_service(frames: int, *, seed: int = 0, workers: int = 8, session_t
     import tempfile
 
     from cloud.engine import TargetEngine
-    from edge.client import GrpcVerifier
     from edge.decode_loop import run_decode
+    from edge.endpoint import VerifierEndpoint
+    from edge.grpc_verifier import GrpcVerifier
     from edge.llama_drafter import LlamaDrafter
     from shared.params import Mode, SamplingParams
     from sim.experiment.processes import CloudProcess
@@ -364,7 +365,7 @@ def soak_tiny_service(frames: int, *, seed: int = 0, workers: int = 8, session_t
                 address = f"127.0.0.1:{cloud.port}"
 
                 def honest() -> bool:
-                    verifier = GrpcVerifier(address, vocab_size=engine.vocab_size, fingerprint=engine.fingerprint,
+                    verifier = GrpcVerifier(VerifierEndpoint(address, engine.vocab_size, engine.fingerprint),
                                             verdict_timeout_s=30)
                     return run_decode(drafter, verifier, prompt, greedy, max_new_tokens=40, draft_len=4).tokens == want
 

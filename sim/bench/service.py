@@ -48,8 +48,9 @@ def run_service_bench(
 
     from cloud.engine import TargetEngine
     from cloud.server import BackgroundServer, ServerConfig
-    from edge.client import GrpcVerifier
     from edge.decode_loop import run_decode
+    from edge.endpoint import VerifierEndpoint
+    from edge.grpc_verifier import GrpcVerifier
     from edge.llama_drafter import LlamaDrafter
     from shared.params import Mode, SamplingParams
     from sim.inprocess import generate
@@ -74,7 +75,7 @@ def run_service_bench(
             remote_rounds = remote_wall = 0.0
             with BackgroundServer(engine, ServerConfig(port=0)) as server:
                 for params in runs:
-                    verifier = GrpcVerifier(server.address, vocab_size=engine.vocab_size, fingerprint=engine.fingerprint)
+                    verifier = GrpcVerifier(VerifierEndpoint(server.address, engine.vocab_size, engine.fingerprint))
                     verifier.connect()
                     result = run_decode(draft_model, verifier, prompt, params,
                                         max_new_tokens=max_new_tokens, draft_len=draft_len)

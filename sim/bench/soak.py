@@ -68,9 +68,10 @@ def run_soak_bench(
     ``run_capacity_bench``."""
     if minutes <= 0 or sessions < 1:
         raise ValueError("--soak needs minutes > 0 and --sessions >= 1")
-    from edge.client import GrpcVerifier
     from edge.decode_loop import run_decode
     from edge.drafter_choice import open_llama_drafter
+    from edge.endpoint import VerifierEndpoint
+    from edge.grpc_verifier import GrpcVerifier
     from sim.experiment.processes import CloudProcess, process_rss_mb
 
     with tempfile.TemporaryDirectory(prefix="splitspec-soak-") as tmp:
@@ -107,7 +108,7 @@ def run_soak_bench(
                                 counts["cloud_only"] += 1
                                 counts["different"] += tokens != reference[number]
                             continue
-                        link = GrpcVerifier(address, vocab_size=vocab[0], fingerprint=vocab[1], outage_budget_s=0)
+                        link = GrpcVerifier(VerifierEndpoint(address, *vocab), outage_budget_s=0)
                         vanish_at = (rng.randrange(1, max_new_tokens)
                                      if max_new_tokens > 1 and rng.randrange(_ABANDON_EVERY) == 0 else None)
                         made: list[int] = []

@@ -1,0 +1,77 @@
+"""What one session costs the link, as the edge measures it.
+
+Counts every byte of every gRPC message each way (``shared.wire.framed_size``),
+the round-trip time of each block net of the cloud's own processing (the
+verdict's ``server_us``), and one ``BlockTiming`` per verify round. Counters
+only: no I/O, and no judgement of what a verdict says.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from edge.report import BlockTiming
+from protos import splitspec_pb2 as pb
+from shared.wire import message_wire_bytes
+
+__all__ = ["LinkMeter", "SentBlock"]
+
+
+@dataclass(eq=False)  # compared by identity: the early block is found again in the queue
+class SentBlock:
+    """A block sent and not yet answered."""
+
+    at: float  # perf_counter at send
+    start_position: int
+    drafts: int
+    up_bytes: int  # its Draft frame on the wire
+
+
+@dataclass
+class LinkMeter:
+    bytes_up: int = 0
+    bytes_down: int = 0
+    open_bytes: int = 0  # framed bytes of the Opens among ``bytes_up`` (all of them: first, resumes, reopens)
+    rtt_samples_s: list[float] = field(default_factory=list)  # [verdicts received]
+    block_log: list[BlockTiming] = field(default_factory=list)  # [blocks verified]
+    last_cloud_s: float = 0.0  # the cloud's time on the last verdict (server_us)
+    last_forward_s: float = 0.0  # ... the forward's alone (forward_us; 0: none, or a cloud that does not say)
+
+    def count_up(self, frame: pb.EdgeFrame) -> None:
+        size = message_wire_bytes(frame)
+        self.bytes_up += size
+        if frame.WhichOneof("kind") == "open":
+            self.open_bytes += size
+
+    def count_down(self, frame: pb.CloudFrame) -> None:
+        self.bytes_down += message_wire_bytes(frame)
+
+    def cloud_time(self, verdict: pb.Verdict) -> None:
+        """The cloud's own time on a verdict that arrived."""
+        self.last_cloud_s = verdict.server_us * 1e-6
+        self.last_forward_s = verdict.forward_us * 1e-6
+
+    def round_trip(self, sent: SentBlock, verdict: pb.Verdict, arrived: float) -> None:
+        """``sent``'s round trip, answered by ``verdict`` at perf_counter ``arrived``, net of the cloud's time."""
+        self.rtt_samples_s.append(max(arrived - sent.at - verdict.server_us * 1e-6, 0.0))
+
+    def verified(self, sent: SentBlock, verdict: pb.Verdict, down_bytes: int) -> None:
+        """Log the verify round of ``sent`` (``down_bytes``: what ``verdict`` cost the downlink), unless
+        its verdict needed no forward."""
+        if verdict.stale:  # answered without its drafts: a token decoded (after rebased drafts), or no forward
+            forward_tokens = verdict.rebased_verified + 1 if verdict.HasField("token") or verdict.rebased else 0
+        elif not sent.drafts:  # an empty block: one token, wherever it was asked for
+            forward_tokens = 1
+        else:  # drafts before the verdict's start were already committed: not in the forward
+            forward_tokens = sent.drafts + 1 - max(verdict.start_position - sent.start_position, 0)
+        if forward_tokens:
+            self.block_log.append(
+                BlockTiming(forward_tokens=forward_tokens, cloud_s=verdict.server_us * 1e-6, up_bytes=sent.up_bytes,
+                            down_bytes=down_bytes)
+            )
+
+    @property
+    def rtt_ms(self) -> float:
+        """Median round trip net of the cloud's processing, in ms (0 before any block)."""
+        return 1e3 * statistics.median(self.rtt_samples_s) if self.rtt_samples_s else 0.0
