@@ -136,7 +136,7 @@ def read_secret(path: Path | None, what: str) -> str | None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from cloud.engine import TargetEngine, pick_device
+    from cloud.engine import pick_device
     from cloud.models import resolve_target
     from cloud.server import ServerConfig
 
@@ -169,13 +169,12 @@ def run_serve(args: argparse.Namespace) -> int:
         mqtt_url=args.mqtt,
     )
 
-    from cloud.tensor_parallel import follow, rank, world_size
+    from cloud.tensor_parallel import follow, load_engine, rank
 
     pick_device(args.device)  # a bad --device fails before a minute of model loading
     target = resolve_target(args.target)
     try:
-        engine = TargetEngine(target, device=args.device, dtype=args.dtype, canonical=args.shapes == "canonical",
-                              tensor_parallel=world_size())
+        engine = load_engine(target, device=args.device, dtype=args.dtype, canonical=args.shapes == "canonical")
     except Exception as exc:  # a truncated or foreign checkpoint (safetensors raises its own type), a bad config
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CliError(f"cannot load the target model from {target}: {detail}") from exc

@@ -34,7 +34,8 @@ from cloud import slot_attention
 from cloud.slot_attention import ROW_TILE, RowLayout, RowPadding, SlotKV
 from shared.vocab import vocab_fingerprint
 
-__all__ = ["TargetEngine", "CachedSequence", "ForwardItem", "Steps", "run_alone", "invariant_row_padding", "torch_threads"]
+__all__ = ["TargetEngine", "CachedSequence", "ForwardItem", "Steps", "check_forward_items", "run_alone",
+           "invariant_row_padding", "torch_threads"]
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,21 @@ class ForwardItem:
 
 Steps = Generator[ForwardItem, "torch.Tensor | None", object]
 """Work that needs forwards: yields one ``ForwardItem`` at a time, is sent its logits, returns a result."""
+
+
+def check_forward_items(items: Sequence[ForwardItem]) -> None:
+    """``ValueError`` unless ``items`` make one forward: each sequence once, each with tokens, and
+    branches only with logits="all", at distinct positions within their item, each with tokens."""
+    if len({id(item.seq) for item in items}) != len(items):
+        raise ValueError("a sequence can appear only once in a forward")
+    if any(not item.tokens for item in items):
+        raise ValueError("forward needs at least one token per sequence")
+    for item in items:
+        end = item.seq.length + len(item.tokens)
+        positions_used = [position for position, _ in item.branches]
+        if item.branches and (item.logits != "all" or len(set(positions_used)) != len(positions_used)
+                              or any(not 0 <= p <= end or not t for p, t in item.branches)):
+            raise ValueError("branches need logits='all', distinct positions within the item, and tokens")
 
 
 def run_alone(steps: Steps, engine: TargetEngine):
@@ -185,9 +201,12 @@ class TargetEngine:
     ``canonical``: batch-invariant shapes (see the module docstring); False
     runs each sequence's attention over exactly its keys and one-row
     products unpadded (faster alone, not invariant). ``tensor_parallel``:
-    shard the target across that many ranks started by torchrun
-    (``cloud.tensor_parallel``); rank 0's engine then leads the others.
+    load this rank's shard of a target split across that many ranks started
+    by torchrun; the engine itself runs its calls on its shard alone
+    (``cloud.tensor_parallel.ShardedEngine`` leads the other ranks).
     """
+
+    verifies_branches: bool = True  # forwards may carry hedge branches (``ForwardItem.branches``)
 
     def __init__(
         self, model_path: str | Path, *, device: str | None = None, dtype: str | None = None, canonical: bool = True,
@@ -211,19 +230,12 @@ class TargetEngine:
             folder = str(path.parent)
         else:
             folder = str(path)
-        self.leader = None  # set on rank 0 of a tensor-parallel group
         if tensor_parallel > 1:
             from transformers.distributed import DistributedConfig
 
             kwargs["distributed_config"] = DistributedConfig(tp_size=tensor_parallel)
         slot_attention.register()
         self.model = AutoModelForCausalLM.from_pretrained(folder, **kwargs).to(self.device).eval()
-        if tensor_parallel > 1:
-            import torch.distributed as dist
-
-            from cloud.tensor_parallel import Leader
-
-            self.leader = Leader() if dist.get_rank() == 0 else None
         self.model.config._attn_implementation = slot_attention.ATTENTION_NAME
         self.tokenizer = AutoTokenizer.from_pretrained(folder, **({"gguf_file": path.name} if path.is_file() else {}))
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
@@ -277,16 +289,10 @@ class TargetEngine:
         return None if self.device.type != "cpu" else self.head.padded_rows(rows)
 
     def new_sequence(self) -> CachedSequence:
-        seq = CachedSequence()
-        if self.leader is not None:
-            self.leader.register(seq)
-        return seq
+        return CachedSequence()
 
     def close(self) -> None:
-        """Release the follower ranks (tensor parallelism); nothing to do otherwise."""
-        if self.leader is not None:
-            self.leader.stop()
-            self.leader = None
+        """Release what the engine holds beyond its memory (nothing here; the follower ranks of a sharded one)."""
 
     def forward(self, seq: CachedSequence, tokens: list[int], *, last_only: bool = False) -> torch.Tensor:
         """Append ``tokens`` to one sequence; return their next-token logits [n, V] float32
@@ -299,20 +305,7 @@ class TargetEngine:
         ([n, V] or [1, V] float32; None for "none"). Each sequence may appear once."""
         if not items:
             return []
-        if len({id(item.seq) for item in items}) != len(items):
-            raise ValueError("a sequence can appear only once in a forward")
-        if any(not item.tokens for item in items):
-            raise ValueError("forward needs at least one token per sequence")
-        for item in items:
-            end = item.seq.length + len(item.tokens)
-            positions_used = [position for position, _ in item.branches]
-            if item.branches and (item.logits != "all" or len(set(positions_used)) != len(positions_used)
-                                  or any(not 0 <= p <= end or not t for p, t in item.branches)):
-                raise ValueError("branches need logits='all', distinct positions within the item, and tokens")
-        if self.leader is not None:
-            if any(item.branches for item in items):
-                raise ValueError("hedge branches are not supported with tensor parallelism")
-            self.leader.forward(list(items))
+        check_forward_items(items)
         started = time.perf_counter()
         tokens: list[int] = []
         positions: list[int] = []
@@ -370,8 +363,6 @@ class TargetEngine:
         """Keep the first ``length`` tokens of the slot (what lies past them is overwritten later)."""
         if not 0 <= length <= seq.length:
             raise ValueError(f"cannot crop a {seq.length}-token cache to {length}")
-        if self.leader is not None and length != seq.length:
-            self.leader.crop(seq, length)
         seq.length = length
         seq.branch_kv = {}
 
@@ -383,8 +374,6 @@ class TargetEngine:
         if store is None or not 0 <= position <= seq.length or count < 0 or (
                 count and (not store.keys or store.keys[0].shape[1] < count)):
             raise ValueError(f"no branch of {count} tokens at position {position} to adopt")
-        if self.leader is not None:
-            raise RuntimeError("hedge branches are not supported with tensor parallelism")
         for layer, (keys, values) in enumerate(zip(store.keys, store.values)):
             seq.slot.reserve(layer, keys, position + count)
             seq.slot.keys[layer][:, position : position + count] = keys[:, :count]

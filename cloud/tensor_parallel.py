@@ -1,5 +1,10 @@
 """Tensor parallelism: the target sharded across the ranks ``torchrun`` started; rank 0 leads.
 
+``load_engine`` builds the engine for this process: a plain ``TargetEngine``
+without torchrun; under it a ``ShardedEngine`` on rank 0 and a ``TargetEngine``
+over its own shard on every other rank, which runs ``follow``. This module
+extends ``cloud.engine``, which never imports it.
+
 Launch: ``torchrun --nproc-per-node N -m cloud.cli serve ...``. Every rank loads
 its shard (transformers' tensor-parallel plan, ``DistributedConfig(tp_size=N)``;
 gloo on CPU, NCCL on GPUs). Rank 0 runs the gRPC service, the scheduler and the
@@ -8,7 +13,8 @@ forward, a crop) it broadcasts the call, so the followers run the same forward
 on their shards in the same order and the collectives inside it pair up.
 Followers mirror rank 0's sequences by id; sequences rank 0 has dropped are
 dropped with the next call. Attention is per head, so each rank's slots hold
-its own heads' keys and values.
+its own heads' keys and values. Hedge branches are refused (the broadcast
+does not carry them): a ``ShardedEngine`` does not verify branches.
 """
 
 from __future__ import annotations
@@ -17,12 +23,14 @@ import itertools
 import logging
 import threading
 import weakref
+from collections.abc import Sequence
+from pathlib import Path
 
 import torch.distributed as dist
 
-from cloud.engine import CachedSequence, ForwardItem, TargetEngine
+from cloud.engine import CachedSequence, ForwardItem, TargetEngine, check_forward_items
 
-__all__ = ["Leader", "follow", "world_size", "rank"]
+__all__ = ["Leader", "ShardedEngine", "follow", "load_engine", "world_size", "rank"]
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +80,52 @@ class Leader:
         with self._lock:
             dropped, self._dropped = self._dropped, []
         dist.broadcast_object_list([(dropped, call)], src=0)
+
+
+class ShardedEngine(TargetEngine):
+    """Rank 0's engine: a ``TargetEngine`` over its shard that tells the followers each call that
+    touches the model or a KV slot before it runs the call itself."""
+
+    verifies_branches = False  # the broadcast carries no branches
+
+    def __init__(self, model_path: str | Path, *, tensor_parallel: int, **kwargs) -> None:
+        super().__init__(model_path, tensor_parallel=tensor_parallel, **kwargs)
+        self._leader = Leader()
+        self._stopped = False
+
+    def new_sequence(self) -> CachedSequence:
+        seq = super().new_sequence()
+        self._leader.register(seq)
+        return seq
+
+    def close(self) -> None:
+        """Release the follower ranks (once)."""
+        if not self._stopped:
+            self._stopped = True
+            self._leader.stop()
+
+    def forward_batch(self, items: Sequence[ForwardItem]) -> list:
+        if items:  # checked before the followers hear of it: a bad call never leaves rank 0
+            check_forward_items(items)
+            if any(item.branches for item in items):
+                raise ValueError("hedge branches are not supported with tensor parallelism")
+            self._leader.forward(list(items))
+        return super().forward_batch(items)
+
+    def crop(self, seq: CachedSequence, length: int) -> None:
+        if 0 <= length < seq.length:  # a cut (``TargetEngine.crop`` refuses a bad length)
+            self._leader.crop(seq, length)
+        super().crop(seq, length)
+
+
+def load_engine(model_path: str | Path, **kwargs) -> TargetEngine:
+    """The engine for this process (``kwargs``: ``TargetEngine``'s): sharded across torchrun's ranks
+    when it started more than one, rank 0's leading (``ShardedEngine``) and the others' to be driven
+    by ``follow``; else a plain ``TargetEngine``."""
+    ranks = world_size()
+    if ranks == 1:
+        return TargetEngine(model_path, **kwargs)
+    return (ShardedEngine if rank() == 0 else TargetEngine)(model_path, tensor_parallel=ranks, **kwargs)
 
 
 def follow(engine: TargetEngine) -> None:

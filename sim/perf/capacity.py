@@ -20,8 +20,8 @@ import dataclasses
 from typing import Any
 
 from shared.params import DEFAULT_WINDOW
+from sim.perf.hardware_profile import HardwareProfile
 from sim.perf.model import (
-    HardwareProfile,
     NetworkModel,
     Prediction,
     fastest_then_cheapest,

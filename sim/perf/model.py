@@ -1,7 +1,7 @@
 """Performance model of split decoding: predicted tokens/s, TTFT, bytes and cloud work.
 
 Contract. Pure arithmetic on explicit inputs (`Timings`, `NetworkModel`, a draft
-length); the only I/O is reading a hardware profile TOML in `load_hardware`.
+length), no I/O: hardware profiles are read by `sim.perf.hardware_profile`.
 A lock-step round (``predict_split``; pipelined chains are followed block by block,
 ``predict_pipelined`` and ``sim.perf.block_sim``) is
 
@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -43,19 +42,15 @@ from edge.controller import CLOUD_WINDOW, Controller
 from edge.early_block import EARLY_DRAFT_LEN
 from shared.acceptance import expected_acceptance_length
 from shared.wire import http2_framed_size
-from sim.package_data import list_shipped, load_toml
 from sim.perf.block_sim import BlockCosts, SimulatedRun, simulate_adaptive, simulate_pipelined
 
 __all__ = [
-    "HardwareProfile",
     "NetworkModel",
     "Prediction",
     "Timings",
     "best_draft_len",
     "expected_acceptance_length",
     "fit_linear",
-    "list_hardware",
-    "load_hardware",
     "predict_cloud_only",
     "predict_split",
     "predict_pipelined",
@@ -65,8 +60,6 @@ __all__ = [
     "first_token_s",
     "protocol_bytes",
 ]
-
-HARDWARE_FOLDER = "perf/hardware"  # package data under sim/
 
 # ---------------------------------------------------------------- link
 
@@ -395,7 +388,7 @@ def best_draft_len(timings: Timings, link: NetworkModel, max_d: int = 16) -> int
     return max(range(1, max_d + 1), key=lambda d: (predict_split(timings, link, d).tokens_per_s, -d))
 
 
-# ---------------------------------------------------------------- hardware profiles
+# ---------------------------------------------------------------- protocol bytes
 
 def protocol_bytes(vocab_size: int) -> dict[str, float]:
     """Our protocol's TCP payload bytes per message (greedy/coupled), from `protos/splitspec.proto`.
@@ -416,138 +409,3 @@ def protocol_bytes(vocab_size: int) -> dict[str, float]:
         "down_per_round": http2_framed_size(18),
         "down_per_token_cloud_only": http2_framed_size(2 + math.ceil(bits / 8)),
     }
-
-
-@dataclasses.dataclass(frozen=True)
-class HardwareProfile:
-    """A target on its servers and a drafter on its device, in the units people quote."""
-
-    name: str
-    description: str
-    target: str  # the target model and its servers, in words
-    drafter: str  # the drafter model and its device, in words
-    verify_fixed_ms: float  # target forward: fixed + per_token * tokens
-    verify_per_token_ms: float
-    draft_ms_per_token: float  # drafter, Python included
-    alpha: list[float]  # [positions] conditional acceptance; the last value extends
-    vocab_size: int
-    up_bytes_fixed: float
-    up_bytes_per_draft: float
-    down_bytes_per_round: float
-    down_bytes_per_token_cloud_only: float
-    prefill_ms: float = 0.0
-    draft_prefill_ms: float = 0.0
-    open_bytes: float = 0.0
-    # Rows at which a packed forward stops being memory-bound (the roofline's ridge point):
-    # below it the weights' streaming time (verify_fixed) is paid once whatever the rows.
-    ridge_rows: float = 1.0
-    rebased_per_fill: float = 0.0  # Timings.rebased_per_fill
-    rebased_verified_per_fill: float = 0.0
-
-    def batch_forward_s(self, rows: int) -> float:
-        """One packed forward over ``rows`` rows (many sessions'): memory-bound until ``ridge_rows``,
-        then the fixed part grows with the rows (compute-bound); plus the per-row part."""
-        fixed = self.verify_fixed_ms * max(1.0, rows / self.ridge_rows)
-        return (fixed + self.verify_per_token_ms * rows) / 1e3
-
-    def to_timings(self) -> Timings:
-        return Timings(
-            draft_s_per_token=self.draft_ms_per_token / 1e3,
-            verify_fixed_s=self.verify_fixed_ms / 1e3,
-            verify_per_token_s=self.verify_per_token_ms / 1e3,
-            alpha_per_position=list(self.alpha),
-            up_bytes_fixed=self.up_bytes_fixed,
-            up_bytes_per_draft=self.up_bytes_per_draft,
-            down_bytes_per_round=self.down_bytes_per_round,
-            down_bytes_per_token_cloud_only=self.down_bytes_per_token_cloud_only,
-            prefill_s=self.prefill_ms / 1e3,
-            draft_prefill_s=self.draft_prefill_ms / 1e3,
-            open_up_bytes=self.open_bytes,
-            rebased_per_fill=self.rebased_per_fill,
-            rebased_verified_per_fill=self.rebased_verified_per_fill,
-        )
-
-
-_KEYS = {
-    "": {"name", "description", "target", "drafter", "acceptance", "bytes"},
-    "target": {"model", "verify_fixed_ms", "verify_per_token_ms", "prefill_ms", "vocab_size", "ridge_rows"},
-    "drafter": {"model", "draft_ms_per_token", "draft_prefill_ms"},
-    "acceptance": {"alpha", "rebased_per_fill", "rebased_verified_per_fill"},
-    "bytes": {"up_fixed", "up_per_draft", "down_per_round", "down_per_token_cloud_only", "open"},
-}
-
-
-def list_hardware() -> list[str]:
-    """Names of the shipped hardware profiles, sorted."""
-    return list_shipped(HARDWARE_FOLDER)
-
-
-def load_hardware(name_or_path: str | Path) -> HardwareProfile:
-    """Load a shipped profile by bare name, or a user file by path (anything with a separator or `.toml`).
-
-    File layout: `name`, `description`; `[target]` model, verify_fixed_ms,
-    verify_per_token_ms, prefill_ms, vocab_size, ridge_rows (default 1: compute-bound at once); `[drafter]` model,
-    draft_ms_per_token, draft_prefill_ms; `[acceptance]` alpha (a number or a
-    list per position), rebased_per_fill and rebased_verified_per_fill (a stale
-    block's forward: rebased drafts accepted and verified; default 0); optional `[bytes]` up_fixed, up_per_draft,
-    down_per_round, down_per_token_cloud_only, open, defaulting to
-    `protocol_bytes(vocab_size)`. Unknown keys are errors. ValueError on any problem.
-    """
-    data, source, default_name = load_toml(name_or_path, HARDWARE_FOLDER, "hardware profile")
-    try:
-        return _profile_from_dict(data, default_name)
-    except (KeyError, TypeError, ValueError) as e:
-        raise ValueError(f"{source}: {e}") from e
-
-
-def _profile_from_dict(data: dict[str, Any], default_name: str) -> HardwareProfile:
-    for section, allowed in _KEYS.items():
-        table = data.get(section, {}) if section else data
-        if not isinstance(table, dict):
-            raise ValueError(f"[{section}] must be a table")
-        unknown = sorted(set(table) - allowed)
-        if unknown:
-            raise ValueError(f"unknown key(s) in {f'[{section}]' if section else 'top level'}: "
-                             f"{', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
-    target, drafter, acceptance = data.get("target", {}), data.get("drafter", {}), data.get("acceptance", {})
-    alpha = acceptance.get("alpha")
-    if alpha is None:
-        raise ValueError("[acceptance] alpha is required (a number or a list per position)")
-    alpha = [float(a) for a in (alpha if isinstance(alpha, list) else [alpha])]
-    if not alpha or any(not 0.0 <= a <= 1.0 for a in alpha):
-        raise ValueError(f"[acceptance] alpha must be in [0, 1], got {alpha}")
-    vocab_size = int(target.get("vocab_size", 262144))
-    byte_defaults = protocol_bytes(vocab_size)
-    given = data.get("bytes", {})
-
-    def number(table: dict[str, Any], key: str, where: str, default: float | None = None) -> float:
-        value = table.get(key, default)
-        if value is None:
-            raise ValueError(f"[{where}] {key} is required")
-        value = float(value)
-        if not (math.isfinite(value) and value >= 0):
-            raise ValueError(f"[{where}] {key} must be finite and >= 0, got {value}")
-        return value
-
-    return HardwareProfile(
-        name=str(data.get("name", default_name)),
-        description=str(data.get("description", "")),
-        target=str(target.get("model", "")),
-        drafter=str(drafter.get("model", "")),
-        verify_fixed_ms=number(target, "verify_fixed_ms", "target"),
-        verify_per_token_ms=number(target, "verify_per_token_ms", "target"),
-        draft_ms_per_token=number(drafter, "draft_ms_per_token", "drafter"),
-        alpha=alpha,
-        vocab_size=vocab_size,
-        up_bytes_fixed=number(given, "up_fixed", "bytes", byte_defaults["up_fixed"]),
-        up_bytes_per_draft=number(given, "up_per_draft", "bytes", byte_defaults["up_per_draft"]),
-        down_bytes_per_round=number(given, "down_per_round", "bytes", byte_defaults["down_per_round"]),
-        down_bytes_per_token_cloud_only=number(
-            given, "down_per_token_cloud_only", "bytes", byte_defaults["down_per_token_cloud_only"]),
-        prefill_ms=number(target, "prefill_ms", "target", 0.0),
-        draft_prefill_ms=number(drafter, "draft_prefill_ms", "drafter", 0.0),
-        open_bytes=number(given, "open", "bytes", 0.0),
-        ridge_rows=max(number(target, "ridge_rows", "target", 1.0), 1.0),
-        rebased_per_fill=number(acceptance, "rebased_per_fill", "acceptance", 0.0),
-        rebased_verified_per_fill=number(acceptance, "rebased_verified_per_fill", "acceptance", 0.0),
-    )

@@ -41,11 +41,11 @@ def model_report(hardware: str, scenario: str, max_draft_len: int = 16, window: 
     tokens/s per session). ValueError on a bad profile, scenario, D or window."""
     from sim.link.scenario import load_scenario
     from sim.perf.capacity import capacity_at_slo, capacity_rows
+    from sim.perf.hardware_profile import load_hardware
     from sim.perf.model import (
         NetworkModel,
         best_draft_len,
         fastest_then_cheapest,
-        load_hardware,
         predict_adaptive,
         predict_cloud_only,
         predict_pipelined,

@@ -1,0 +1,293 @@
+"""The block stream: a Decode stream's Draft frames in, one verdict per block out.
+
+Contract. ``read_frames`` moves an open stream's frames into a queue (a Close
+or the end of the stream ends it); ``decode_draft`` turns a Draft into a
+``PendingBlock``, decoding no more than the session's limits allow;
+``verdicts`` verifies what is pending, the chain at its front in one forward
+on the engine thread, and yields one ``Answered`` per block in order. A bad
+frame, a block past the session's draft length, more than
+``max_blocks_in_flight`` blocks waiting, or an idle stream is an ``Abort`` of
+this stream alone (an idle one parks its session). A session another stream
+has resumed is never verified here. Every verify is observed once, in
+``ServiceMetrics`` and the recent-latency windows. It opens no session and
+writes nothing to the stream (``cloud.handshake``, ``cloud.servicer``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from typing import NamedTuple
+
+import grpc
+
+from cloud.next_block import NextBlockClock
+from cloud.service_part import ServicePart
+from cloud.session import BlockRejected, PendingBlock, VerifierSession
+from cloud.session_table import SessionEntry
+from cloud.stream_end import Abort
+from protos import splitspec_pb2 as pb
+from shared import codec
+from shared.stats import RoundRecord
+from shared.verdict import Verdict
+from shared.wire import MAX_EARLY_DRAFTS, message_wire_bytes, verdict_to_proto
+
+__all__ = ["Answered", "BlockStream", "CLOSE", "EOF", "read_frame", "verdict_message"]
+
+log = logging.getLogger(__name__)
+
+EOF = object()  # the edge hung up without a Close: the session stays resumable
+CLOSE = object()  # the edge sent Close
+
+
+class Answered(NamedTuple):
+    """A block's verdict, the cloud's seconds since the block arrived, and the forward's alone (0: none)."""
+
+    verdict: Verdict
+    seconds: float
+    forward_s: float
+
+
+def verdict_message(answer: Answered, forwards: int) -> pb.Verdict:
+    """``answer`` for the wire; the session's ``forwards`` ride on the final verdict only (0 is not
+    sent, so rounds pay no bytes for it)."""
+    return verdict_to_proto(answer.verdict, seconds=answer.seconds, forward_s=answer.forward_s,
+                            forwards=forwards if answer.verdict.done else 0)
+
+
+async def read_frame(context, timeout: float):
+    """The next frame, or ``grpc.aio.EOF`` when the edge hung up or the stream broke."""
+    try:
+        return await asyncio.wait_for(context.read(), timeout)
+    except TimeoutError as exc:
+        raise Abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"no frame from the edge for {timeout:.0f}s") from exc
+    except Exception as exc:
+        if context.cancelled() or context.done():  # the stream broke: its session stays resumable
+            return grpc.aio.EOF
+        # gRPC's deserializer raised: bytes that are not an EdgeFrame
+        raise Abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed frame: {type(exc).__name__}") from exc
+
+
+async def _next_frame(frames: asyncio.Queue, timeout_s: float):
+    """The next item of ``frames``; an idle stream is parked (its slot can go to another client)."""
+    try:
+        return await asyncio.wait_for(frames.get(), max(timeout_s, 0.0))
+    except TimeoutError as exc:
+        raise Abort(
+            grpc.StatusCode.DEADLINE_EXCEEDED,
+            "no block to verify for too long; the session is parked (resume it with its ticket)",
+            park=True,
+        ) from exc
+
+
+class BlockStream(ServicePart):
+    """Verifies the blocks of the service's streams on ``scheduler``'s engine thread."""
+
+    def __post_init__(self) -> None:
+        # The latest per-verify service times outside the forward, seconds (for benchmarks and debugging).
+        self.recent_overheads_s: deque[float] = deque(maxlen=10_000)
+        self.recent_latencies_s: deque[float] = deque(maxlen=1_000)  # block arrival -> verdict, per chain
+
+    # -- frames in ---------------------------------------------------------
+    async def read_frames(self, context, frames: asyncio.Queue) -> None:
+        """Move the edge's frames into ``frames`` as (Draft, arrival time); then ``EOF`` when the
+        stream ends, ``CLOSE`` on a Close, or the ``Abort`` for a problem."""
+        try:
+            while True:
+                frame = await read_frame(context, self.limits.session_ttl_s)
+                if frame is grpc.aio.EOF:
+                    frames.put_nowait(EOF)
+                    return
+                self.metrics.bytes_in.inc(message_wire_bytes(frame))
+                kind = frame.WhichOneof("kind")
+                if kind == "close":
+                    frames.put_nowait(CLOSE)
+                    return
+                if kind != "draft":
+                    raise Abort(grpc.StatusCode.INVALID_ARGUMENT, f"unexpected {kind or 'empty'} frame in an open session")
+                frames.put_nowait((frame.draft, time.perf_counter()))
+        except Abort as exc:
+            frames.put_nowait(exc)
+
+    def decode_draft(self, entry: SessionEntry, draft: pb.Draft) -> PendingBlock | None:
+        """A Draft frame as a pending block (one of an older epoch is stale: answered without
+        verification, its ids kept only as spare drafts when the session rebases, its q̃ and branches
+        never decoded); None for a block sent before the Opened that exceeds the session's draft
+        length (dropped unanswered)."""
+        session = entry.session
+        stale = draft.epoch < session.epoch
+        if stale and not session.rebases:
+            return PendingBlock(draft.epoch, draft.start_position, [], more_follows=False)
+        params = session.params
+        try:
+            tokens, q = codec.decode_draft(
+                draft.payload,
+                draft.compressed,
+                self.engine.vocab_size,
+                max_tokens=max(MAX_EARLY_DRAFTS, session.max_draft_len) if draft.before_opened else session.max_draft_len,
+                draft_top_k=params.draft_top_k if params.sends_q else None,
+                prob_bits=params.prob_bits if params.sends_q else None,
+            )
+            if stale:  # its ids are spare drafts for a stale block's forward; its branches, nothing
+                return PendingBlock(draft.epoch, draft.start_position, tokens.tolist(), more_follows=False)
+            if len(draft.branches) > session.max_branches:  # checked before decoding any of them
+                raise ValueError(f"{len(draft.branches)} branches, the limit is {session.max_branches}")
+            branches = tuple(
+                (branch.at, codec.decode_tokens(branch.payload, branch.compressed, self.engine.vocab_size,
+                                                max_tokens=session.max_draft_len).tolist())
+                for branch in draft.branches
+            )
+        except ValueError as exc:
+            raise Abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad draft block: {exc}") from exc
+        if draft.before_opened and len(tokens) > session.max_draft_len:
+            log.debug("session %s: dropped a %d-draft block sent before the Opened", entry.session_id, len(tokens))
+            return None
+        return PendingBlock(draft.epoch, draft.start_position, tokens.tolist(), q, draft.more_follows, branches)
+
+    # -- verification ------------------------------------------------------
+    async def _verify_pending(
+        self,
+        entry: SessionEntry,
+        pending: list[PendingBlock],
+        received: deque[tuple[float, int, int]],
+        stream: int,
+        fill_deadline: float | None = None,
+    ) -> list[Answered]:
+        """Verify the next chain of ``pending`` in one forward on the engine thread, observed once.
+
+        ``received``: (arrival time, start position, drafts) of each pending block, in the same order.
+        ``stream``: the session's stream number this caller holds; once a resume
+        has taken the session over, nothing is verified (checked on the engine
+        thread, where every change to the session happens).
+        ``fill_deadline``: when the edge's next block is expected (``VerifierSession.verify_chain_steps``).
+        Returns an ``Answered`` per block answered.
+        """
+        session = entry.session
+
+        def observed():  # (on the engine thread, where the step ran: no later step can come between)
+            verdicts = yield from session.verify_chain_steps(pending, fill_deadline)
+            if session.last_step_rows:
+                self.metrics.observe_step(rows=session.last_step_rows, seconds=session.last_step_s)
+            return verdicts
+
+        def verify_if_current():
+            return observed() if entry.stream == stream else None
+
+        forward_before, forwards_before = session.seq.forward_s, session.forwards
+        try:
+            verdicts = await self.scheduler.run(verify_if_current, session)
+        except BlockRejected as exc:
+            raise Abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
+        if verdicts is None:
+            raise Abort(grpc.StatusCode.ABORTED, "the session was resumed on another stream", park=True)
+        self.table.touch(entry)
+        return self._observe(session, verdicts, received, forwards_before, forward_before)
+
+    def _observe(self, session: VerifierSession, verdicts: list[Verdict], received: deque[tuple[float, int, int]],
+                 forwards_before: int, forward_before: float) -> list[Answered]:
+        """The chain's verdicts as ``Answered``, each observed once; its forward counts for its first block."""
+        now = time.perf_counter()
+        out = []
+        forwards = session.forwards - forwards_before
+        forward_s = session.seq.forward_s - forward_before if forwards else 0.0
+        overhead = 0.0
+        for i, verdict in enumerate(verdicts):
+            arrived, start, drafts = received.popleft()
+            # Verified drafts only: a stale block's were not, drafts before the verdict's start were committed.
+            drafted = 0 if verdict.stale else max(drafts - (verdict.start_position - start), 0)
+            seconds = now - arrived
+            out.append(Answered(verdict, seconds, forward_s))
+            if i == 0:  # the chain shared one forward: its cost and overhead go to its first block
+                overhead = max(seconds - forward_s, 0.0)
+                self.recent_overheads_s.append(overhead)
+                self.recent_latencies_s.append(seconds)
+            self.metrics.observe_round(
+                RoundRecord(
+                    drafted=drafted,
+                    accepted=verdict.accepted,
+                    committed=verdict.accepted + (verdict.token is not None) + len(verdict.rebased)
+                    + (1 + verdict.branch_accepted if verdict.branch else 0),
+                    forwards=forwards if i == 0 else 0,
+                ),
+                latency_s=seconds,
+                overhead_s=overhead if i == 0 else 0.0,
+            )
+        return out
+
+    async def decode_alone(self, entry: SessionEntry, arrived: float, stream: int) -> Answered:
+        """The session's next token, decoded alone (an empty block that arrived at ``arrived``)."""
+        position = len(entry.session.tokens)
+        (answered,) = await self._verify_pending(
+            entry, [PendingBlock(entry.session.epoch, position, [])], deque([(arrived, position, 0)]), stream
+        )
+        return answered
+
+    # -- the verdict loop --------------------------------------------------
+    async def verdicts(self, entry: SessionEntry, stream: int, frames: asyncio.Queue, ending: list):
+        """``Answered`` verdicts for the blocks read from ``frames``, one per block, in
+        order: each step answers the chain at the front of what is pending, in one forward
+        (``VerifierSession.verify_chain``), or one stale block.
+
+        Stops when the edge closes or hangs up (``ending`` gets ``CLOSE`` or
+        ``EOF``); refuses more than ``max_blocks_in_flight`` blocks waiting.
+        """
+        pending: list[PendingBlock] = []
+        received: deque[tuple[float, int, int]] = deque()
+        idle_s = self.limits.idle_timeout_s
+        progress = time.monotonic()  # the last verdict (or the open)
+        next_block = NextBlockClock()  # no fill that would still run when the edge's next block is due
+        while not ending:
+            items = [] if pending else [await _next_frame(frames, idle_s - (time.monotonic() - progress))]
+            while not frames.empty():
+                items.append(frames.get_nowait())
+            for item in items:
+                if isinstance(item, Abort):
+                    raise item
+                if item is EOF or item is CLOSE:
+                    ending.append(item)
+                    break
+                block = self.decode_draft(entry, item[0])
+                if block is None:
+                    continue
+                pending.append(block)
+                received.append((item[1], block.start_position, len(block.drafts)))
+                next_block.arrived(item[1], item[0].epoch)
+                if len(pending) > self.limits.max_blocks_in_flight:
+                    raise Abort(
+                        grpc.StatusCode.INVALID_ARGUMENT,
+                        f"more than {self.limits.max_blocks_in_flight} blocks in flight",
+                    )
+            if pending and not ending:  # one chain at a time: a stale block's answer depends on what arrived
+                epoch = entry.session.epoch
+                answered = await self._verify_pending(entry, pending, received, stream, next_block.deadline())
+                for answer in answered:
+                    yield answer
+                    progress = time.monotonic()
+                if entry.session.epoch != epoch:
+                    next_block.corrected(time.perf_counter(), entry.session.epoch)
+
+    async def finished(self, session: VerifierSession, frames: asyncio.Queue, ending: list) -> bool:
+        """Whether the session is done with once the verdict loop stops: the edge closed, or it has the
+        final verdict (``_acknowledged``). False keeps it resumable."""
+        if session.done and not ending:
+            return await self._acknowledged(frames)
+        return session.done or CLOSE in ending
+
+    async def _acknowledged(self, frames: asyncio.Queue) -> bool:
+        """After the final verdict: whether the edge has it. The edge says so with a Close; when the
+        stream ends without one (it may have broken on the final verdict, or the edge keeps the
+        session for a conversation's next turn), the finished session stays resumable. Blocks the
+        edge sent before the final verdict reached it are skipped; an edge that never answers gets
+        the idle timeout."""
+        deadline = time.monotonic() + self.limits.idle_timeout_s
+        while True:
+            try:
+                item = await asyncio.wait_for(frames.get(), max(deadline - time.monotonic(), 0.0))
+            except TimeoutError:
+                return True
+            if item is EOF:
+                return False
+            if item is CLOSE or isinstance(item, Abort):
+                return True
