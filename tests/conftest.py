@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny generated models (written once per test session)."""
+"""Shared fixtures: tiny generated models (written once per test session), their drafters, a greedy
+path, a loopback verifier; the real Gemma pair, whose tests carry the ``gemma`` marker."""
 
 from __future__ import annotations
 
@@ -9,6 +10,16 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import pytest  # noqa: E402
+from helpers import TEXTS, greedy_continuation, tiny_drafter, tiny_prompt  # noqa: E402
+
+GEMMA_FIXTURES = {"gemma_engine"}  # a test that uses one loads the real Gemma 3 270M pair
+
+
+def pytest_collection_modifyitems(items):
+    """Marks every test that loads the Gemma pair ``gemma``: ``-m "not gemma"`` is the quick loop."""
+    for item in items:
+        if GEMMA_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.gemma)
 
 
 @pytest.fixture(scope="session")
@@ -31,6 +42,27 @@ def tiny_engine(tiny_models):
 def tiny_vocab(tiny_engine):
     """(vocab_size, fingerprint) the tiny target and drafters share."""
     return tiny_engine.vocab_size, tiny_engine.fingerprint
+
+
+@pytest.fixture(scope="module")
+def drafters(tiny_models, tiny_vocab):
+    """The F32 and noisy tiny drafters and an n-gram drafter, by name, opened once per module (a module
+    that needs others defines its own ``drafters``)."""
+    from edge.ngram_drafter import NgramDrafter
+
+    made = {name: tiny_drafter(tiny_models, name) for name in ("drafter_f32", "drafter_noisy")}
+    made["ngram"] = NgramDrafter(tiny_vocab[0])
+    yield made
+    for drafter in made.values():
+        drafter.close()
+
+
+@pytest.fixture(scope="session")
+def greedy_path(tiny_engine):
+    """A prompt (``TEXTS[0]``) and the target's own greedy continuation of it (40 tokens); test_hedging.py
+    has its own."""
+    prompt = tiny_prompt(tiny_engine, TEXTS[0])
+    return prompt, greedy_continuation(tiny_engine, prompt)
 
 
 @pytest.fixture()

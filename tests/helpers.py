@@ -1,4 +1,5 @@
-"""Test helpers shared by several test files (exact distributions, distances)."""
+"""Test helpers shared by several test files: exact distributions and distances, the tiny drafters,
+scripted drafters and the pipelining tests' prompts, sessions and counting controller."""
 
 from __future__ import annotations
 
@@ -6,7 +7,12 @@ from collections import Counter
 
 import numpy as np
 
+from edge.controller import Controller
 from shared.logits import process_logits
+from shared.params import Mode, SamplingParams
+
+GREEDY = SamplingParams(mode=Mode.GREEDY)
+TEXTS = ["The cat sat on the mat.", "We have 3 dogs and 12 cats!"]
 
 
 def exact_distribution(engine, prompt, params, length=3) -> dict[tuple[int, ...], float]:
@@ -40,13 +46,41 @@ def tiny_prompt(engine, text: str) -> list[int]:
 def greedy_continuation(engine, prompt: list[int], n: int = 40) -> list[int]:
     """The target's own greedy continuation of ``prompt`` (``n`` tokens), decoded one token a forward."""
     from cloud.session import VerifierSession
-    from shared.params import Mode, SamplingParams
 
-    session = VerifierSession(engine, prompt, SamplingParams(mode=Mode.GREEDY), max_new_tokens=n + 24, max_draft_len=16)
+    session = VerifierSession(engine, prompt, GREEDY, max_new_tokens=n + 24, max_draft_len=16)
     tokens = []
     while len(tokens) < n:
         tokens.append(session.verify(session.epoch, len(prompt) + len(tokens), []).token)
     return tokens
+
+
+def tiny_drafter(tiny_models, name: str = "drafter_noisy", n_ctx: int = 512):
+    """The ``tiny_models`` drafter ``name`` as the tests open one: a context of ``n_ctx`` positions, one
+    thread, an F32 KV cache. The caller closes it."""
+    from edge.llama_drafter import LlamaDrafter
+
+    return LlamaDrafter(tiny_models[name], n_ctx=n_ctx, n_threads=1, f32_kv_cache=True)
+
+
+def new_session(engine, prompt, max_new_tokens=64, params=GREEDY, **kwargs):
+    """A verifier session on ``engine`` (greedy by default) that takes blocks of up to 16 drafts."""
+    from cloud.session import VerifierSession
+
+    return VerifierSession(engine, prompt, params, max_new_tokens=max_new_tokens, max_draft_len=16, **kwargs)
+
+
+class CountingController(Controller):
+    """Counts what the loop reports: acceptance (every drafted block's, and the early block's) and blocks."""
+
+    acceptances = blocks = 0
+
+    def observe_acceptance(self, drafted, accepted, first=0):
+        self.acceptances += 1
+        super().observe_acceptance(drafted, accepted, first)
+
+    def observe_block(self, *args, **kwargs):
+        self.blocks += 1
+        super().observe_block(*args, **kwargs)
 
 
 class ScriptedDrafter:

@@ -9,8 +9,8 @@ import time
 import grpc
 import pytest
 import torch
-from helpers import tiny_prompt
-from test_service import remote, tiny_drafter
+from helpers import tiny_drafter, tiny_prompt
+from test_service import remote
 
 from cloud.engine import ForwardItem, TargetEngine, run_alone, torch_threads
 from cloud.limits import ServiceLimits
@@ -305,16 +305,18 @@ def test_a_client_that_vanishes_mid_batch_gives_its_slot_back(tiny_models, tiny_
 
 
 def test_a_full_kv_budget_refuses_with_resource_exhausted_and_recovers(tiny_models, tiny_engine, tiny_vocab):
-    from edge.client import GrpcVerifier, VerifierError
+    from edge.endpoint import VerifierEndpoint
+    from edge.grpc_verifier import GrpcVerifier
+    from edge.verifier_protocol import VerifierError
 
     params = PARAMS[0]
     prompt = tiny_prompt(tiny_engine, "Hello")
     budget = len(prompt) + 40 + 10  # room for one session of 40 new tokens, not two
     with BackgroundServer(tiny_engine, ServerConfig(port=0, limits=ServiceLimits(max_kv_tokens=budget))) as server:
-        holder = GrpcVerifier(server.address, vocab_size=tiny_vocab[0], fingerprint=tiny_vocab[1])
+        holder = GrpcVerifier(VerifierEndpoint(server.address, *tiny_vocab))
         holder.open(prompt, params, 40, 4)
         try:
-            refused = GrpcVerifier(server.address, vocab_size=tiny_vocab[0], fingerprint=tiny_vocab[1])
+            refused = GrpcVerifier(VerifierEndpoint(server.address, *tiny_vocab))
             with pytest.raises(VerifierError, match="RESOURCE_EXHAUSTED.*KV cache budget"):
                 refused.open(prompt, params, 40, 4)
             refused.close()

@@ -14,12 +14,14 @@ from sim.bench.capacity import ReplayDrafter, capacity_at_slo
 from sim.link.scenario import load_scenario
 from sim.perf.capacity import capacity_at_slo as modelled_capacity_at_slo
 from sim.perf.capacity import capacity_rows
-from sim.perf.model import NetworkModel, load_hardware
+from sim.perf.hardware_profile import load_hardware
+from sim.perf.model import NetworkModel
 
 ROOT = Path(__file__).resolve().parents[1]
 SPLITSPEC = [sys.executable, "-m", "sim.cli"]
 
 
+@pytest.mark.slow
 def test_bench_capacity_runs_both_modes_batched_and_not_and_every_output_is_target_only(tmp_path):
     out = subprocess.run([*SPLITSPEC, "bench", "capacity", "--tiny", "--sessions", "1", "3", "--no-batching",
                           "--max-new-tokens", "16", "--json"], capture_output=True, text=True, timeout=600)
@@ -59,6 +61,7 @@ def test_replay_drafter_proposes_what_was_recorded_and_an_empty_block_otherwise(
     assert replay.draft(4).tokens == [] and replay.misses == 1
 
 
+@pytest.mark.slow
 def test_bench_capacity_soak_reports_no_errors_no_leaks_and_a_plot(tmp_path):
     out = subprocess.run([*SPLITSPEC, "bench", "capacity", "--tiny", "--soak", "0.25", "--sessions", "4",
                           "--max-new-tokens", "12", "--out", str(tmp_path), "--json"],
@@ -91,6 +94,7 @@ def test_sim_model_prints_the_capacity_table_labelled_modelled():
     assert report["capacity"]["ridge_rows"] == 300 and len(report["capacity"]["rows"]) >= 5
 
 
+@pytest.mark.slow
 def test_the_gpu_check_script_runs_its_cpu_variant():
     env = dict(os.environ, DEVICE="cpu", DTYPE="float32", TINY="1", SESSIONS="1 2", TOKENS="8",
                SPLITSPEC=str(Path(sys.executable).with_name("splitspec")))

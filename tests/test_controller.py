@@ -5,11 +5,10 @@ from __future__ import annotations
 import random
 
 import pytest
-from helpers import tiny_prompt
+from helpers import tiny_drafter, tiny_prompt
 
 from edge.controller import REPLAN_TOKENS, AcceptanceEstimate, Controller, controller_for
 from edge.decode_loop import run_decode
-from edge.llama_drafter import LlamaDrafter
 from edge.ngram_drafter import NgramDrafter
 from shared.params import Mode, SamplingParams
 from shared.stats import Ewma
@@ -299,7 +298,7 @@ def test_adaptive_decoding_is_token_identical_and_switches(tiny_models, tiny_eng
     if drafter_name == "ngram":
         drafter = NgramDrafter(tiny_engine.vocab_size)
     else:
-        drafter = LlamaDrafter(tiny_models[drafter_name], n_ctx=512, n_threads=1, f32_kv_cache=True)
+        drafter = tiny_drafter(tiny_models, drafter_name)
     try:
         for text, seed in (("The cat sat on the mat.", 0), ("We have 3 dogs and 12 cats!", 4)):
             prompt = tiny_prompt(tiny_engine, text)
@@ -318,7 +317,7 @@ def test_adaptive_decoding_tries_hedges_then_drops_those_that_gain_nothing(tiny_
     """The f32 drafter is the target: no draft is rejected, so no branch is ever taken. The session
     measures plain blocks, tries hedges on a probe's worth of blocks (the window's in flight may
     add to it), and drafts on without them; the output is target-only's throughout."""
-    drafter = LlamaDrafter(tiny_models["drafter_f32"], n_ctx=512, n_threads=1, f32_kv_cache=True)
+    drafter = tiny_drafter(tiny_models, "drafter_f32")
     try:
         prompt = tiny_prompt(tiny_engine, "The cat sat on the mat.")
         params = SamplingParams(mode=mode, temperature=0.9, seed=2)
@@ -371,7 +370,7 @@ def test_a_long_chain_chooses_its_draft_length_again_on_the_way(tiny_engine, tin
             self.within += 1
             return Plan(4, self.window, None)
 
-    drafter = LlamaDrafter(tiny_models["drafter_f32"], n_ctx=512, n_threads=1, f32_kv_cache=True)
+    drafter = tiny_drafter(tiny_models, "drafter_f32")
     sent = []
     try:
         prompt = tiny_prompt(tiny_engine, "It was the best of times")
@@ -405,7 +404,7 @@ def test_the_loop_keeps_the_controllers_window_from_the_first_chain_and_widens_i
             self.chosen_window = 4  # what measurements would have chosen
             return Plan(3, self.drafting_window, None)
 
-    drafter = LlamaDrafter(tiny_models["drafter_f32"], n_ctx=512, n_threads=1, f32_kv_cache=True)
+    drafter = tiny_drafter(tiny_models, "drafter_f32")
     try:
         prompt = tiny_prompt(tiny_engine, "It was the best of times")
         want = generate(tiny_engine, drafter, prompt, GREEDY_PARAMS, max_new_tokens=48, draft_len=0)
@@ -439,7 +438,7 @@ def test_the_loop_keeps_the_controllers_window_from_the_first_chain_and_widens_i
 
 @pytest.mark.parametrize("mode", [Mode.GREEDY, Mode.COUPLED, Mode.REJECTION])
 def test_cloud_decoded_stretches_then_drafting_again(tiny_engine, tiny_models, mode):
-    drafter = LlamaDrafter(tiny_models["drafter_noisy"], n_ctx=512, n_threads=1, f32_kv_cache=True)
+    drafter = tiny_drafter(tiny_models, "drafter_noisy")
     try:
         prompt = tiny_prompt(tiny_engine, "It was the best of times")
         params = SamplingParams(mode=mode, temperature=0.9, seed=1)
@@ -457,15 +456,16 @@ def test_cloud_decoded_stretches_then_drafting_again(tiny_engine, tiny_models, m
 
 
 def test_switching_over_grpc_is_token_identical(tiny_engine, tiny_models, tiny_vocab, verifier):
-    from edge.client import GrpcVerifier
+    from edge.endpoint import VerifierEndpoint
+    from edge.grpc_verifier import GrpcVerifier
 
-    drafter = LlamaDrafter(tiny_models["drafter_noisy"], n_ctx=512, n_threads=1, f32_kv_cache=True)
+    drafter = tiny_drafter(tiny_models, "drafter_noisy")
     try:
         prompt = tiny_prompt(tiny_engine, "We have 3 dogs and 12 cats!")
         params = SamplingParams(mode=Mode.COUPLED, temperature=0.9, seed=6)
         want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=60, draft_len=0)
         controller = Alternating()
-        link = GrpcVerifier(verifier.address, vocab_size=tiny_vocab[0], fingerprint=tiny_vocab[1])
+        link = GrpcVerifier(VerifierEndpoint(verifier.address, *tiny_vocab))
         got = run_decode(drafter, link, prompt, params, max_new_tokens=60, draft_len=4, window=2, controller=controller)
         assert got.tokens == want.tokens and len(controller.plans) >= 3
         assert len(link.rtt_samples_s) == got.stats.rounds + got.stats.stale

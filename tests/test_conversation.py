@@ -4,13 +4,13 @@ the output equals a fresh session given the whole history (tiny models, real gRP
 from __future__ import annotations
 
 import pytest
-from helpers import tiny_prompt
+from helpers import tiny_drafter, tiny_prompt
 
 from cloud.limits import ServiceLimits
 from cloud.server import BackgroundServer, ServerConfig
 from edge.conversation import Conversation
 from edge.decode_loop import run_decode
-from edge.llama_drafter import LlamaDrafter
+from edge.endpoint import VerifierEndpoint
 from shared.params import Mode, SamplingParams
 from sim.inprocess import generate
 
@@ -20,7 +20,7 @@ TURNS = ["The cat sat on the mat.", " Then the dog came in.", " We have 3 dogs a
 
 @pytest.fixture(scope="module")
 def drafter(tiny_models):
-    made = LlamaDrafter(tiny_models["drafter_noisy"], n_ctx=1024, n_threads=1, f32_kv_cache=True)
+    made = tiny_drafter(tiny_models, "drafter_noisy", n_ctx=1024)
     yield made
     made.close()
 
@@ -36,7 +36,7 @@ def words(engine, text: str) -> list[int]:
 
 
 def run_turn(conversation, server, engine, drafter, prompt, params):
-    verifier = conversation.verifier(server.address, vocab_size=engine.vocab_size, fingerprint=engine.fingerprint)
+    verifier = conversation.verifier(VerifierEndpoint(server.address, engine.vocab_size, engine.fingerprint))
     result = run_decode(drafter, verifier, prompt, params, max_new_tokens=12, draft_len=4, window=2)
     conversation.record(verifier, prompt, result.tokens)
     return result, verifier

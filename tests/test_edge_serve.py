@@ -12,12 +12,13 @@ import httpx
 import openai
 import pytest
 import uvicorn
+from helpers import tiny_drafter
 
 from cloud.limits import ServiceLimits
 from cloud.server import BackgroundServer, ServerConfig
-from edge.client import GrpcVerifier
 from edge.decode_loop import run_decode
-from edge.llama_drafter import LlamaDrafter
+from edge.endpoint import VerifierEndpoint
+from edge.grpc_verifier import GrpcVerifier
 from edge.openai_server import create_app
 from edge.serving import SPLIT, EdgeService, Job, ServeConfig
 from shared.params import Mode, SamplingParams
@@ -34,7 +35,7 @@ def cloud(tiny_engine):
 
 @pytest.fixture(scope="module")
 def drafter(tiny_models):
-    made = LlamaDrafter(tiny_models["drafter_noisy"], n_ctx=512, n_threads=1, f32_kv_cache=True)
+    made = tiny_drafter(tiny_models, "drafter_noisy")
     yield made
     made.close()
 
@@ -74,13 +75,13 @@ def http(cloud, drafter):
 
 
 def edge_run(service: EdgeService, cloud, prompt, params, max_tokens):
-    verifier = GrpcVerifier(cloud.address, vocab_size=service.vocab.size, fingerprint=service.vocab.fingerprint)
+    verifier = GrpcVerifier(VerifierEndpoint(cloud.address, service.vocab.size, service.vocab.fingerprint))
     result = run_decode(service.drafter, verifier, prompt, params, max_new_tokens=max_tokens, draft_len=4, window=2)
     return service.vocab.detokenize(result.tokens)
 
 
 def test_chat_streaming_and_whole_equal_edge_run(http, cloud):
-    service = http.server.config.app.state.service
+    service = http.server.config.app.state.edge.service
     prompt, _ = service.chat_prompt(CHAT)
     params = SamplingParams(mode=Mode.COUPLED, temperature=0.8, top_k=64, top_p=0.95, seed=11)
     want = edge_run(service, cloud, prompt, params, 24)
@@ -101,7 +102,7 @@ def test_chat_streaming_and_whole_equal_edge_run(http, cloud):
 
 
 def test_text_completions_greedy_equal_edge_run(http, cloud):
-    service = http.server.config.app.state.service
+    service = http.server.config.app.state.edge.service
     prompt = service.text_prompt("We have 3 dogs and")
     want = edge_run(service, cloud, prompt, SamplingParams(mode=Mode.GREEDY, top_k=64, top_p=0.95), 16)
     whole = http.client.completions.create(model="tiny", prompt="We have 3 dogs and", max_tokens=16, temperature=0)
@@ -185,7 +186,7 @@ def test_two_requests_at_once_both_complete_correctly(http):
 
 def test_past_the_waiting_room_a_request_gets_a_clear_429(cloud, drafter):
     http = Http(make_service(drafter, cloud.address), max_waiting=1)
-    waiting = http.server.config.app.state.waiting
+    turns = http.server.config.app.state.edge.turns
     headers = {"Authorization": f"Bearer {KEY}"}
     second = {}
     try:
@@ -198,7 +199,7 @@ def test_past_the_waiting_room_a_request_gets_a_clear_429(cloud, drafter):
                 json={"prompt": "The cat", "max_tokens": 4, "temperature": 0})))
             waiter.start()
             wait_deadline = time.monotonic() + 10
-            while waiting["n"] < 1:
+            while turns.waiting < 1:
                 assert time.monotonic() < wait_deadline, "the second request never queued"
                 time.sleep(0.02)
             third = httpx.post(f"{http.base}/v1/completions", headers=headers, timeout=10,

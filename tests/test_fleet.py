@@ -15,11 +15,10 @@ import threading
 import time
 
 import pytest
-from helpers import tiny_prompt
+from helpers import tiny_drafter, tiny_prompt
 
 from cloud.limits import ServiceLimits
 from cloud.server import BackgroundServer, ServerConfig
-from edge.llama_drafter import LlamaDrafter
 from edge.serving import EdgeService, Job, ServeConfig
 from edge.telemetry import EdgeFleet, GenerationSample, telemetry_document
 from shared.fleet import DEFAULT_BUDGET_BPS, DEFAULT_TELEMETRY_PERIOD_S, ByteBudget, FleetClient, parse_mqtt_url
@@ -158,7 +157,7 @@ def test_the_cloud_publishes_its_load_and_edges_follow_its_suggestion(broker, ti
 
 
 def test_a_broker_restart_mid_generation_loses_no_tokens(broker, tiny_models, tiny_engine):
-    drafter = LlamaDrafter(tiny_models["drafter_f32"], n_ctx=512, n_threads=1, f32_kv_cache=True)
+    drafter = tiny_drafter(tiny_models, "drafter_f32")
     params = SamplingParams(mode=Mode.GREEDY)
     prompt = tiny_prompt(tiny_engine, "The cat sat on the mat.")
     want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=150, draft_len=0).tokens

@@ -10,15 +10,15 @@ import time
 import grpc
 import numpy as np
 import pytest
-from helpers import tiny_prompt
+from helpers import tiny_drafter, tiny_prompt
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cloud.limits import ServiceLimits
 from cloud.server import BackgroundServer, ServerConfig
-from edge.client import GrpcVerifier
 from edge.decode_loop import run_decode
-from edge.llama_drafter import LlamaDrafter
+from edge.endpoint import VerifierEndpoint
+from edge.grpc_verifier import GrpcVerifier
 from protos import splitspec_pb2 as pb
 from shared import codec
 from shared.params import Mode, SamplingParams
@@ -143,13 +143,13 @@ def test_a_first_frame_that_is_not_protobuf_is_refused_as_invalid(channel):
 
 
 def test_a_short_soak_leaves_the_honest_edge_and_the_table_intact(server, tiny_engine, tiny_models, frames):
-    drafter = LlamaDrafter(tiny_models["drafter_f32"], n_ctx=512, n_threads=1, f32_kv_cache=True)
+    drafter = tiny_drafter(tiny_models, "drafter_f32")
     prompt = frames.prompt
     want = generate(tiny_engine, drafter, prompt, GREEDY, max_new_tokens=30, draft_len=0).tokens
     table = server.server.servicer.table
 
     def honest() -> bool:
-        verifier = GrpcVerifier(server.address, vocab_size=tiny_engine.vocab_size, fingerprint=tiny_engine.fingerprint)
+        verifier = GrpcVerifier(VerifierEndpoint(server.address, tiny_engine.vocab_size, tiny_engine.fingerprint))
         return run_decode(drafter, verifier, prompt, GREEDY, max_new_tokens=30, draft_len=4).tokens == want
 
     def sessions_left() -> int:  # after the TTL, polled: the server notices abandoned streams in its own time

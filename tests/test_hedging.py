@@ -6,15 +6,15 @@ import grpc
 import numpy as np
 import pytest
 import torch
-from helpers import ScriptedDrafter, greedy_continuation, tiny_prompt
+from helpers import ScriptedDrafter, greedy_continuation, tiny_drafter, tiny_prompt
 
 from cloud.engine import ForwardItem
 from cloud.session import BlockRejected, PendingBlock, VerifierSession
-from edge.client import GrpcVerifier
 from edge.decode_loop import run_decode
 from edge.drafter import DraftBlock, Speculation
+from edge.endpoint import VerifierEndpoint
+from edge.grpc_verifier import GrpcVerifier
 from edge.hedging import hedge
-from edge.llama_drafter import LlamaDrafter
 from protos import splitspec_pb2 as pb
 from protos import splitspec_pb2_grpc as pb_grpc
 from shared import codec
@@ -189,7 +189,7 @@ def test_scripted_hits_and_misses_end_to_end(tiny_engine, greedy_path, right):
 @pytest.mark.parametrize("mode", [Mode.GREEDY, Mode.COUPLED])
 @pytest.mark.parametrize("window, width", [(1, 1), (3, 2)])
 def test_hedged_decoding_is_token_identical(tiny_models, tiny_engine, drafter_name, mode, window, width):
-    drafter = LlamaDrafter(tiny_models[drafter_name], n_ctx=512, n_threads=1, f32_kv_cache=True)
+    drafter = tiny_drafter(tiny_models, drafter_name)
     try:
         for text, seed in (("The cat sat on the mat.", 0), ("We have 3 dogs and 12 cats!", 4)):
             prompt = tiny_prompt(tiny_engine, text)
@@ -204,12 +204,12 @@ def test_hedged_decoding_is_token_identical(tiny_models, tiny_engine, drafter_na
 
 
 def test_hedged_decoding_over_grpc(tiny_engine, tiny_models, tiny_vocab, verifier):
-    drafter = LlamaDrafter(tiny_models["drafter_noisy"], n_ctx=512, n_threads=1, f32_kv_cache=True)
+    drafter = tiny_drafter(tiny_models, "drafter_noisy")
     try:
         prompt = tiny_prompt(tiny_engine, "We have 3 dogs and 12 cats!")
         params = SamplingParams(mode=Mode.COUPLED, temperature=0.9, seed=6)
         want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=48, draft_len=0)
-        link = GrpcVerifier(verifier.address, vocab_size=tiny_vocab[0], fingerprint=tiny_vocab[1])
+        link = GrpcVerifier(VerifierEndpoint(verifier.address, *tiny_vocab))
         got = run_decode(drafter, link, prompt, params, max_new_tokens=48, draft_len=5, window=2, hedge_width=2)
         assert got.tokens == want.tokens
         assert got.stats.hedges_sent > 0 and got.stats.hedges_taken > 0  # the noisy drafter's runner-up is often right
@@ -257,7 +257,7 @@ def test_hostile_branches_end_only_their_stream(tiny_engine, tiny_vocab, verifie
                             branches=[pb.Branch(at=0, payload=one)]), mode=Mode.REJECTION)
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "rejection" in error.details()
     # An honest stream still decodes.
-    link = GrpcVerifier(verifier.address, vocab_size=tiny_vocab[0], fingerprint=tiny_vocab[1])
+    link = GrpcVerifier(VerifierEndpoint(verifier.address, *tiny_vocab))
     drafter = ScriptedDrafter(tiny_vocab[0], [0] * 64, len(prompt), right=False)
     got = run_decode(drafter, link, prompt, GREEDY, max_new_tokens=8, draft_len=0)
     assert len(got.tokens) == 8

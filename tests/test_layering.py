@@ -2,7 +2,9 @@
 
 - edge and cloud meet only in shared and protos; the edge never imports sim or torch;
 - argparse lives only in the command-line modules;
-- the wire contract (framing sizes, message caps, channel options) is defined only in ``shared.wire``.
+- the wire contract (framing sizes, message caps, channel options) is defined only in ``shared.wire``;
+- no import circle between the product's modules (imports inside functions count: a lazy import
+  hides a circle from Python, not from the design).
 """
 
 from __future__ import annotations
@@ -45,6 +47,54 @@ def imported_top_levels(tree: ast.AST) -> set[str]:
     return names
 
 
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Each product module -> the product modules it imports (``from a import b`` counts as a.b
+    where b is a module, else as a)."""
+    paths = {module_name(path): path for _, path in product_files()}
+
+    def known(name: str) -> str | None:
+        while name and name not in paths:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph = {}
+    for name, path in paths.items():
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                targets.update(known(alias.name) for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets.update(known(f"{node.module}.{alias.name}") for alias in node.names)
+        graph[name] = targets - {None, name}
+    return graph
+
+
+def find_circle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle of ``graph`` as [a, b, ..., a], or None (depth-first, three colours)."""
+    done: set[str] = set()
+    path: list[str] = []
+
+    def visit(name: str) -> list[str] | None:
+        if name in path:
+            return path[path.index(name):] + [name]
+        if name in done:
+            return None
+        path.append(name)
+        for target in sorted(graph[name]):
+            if circle := visit(target):
+                return circle
+        path.pop()
+        done.add(name)
+        return None
+
+    return next((circle for name in sorted(graph) if (circle := visit(name))), None)
+
+
 def is_cli_module(path: Path) -> bool:
     return path.name in CLI_NAMES or path.parent in CLI_FOLDERS or path in CLI_SCRIPTS
 
@@ -58,6 +108,14 @@ def test_packages_import_only_what_the_design_allows():
         if package in NO_TORCH and imports & {"torch", "transformers"}:
             problems.append(f"{path.relative_to(ROOT)} imports torch/transformers")
     assert not problems, "\n".join(problems)
+
+
+def test_no_import_circle_between_modules():
+    graph = import_graph()
+    assert "cloud.engine" in graph["cloud.tensor_parallel"]  # the walk resolves imports (no vacuous pass)
+    assert find_circle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    circle = find_circle(graph)
+    assert circle is None, "import circle: " + " -> ".join(circle)
 
 
 def test_only_command_line_modules_import_argparse():

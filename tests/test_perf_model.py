@@ -18,14 +18,13 @@ from shared.stats import DecodeStats
 from sim.link.emulator import DirectionConfig, LinkConfig
 from sim.link.scenario import list_scenarios, load_scenario
 from sim.perf.fit import timings_from_reports
+from sim.perf.hardware_profile import list_hardware, load_hardware
 from sim.perf.model import (
     NetworkModel,
     Timings,
     best_draft_len,
     expected_acceptance_length,
     fit_linear,
-    list_hardware,
-    load_hardware,
     predict_cloud_only,
     predict_pipelined,
     predict_split,

@@ -11,13 +11,14 @@ from collections import Counter
 
 import grpc
 import pytest
-from helpers import exact_distribution, tiny_prompt, total_variation
+from helpers import exact_distribution, tiny_drafter, tiny_prompt, total_variation
 
 from cloud.limits import ServiceLimits
 from cloud.server import BackgroundServer, ServerConfig
-from edge.client import GrpcVerifier, VerifierError
 from edge.decode_loop import LinkLost, run_decode
-from edge.llama_drafter import LlamaDrafter
+from edge.endpoint import VerifierEndpoint
+from edge.grpc_verifier import GrpcVerifier
+from edge.verifier_protocol import VerifierError
 from protos import splitspec_pb2 as pb
 from protos import splitspec_pb2_grpc as pb_grpc
 from shared import codec
@@ -34,7 +35,7 @@ MODES = [SamplingParams(mode=Mode.GREEDY), SamplingParams(mode=Mode.COUPLED, tem
 
 @pytest.fixture(scope="module")
 def drafter(tiny_models):
-    made = LlamaDrafter(tiny_models["drafter_noisy"], n_ctx=512, n_threads=1, f32_kv_cache=True)
+    made = tiny_drafter(tiny_models, "drafter_noisy")
     yield made
     made.close()
 
@@ -130,7 +131,7 @@ def link(server):
 
 def decode_over(link, drafter, tiny_vocab, prompt, params, **kwargs):
     verifier = GrpcVerifier(
-        link.address, vocab_size=tiny_vocab[0], fingerprint=tiny_vocab[1], outage_budget_s=kwargs.pop("budget", 10.0)
+        VerifierEndpoint(link.address, *tiny_vocab), outage_budget_s=kwargs.pop("budget", 10.0)
     )
     return run_decode(drafter, verifier, prompt, params, max_new_tokens=40, **kwargs), verifier
 
@@ -169,7 +170,7 @@ def test_a_restarted_verifier_gets_the_session_reopened_with_identical_output(ti
     limits = ServiceLimits(max_draft_len=16)
     first = BackgroundServer(tiny_engine, ServerConfig(port=0, limits=limits)).start()
     port = first.port
-    verifier = GrpcVerifier(f"127.0.0.1:{port}", vocab_size=tiny_vocab[0], fingerprint=tiny_vocab[1], outage_budget_s=20)
+    verifier = GrpcVerifier(VerifierEndpoint(f"127.0.0.1:{port}", *tiny_vocab), outage_budget_s=20)
     replaced = []
 
     def restart_after(tokens):
@@ -196,8 +197,7 @@ def test_a_restarted_verifier_gets_the_session_reopened_with_identical_output(ti
 def test_an_outage_past_the_budget_ends_with_the_tokens_so_far(tiny_engine, tiny_vocab, drafter):
     prompt = tiny_prompt(tiny_engine, TEXT)
     running = BackgroundServer(tiny_engine, ServerConfig(port=0, limits=ServiceLimits(max_draft_len=16))).start()
-    verifier = GrpcVerifier(running.address, vocab_size=tiny_vocab[0], fingerprint=tiny_vocab[1], outage_budget_s=1.0,
-                            connect_timeout_s=0.5)
+    verifier = GrpcVerifier(VerifierEndpoint(running.address, *tiny_vocab, connect_timeout_s=0.5), outage_budget_s=1.0)
     seen: list[int] = []
 
     def stop_midway(tokens):

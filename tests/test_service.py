@@ -10,11 +10,11 @@ from collections import Counter
 
 import grpc
 import pytest
-from helpers import exact_distribution, tiny_prompt, total_variation
+from helpers import exact_distribution, tiny_drafter, tiny_prompt, total_variation
 
-from edge.client import GrpcVerifier
 from edge.decode_loop import run_decode
-from edge.llama_drafter import LlamaDrafter
+from edge.endpoint import VerifierEndpoint
+from edge.grpc_verifier import GrpcVerifier
 from edge.report import SPLIT, EdgeReport
 from protos import splitspec_pb2 as pb
 from protos import splitspec_pb2_grpc as pb_grpc
@@ -24,13 +24,9 @@ from shared.wire import sampling_to_proto
 from sim.inprocess import generate
 
 
-def tiny_drafter(tiny_models, name="drafter_noisy"):
-    return LlamaDrafter(tiny_models[name], n_ctx=512, n_threads=1, f32_kv_cache=True)
-
-
 def link_for(server, vocab, **kwargs):
     size, fingerprint = vocab
-    return GrpcVerifier(server.address, vocab_size=size, fingerprint=fingerprint, **kwargs)
+    return GrpcVerifier(VerifierEndpoint(server.address, size, fingerprint), **kwargs)
 
 
 def remote(server, vocab, drafter, prompt, params, draft_len, max_new_tokens=32, channel=None):
@@ -211,7 +207,7 @@ def test_a_stream_opened_ahead_carries_the_generation(tiny_models, tiny_engine, 
         started = time.monotonic()
         link.connect(stream=True)
         assert time.monotonic() - started < 1.9  # answered, not waited out (two seconds)
-        ahead = link._call
+        ahead = link._stream.call
         got = run_decode(drafter, link, prompt, params, max_new_tokens=20, draft_len=4, window=2)
         assert got.tokens == want
         assert ahead.code() == grpc.StatusCode.OK  # it carried the session to its end (not cancelled for another)
@@ -244,7 +240,7 @@ def test_a_stream_the_cloud_ended_before_the_open_is_replaced(tiny_models, tiny_
         with BackgroundServer(tiny_engine, config) as server:
             link = link_for(server, tiny_vocab)
             link.connect(stream=True)
-            ahead = link._call
+            ahead = link._stream.call
             time.sleep(1.0)
             assert ahead.code() == grpc.StatusCode.DEADLINE_EXCEEDED  # the cloud gave up on it
             got = run_decode(drafter, link, prompt, params, max_new_tokens=12, draft_len=4, window=2)
@@ -258,7 +254,7 @@ def test_the_first_token_s_cloud_time_counts_the_prefill(gemma_engine):
     """Generate's first chunk and the Opened's first verdict both report the cloud's time from the
     request, the prefill included (the sim splits time to first token into the cloud's and the rest)."""
     from cloud.server import BackgroundServer, ServerConfig
-    from edge.client import cloud_only_generate
+    from edge.cloud_only import cloud_only_generate
     from edge.drafter_choice import open_llama_drafter
 
     drafter = open_llama_drafter(None, n_threads=1)
@@ -267,8 +263,7 @@ def test_the_first_token_s_cloud_time_counts_the_prefill(gemma_engine):
     params = SamplingParams(mode=Mode.GREEDY)
     try:
         with BackgroundServer(gemma_engine, ServerConfig(port=0)) as server:
-            base = cloud_only_generate(server.address, prompt, params, vocab_size=vocab[0], fingerprint=vocab[1],
-                                       max_new_tokens=6)
+            base = cloud_only_generate(VerifierEndpoint(server.address, *vocab), prompt, params, max_new_tokens=6)
             step = sorted(chunk.cloud_s for chunk in base.chunk_log[1:])[2]  # one decode step (median of five)
             assert base.chunk_log[0].cloud_s > 2 * step  # a prefill of ~600 rows (about 8 steps here), then the token
             link = link_for(server, vocab)
@@ -281,7 +276,7 @@ def test_the_first_token_s_cloud_time_counts_the_prefill(gemma_engine):
 def test_a_link_that_keeps_dropping_is_survived_or_fails_fast_when_told(tiny_models, tiny_engine, tiny_vocab, verifier):
     import time
 
-    from edge.client import VerifierError
+    from edge.verifier_protocol import VerifierError
     from sim.experiment.processes import BackgroundLink
     from sim.inprocess import generate
     from sim.link.emulator import LinkConfig
@@ -294,10 +289,10 @@ def test_a_link_that_keeps_dropping_is_survived_or_fails_fast_when_told(tiny_mod
         want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=60, draft_len=0)
         # Every connection dies after ~1 kB: after Open and a few blocks.
         with BackgroundLink(LinkConfig(cut_after_bytes=1000), verifier.port) as link:
-            resuming = GrpcVerifier(link.address, vocab_size=size, fingerprint=fingerprint, verdict_timeout_s=20)
+            resuming = GrpcVerifier(VerifierEndpoint(link.address, size, fingerprint), verdict_timeout_s=20)
             got = run_decode(drafter, resuming, prompt, params, max_new_tokens=60, draft_len=2)
             assert got.tokens == want.tokens and len(resuming.recoveries) >= 2
-            once = GrpcVerifier(link.address, vocab_size=size, fingerprint=fingerprint, outage_budget_s=0)
+            once = GrpcVerifier(VerifierEndpoint(link.address, size, fingerprint), outage_budget_s=0)
             started = time.monotonic()
             with pytest.raises(VerifierError, match="lost the cloud.*resuming is off") as caught:
                 run_decode(drafter, once, prompt, params, max_new_tokens=60, draft_len=2)
@@ -310,7 +305,7 @@ def test_a_link_that_keeps_dropping_is_survived_or_fails_fast_when_told(tiny_mod
 def test_a_full_session_table_refuses_with_resource_exhausted(tiny_models, tiny_engine, tiny_vocab):
     from cloud.limits import ServiceLimits
     from cloud.server import BackgroundServer, ServerConfig
-    from edge.client import VerifierError
+    from edge.verifier_protocol import VerifierError
 
     params = SamplingParams(mode=Mode.GREEDY)
     prompt = tiny_prompt(tiny_engine, "Hello")

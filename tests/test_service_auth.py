@@ -18,11 +18,13 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from helpers import tiny_drafter
 
 from cloud.server import SERVICE_NAME, BackgroundServer, ServerConfig
-from edge.client import GrpcVerifier, VerifierError
 from edge.decode_loop import run_decode
-from edge.llama_drafter import LlamaDrafter
+from edge.endpoint import VerifierEndpoint
+from edge.grpc_verifier import GrpcVerifier
+from edge.verifier_protocol import VerifierError
 from protos import splitspec_pb2 as pb
 from protos import splitspec_pb2_grpc as pb_grpc
 from shared import codec
@@ -45,7 +47,7 @@ def prompt(tiny_engine):
 
 @pytest.fixture(scope="module")
 def drafter(tiny_models):
-    made = LlamaDrafter(tiny_models["drafter_f32"], n_ctx=512, n_threads=1, f32_kv_cache=True)
+    made = tiny_drafter(tiny_models, "drafter_f32")
     yield made
     made.close()
 
@@ -55,8 +57,8 @@ def want(tiny_engine, drafter, prompt):
     return generate(tiny_engine, drafter, prompt, GREEDY, max_new_tokens=NEW_TOKENS, draft_len=0).tokens
 
 
-def decode(address, tiny_vocab, drafter, prompt, **link_args) -> list[int]:
-    link = GrpcVerifier(address, vocab_size=tiny_vocab[0], fingerprint=tiny_vocab[1], **link_args)
+def decode(address, tiny_vocab, drafter, prompt, **endpoint_args) -> list[int]:
+    link = GrpcVerifier(VerifierEndpoint(address, *tiny_vocab, **endpoint_args))
     return run_decode(drafter, link, prompt, GREEDY, max_new_tokens=NEW_TOKENS, draft_len=4).tokens
 
 
@@ -105,7 +107,7 @@ def test_cloud_only_generate_needs_the_token_too(auth_server, tiny_vocab, prompt
 
 @pytest.mark.parametrize("address", ["10.1.2.3:50051", "example.com:443", "0.0.0.0:50051"])
 def test_edge_refuses_to_send_a_token_in_cleartext_off_loopback(address):
-    from edge.client import make_channel
+    from edge.channel import make_channel
 
     with pytest.raises(ValueError, match="cleartext.*--tls-ca"):
         make_channel(address, auth_token=TOKEN)

@@ -23,12 +23,13 @@ import numpy as np
 import pytest
 import zstandard
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from helpers import tiny_drafter
 
 from cloud.limits import ServiceLimits
 from cloud.server import SERVICE_NAME, BackgroundServer, ServerConfig
-from edge.client import GrpcVerifier
 from edge.decode_loop import run_decode
-from edge.llama_drafter import LlamaDrafter
+from edge.endpoint import VerifierEndpoint
+from edge.grpc_verifier import GrpcVerifier
 from protos import splitspec_pb2 as pb
 from protos import splitspec_pb2_grpc as pb_grpc
 from shared import codec
@@ -84,7 +85,7 @@ def prompt(tiny_engine):
 @pytest.fixture(scope="module")
 def want(tiny_engine, tiny_models, prompt):
     """Target-only greedy tokens, computed in-process before any traffic."""
-    drafter = LlamaDrafter(tiny_models["drafter_f32"], n_ctx=512, n_threads=1, f32_kv_cache=True)
+    drafter = tiny_drafter(tiny_models, "drafter_f32")
     try:
         result = generate(tiny_engine, drafter, prompt, GREEDY, max_new_tokens=NEW_TOKENS, draft_len=0)
     finally:
@@ -107,8 +108,7 @@ class HonestTraffic:
 
     def _run(self) -> None:
         while self.completed == 0 or not self._stop.is_set():
-            link = GrpcVerifier(self.address, vocab_size=self.vocab[0], fingerprint=self.vocab[1],
-                            connect_timeout_s=10, verdict_timeout_s=30)
+            link = GrpcVerifier(VerifierEndpoint(self.address, *self.vocab, connect_timeout_s=10), verdict_timeout_s=30)
             try:
                 result = run_decode(self.drafter, link, self.prompt, GREEDY,
                                     max_new_tokens=NEW_TOKENS, draft_len=4)
@@ -133,7 +133,7 @@ class HonestTraffic:
 
 @pytest.fixture(scope="module")
 def honest(server, tiny_models, tiny_vocab, prompt, want):
-    drafter = LlamaDrafter(tiny_models["drafter_f32"], n_ctx=512, n_threads=1, f32_kv_cache=True)
+    drafter = tiny_drafter(tiny_models, "drafter_f32")
     traffic = HonestTraffic(server.address, drafter, tiny_vocab, prompt, want)
     yield traffic
     traffic.stop()

@@ -10,10 +10,9 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from helpers import exact_distribution, tiny_prompt, total_variation
+from helpers import exact_distribution, tiny_drafter, tiny_prompt, total_variation
 
 from edge.drafter import DrafterStats
-from edge.llama_drafter import LlamaDrafter
 from edge.ngram_drafter import NgramDrafter
 from shared.params import Mode, SamplingParams
 from shared.stats import DecodeStats
@@ -36,7 +35,7 @@ def prompts(engine):
 @pytest.fixture(scope="module")
 def drafters(tiny_models, engine):
     made = {
-        name: LlamaDrafter(tiny_models[name], n_ctx=512, n_threads=1, f32_kv_cache=True)
+        name: tiny_drafter(tiny_models, name)
         for name in ("drafter_f32", "drafter_q8_0", "drafter_noisy")
     }
     made["ngram"] = NgramDrafter(engine.vocab_size)

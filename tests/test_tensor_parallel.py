@@ -10,10 +10,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from helpers import tiny_prompt
-from test_service import remote, tiny_drafter
+from helpers import tiny_drafter, tiny_prompt
+from test_service import remote
 
-from edge.client import cloud_only_generate
+from edge.cloud_only import cloud_only_generate
+from edge.endpoint import VerifierEndpoint
 from shared.params import Mode, SamplingParams
 
 
@@ -47,8 +48,8 @@ def test_a_verifier_sharded_over_two_ranks_serves_token_identical_output(tiny_mo
         prompt = tiny_prompt(tiny_engine, "The cat sat on the mat.")
         for params in (SamplingParams(mode=Mode.GREEDY), SamplingParams(mode=Mode.COUPLED, temperature=0.9, seed=5)):
             # target-only through the same sharded engine, then the split
-            want = cloud_only_generate(server.address, prompt, params, vocab_size=tiny_vocab[0],
-                                       fingerprint=tiny_vocab[1], max_new_tokens=24).tokens
+            want = cloud_only_generate(VerifierEndpoint(server.address, *tiny_vocab), prompt, params,
+                                       max_new_tokens=24).tokens
             got, _ = remote(server, tiny_vocab, drafter, prompt, params, draft_len=4, max_new_tokens=24)
             assert got.tokens == want
             assert len(want) == 24
