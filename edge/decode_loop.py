@@ -287,7 +287,7 @@ class _Decode:
             block, drafted_at = drafting.block, time.perf_counter()
             width = pipe.controller.hedge_width if pipe.controller is not None else self.hedge_width
             if width:
-                block = hedge(drafter, block, width)
+                block = hedge(drafter, block, width, committed=max(self.committed_end - drafting.start, 0))
             sent_at = time.perf_counter()
             follows = more_follows(len(block.tokens), drafting.room, pipe.window)
             verifier.send(self.epoch, drafting.start, block, follows)

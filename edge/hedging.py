@@ -27,13 +27,16 @@ __all__ = ["BRANCH_LEN", "hedge"]
 BRANCH_LEN = 3  # tokens per branch: the guessed correction and two drafted after it
 
 
-def hedge(drafter: Drafter, block: DraftBlock, width: int, branch_len: int = BRANCH_LEN) -> DraftBlock:
+def hedge(drafter: Drafter, block: DraftBlock, width: int, branch_len: int = BRANCH_LEN,
+          committed: int = 0) -> DraftBlock:
     """``block`` with up to ``width`` branches, each ``branch_len`` tokens at most; unchanged when
-    the drafter has no runner-ups (rejection mode, model-free drafters) or ``width`` is 0."""
+    the drafter has no runner-ups (rejection mode, model-free drafters) or ``width`` is 0.
+    ``committed``: the block's first drafts are committed already (a chain's first block that guessed
+    tokens decoded for stale blocks while it was drafted): no branch hangs there."""
     if width <= 0 or not block.runner_up or block.q is not None:
         return block
     first_failure = _first_failure(block.margins or [None] * len(block.tokens))
-    candidates = [i for i, guess in enumerate(block.runner_up) if guess is not None]
+    candidates = [i for i, guess in enumerate(block.runner_up) if guess is not None and i >= committed]
     chosen = sorted(candidates, key=lambda i: (-first_failure[i], i))[:width]
     branches = []
     for at in sorted(chosen):
