@@ -153,7 +153,7 @@ class BlockStream(ServicePart):
         pending: list[PendingBlock],
         received: deque[tuple[float, int, int]],
         stream: int,
-        fill_deadline: float | None = None,
+        stale_decode_deadline: float | None = None,
     ) -> list[Answered]:
         """Verify the next chain of ``pending`` in one forward on the engine thread, observed once.
 
@@ -161,13 +161,13 @@ class BlockStream(ServicePart):
         ``stream``: the session's stream number this caller holds; once a resume
         has taken the session over, nothing is verified (checked on the engine
         thread, where every change to the session happens).
-        ``fill_deadline``: when the edge's next block is expected (``VerifierSession.verify_chain_steps``).
+        ``stale_decode_deadline``: when the edge's next block is expected (``VerifierSession.verify_chain_steps``).
         Returns an ``Answered`` per block answered.
         """
         session = entry.session
 
         def observed():  # (on the engine thread, where the step ran: no later step can come between)
-            verdicts = yield from session.verify_chain_steps(pending, fill_deadline)
+            verdicts = yield from session.verify_chain_steps(pending, stale_decode_deadline)
             if session.last_step_rows:
                 self.metrics.observe_step(rows=session.last_step_rows, seconds=session.last_step_s)
             return verdicts
@@ -237,7 +237,7 @@ class BlockStream(ServicePart):
         received: deque[tuple[float, int, int]] = deque()
         idle_s = self.limits.idle_timeout_s
         progress = time.monotonic()  # the last verdict (or the open)
-        next_block = NextBlockClock()  # no fill that would still run when the edge's next block is due
+        next_block = NextBlockClock()  # no stale decode that would still run when the edge's next block is due
         while not ending:
             items = [] if pending else [await _next_frame(frames, idle_s - (time.monotonic() - progress))]
             while not frames.empty():

@@ -1,13 +1,13 @@
-"""When a stream's next usable block is expected after a correction: the fill deadline.
+"""When a stream's next usable block is expected after a correction: the stale-decode deadline.
 
 After a correction the edge drafts the next chain and sends it; until its
-first block arrives, the cloud fills the stale blocks in flight with tokens it
-decodes alone. A forward cannot be stopped once started, so a fill that would
+first block arrives, the cloud answers the stale blocks in flight with tokens it
+decodes alone (stale decodes). A forward cannot be stopped once started, so a stale decode that would
 still run when that block arrives delays it. ``NextBlockClock`` measures, per
 stream, the gap from a correction's verdict leaving to the first block of the
 new epoch arriving (a moving average), and gives the deadline that
-``VerifierSession.verify_chain_steps`` weighs a fill against, and
-``fill_overrun_pays`` says when a fill may run past it. Times are
+``VerifierSession.verify_chain_steps`` weighs a stale decode against, and
+``stale_decode_overrun_pays`` says when a stale decode may run past it. Times are
 ``time.perf_counter()`` seconds; the clock reads none itself.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from shared.stats import Ewma
 
-__all__ = ["NextBlockClock", "fill_overrun_pays"]
+__all__ = ["NextBlockClock", "stale_decode_overrun_pays"]
 
 
 class NextBlockClock:
@@ -43,13 +43,13 @@ class NextBlockClock:
         return self._corrected_at + self.gap_s.value
 
 
-def fill_overrun_pays(overrun_s: float, ahead_s: float, guess_odds: float) -> bool:
+def stale_decode_overrun_pays(overrun_s: float, ahead_s: float, guess_odds: float) -> bool:
     """Whether a stale block's forward that would still run ``overrun_s`` after the edge's next block is
     due (``ahead_s`` from now) is worth starting, in greedy and coupled modes. The token it decodes is
     the one that verifying the next block's first draft (the edge's guess of it) would commit, so
-    the fill changes when the edge learns it, not what: when the guess holds (``guess_odds``) the
+    the stale decode changes when the edge learns it, not what: when the guess holds (``guess_odds``) the
     block waits ``overrun_s`` for the forward; when it does not, the edge hears of it ``ahead_s`` or
     more earlier than from that block's verdict, and drafts the right chain sooner. (In rejection
-    mode the token is sampled apart from the guess, which then seldom holds: a fill there must not
+    mode the token is sampled apart from the guess, which then seldom holds: a stale decode there must not
     overrun.)"""
     return (1.0 - guess_odds) * max(ahead_s, 0.0) > guess_odds * overrun_s

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from cloud.engine import ForwardItem, Steps, TargetEngine, run_alone
-from cloud.next_block import fill_overrun_pays
+from cloud.next_block import stale_decode_overrun_pays
 from cloud.verify_torch import verify_block
 from shared.params import Mode, SamplingParams
 from shared.sparse import SparseDist
@@ -183,11 +183,11 @@ class VerifierSession:
                                 f"epoch {self.epoch} position {len(self.tokens)}")
         return self.verify_chain([block])[0]
 
-    def verify_chain(self, pending: list[PendingBlock], fill_deadline: float | None = None) -> list[Verdict]:
+    def verify_chain(self, pending: list[PendingBlock], stale_decode_deadline: float | None = None) -> list[Verdict]:
         """``verify_chain_steps`` run alone."""
-        return run_alone(self.verify_chain_steps(pending, fill_deadline), self.engine)
+        return run_alone(self.verify_chain_steps(pending, stale_decode_deadline), self.engine)
 
-    def verify_chain_steps(self, pending: list[PendingBlock], fill_deadline: float | None = None) -> Steps:
+    def verify_chain_steps(self, pending: list[PendingBlock], stale_decode_deadline: float | None = None) -> Steps:
         """Answer the front of ``pending`` and remove what was answered (at least one block).
 
         A usable front block (``_overlap``), cut to its drafts past the committed
@@ -197,8 +197,8 @@ class VerifierSession:
         it pending (after a correction they are stale). A stale front block gets a
         stale verdict: with the next token (after the rebased drafts accepted) when
         no usable block is pending behind it and that forward would be over by
-        ``fill_deadline`` (``time.perf_counter()`` seconds; None: no deadline) or
-        its overrun pays (``fill_overrun_pays``), without one (and no forward)
+        ``stale_decode_deadline`` (``time.perf_counter()`` seconds; None: no deadline) or
+        its overrun pays (``stale_decode_overrun_pays``), without one (and no forward)
         otherwise.
         """
         if self.done:
@@ -214,7 +214,7 @@ class VerifierSession:
         if skip is None:
             if self.rebases:
                 self._spare.update(_by_position(front.start_position, front.drafts))
-            if not self._fills(pending, fill_deadline):
+            if not self._decodes_stale(pending, stale_decode_deadline):
                 del pending[0]
                 return [Verdict(front.epoch, len(self.tokens), 0, None, False, False, stale=True)]
             chain = [PendingBlock(self.epoch, len(self.tokens), self._rebased())]  # the next token, and drafts where they lie
@@ -278,10 +278,10 @@ class VerifierSession:
             drafts.append(self._spare[len(self.tokens) + len(drafts)])
         return drafts
 
-    def _fills(self, pending: list[PendingBlock], deadline: float | None) -> bool:
+    def _decodes_stale(self, pending: list[PendingBlock], deadline: float | None) -> bool:
         """Whether the stale block at the front of ``pending`` gets the next token: the service decodes
         for stale blocks, no usable block waits behind it, and the forward (none after a deferred
-        bonus) would be over by ``deadline``, or its overrun pays (``fill_overrun_pays``)."""
+        bonus) would be over by ``deadline``, or its overrun pays (``stale_decode_overrun_pays``)."""
         if not self.decode_stale or any(self._overlap(block) is not None for block in pending[1:]):
             return False
         if deadline is None or self._deferred is not None:
@@ -290,7 +290,7 @@ class VerifierSession:
         overrun = now + (self.one_token_s.value or 0.0) - deadline
         if overrun <= 0:
             return True
-        return self.params.mode is not Mode.REJECTION and fill_overrun_pays(overrun, deadline - now, self._guess_odds())
+        return self.params.mode is not Mode.REJECTION and stale_decode_overrun_pays(overrun, deadline - now, self._guess_odds())
 
     def _guess_odds(self) -> float:
         """How often a block's first draft is accepted: the odds that the edge's guess of the token a

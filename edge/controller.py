@@ -136,7 +136,7 @@ class Controller:
         self.forward_s = Ewma()  # the forward that verified a drafted block, alone (unset while the cloud reports none)
         self.one_token_s = Ewma()  # a forward that decoded one token (stale block's or alone), alone
         self.cloud_s_per_token = Ewma()  # seconds per token while the cloud decodes alone
-        self.stale_filled = Ewma(value=1.0)  # share of stale blocks answered with a token
+        self.stale_decoded = Ewma(value=1.0)  # share of stale blocks answered with a token
         self.stale_rebased = Ewma(value=0.0)  # ... the rebased drafts accepted before it, per such block
         # Hedge branches: the width the caller allows (0: none), and what hedged blocks measured.
         self.hedge_cap = 0
@@ -211,7 +211,7 @@ class Controller:
         (a weak one on a long round trip: each chain's first block guessed a token decoded for a void
         block wrong) is thus still measured: without these, drafting could not be predicted, and the
         cloud alone never weighed against it."""
-        self.stale_filled.add(float(committed > 0))
+        self.stale_decoded.add(float(committed > 0))
         if committed:
             self.stale_rebased.add(rebased)
             _add_reported(self.one_token_s, forward_s)
@@ -277,9 +277,9 @@ class Controller:
         alphas = self.acceptance.per_position(draft_len)
         if None in (alphas, self.network_s.value, self.draft_s_per_token.value) or not verify:
             return None
-        fill = self.cloud_s_per_token.value or self.one_token_s.value or verify
+        stale_decode_s = self.cloud_s_per_token.value or self.one_token_s.value or verify
         chain = pipelined_chain(alphas, draft_len, window, self.draft_s_per_token.value, self.network_s.value, verify,
-                                fill, stale_share=self.stale_filled.value, rebased_per_fill=self.stale_rebased.value)
+                                stale_decode_s, stale_share=self.stale_decoded.value, rebased_per_stale_decode=self.stale_rebased.value)
         return chain.tokens / chain.seconds
 
     def predict_cloud(self) -> float | None:

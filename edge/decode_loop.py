@@ -363,7 +363,7 @@ class _Decode:
             first_draft, guesses = guessed
             right = common_prefix_length(guesses, committed)
             if right < len(guesses) or len(guesses) == len(committed):  # (else right so far, not done)
-                self.stats.record_fill_guess(right == len(committed))
+                self.stats.record_stale_decode_guess(right == len(committed))
             if controller is not None and self.guesses_are_trials:  # the drafts a live block held there
                 controller.observe_acceptance(len(guesses), right, first=first_draft)
         if controller is not None:

@@ -75,23 +75,23 @@ class StaleForecast(NamedTuple):
     seconds: float  # time the chain waits on top of its own
 
 
-def stale_expectation(alpha_per_position: list[float], stale_blocks: int, gap_s: float, fill_s: float,
-                      rebased_per_fill: float = 0.0) -> StaleForecast:
+def stale_expectation(alpha_per_position: list[float], stale_blocks: int, gap_s: float, stale_decode_s: float,
+                      rebased_per_stale_decode: float = 0.0) -> StaleForecast:
     """The blocks in flight past a chain's correction are stale: the cloud answers each with
-    a token it decodes (``fill_s`` a forward) while the next chain's first block is on its way
+    a token it decodes (``stale_decode_s`` a forward) while the next chain's first block is on its way
     (``gap_s``: the correction down, drafting, the block up), as many as fit, each after the
-    ``rebased_per_fill`` drafts sent for those positions that it verifies and accepts where
+    ``rebased_per_stale_decode`` drafts sent for those positions that it verifies and accepts where
     they lie, on average. That block's first drafts guess the tokens committed meanwhile: they
     all hold with probability Π α_j over the tokens; else it is stale too: one more forward,
     and a whole gap's wait.
     """
     if stale_blocks <= 0:
         return StaleForecast(0.0, 0.0, 0.0)
-    filled = min(stale_blocks, math.floor(gap_s / fill_s)) if fill_s > 0 else stale_blocks
-    per_fill = 1.0 + max(rebased_per_fill, 0.0)
+    decoded = min(stale_blocks, math.floor(gap_s / stale_decode_s)) if stale_decode_s > 0 else stale_blocks
+    per_decode = 1.0 + max(rebased_per_stale_decode, 0.0)
     alphas = [min(max(float(a), 0.0), 1.0) for a in alpha_per_position] or [0.0]
-    misses = 1 - math.prod(alphas[min(i, len(alphas) - 1)] for i in range(round(filled * per_fill))) if filled else 0.0
-    return StaleForecast(filled + misses, (filled + misses) * per_fill, misses * gap_s)
+    misses = 1 - math.prod(alphas[min(i, len(alphas) - 1)] for i in range(round(decoded * per_decode))) if decoded else 0.0
+    return StaleForecast(decoded + misses, (decoded + misses) * per_decode, misses * gap_s)
 
 
 @dataclass(frozen=True)
@@ -104,15 +104,15 @@ class ChainForecast:
 
 
 def pipelined_chain(alpha_per_position: list[float], draft_len: int, window: int, draft_s_per_token: float,
-                    network_s: float, verify_s: float, fill_s: float, stale_share: float = 1.0,
-                    rebased_per_fill: float = 0.0) -> ChainForecast:
+                    network_s: float, verify_s: float, stale_decode_s: float, stale_share: float = 1.0,
+                    rebased_per_stale_decode: float = 0.0) -> ChainForecast:
     """A chain of ``draft_len``-draft blocks, ``window`` in flight at most (``chain_expectation``).
 
     Its first block costs drafting plus a full trip (``network_s``: uplink, RTT and downlink, plus
     ``verify_s``); every later block adds the pipeline's interval max(draft, verify, (draft + trip)
     / window): the drafter, the verifier and the window each bound how fast blocks flow. The
     blocks in flight past the failing one are stale; ``stale_share`` of them come back with a token
-    the cloud decoded (``stale_expectation``, ``fill_s`` a forward, after ``rebased_per_fill`` drafts
+    the cloud decoded (``stale_expectation``, ``stale_decode_s`` a forward, after ``rebased_per_stale_decode`` drafts
     on average; 0: a verifier that answers them empty) while the next chain's first block is on its way:
     those the drafter makes during the failing block's round trip and one more, ``window - 1`` at most.
     """
@@ -123,9 +123,9 @@ def pipelined_chain(alpha_per_position: list[float], draft_len: int, window: int
     stale = math.floor(min(window - 1, 1 + trip / max(draft, 1e-9)))  # blocks in flight past the failing one
     redraft = (draft_len + stale) * draft_s_per_token  # the next block: its drafts and a guess per stale block
     gap = network_s + redraft  # the correction down, drafting, the next block up
-    fill = stale_expectation(alpha_per_position, stale, gap, fill_s, rebased_per_fill)
+    stale_part = stale_expectation(alpha_per_position, stale, gap, stale_decode_s, rebased_per_stale_decode)
     return ChainForecast(
         blocks=blocks,
-        tokens=tokens + stale_share * fill.tokens,
-        seconds=draft + trip + (blocks - 1) * interval + stale_share * fill.seconds,
+        tokens=tokens + stale_share * stale_part.tokens,
+        seconds=draft + trip + (blocks - 1) * interval + stale_share * stale_part.seconds,
     )

@@ -56,11 +56,11 @@ class DecodeStats:
     hedges_taken: int = 0  # ... whose guessed correction was the target's (the branch was verified on)
     hedge_tokens: int = 0  # tokens taken branches committed past the correction, the final token included (the gain)
     stale: int = 0  # blocks answered stale (drafted past a token the verifier did not commit)
-    filled: int = 0  # ... with a token the verifier decoded meanwhile (a forward each, but after a deferred bonus)
+    stale_decoded: int = 0  # ... with a token the verifier decoded meanwhile (a forward each, but after a deferred bonus)
     rebased: int = 0  # ... drafts those forwards verified where they lay and accepted, before that token
     rebased_verified: int = 0  # ... drafts those forwards verified, accepted or not
-    fill_guesses: int = 0  # stale blocks' tokens (decoded for them) that a chain's first block had guessed
-    fill_guesses_hit: int = 0  # ... right (else that block was void: the next one guessed again)
+    stale_decode_guesses: int = 0  # stale blocks' tokens (decoded for them) that a chain's first block had guessed
+    stale_decode_guesses_hit: int = 0  # ... right (else that block was void: the next one guessed again)
 
     def record_round(self, drafted: int, accepted: int, committed: int) -> None:
         """One verification round: ``committed`` tokens entered the sequence."""
@@ -84,16 +84,16 @@ class DecodeStats:
         meanwhile (none: no forward): ``rebased`` drafts accepted where they lay (of ``verified``),
         then one decoded."""
         self.stale += 1
-        self.filled += committed > 0
+        self.stale_decoded += committed > 0
         self.rebased += rebased
         self.rebased_verified += verified
         self.generated += committed
 
-    def record_fill_guess(self, hit: bool) -> None:
+    def record_stale_decode_guess(self, hit: bool) -> None:
         """Tokens a stale block's verdict brought (decoded for it, after the rebased drafts) at
         positions a chain's first block had drafted guesses for: ``hit``, they were its drafts."""
-        self.fill_guesses += 1
-        self.fill_guesses_hit += hit
+        self.stale_decode_guesses += 1
+        self.stale_decode_guesses_hit += hit
 
     def record_correction_guess(self, hit: bool) -> None:
         """A correction the drafter's second choice predicted (``hit``) or not: the hit rate h
@@ -148,11 +148,11 @@ class DecodeStats:
             "hedges_taken": self.hedges_taken,
             "hedge_tokens": self.hedge_tokens,
             "stale": self.stale,
-            "filled": self.filled,
+            "stale_decoded": self.stale_decoded,
             "rebased": self.rebased,
             "rebased_verified": self.rebased_verified,
-            "fill_guesses": self.fill_guesses,
-            "fill_guesses_hit": self.fill_guesses_hit,
+            "stale_decode_guesses": self.stale_decode_guesses,
+            "stale_decode_guesses_hit": self.stale_decode_guesses_hit,
         }
 
     @classmethod

@@ -14,7 +14,7 @@ from sim.perf.block_sim import BlockCosts, simulate_adaptive, simulate_pipelined
 def _costs(verify_s: float = 0.05, per_row_s: float = 0.0, **over) -> BlockCosts:
     """Costs whose forward takes ``verify_s`` over one block of one draft and ``per_row_s`` for each row more."""
     base = dict(alpha=[1.0], draft_s=0.01, up_s=lambda drafts: 0.0, rtt_s=0.1, down_s=0.0,
-                forward_s=lambda rows: verify_s + per_row_s * max(rows - 2, 0), fill_s=0.03)
+                forward_s=lambda rows: verify_s + per_row_s * max(rows - 2, 0), stale_decode_s=0.03)
     base.update(over)
     return BlockCosts(**base)
 
@@ -51,7 +51,7 @@ def test_a_correction_voids_the_blocks_in_flight_and_the_next_block_guesses_thei
 def test_stale_blocks_make_the_cloud_decode_at_the_window_s_pace():
     """A drafter never right on a 600 ms round trip: the blocks in flight past each correction come back
     with a token decoded for each (40 ms), so tokens flow at about four a round trip, not one."""
-    costs = _costs(alpha=[0.0], rtt_s=0.6, fill_s=0.04)
+    costs = _costs(alpha=[0.0], rtt_s=0.6, stale_decode_s=0.04)
     dropped = simulate_pipelined(dataclasses.replace(costs, decode_stale=False), 1, 4, 101, generations=4)
     for guessed in (0.0, 1.0):
         decoded = simulate_pipelined(dataclasses.replace(costs, token_guessed=guessed), 1, 4, 101, generations=4)
@@ -60,7 +60,7 @@ def test_stale_blocks_make_the_cloud_decode_at_the_window_s_pace():
 
 
 def test_guesses_hold_as_often_as_the_tokens_under_them_are_guessed():
-    costs = _costs(alpha=[0.5], rtt_s=0.6, fill_s=0.04)
+    costs = _costs(alpha=[0.5], rtt_s=0.6, stale_decode_s=0.04)
     held, speed = {}, {}
     for guessed in (0.0, 0.5, 1.0):
         run = simulate_pipelined(dataclasses.replace(costs, token_guessed=guessed), 4, 4, 129, generations=16)
@@ -90,17 +90,17 @@ def test_a_seed_gives_the_same_run_and_bad_shapes_are_refused():
             simulate_pipelined(costs, draft_len, window, tokens)
 
 
-def test_a_fill_overruns_the_next_block_s_due_time_where_the_guesses_seldom_hold():
+def test_a_stale_decode_overruns_the_next_block_s_due_time_where_the_guesses_seldom_hold():
     """A slow cloud (330 ms a token) on a short round trip (60 ms), as measured on lte with the q3_k_s
-    drafter on a slow VM: the next chain's block is due before a fill could end, so the verifier of
-    rejection mode fills nothing after a correction; in greedy and coupled modes, with first drafts
-    that hold a third of the time, a fill pays (the edge hears of a wrong guess sooner), and the run is
+    drafter on a slow VM: the next chain's block is due before a stale decode could end, so the verifier of
+    rejection mode decodes nothing for stale blocks after a correction; in greedy and coupled modes, with first drafts
+    that hold a third of the time, a stale decode pays (the edge hears of a wrong guess sooner), and the run is
     faster at every window, at more cloud work per token."""
-    costs = _costs(alpha=[0.35], rtt_s=0.06, draft_s=0.037, verify_s=0.35 - 3 * 0.0075, per_row_s=0.0075, fill_s=0.33,
+    costs = _costs(alpha=[0.35], rtt_s=0.06, draft_s=0.037, verify_s=0.35 - 3 * 0.0075, per_row_s=0.0075, stale_decode_s=0.33,
                    early_drafts=4)
     for window, gain in ((2, 1.2), (4, 1.03)):
         held = simulate_pipelined(costs, 4, window, 65, generations=64)
-        overrun = simulate_pipelined(dataclasses.replace(costs, fill_overruns=True), 4, window, 65, generations=64)
+        overrun = simulate_pipelined(dataclasses.replace(costs, stale_decode_overruns=True), 4, window, 65, generations=64)
         assert overrun.tokens_per_s > gain * held.tokens_per_s
         assert overrun.cloud_s / overrun.tokens > held.cloud_s / held.tokens
 
@@ -110,7 +110,7 @@ def test_a_session_s_controller_hands_a_useless_drafter_to_the_cloud_and_keeps_a
     600 ms round trip with a 50 ms forward, a drafter never right costs the first chains, then the cloud
     decodes alone (empty blocks, one forward of one row each, sixteen in flight) at its forward's pace; a
     drafter never wrong keeps drafting and never sends an empty block."""
-    costs = _costs(rtt_s=0.6, forward_s=lambda rows: 0.05 + 0.001 * (rows - 1), fill_s=0.05, early_drafts=4)
+    costs = _costs(rtt_s=0.6, forward_s=lambda rows: 0.05 + 0.001 * (rows - 1), stale_decode_s=0.05, early_drafts=4)
     useless = simulate_adaptive(dataclasses.replace(costs, alpha=[0.0]), lambda: Controller(8, 4, 16), 257,
                                 generations=4)
     assert useless.empty > 0.8 * useless.tokens

@@ -71,7 +71,7 @@ def test_round_time_by_hand():
 
 def test_the_measured_rate_of_right_guesses_reaches_the_prediction():
     link = NetworkModel(up_bps=50_000, down_bps=50_000, rtt_s=0.1)
-    speeds = [predict_pipelined(_timings(alpha_per_position=[0.8], fill_guess_hit=h), link, 4, 4).tokens_per_s
+    speeds = [predict_pipelined(_timings(alpha_per_position=[0.8], stale_decode_guess_hit=h), link, 4, 4).tokens_per_s
               for h in (1.0, 0.5, 0.25)]
     assert speeds[0] > speeds[1] > speeds[2]
 
@@ -87,15 +87,15 @@ def test_a_chain_by_hand():
 
 def test_stale_blocks_bring_as_many_tokens_as_fit_in_the_gap():
     # Three stale blocks, room for two forwards: two tokens; both guesses right with 0.9 * 0.9.
-    assert stale_expectation([0.9], 3, gap_s=0.10, fill_s=0.04) == pytest.approx((2.19, 2.19, 0.19 * 0.10))
-    assert stale_expectation([0.9], 0, gap_s=1.0, fill_s=0.01) == (0.0, 0.0, 0.0)
-    assert stale_expectation([1.0, 0.0], 5, gap_s=1.0, fill_s=0.01) == pytest.approx((6, 6, 1.0))
+    assert stale_expectation([0.9], 3, gap_s=0.10, stale_decode_s=0.04) == pytest.approx((2.19, 2.19, 0.19 * 0.10))
+    assert stale_expectation([0.9], 0, gap_s=1.0, stale_decode_s=0.01) == (0.0, 0.0, 0.0)
+    assert stale_expectation([1.0, 0.0], 5, gap_s=1.0, stale_decode_s=0.01) == pytest.approx((6, 6, 1.0))
     # Each forward also accepts half a rebased draft on average: 3 tokens to guess, 0.9 ** 3 right.
     miss = 1 - 0.9 ** 3
-    assert stale_expectation([0.9], 3, gap_s=0.10, fill_s=0.04, rebased_per_fill=0.5) == pytest.approx(
+    assert stale_expectation([0.9], 3, gap_s=0.10, stale_decode_s=0.04, rebased_per_stale_decode=0.5) == pytest.approx(
         (2 + miss, (2 + miss) * 1.5, miss * 0.10))
     # No forward fits in the gap: nothing decoded, nothing guessed.
-    assert stale_expectation([0.9], 3, gap_s=0.01, fill_s=0.04) == (0.0, 0.0, 0.0)
+    assert stale_expectation([0.9], 3, gap_s=0.01, stale_decode_s=0.04) == (0.0, 0.0, 0.0)
 
 
 def test_pipelining_helps_when_the_round_trip_dominates_and_window_1_is_lockstep():
@@ -311,14 +311,14 @@ def test_rebased_drafts_make_a_stale_blocks_forward_commit_more_for_less():
     """What a stale block's forward commits past its token (rebased drafts) makes chains faster and each
     token cheaper for the cloud; the 70B profile's assumption is read from its file."""
     profile = load_hardware("llama70b-8xh100-mac")
-    assert profile.rebased_per_fill > 0 and profile.rebased_verified_per_fill >= profile.rebased_per_fill
+    assert profile.rebased_per_stale_decode > 0 and profile.rebased_verified_per_stale_decode >= profile.rebased_per_stale_decode
     t = profile.to_timings()
     link = NetworkModel.from_link_config(load_scenario("acespec-50k").link)
-    alone = predict_pipelined(dataclasses.replace(t, rebased_per_fill=0.0, rebased_verified_per_fill=0.0), link, 4, 4)
+    alone = predict_pipelined(dataclasses.replace(t, rebased_per_stale_decode=0.0, rebased_verified_per_stale_decode=0.0), link, 4, 4)
     rebased = predict_pipelined(t, link, 4, 4)
     assert rebased.tokens_per_s > alone.tokens_per_s and rebased.cloud_s_per_token < alone.cloud_s_per_token
     assert predict_pipelined(t, link, 4, 4, decode_stale=False) == predict_pipelined(
-        dataclasses.replace(t, rebased_per_fill=0.0), link, 4, 4, decode_stale=False)  # nothing to rebase
+        dataclasses.replace(t, rebased_per_stale_decode=0.0), link, 4, 4, decode_stale=False)  # nothing to rebase
 
 
 def test_hardware_file_errors(tmp_path):
@@ -339,8 +339,8 @@ def test_hardware_file_errors(tmp_path):
     with pytest.raises(ValueError, match="alpha"):
         load_hardware(bad)
     negative = tmp_path / "negative.toml"
-    negative.write_text(good.replace("alpha = 0.85", "alpha = 0.85\nrebased_per_fill = -1"))
-    with pytest.raises(ValueError, match="rebased_per_fill"):
+    negative.write_text(good.replace("alpha = 0.85", "alpha = 0.85\nrebased_per_stale_decode = -1"))
+    with pytest.raises(ValueError, match="rebased_per_stale_decode"):
         load_hardware(negative)
 
 
@@ -418,14 +418,14 @@ def test_the_fit_takes_what_stale_blocks_forwards_committed_per_run():
     decode.record_stale(3, rebased=2, verified=3)  # two rebased drafts, then the token
     decode.record_stale(1, rebased=0, verified=2)
     decode.record_stale(0)  # answered empty: no forward
-    decode.record_fill_guess(hit=True)  # the next chains' first blocks had guessed the first two's tokens: one right
-    decode.record_fill_guess(hit=False)
+    decode.record_stale_decode_guess(hit=True)  # the next chains' first blocks had guessed the first two's tokens: one right
+    decode.record_stale_decode_guess(hit=False)
     report = EdgeReport(kind=SPLIT, tokens=[1] * 7, text="", stop_reason="length", prompt_tokens=5, wall_s=1.0,
                         ttft_s=0.3, open_s=0.25, ttft_cloud_s=0.2, bytes_up=100, bytes_down=60, rtt_ms=100.0, decode=decode,
                         drafter=DrafterStats(drafted=8, draft_s=0.16))
     measured = timings_from_reports([report], [], "coupled")
-    assert (measured.filled, measured.rebased, measured.rebased_verified) == (2, 2, 5)
-    assert (measured.fill_guesses, measured.fill_guesses_hit) == (2, 1)
+    assert (measured.stale_decoded, measured.rebased, measured.rebased_verified) == (2, 2, 5)
+    assert (measured.stale_decode_guesses, measured.stale_decode_guesses_hit) == (2, 1)
     assert decode.generated == 7 and decode.stale == 3
 
 

@@ -149,8 +149,8 @@ def test_pipelined_edge_over_grpc_is_token_identical(tiny_engine, tiny_vocab, dr
             got = run_decode(drafter, link, prompt, params, max_new_tokens=32, draft_len=draft_len, window=window)
             assert got.tokens == want.tokens, f"D={draft_len} W={window}"
             assert len(link.rtt_samples_s) == got.stats.rounds + got.stats.stale
-            assert len(link.block_log) == got.stats.rounds + got.stats.filled  # a dropped block had no forward
-            assert got.stats.target_forwards <= got.stats.rounds + got.stats.filled + 1
+            assert len(link.block_log) == got.stats.rounds + got.stats.stale_decoded  # a dropped block had no forward
+            assert got.stats.target_forwards <= got.stats.rounds + got.stats.stale_decoded + 1
 
 
 def test_the_edge_respects_the_window_the_cloud_allows(tiny_engine, tiny_vocab, drafters, verifier):

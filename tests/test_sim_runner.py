@@ -12,7 +12,7 @@ import pytest
 RUN_KEYS = {
     "mode", "draft_len", "tokens_per_s", "ttft_s", "acceptance_length", "up_bytes_per_token", "down_bytes_per_token",
     "cloud_forwards_per_token", "cloud_cpu_s_per_token", "identical_to_baseline", "predicted_tokens_per_s",
-    "schedule", "window", "hedge", "mean_draft_len", "hedge_hit_rate", "stale_blocks", "stale_filled",
+    "schedule", "window", "hedge", "mean_draft_len", "hedge_hit_rate", "stale_blocks", "stale_decoded",
     "rebased_verified", "rebased_accepted", "ttft_cloud_s",
 }
 CONFIGS = [("greedy", 3, "lockstep", 1), ("greedy", 3, "pipelined", 3), ("greedy", 3, "adaptive", 3),
@@ -64,7 +64,7 @@ def test_split_is_identical_to_cloud_only_and_cheaper(sim_result):
         assert run["up_bytes_per_token"] > 0 and run["down_bytes_per_token"] > 0
         assert run["hedge"] is None
         assert run["hedge_hit_rate"] is None or 0 <= run["hedge_hit_rate"] <= 1
-        assert run["stale_filled"] <= run["stale_blocks"] and 0 <= run["rebased_accepted"] <= run["rebased_verified"]
+        assert run["stale_decoded"] <= run["stale_blocks"] and 0 <= run["rebased_accepted"] <= run["rebased_verified"]
         assert run["stale_blocks"] == 0 if run["schedule"] == "lockstep" else run["stale_blocks"] > 0
         assert run["predicted_tokens_per_s"] > 0 and run["prediction_error"] is not None
         # Beside an adaptive run's prediction (its controller's choice): the best configuration's.

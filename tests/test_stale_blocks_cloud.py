@@ -1,5 +1,5 @@
 """Stale blocks, the cloud's side: a block past a correction, or one that does not continue the
-committed tokens, is answered with a token decoded alone (filled: only where the forward would not
+committed tokens, is answered with a token decoded alone (a stale decode: only where the forward would not
 delay the next block) and, where the session rebases, its drafts verified where they lie."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from helpers import GREEDY, TEXTS, new_session, tiny_prompt
 
-from cloud.next_block import NextBlockClock, fill_overrun_pays
+from cloud.next_block import NextBlockClock, stale_decode_overrun_pays
 from cloud.session import BlockRejected, PendingBlock, VerifierSession
 from protos import splitspec_pb2 as pb
 from shared import codec
@@ -179,10 +179,10 @@ def test_a_deferred_bonus_then_a_stale_block_and_a_skip(tiny_engine, greedy_path
     assert session.tokens[p:] == want[:8]
 
 
-def test_no_fill_when_its_forward_would_delay_the_next_block(tiny_engine, greedy_path):
-    """A stale block is not filled when the forward would delay the next block.
+def test_no_stale_decode_when_its_forward_would_delay_the_next_block(tiny_engine, greedy_path):
+    """A stale block gets no stale decode when the forward would delay the next block.
 
-    The caller's fill deadline (when the edge's next block is expected): a token decoded alone
+    The caller's stale-decode deadline (when the edge's next block is expected): a token decoded alone
     whose forward would still run then is not started, since the block would wait for it."""
     prompt, want = greedy_path
     p = len(prompt)
@@ -197,24 +197,24 @@ def test_no_fill_when_its_forward_would_delay_the_next_block(tiny_engine, greedy
 
     session, pending = corrected()
     forwards = session.forwards
-    (empty,) = session.verify_chain(pending, fill_deadline=time.perf_counter() - 1.0)  # the block is due now
+    (empty,) = session.verify_chain(pending, stale_decode_deadline=time.perf_counter() - 1.0)  # the block is due now
     assert empty.stale and empty.token is None and session.forwards == forwards and session.tokens[p:] == want[:1]
     session, pending = corrected()
-    (filled,) = session.verify_chain(pending, fill_deadline=time.perf_counter() + 60.0)  # time for a forward
+    (filled,) = session.verify_chain(pending, stale_decode_deadline=time.perf_counter() + 60.0)  # time for a forward
     assert filled.stale and filled.token == want[1] and session.forwards == forwards + 1
     assert session.one_token_s.value > 0  # what the next deadline is weighed against
-    # After a deferred bonus the token decoded alone needs no forward: filled whatever the deadline.
+    # After a deferred bonus the token decoded alone needs no forward: decoded whatever the deadline.
     session = new_session(tiny_engine, prompt)
     session.verify_chain([PendingBlock(0, p, want[:3], more_follows=True)])
-    (filled,) = session.verify_chain([PendingBlock(0, p + 9, want[9:11])], fill_deadline=time.perf_counter() - 1.0)
+    (filled,) = session.verify_chain([PendingBlock(0, p + 9, want[9:11])], stale_decode_deadline=time.perf_counter() - 1.0)
     assert filled.stale and filled.token == want[3]
 
 
 @pytest.mark.parametrize("mode", [Mode.GREEDY, Mode.REJECTION])
-def test_fill_overruns_the_deadline_only_where_guesses_seldom_hold(tiny_engine, greedy_path, mode):
-    """A fill runs past the deadline only where the edge's guesses seldom hold.
+def test_stale_decode_overruns_the_deadline_only_where_guesses_seldom_hold(tiny_engine, greedy_path, mode):
+    """A stale decode runs past the deadline only where the edge's guesses seldom hold.
 
-    A fill that would end half-way between the next block's due time and its own length later
+    A stale decode that would end half-way between the next block's due time and its own length later
     (overrun = the time still ahead) pays when the edge's guess of its token holds less than half
     the time, in greedy and coupled modes: there the guess is verified against that same token.
     Rejection mode samples it apart: never past the deadline."""
@@ -240,20 +240,20 @@ def test_fill_overruns_the_deadline_only_where_guesses_seldom_hold(tiny_engine, 
     for held, fills in ((0, mode is Mode.GREEDY), (9, False)):  # odds (held + 1) / (held + 1 + 2): 1/3, 5/6
         session, pending = corrected(held)
         forwards = session.forwards
-        (verdict,) = session.verify_chain(pending, fill_deadline=time.perf_counter() + 10.0)
+        (verdict,) = session.verify_chain(pending, stale_decode_deadline=time.perf_counter() + 10.0)
         assert verdict.stale and (verdict.token is not None) == fills and session.forwards == forwards + fills
-    assert fill_overrun_pays(1.0, 1.0, 0.49) and not fill_overrun_pays(1.0, 1.0, 0.5)
-    assert not fill_overrun_pays(0.1, 0.0, 0.0)  # the block is due already: nothing is learned earlier
-    assert fill_overrun_pays(5.0, 0.1, 0.0)  # the guesses never hold: any head start pays
+    assert stale_decode_overrun_pays(1.0, 1.0, 0.49) and not stale_decode_overrun_pays(1.0, 1.0, 0.5)
+    assert not stale_decode_overrun_pays(0.1, 0.0, 0.0)  # the block is due already: nothing is learned earlier
+    assert stale_decode_overrun_pays(5.0, 0.1, 0.0)  # the guesses never hold: any head start pays
 
 
 def test_the_next_block_is_expected_one_measured_gap_after_a_correction():
-    """The servicer's clock for the fill deadline: no deadline before a gap was measured or once the
+    """The servicer's clock for the stale-decode deadline: no deadline before a gap was measured or once the
     block came; a block of an older epoch (stale) is no sample; the gap is a moving average."""
     clock = NextBlockClock()
     assert clock.deadline() is None
     clock.corrected(10.0, epoch=1)
-    assert clock.deadline() is None  # nothing measured yet: fill
+    assert clock.deadline() is None  # nothing measured yet: decode
     clock.arrived(10.1, epoch=0)  # a stale block still in flight: not the next chain's
     clock.arrived(10.3, epoch=1)
     assert clock.gap_s.value == pytest.approx(0.3) and clock.deadline() is None  # it came

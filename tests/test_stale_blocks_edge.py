@@ -1,5 +1,5 @@
 """Stale blocks, the edge's side and end to end: the verdicts of stale blocks over gRPC (rebased,
-decoded or dropped), the edge voiding its chain and judging its fill guesses, and refusing a stale
+decoded or dropped), the edge voiding its chain and judging its stale-decode guesses, and refusing a stale
 verdict that could not be true; the output stays target-only's."""
 
 from __future__ import annotations
@@ -52,10 +52,10 @@ def test_stale_blocks_come_back_with_tokens_the_cloud_decoded_alone(tiny_engine,
                 if verdict.accepted:
                     assert forward_s > 0  # its drafts were verified in a forward
             stats = got.stats
-            assert stats.generated == len(got.tokens) and stats.target_forwards <= stats.rounds + stats.filled + 1
-            totals.update(stale=stats.stale, filled=stats.filled, rebased=stats.rebased,
-                          corrections=stats.corrections_guessed, guesses=stats.fill_guesses,
-                          guesses_hit=stats.fill_guesses_hit)
+            assert stats.generated == len(got.tokens) and stats.target_forwards <= stats.rounds + stats.stale_decoded + 1
+            totals.update(stale=stats.stale, stale_decoded=stats.stale_decoded, rebased=stats.rebased,
+                          corrections=stats.corrections_guessed, guesses=stats.stale_decode_guesses,
+                          guesses_hit=stats.stale_decode_guesses_hit)
     assert totals["corrections"] > 0 and totals["stale"] > 0
     # The tokens decoded for stale blocks, which the next chains' first blocks guessed (the drafter's own
     # tokens, right but at every fourth position): none with --stale-blocks drop.
@@ -63,7 +63,7 @@ def test_stale_blocks_come_back_with_tokens_the_cloud_decoded_alone(tiny_engine,
         assert totals["guesses"] == 0
     else:
         assert 0 < totals["guesses_hit"] <= totals["guesses"], totals
-    assert totals["filled"] > 0 if stale_blocks != "drop" else totals["filled"] == 0
+    assert totals["stale_decoded"] > 0 if stale_blocks != "drop" else totals["stale_decoded"] == 0
     assert totals["rebased"] > 0 if stale_blocks == "rebase" else totals["rebased"] == 0, totals
 
 
@@ -149,9 +149,9 @@ def test_always_stale_drafter_is_measured_by_stale_verdicts(tiny_engine, tiny_vo
     assert got.tokens == want[:32]
     assert controller.blocks == 1, got.stats  # the first chain's block (the early block's timings span the prefill)
     chains_stale = [k for k in stale if k["trip_s"] is not None and k["drafted"] > 4]  # a chain's first block: guesses
-    assert len(chains_stale) >= 3 and got.stats.fill_guesses >= 3 and got.stats.fill_guesses_hit == 0, got.stats
+    assert len(chains_stale) >= 3 and got.stats.stale_decode_guesses >= 3 and got.stats.stale_decode_guesses_hit == 0, got.stats
     assert all(k["trip_s"] >= k["cloud_s"] >= 0 and k["draft_s"] > 0 for k in chains_stale), chains_stale
-    assert controller.acceptances >= controller.blocks + got.stats.fill_guesses  # the guesses, each a trial
+    assert controller.acceptances >= controller.blocks + got.stats.stale_decode_guesses  # the guesses, each a trial
     assert controller.acceptance.per_position(1)[0] < 0.2
     assert controller.predict_drafting(4) < controller.predict_cloud()
 
@@ -179,8 +179,8 @@ def test_edge_voids_its_chain_when_first_live_block_is_unusable():
     assert _first_live_continues(deque([void, _InFlight(1, 13, DraftBlock([]), False)]), generated, prompt_len)
 
 
-def test_fill_guess_is_judged_by_the_chain_s_first_block():
-    """A fill guess is judged by the chain's first block, in flight or being drafted."""
+def test_stale_decode_guess_is_judged_by_the_chain_s_first_block():
+    """A stale-decode guess is judged by the chain's first block, in flight or being drafted."""
     from edge.decode_loop import _Drafting, _guesses, _InFlight
 
     void = _InFlight(0, 20, DraftBlock([9, 9]), False, void=True)

@@ -192,8 +192,8 @@ def _stale_lines(result: dict) -> list[str]:
     """Per run: the blocks answered stale, the forwards the cloud ran for them meanwhile, and the rebased
     drafts those verified and accepted (tokens per such forward: 1 + accepted / forwards)."""
     rows = [[config_label(r["mode"], r["draft_len"], r["schedule"], r["window"], r.get("hedge")),
-             r["stale_blocks"], r["stale_filled"], f"{r['rebased_accepted']}/{r['rebased_verified']}",
-             f"{1 + r['rebased_accepted'] / r['stale_filled']:.2f}" if r["stale_filled"] else "-"]
+             r["stale_blocks"], r["stale_decoded"], f"{r['rebased_accepted']}/{r['rebased_verified']}",
+             f"{1 + r['rebased_accepted'] / r['stale_decoded']:.2f}" if r["stale_decoded"] else "-"]
             for r in result["runs"] if r.get("stale_blocks")]
     if not rows:
         return []

@@ -120,7 +120,7 @@ def _aggregate(mode: str, draft_len: int, reports: list[EdgeReport], meters: lis
         "controller_switches": sum(r.switches for r in reports) if schedule == "adaptive" else None,
         # blocks answered stale, the cloud's forwards for them, and the rebased drafts those verified and accepted
         "stale_blocks": sum(r.decode.stale for r in reports),
-        "stale_filled": sum(r.decode.filled for r in reports),
+        "stale_decoded": sum(r.decode.stale_decoded for r in reports),
         "rebased_verified": sum(r.decode.rebased_verified for r in reports),
         "rebased_accepted": sum(r.decode.rebased for r in reports),
         "tokens": tokens,

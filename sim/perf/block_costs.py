@@ -19,13 +19,13 @@ class BlockCosts:
     rtt_s: float
     down_s: float  # a Verdict frame down
     forward_s: Callable[[int], float]  # a forward over this many rows (the drafts verified, one more; 1: a token alone)
-    fill_s: float  # a stale block's forward (its token, after the rebased drafts it verifies)
-    rebased_per_fill: float = 0.0  # rebased drafts such a forward accepts, on average
+    stale_decode_s: float  # a stale block's forward (its token, after the rebased drafts it verifies)
+    rebased_per_stale_decode: float = 0.0  # rebased drafts such a forward accepts, on average
     decode_stale: bool = True  # False: a verifier run with --stale-blocks drop answers stale blocks empty
     token_guessed: float | None = None  # P(a guess of a token decoded for a stale block is right); None: alpha[0]
     early_drafts: int = 0  # drafts of the early block (0: none)
-    fill_overruns: bool = False  # a fill may run past the next block's due time where that pays (greedy, coupled)
-    guess_trials: bool = False  # a controller counts a live block's guesses of fills as acceptance trials (same modes)
+    stale_decode_overruns: bool = False  # a stale decode may run past the next block's due time where that pays (greedy, coupled)
+    guess_trials: bool = False  # a controller counts a live block's guesses of stale decodes as acceptance trials (same modes)
 
 
 @dataclass

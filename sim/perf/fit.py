@@ -39,11 +39,11 @@ class RunTimings:
     down_samples: list[float]  # Verdict bytes with HTTP/2 header
     open_s: list[float]
     prompt_s: list[float]  # drafter reading the prompt
-    filled: int = 0  # stale blocks the cloud ran a forward for
+    stale_decoded: int = 0  # stale blocks the cloud ran a forward for
     rebased: int = 0  # ... the rebased drafts those forwards accepted
     rebased_verified: int = 0  # ... and verified
-    fill_guesses: int = 0  # stale blocks' tokens that a chain's first block had guessed
-    fill_guesses_hit: int = 0  # ... right
+    stale_decode_guesses: int = 0  # stale blocks' tokens that a chain's first block had guessed
+    stale_decode_guesses_hit: int = 0  # ... right
     tokens: int = 0  # tokens generated
 
 
@@ -82,11 +82,11 @@ def timings_from_reports(reports: list[EdgeReport], verify_samples: list[tuple[i
         down_samples=[b.down_bytes + HTTP2_FRAME_HEADER_BYTES for b in blocks],
         open_s=[r.open_s for r in reports],
         prompt_s=[r.drafter.prompt_eval_s for r in reports],
-        filled=sum(r.decode.filled for r in reports),
+        stale_decoded=sum(r.decode.stale_decoded for r in reports),
         rebased=sum(r.decode.rebased for r in reports),
         rebased_verified=sum(r.decode.rebased_verified for r in reports),
-        fill_guesses=sum(r.decode.fill_guesses for r in reports),
-        fill_guesses_hit=sum(r.decode.fill_guesses_hit for r in reports),
+        stale_decode_guesses=sum(r.decode.stale_decode_guesses for r in reports),
+        stale_decode_guesses_hit=sum(r.decode.stale_decode_guesses_hit for r in reports),
         tokens=sum(len(r.tokens) for r in reports),
     )
 
@@ -114,7 +114,7 @@ class FittedTimings:
             up_bytes_fixed=up_fixed,
             up_bytes_per_draft=up_per_draft,
             down_bytes_per_round=sum(measured.down_samples) / max(len(measured.down_samples), 1),
-            fill_overruns=measured.mode != "rejection",
+            stale_decode_overruns=measured.mode != "rejection",
             **_outcomes(measured),
         )
 
@@ -149,9 +149,9 @@ def _outcomes(measured: RunTimings) -> dict:
     """What verification made of the drafts: acceptance per position and the stale blocks' figures."""
     return dict(
         alpha_per_position=_alpha(measured.accepted_at, measured.drafted_at),
-        rebased_per_fill=measured.rebased / max(measured.filled, 1),
-        rebased_verified_per_fill=measured.rebased_verified / max(measured.filled, 1),
-        fill_guess_hit=measured.fill_guesses_hit / measured.fill_guesses if measured.fill_guesses else None,
+        rebased_per_stale_decode=measured.rebased / max(measured.stale_decoded, 1),
+        rebased_verified_per_stale_decode=measured.rebased_verified / max(measured.stale_decoded, 1),
+        stale_decode_guess_hit=measured.stale_decode_guesses_hit / measured.stale_decode_guesses if measured.stale_decode_guesses else None,
     )
 
 

@@ -11,8 +11,8 @@ problem is one ``ValueError`` that names the file and every bad field as
 File layout: ``name``, ``description``; ``[target]`` model, verify_fixed_ms,
 verify_per_token_ms, prefill_ms, vocab_size, ridge_rows (default 1: compute-bound
 at once); ``[drafter]`` model, draft_ms_per_token, draft_prefill_ms;
-``[acceptance]`` alpha (a number or a list per position), rebased_per_fill and
-rebased_verified_per_fill (a stale block's forward: rebased drafts accepted and
+``[acceptance]`` alpha (a number or a list per position), rebased_per_stale_decode and
+rebased_verified_per_stale_decode (a stale block's forward: rebased drafts accepted and
 verified; default 0); optional ``[bytes]`` up_fixed, up_per_draft, down_per_round,
 down_per_token_cloud_only, open, defaulting to ``protocol_bytes(vocab_size)``.
 """
@@ -56,8 +56,8 @@ class HardwareProfile:
     # Rows at which a packed forward stops being memory-bound (the roofline's ridge point):
     # below it the weights' streaming time (verify_fixed) is paid once whatever the rows.
     ridge_rows: float = 1.0
-    rebased_per_fill: float = 0.0  # Timings.rebased_per_fill
-    rebased_verified_per_fill: float = 0.0
+    rebased_per_stale_decode: float = 0.0  # Timings.rebased_per_stale_decode
+    rebased_verified_per_stale_decode: float = 0.0
 
     def batch_forward_s(self, rows: int) -> float:
         """One packed forward over ``rows`` rows (many sessions'): memory-bound until ``ridge_rows``,
@@ -78,8 +78,8 @@ class HardwareProfile:
             prefill_s=self.prefill_ms / 1e3,
             draft_prefill_s=self.draft_prefill_ms / 1e3,
             open_up_bytes=self.open_bytes,
-            rebased_per_fill=self.rebased_per_fill,
-            rebased_verified_per_fill=self.rebased_verified_per_fill,
+            rebased_per_stale_decode=self.rebased_per_stale_decode,
+            rebased_verified_per_stale_decode=self.rebased_verified_per_stale_decode,
         )
 
 
@@ -115,8 +115,8 @@ class _Drafter(_Table):
 class _Acceptance(_Table):
     alpha: Annotated[list[Probability], Field(min_length=1), BeforeValidator(_as_list)] = Field(
         description="a number or a list per position")
-    rebased_per_fill: Amount = 0.0
-    rebased_verified_per_fill: Amount = 0.0
+    rebased_per_stale_decode: Amount = 0.0
+    rebased_verified_per_stale_decode: Amount = 0.0
 
 
 class _Bytes(_Table):
@@ -161,8 +161,8 @@ class _ProfileFile(_Table):
             draft_prefill_ms=drafter.draft_prefill_ms,
             open_bytes=given.open,
             ridge_rows=max(target.ridge_rows, 1.0),
-            rebased_per_fill=acceptance.rebased_per_fill,
-            rebased_verified_per_fill=acceptance.rebased_verified_per_fill,
+            rebased_per_stale_decode=acceptance.rebased_per_stale_decode,
+            rebased_verified_per_stale_decode=acceptance.rebased_verified_per_stale_decode,
         )
 
 

@@ -138,15 +138,15 @@ class Timings:
     # A stale block's forward (the cloud decodes while the next chain's block is on its way):
     # the rebased drafts it verifies (sent for those positions before the correction was known),
     # and how many of them it accepts, on average; 0 with --stale-blocks decode or rejection mode.
-    rebased_verified_per_fill: float = 0.0
-    rebased_per_fill: float = 0.0
+    rebased_verified_per_stale_decode: float = 0.0
+    rebased_per_stale_decode: float = 0.0
     # How often a chain's first block guessed the tokens decoded for a stale block right, when measured
     # (None: with the first draft's acceptance, as in coupled mode, where drafter and target share the
     # noise; rejection mode's guesses are independent).
-    fill_guess_hit: float | None = None
+    stale_decode_guess_hit: float | None = None
     # The verifier lets such a forward run past the next block's due time where the guesses' odds make it
-    # pay (``cloud.next_block.fill_overrun_pays``): greedy and coupled modes; False for rejection mode.
-    fill_overruns: bool = True
+    # pay (``cloud.next_block.stale_decode_overrun_pays``): greedy and coupled modes; False for rejection mode.
+    stale_decode_overruns: bool = True
 
     def verify_s(self, n_tokens: float) -> float:
         """Target forward time over `n_tokens` new tokens (D drafts + the pending token)."""
@@ -155,10 +155,10 @@ class Timings:
         return self.verify_fixed_s + self.verify_per_token_s * n_tokens
 
     @property
-    def fill_s(self) -> float:
+    def stale_decode_s(self) -> float:
         """A stale block's forward: the next token's (``verify_s(1)``, measured apart where it can be),
         plus the line's cost per row for the rebased drafts it verifies (none for a falling line)."""
-        return self.verify_s(1) + max(self.verify_per_token_s, 0.0) * self.rebased_verified_per_fill
+        return self.verify_s(1) + max(self.verify_per_token_s, 0.0) * self.rebased_verified_per_stale_decode
 
     def up_bytes(self, draft_len: int) -> float:
         return self.up_bytes_fixed + self.up_bytes_per_draft * draft_len
@@ -261,7 +261,7 @@ def predict_pipelined(timings: Timings, link: NetworkModel, draft_len: int, wind
     flight past it, and the cloud answers those stale blocks with tokens it decodes while the
     next chain's first block, drafted on guesses of them, is on its way (``decode_stale`` False:
     a verifier run with ``--stale-blocks drop``). The guesses hold as often as measured
-    (``Timings.fill_guess_hit``), or with the first draft's acceptance. The early block
+    (``Timings.stale_decode_guess_hit``), or with the first draft's acceptance. The early block
     (``edge.early_block``) is in flight when the first token arrives. ``generation_tokens``: the
     tokens one generation makes (None: a long one, ``STEADY_GENERATION_TOKENS``); the rate is
     from each generation's first token to its last.
@@ -283,11 +283,11 @@ def _block_costs(timings: Timings, link: NetworkModel, max_draft_len: int, decod
     return BlockCosts(
         alpha=timings.alpha_per_position or [0.0], draft_s=timings.draft_s_per_token,
         up_s=lambda drafts: link.up_s(timings.up_bytes(drafts)), rtt_s=link.rtt_s,
-        down_s=link.down_s(timings.down_bytes_per_round), forward_s=forward_s, fill_s=timings.fill_s,
-        rebased_per_fill=timings.rebased_per_fill, decode_stale=decode_stale,
-        early_drafts=min(max_draft_len, EARLY_DRAFT_LEN), fill_overruns=timings.fill_overruns,
+        down_s=link.down_s(timings.down_bytes_per_round), forward_s=forward_s, stale_decode_s=timings.stale_decode_s,
+        rebased_per_stale_decode=timings.rebased_per_stale_decode, decode_stale=decode_stale,
+        early_drafts=min(max_draft_len, EARLY_DRAFT_LEN), stale_decode_overruns=timings.stale_decode_overruns,
         # Both hold in greedy and coupled modes, where a draft is accepted exactly when it is the target's token.
-        guess_trials=timings.fill_overruns, token_guessed=timings.fill_guess_hit,
+        guess_trials=timings.stale_decode_overruns, token_guessed=timings.stale_decode_guess_hit,
     )
 
 

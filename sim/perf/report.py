@@ -80,8 +80,8 @@ def model_report(hardware: str, scenario: str, max_draft_len: int = 16, window: 
             "verify_fixed_ms": profile.verify_fixed_ms,
             "verify_per_token_ms": profile.verify_per_token_ms,
             "alpha_per_position": profile.alpha,
-            "rebased_per_fill": profile.rebased_per_fill,
-            "rebased_verified_per_fill": profile.rebased_verified_per_fill,
+            "rebased_per_stale_decode": profile.rebased_per_stale_decode,
+            "rebased_verified_per_stale_decode": profile.rebased_verified_per_stale_decode,
         },
         "rows": rows,
         "best_draft_len": best,
@@ -149,7 +149,7 @@ def format_report(r: dict[str, Any], tablefmt: str = "simple") -> str:
         f"  link   : up {sc['up']}, down {sc['down']}",
         f"  t_verify(n) = {t['verify_fixed_ms']:g} + {t['verify_per_token_ms']:g}*n ms, "
         f"t_draft = {t['draft_ms_per_token']:g} ms/token, alpha per position = [{alpha}] (last value extends)",
-        f"  stale  : a stale block's forward accepts {t['rebased_per_fill']:g} of the {t['rebased_verified_per_fill']:g} "
+        f"  stale  : a stale block's forward accepts {t['rebased_per_stale_decode']:g} of the {t['rebased_verified_per_stale_decode']:g} "
         "rebased drafts it verifies, on average",
         f"  loop   : {r['loop']}",
         "",

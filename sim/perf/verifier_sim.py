@@ -4,7 +4,7 @@ It answers pending blocks in order, one forward at a time, as
 ``cloud.session.VerifierSession.verify_chain_steps`` does: a usable block with
 every later block of its chain already there in one forward (``forward_s`` of
 the rows: the drafts and one more), or a stale block, with a token decoded for it
-(``fill_s``, after ``rebased_per_fill`` rebased drafts on average) when no
+(``stale_decode_s``, after ``rebased_per_stale_decode`` rebased drafts on average) when no
 usable block waits behind it and the forward would be over before the edge's
 next block is due (``cloud.next_block``) or its overrun pays, else at once,
 empty. A correction makes the chain's later blocks stale; a chain's first block
@@ -18,7 +18,7 @@ import math
 import random
 from collections import deque
 
-from cloud.next_block import fill_overrun_pays
+from cloud.next_block import stale_decode_overrun_pays
 from shared.stats import Ewma
 from sim.perf.block_costs import BlockCosts, SimBlock
 
@@ -32,8 +32,8 @@ class VerifierSim:
         self.costs, self.rng, self.pending = costs, rng, pending
         self.free_at = self.busy_s = 0.0
         self.chain, self.alive = 0, True  # the chain it verifies, until a correction ends it
-        self.filled = 0  # tokens decoded for stale blocks since the last correction
-        self.fills: list[SimBlock] = []  # ... the blocks they were decoded for
+        self.stale_decoded = 0  # tokens decoded for stale blocks since the last correction
+        self.stale_decodes: list[SimBlock] = []  # ... the blocks they were decoded for
         self.corrected_at: float | None = None  # a correction's verdict left; None once the next block came
         self.gap_s = Ewma()  # from a correction's verdict to the next chain's first block
 
@@ -57,8 +57,8 @@ class VerifierSim:
 
     def _stale_decode(self) -> int:
         """Tokens a stale block's forward commits: the one decoded, after the rebased drafts it accepts."""
-        whole = int(self.costs.rebased_per_fill)
-        return 1 + whole + (self.rng.random() < self.costs.rebased_per_fill - whole)
+        whole = int(self.costs.rebased_per_stale_decode)
+        return 1 + whole + (self.rng.random() < self.costs.rebased_per_stale_decode - whole)
 
     def _usable(self, block: SimBlock) -> bool:
         if block.chain == self.chain:
@@ -68,7 +68,7 @@ class VerifierSim:
         # block asks for the next token wherever that is (``cloud.session``: a token decoded for a
         # stale block is a bonus, not a correction, so the epoch it was sent at still holds).
         return block.opens_chain and block.chain > self.chain and (block.empty or not any(
-            fill.mismatch and fill.verdict_at > block.sent_at for fill in self.fills))
+            decode.mismatch and decode.verdict_at > block.sent_at for decode in self.stale_decodes))
 
     def step(self) -> None:
         """Answer the front of the pending blocks (one forward, or an empty stale verdict)."""
@@ -84,18 +84,18 @@ class VerifierSim:
         if not self._usable(head):
             head.stale = True
             due = None if self.corrected_at is None or self.gap_s.value is None else self.corrected_at + self.gap_s.value
-            if not costs.decode_stale or any(self._usable(b) for b in there[1:]) or not self._fill_in_time(start, due):
+            if not costs.decode_stale or any(self._usable(b) for b in there[1:]) or not self._stale_decode_in_time(start, due):
                 head.done_at, head.verdict_at = start, start + costs.rtt_s / 2 + costs.down_s
                 return
             head.committed = self._stale_decode()
             head.mismatch = self.rng.random() >= costs.token_guessed
-            self.filled += head.committed
-            self.fills.append(head)
-            self._ran(start, costs.fill_s, [head])
+            self.stale_decoded += head.committed
+            self.stale_decodes.append(head)
+            self._ran(start, costs.stale_decode_s, [head])
             return
         if head.chain != self.chain:  # a new chain: the tokens decoded under its guesses are skipped,
-            head.drafts += max(head.guesses - self.filled, 0)  # its other guesses are drafts
-            self.chain, self.alive, self.filled, self.fills = head.chain, True, 0, []
+            head.drafts += max(head.guesses - self.stale_decoded, 0)  # its other guesses are drafts
+            self.chain, self.alive, self.stale_decoded, self.stale_decodes = head.chain, True, 0, []
         batch = [head]  # with every later block of the chain there (each empty block is a forward of its own)
         while not head.empty and pending and pending[0].at_cloud <= start and pending[0].chain == self.chain:
             batch.append(pending.popleft())
@@ -109,12 +109,12 @@ class VerifierSim:
                 break
         self._ran(start, costs.forward_s(sum(b.drafts for b in batch) + 1), batch)
         if not self.alive:
-            self.corrected_at, self.filled, self.fills = self.free_at, 0, []
+            self.corrected_at, self.stale_decoded, self.stale_decodes = self.free_at, 0, []
 
-    def _fill_in_time(self, start: float, due: float | None) -> bool:
-        """Whether a fill started at ``start`` ends by ``due`` (None: no deadline) or its overrun pays."""
-        overrun = start + self.costs.fill_s - (math.inf if due is None else due)
-        return overrun <= 0 or (self.costs.fill_overruns and fill_overrun_pays(overrun, due - start, self.costs.alpha[0]))
+    def _stale_decode_in_time(self, start: float, due: float | None) -> bool:
+        """Whether a stale decode started at ``start`` ends by ``due`` (None: no deadline) or its overrun pays."""
+        overrun = start + self.costs.stale_decode_s - (math.inf if due is None else due)
+        return overrun <= 0 or (self.costs.stale_decode_overruns and stale_decode_overrun_pays(overrun, due - start, self.costs.alpha[0]))
 
     def _ran(self, start: float, seconds: float, answered: list[SimBlock]) -> None:
         self.free_at = start + seconds
