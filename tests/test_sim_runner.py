@@ -13,7 +13,8 @@ RUN_KEYS = {
     "mode", "draft_len", "tokens_per_s", "ttft_s", "acceptance_length", "up_bytes_per_token", "down_bytes_per_token",
     "cloud_forwards_per_token", "cloud_cpu_s_per_token", "identical_to_baseline", "predicted_tokens_per_s",
     "schedule", "window", "hedge", "mean_draft_len", "hedge_hit_rate", "stale_blocks", "stale_decoded",
-    "rebased_verified", "rebased_accepted", "ttft_cloud_s",
+    "rebased_verified", "rebased_accepted", "ttft_cloud_s", "per_prompt_tokens_per_s", "ratios", "ratios_vs_reproducible",
+    "prediction_error_out_of_sample",
 }
 CONFIGS = [("greedy", 3, "lockstep", 1), ("greedy", 3, "pipelined", 3), ("greedy", 3, "adaptive", 3),
            ("coupled", 3, "lockstep", 1), ("coupled", 3, "pipelined", 3), ("coupled", 3, "adaptive", 3)]
@@ -22,8 +23,11 @@ CONFIGS = [("greedy", 3, "lockstep", 1), ("greedy", 3, "pipelined", 3), ("greedy
 @pytest.fixture(scope="module")
 def sim_result(tiny_models, tmp_path_factory):
     out = tmp_path_factory.mktemp("sim")
+    prompts = out / "prompts.txt"
+    prompts.write_text("The cat sat on the mat.\nWe have 3 dogs and 12 cats!\n")  # two: one fits, one is predicted
     proc = subprocess.run(
-        [sys.executable, "-m", "sim.cli", "sim", "run", "acespec-50k", "--quick", "--modes", "greedy", "coupled",
+        [sys.executable, "-m", "sim.cli", "sim", "run", "acespec-50k", "--quick", "--prompts", str(prompts),
+         "--modes", "greedy", "coupled",
          "--draft-lens", "3", "--schedules", "lockstep", "pipelined", "adaptive", "--window", "3", "--max-new-tokens", "24", "--target", tiny_models["target"],
          "--drafter", tiny_models["drafter_noisy"], "--out", str(out), "--json"],
         capture_output=True, text=True, timeout=600,
@@ -36,11 +40,22 @@ def test_result_schema_and_files(sim_result):
     result, out, _ = sim_result
     assert result["scenario"] == "acespec-50k"
     assert RUN_KEYS <= set(result["baseline"])
+    baselines = result["baselines"]
+    assert set(baselines) == {"fastest", "reproducible", "fastest_greedy", "reproducible_greedy"}
+    assert baselines["fastest"]["shapes"] == baselines["fastest_greedy"]["shapes"] == "free"
+    assert baselines["reproducible"]["shapes"] == baselines["reproducible_greedy"]["shapes"] == "canonical"
+    assert result["baseline"] == baselines["fastest"]
     assert [(r["mode"], r["draft_len"], r["schedule"], r["window"]) for r in result["runs"]] == CONFIGS
     assert result["baseline"]["schedule"] is None and result["baseline"]["mean_draft_len"] is None
     for run in result["runs"]:
         assert RUN_KEYS <= set(run)
     assert json.loads((out / "result.json").read_text()) == result
+    assert {r["drafter"] for r in result["runs"]} == {"drafter-noisy"}  # (the file's stem)
+    colocated = result["colocated"]["drafter-noisy"]
+    assert colocated["tokens_per_s"] > 0 and colocated["shapes"] == "free" and len(colocated["outputs"]) == 2
+    head = result["headlines"]["drafter-noisy"]
+    assert head["prompts"] == 2 and head["min"] <= head["median"] <= head["max"]
+    assert head["config"] in {r["label"] for r in result["runs"]}
     assert "Token identity" in (out / "report.md").read_text()
     assert "of it the cloud's own time (prefill included)" in (out / "report.md").read_text()
     assert "## Stale blocks" in (out / "report.md").read_text()  # the pipelined runs had some
@@ -49,9 +64,22 @@ def test_result_schema_and_files(sim_result):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_every_ratio_is_against_the_fastest_cloud_only(sim_result):
+    result, _, _ = sim_result
+    baselines = result["baselines"]
+    for run in [*result["runs"], *baselines.values()]:
+        suffix = "_greedy" if run["mode"] == "greedy" or run.get("kind") == "greedy" else ""
+        fastest, reproducible = baselines["fastest" + suffix], baselines["reproducible" + suffix]
+        assert run["ratios"]["tokens_per_s"] == pytest.approx(run["tokens_per_s"] / fastest["tokens_per_s"])
+        assert run["ratios_vs_reproducible"]["tokens_per_s"] == pytest.approx(
+            run["tokens_per_s"] / reproducible["tokens_per_s"])
+    for run in result["runs"]:  # fitted on one prompt, predicting the other
+        assert run["prediction_error_out_of_sample"] is not None
+
+
 def test_split_is_identical_to_cloud_only_and_cheaper(sim_result):
     result, _, _ = sim_result
-    base = result["baseline"]
+    base = result["baselines"]["reproducible"]
     assert base["cloud_forwards_per_token"] >= 1.0
     for run in result["runs"]:
         assert run["identical_to_baseline"] is True
@@ -70,7 +98,7 @@ def test_split_is_identical_to_cloud_only_and_cheaper(sim_result):
         # Beside an adaptive run's prediction (its controller's choice): the best configuration's.
         assert (run["predicted_best_tokens_per_s"] > 0) if run["schedule"] == "adaptive" else (
             run["predicted_best_tokens_per_s"] is None)
-    for run in [base, *result["runs"]]:  # the cloud's share of the first token: its prefill, then the token
+    for run in [*result["baselines"].values(), *result["runs"]]:  # the cloud's share of the first token
         assert 0 < run["ttft_cloud_s"] < run["ttft_s"]
 
 
@@ -88,7 +116,7 @@ def test_the_fleet_reported_over_mqtt_through_the_link(sim_result):
 
 def test_progress_is_shown(sim_result):
     _, _, stderr = sim_result
-    assert "[1/" in stderr and "cloud ready" in stderr
+    assert "[1/" in stderr and "clouds ready" in stderr
 
 
 def test_terminal_and_markdown_tables_hold_the_same_rows(sim_result):
@@ -105,7 +133,7 @@ def test_terminal_and_markdown_tables_hold_the_same_rows(sim_result):
     labels = [cells[0] for cells in md_cells]
     assert labels[-6:] == ["greedy D=3", "greedy D=3 W=3", "greedy adaptive D<=3 W=3", "coupled D=3", "coupled D=3 W=3",
                            "coupled adaptive D<=3 W=3"]
-    assert set(labels[:-6]) == {"cloud-only"}
+    assert set(labels[:-6]) == {"cloud-only (free shapes)", "cloud-only (canonical shapes)"}
     lines = terminal_table(result).splitlines()
     assert lines[0].split()[0] == "config" and set(lines[1]) == {"-", " "}
     assert [line.split() for line in lines[2:]] == [" ".join(cells).split() for cells in md_cells]

@@ -27,10 +27,10 @@ def add_sim_commands(commands) -> None:
     run.add_argument("scenario", help="scenario name (acespec-50k, lte, wan, satellite) or a TOML file")
     run.add_argument("--prompts", type=Path, default=None, help="file with one prompt per line (default: 3 built-in prompts)")
     run.add_argument("--modes", nargs="+", choices=["greedy", "coupled", "rejection"], default=None,
-                     help="split modes to run (default: all three; --quick: coupled and rejection)")
-    run.add_argument("--draft-lens", nargs="+", type=int, default=None, help="draft lengths D (default: 2 4 8; --quick: 4 8)")
-    run.add_argument("--schedules", nargs="+", choices=SCHEDULES, default=list(SCHEDULES),
-                     help="edge schedules to run each configuration with (default: all)")
+                     help="split modes to run (default: all three; --quick: coupled)")
+    run.add_argument("--draft-lens", nargs="+", type=int, default=None, help="draft lengths D (default: 2 4 8; --quick: 8)")
+    run.add_argument("--schedules", nargs="+", choices=SCHEDULES, default=None,
+                     help="edge schedules to run each configuration with (default: all; --quick: adaptive)")
     run.add_argument("--window", type=positive_int, default=DEFAULT_WINDOW,
                      help=f"blocks in flight for the pipelined schedule (default {DEFAULT_WINDOW})")
     run.add_argument("--hedges", nargs="+", type=non_negative_int, default=[0],
@@ -40,9 +40,18 @@ def add_sim_commands(commands) -> None:
     run.add_argument("--temperature", type=float, default=DEFAULT_TEMPERATURE,
                      help="for coupled and rejection (default %(default)s)")
     run.add_argument("--seed", type=int, default=0)
-    run.add_argument("--quick", action="store_true", help="one prompt, fewer configurations: a few minutes on 2 cores")
+    run.add_argument("--quick", action="store_true",
+                     help="fewer configurations (coupled, adaptive D<=8, 64 tokens, both drafters): about 6 minutes "
+                     "on 2 cores once the models are cached")
     run.add_argument("--target", default=None, help="target folder or GGUF (default: Gemma 3 270M)")
-    run.add_argument("--drafter", default=None, help="drafter GGUF (default: Gemma 3 270M Q4_K_M)")
+    run.add_argument("--drafters", nargs="+", default=None, metavar="RUNG",
+                     help="drafters to run every configuration with: 'default' (Gemma 3 270M Q4_K_M, the target's own "
+                     "weights: acceptance near its ceiling), a llama.cpp quantization type such as q3_k_s or q2_k (a "
+                     "weaker rung made from the default GGUF on first use and cached) or a GGUF path (default: "
+                     "default; --quick: default q2_k)")
+    run.add_argument("--drafter", default=None, help="one drafter GGUF (the same as --drafters PATH)")
+    run.add_argument("--no-colocated", action="store_true",
+                     help="skip the co-located reference (each drafter beside the target in one process, no link)")
     run.add_argument("--out", type=Path, default=None, help="output folder (default: out/sim-SCENARIO)")
     run.add_argument("--no-mqtt", action="store_true",
                      help="no fleet telemetry (by default a broker runs and the edges report to it through the link)")
@@ -89,9 +98,9 @@ def add_sim_commands(commands) -> None:
 
 def run_sim(args: argparse.Namespace) -> int:
     from cloud.models import resolve_target
-    from shared.models import default_gguf_path
     from sim.experiment.report import markdown_report, terminal_table, write_plots
     from sim.experiment.runner import DEFAULT_PROMPTS, SimConfig, run_simulation
+    from sim.fixtures.drafter_ladder import DEFAULT_RUNG, drafter_rung
     from sim.link.scenario import load_scenario
 
     scenario = load_scenario(args.scenario)
@@ -102,21 +111,24 @@ def run_sim(args: argparse.Namespace) -> int:
         if not prompts:
             raise ValueError(f"{args.prompts} holds no prompts")
     else:
-        prompts = DEFAULT_PROMPTS[:1] if args.quick else list(DEFAULT_PROMPTS)
-    draft_lens = args.draft_lens or ([4, 8] if args.quick else [2, 4, 8])
+        prompts = list(DEFAULT_PROMPTS)
+    draft_lens = args.draft_lens or ([8] if args.quick else [2, 4, 8])
     if any(d < 1 for d in draft_lens):
         raise ValueError("draft lengths must be >= 1 (the cloud-only baseline always runs)")
-    drafter = args.drafter or str(default_gguf_path())
-    if not Path(drafter).is_file():
-        raise FileNotFoundError(f"drafter model not found: {drafter}")
+    if args.drafter and args.drafters:
+        raise ValueError("give --drafter or --drafters, not both")
+    names = [args.drafter] if args.drafter else args.drafters or ([DEFAULT_RUNG, "q2_k"] if args.quick else [DEFAULT_RUNG])
+    if len(set(names)) < len(names):
+        raise ValueError(f"--drafters: a drafter is named twice: {' '.join(names)}")
+    drafters = [drafter_rung(name, progress=lambda line: print(line, file=sys.stderr, flush=True)) for name in names]
     config = SimConfig(
         scenario=scenario,
         target=str(resolve_target(args.target)),
-        drafter=drafter,
+        drafters=drafters,
         prompts=prompts,
-        modes=args.modes or (["coupled", "rejection"] if args.quick else ["greedy", "coupled", "rejection"]),
+        modes=args.modes or (["coupled"] if args.quick else ["greedy", "coupled", "rejection"]),
         draft_lens=draft_lens,
-        schedules=args.schedules,
+        schedules=args.schedules or (["adaptive"] if args.quick else list(SCHEDULES)),
         window=args.window,
         hedges=sorted(set(args.hedges)),
         max_new_tokens=args.max_new_tokens or (64 if args.quick else 128),
@@ -124,6 +136,7 @@ def run_sim(args: argparse.Namespace) -> int:
         seed=args.seed,
         stream_first=not args.json,
         mqtt=not args.no_mqtt,
+        colocated=not args.no_colocated,
     )
     result = run_simulation(config)
     out = args.out or Path("out") / f"sim-{scenario.name}"

@@ -19,7 +19,7 @@ from edge.report import EdgeReport
 from shared.loop_thread import LoopThread
 from sim.link.emulator import LinkConfig, LinkEmulator
 
-__all__ = ["core_split", "CloudProcess", "BrokerProcess", "run_edge_process", "BackgroundLink", "process_cpu_s", "unlabelled",
+__all__ = ["core_split", "pinned_env", "side_command", "CloudProcess", "BrokerProcess", "run_edge_process", "BackgroundLink", "process_cpu_s", "unlabelled",
            "process_rss_mb"]
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -47,6 +47,11 @@ def _pinned(cores: set[int] | None):
     if not cores:
         return None
     return lambda: os.sched_setaffinity(0, cores)
+
+
+def pinned_env(cores: set[int] | None) -> tuple[dict, object]:
+    """(environment, preexec_fn) for a child process pinned to ``cores`` with as many threads."""
+    return _env(len(cores) if cores else None), _pinned(cores)
 
 
 def _env(threads: int | None) -> dict:

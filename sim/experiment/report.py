@@ -15,20 +15,35 @@ MODEL_TOLERANCE = 0.15  # a prediction further off than this from measured is ca
 _COLUMNS = [
     ("config", "config"),
     ("tok/s", "tokens_per_s"),
-    ("× cloud-only", "ratio_tokens_per_s"),
+    ("× fastest cloud-only", "ratio_tokens_per_s"),
+    ("× reproducible", "reproducible_tokens_per_s"),
     ("predicted tok/s (err)", "predicted"),
+    ("err out of sample", "prediction_error_out_of_sample"),
     ("TTFT s", "ttft_s"),
     ("AL", "acceptance_length"),
     ("up B/tok", "up_bytes_per_token"),
     ("down B/tok", "down_bytes_per_token"),
     ("fwd/tok", "cloud_forwards_per_token"),
     ("cloud CPU s/tok", "cloud_cpu_s_per_token"),
-    ("× cloud-only CPU", "ratio_cloud_cpu_s_per_token"),
+    ("× fastest CPU", "ratio_cloud_cpu_s_per_token"),
     ("identical", "identical_to_baseline"),
 ]
 
 
+_DRAFTER_NOTES = {
+    "default": "Gemma 3 270M Q4_K_M, the target's own weights: acceptance near its ceiling",
+}
+
+
+def _drafter_note(name: str) -> str:
+    if name in _DRAFTER_NOTES:
+        return _DRAFTER_NOTES[name]
+    return "a requantized rung of the same model, a stand-in for a real smaller drafter" if name.startswith("q") else name
+
+
 def _label(run: dict) -> str:
+    if run.get("label"):
+        return run["label"]
     if run["mode"] == "cloud-only":
         return "cloud-only"
     return config_label(run["mode"], run["draft_len"], run.get("schedule") or "lockstep", run.get("window") or 1,
@@ -41,6 +56,12 @@ def _cell(run: dict, key: str) -> str:
     if key.startswith("ratio_"):
         value = run["ratios"][key.removeprefix("ratio_")]
         return "—" if value is None else f"{value:.2f}×"
+    if key.startswith("reproducible_"):
+        value = (run.get("ratios_vs_reproducible") or {}).get(key.removeprefix("reproducible_"))
+        return "—" if value is None else f"{value:.2f}×"
+    if key == "prediction_error_out_of_sample":
+        value = run.get(key)
+        return "—" if value is None else f"{value:+.0%}"
     if key == "predicted":
         err = run.get("prediction_error")
         return f"{run['predicted_tokens_per_s']:.2f} ({err:+.0%})" if err is not None else "—"
@@ -77,36 +98,66 @@ def terminal_table(result: dict) -> str:
 
 def _headline(result: dict) -> list[str]:
     base = result["baseline"]
+    reproducible = (result.get("baselines") or {}).get("reproducible")
     lines = []
-    sampled = [r for r in result["runs"] if r["mode"] != "greedy"] or result["runs"]
-    best = max(sampled, key=lambda r: r["tokens_per_s"])
+    for drafter, head in (result.get("headlines") or {}).items():
+        spread = f"{head['min']:.2f}–{head['max']:.2f}×" if head["prompts"] > 1 else "one prompt"
+        versus = (f"; {head['median_vs_reproducible']:.2f}× the reproducible cloud-only"
+                  if head.get("median_vs_reproducible") is not None else "")
+        lines.append(
+            f"- Drafter **{drafter}** ({_drafter_note(drafter)}): **{head['median']:.2f}×** the fastest cloud-only "
+            f"with {head['config']} (median over {head['prompts']} prompt(s) × {head['runs']} run, spread {spread}"
+            f"{versus})."
+        )
+    if reproducible:
+        price = base["tokens_per_s"] / reproducible["tokens_per_s"] if reproducible["tokens_per_s"] else float("nan")
+        lines.append(
+            f"- The price of reproducibility for a lone session: cloud-only in canonical shapes makes "
+            f"{reproducible['tokens_per_s']:.2f} tok/s against {base['tokens_per_s']:.2f} in free shapes "
+            f"({price:.2f}× slower); split runs use the canonical verifier (token-identical to it)."
+        )
+    colocated = result.get("colocated") or {}
+    if colocated:
+        lines.append(
+            "- Co-located, the ceiling the link costs against (each drafter beside the target in one process on the "
+            "cloud's core, no link, free shapes; not a baseline): "
+            + ", ".join(f"{name} {c['tokens_per_s']:.2f} tok/s ({c['ratio_to_fastest']:.2f}× the fastest cloud-only)"
+                        for name, c in colocated.items()) + "."
+        )
+    runs = result["runs"]
+    sampled = [r for r in runs if r["mode"] != "greedy"] or runs
     cheapest = min(sampled, key=lambda r: r["cloud_cpu_s_per_token"])
     lines.append(
-        f"- Fastest split configuration: **{_label(best)}** at {best['tokens_per_s']:.2f} tok/s vs "
-        f"{base['tokens_per_s']:.2f} tok/s cloud-only ({best['ratios']['tokens_per_s']:.2f}×)."
-    )
-    lines.append(
         f"- Cheapest cloud: **{_label(cheapest)}** at {cheapest['cloud_cpu_s_per_token']:.4f} cloud CPU s/token vs "
-        f"{base['cloud_cpu_s_per_token']:.4f} cloud-only ({cheapest['ratios']['cloud_cpu_s_per_token']:.2f}×; target ≤ 0.33×)."
+        f"{base['cloud_cpu_s_per_token']:.4f} for the fastest cloud-only ({cheapest['ratios']['cloud_cpu_s_per_token']:.2f}×)."
     )
-    lines.append(_ttft_line(base, result["runs"]))
-    checked = [r for r in result["runs"] if r["identical_to_baseline"] is not None]
+    lines.append(_ttft_line(base, runs))
+    checked = [r for r in runs if r["identical_to_baseline"] is not None]
     if checked:
         same = all(r["identical_to_baseline"] for r in checked)
         lines.append(
-            f"- Token identity with cloud-only decoding (greedy and coupled, same seed): "
-            f"**{'yes, every run' if same else 'NO: ' + ', '.join(_label(r) for r in checked if not r['identical_to_baseline'])}**."
+            f"- Token identity with reproducible cloud-only decoding (greedy and coupled, same seed): "
+            f"**{'yes, every run' if same else 'NO: ' + ', '.join(_label(r) for r in checked if not r['identical_to_baseline'])}**"
+            + f"; with the fastest (free shapes: identical up to float rounding, not promised): "
+            f"{sum(bool(r.get('identical_to_fastest')) for r in checked)} of {len(checked)} runs."
         )
-    off = [r for r in [*result["runs"], base]
+    off = [r for r in [*runs, base]
            if r.get("prediction_error") is not None and abs(r["prediction_error"]) > MODEL_TOLERANCE]
     lines.append(
-        f"- Performance model: every prediction within {MODEL_TOLERANCE:.0%} of measured."
+        f"- Performance model, in sample: every prediction within {MODEL_TOLERANCE:.0%} of measured."
         if not off
-        else f"- Performance model off by more than {MODEL_TOLERANCE:.0%} for: "
+        else f"- Performance model, in sample: off by more than {MODEL_TOLERANCE:.0%} for: "
         + ", ".join(f"{_label(r)} ({r['prediction_error']:+.0%}, limited by {r.get('limited_by', '?')})" for r in off)
         + "."
     )
-    adaptive = [r for r in result["runs"] if r.get("predicted_best_tokens_per_s")]
+    outside = [r["prediction_error_out_of_sample"] for r in runs if r.get("prediction_error_out_of_sample") is not None]
+    if outside:
+        lines.append(
+            f"- Performance model, out of sample (fitted on half the prompts, predicting the others): errors "
+            f"{min(outside):+.0%} to {max(outside):+.0%} (median {sorted(outside)[len(outside) // 2]:+.0%}) over "
+            f"{len(outside)} rows."
+        )
+    adaptive = [r for r in runs if r.get("predicted_best_tokens_per_s")]
     if adaptive:
         lines.append(
             "- Adaptive runs are predicted as a session runs its controller (learning from the first verdicts on); "
@@ -128,7 +179,7 @@ def _ttft_line(base: dict, runs: list[dict]) -> str:
         return format(low, fmt) if format(low, fmt) == format(high, fmt) else f"{format(low, fmt)}–{format(high, fmt)}"
 
     ratios = [r["ratios"]["ttft_s"] for r in runs if r["ratios"]["ttft_s"] is not None]
-    line = (f"- Time to first token: split {span(ratios, '.2f')}× cloud-only's {base['ttft_s']:.3f} s"
+    line = (f"- Time to first token: split {span(ratios, '.2f')}× the fastest cloud-only's {base['ttft_s']:.3f} s"
             if ratios else f"- Time to first token: cloud-only {base['ttft_s']:.3f} s")
     if runs and base.get("ttft_cloud_s") and all(r.get("ttft_cloud_s") for r in runs):
         line += (f"; of it the cloud's own time (prefill included) was {base['ttft_cloud_s']:.3f} s cloud-only, "
@@ -152,10 +203,11 @@ def markdown_report(result: dict) -> str:
             f"{result['temperature']} (greedy runs use 0), seed {result['seed']}.",
             "",
             "All numbers below were measured in this run with real processes (edge and cloud pinned to separate cores) "
-            "through the emulated link, except the *predicted* column, which is the performance model fitted on the "
-            "same run's timings, each prompt with its own acceptance (lock-step rounds in closed form; pipelined and "
-            "adaptive schedules followed block by block, an adaptive run with a session's controller in the loop). Bytes are what "
-            "crossed the emulated TCP link (HTTP/2 and gRPC framing and the session's setup included).",
+            "through the emulated link, except the *predicted* columns: the performance model fitted on the same run's "
+            "timings, each prompt with its own acceptance (in sample), and fitted on half the prompts predicting the "
+            "others (out of sample). Ratios are against the fastest cloud-only (free shapes, same core and threads, "
+            "same run); *× reproducible* against cloud-only in canonical shapes, the verifier split runs use. Bytes "
+            "are what crossed the emulated TCP link (HTTP/2 and gRPC framing and the session's setup included).",
             "",
             *_headline(result),
             "",
@@ -174,7 +226,7 @@ def markdown_report(result: dict) -> str:
 
 def _hedge_lines(result: dict) -> list[str]:
     """h per run: how often a correction was the drafter's second choice, the bet a hedge branch makes."""
-    rows = [[config_label(r["mode"], r["draft_len"], r["schedule"], r["window"], r.get("hedge")),
+    rows = [[_label(r),
              f"{r['hedge_hit_rate']:.2f}",
              f"{r['hedges_taken']}/{r['hedges_sent']}" if r.get("hedges_sent") else "-",
              f"{r['hedge_tokens']}" if r.get("hedges_sent") else "-"]
@@ -191,7 +243,7 @@ def _hedge_lines(result: dict) -> list[str]:
 def _stale_lines(result: dict) -> list[str]:
     """Per run: the blocks answered stale, the forwards the cloud ran for them meanwhile, and the rebased
     drafts those verified and accepted (tokens per such forward: 1 + accepted / forwards)."""
-    rows = [[config_label(r["mode"], r["draft_len"], r["schedule"], r["window"], r.get("hedge")),
+    rows = [[_label(r),
              r["stale_blocks"], r["stale_decoded"], f"{r['rebased_accepted']}/{r['rebased_verified']}",
              f"{1 + r['rebased_accepted'] / r['stale_decoded']:.2f}" if r["stale_decoded"] else "-"]
             for r in result["runs"] if r.get("stale_blocks")]

@@ -1,12 +1,18 @@
 """``splitspec sim run``: real edge and cloud processes through the emulated link.
 
-For each prompt, the cloud-only baseline (the service's ``Generate``: the
-cloud decodes every token and streams it down) and split decoding in every
-requested mode and draft length run against the same cloud process, through
-the same link. Everything in the result is measured in that one run: edge
-wall time and TTFT, bytes on the emulated link, the cloud's forward count
-(its Prometheus counter) and its CPU time (``/proc``). The performance model
-is fitted on the same measurements and its prediction stands beside each.
+Two verifier processes on the same core with the same threads, never busy at
+once: the product's (canonical shapes: batch-invariant, what token identity is
+checked against) and one in ``--shapes free`` (plain decoding, the fastest a
+user could run instead). For each prompt, cloud-only decoding (the service's
+``Generate``) runs on both, and split decoding for every drafter, mode, draft
+length and schedule runs on the product's, through the same link. Each drafter
+also runs co-located: beside the target in one process on the cloud's core, no
+link (``splitspec generate``), the ceiling the link costs against. Everything
+in the result is measured in that one run: edge wall time and TTFT, bytes on
+the emulated link, the cloud's forward count (its Prometheus counter) and its
+CPU time (``/proc``). Ratios are against the fastest cloud-only
+(``sim.experiment.yardstick``); the performance model stands beside each row,
+in sample and out of sample (``sim.experiment.prediction``).
 """
 
 from __future__ import annotations
@@ -18,7 +24,9 @@ from dataclasses import dataclass, field
 
 from edge.report import EdgeReport
 from shared.params import DEFAULT_TEMPERATURE, DEFAULT_WINDOW, SCHEDULES, TOKEN_IDENTICAL_MODES, window_for
+from sim.experiment import yardstick
 from sim.experiment.labels import config_label
+from sim.experiment.prediction import BaselineRow, MeasuredRow, attach_predictions
 from sim.experiment.processes import (
     BackgroundLink,
     BrokerProcess,
@@ -27,6 +35,7 @@ from sim.experiment.processes import (
     run_edge_process,
     unlabelled,
 )
+from sim.fixtures.drafter_ladder import DrafterRung
 from sim.link.scenario import Scenario
 from sim.perf import fit as model_fit
 from sim.perf import model as perf_model
@@ -43,7 +52,7 @@ DEFAULT_PROMPTS = [
 class SimConfig:
     scenario: Scenario
     target: str  # a loadable target folder (already resolved)
-    drafter: str  # drafter GGUF path
+    drafters: list[DrafterRung]  # each runs every configuration (and co-located)
     prompts: list[str] = field(default_factory=lambda: list(DEFAULT_PROMPTS))
     modes: list[str] = field(default_factory=lambda: ["greedy", "coupled", "rejection"])
     draft_lens: list[int] = field(default_factory=lambda: [2, 4, 8])
@@ -55,6 +64,7 @@ class SimConfig:
     seed: int = 0
     stream_first: bool = False  # echo the first split run's text as it streams
     mqtt: bool = True  # a broker for fleet telemetry; edges reach it through the emulated link
+    colocated: bool = True  # each drafter beside the target in one process, no link (the ceiling)
 
 
 def _sampling_args(cfg: SimConfig, prompt: str, mode: str) -> list[str]:
@@ -86,21 +96,12 @@ class _Meter:
         self.verify_samples = model_fit.service_samples(before, after)
 
 
-@dataclass
-class _Measured:
-    """One split configuration's row of the result, with what the model fit needs beside it."""
-
-    row: dict  # the JSON row of result["runs"]
-    timings: model_fit.RunTimings
-    baseline_kind: str  # which cloud-only baseline it is compared with ("greedy" or "sampled")
-    prompts: list[model_fit.RunTimings]  # each prompt's part of ``timings``
-
-
 def _aggregate(mode: str, draft_len: int, reports: list[EdgeReport], meters: list[_Meter], schedule: str | None = None,
                window: int | None = None, hedge: int = 0) -> dict:
     """One configuration's row; ``schedule``/``window`` are None for cloud-only."""
     tokens = sum(len(r.tokens) for r in reports) or 1
     wall = sum(r.wall_s for r in reports)
+    per_prompt = [len(r.tokens) / r.wall_s if r.wall_s else 0.0 for r in reports]
     rounds = sum(r.decode.rounds for r in reports)
     drafted = sum(r.decode.drafted for r in reports)
     accepted = sum(r.decode.accepted for r in reports)
@@ -125,6 +126,7 @@ def _aggregate(mode: str, draft_len: int, reports: list[EdgeReport], meters: lis
         "rebased_accepted": sum(r.decode.rebased for r in reports),
         "tokens": tokens,
         "tokens_per_s": tokens / wall if wall else 0.0,
+        "per_prompt_tokens_per_s": per_prompt,
         "ttft_s": sum(r.ttft_s for r in reports) / len(reports),
         "ttft_cloud_s": sum(r.ttft_cloud_s for r in reports) / len(reports),  # of it, the cloud's own time
         "acceptance_length": tokens / rounds if rounds else 0.0,
@@ -144,74 +146,128 @@ def run_simulation(cfg: SimConfig, progress=lambda line: print(line, file=sys.st
         f"scenario {cfg.scenario.name}: {cfg.scenario.description}\n"
         f"cores: edge {sorted(edge_cores) if edge_cores else 'shared'}, cloud {sorted(cloud_cores) if cloud_cores else 'shared'}"
     )
-    configs = [(mode, d, s, h) for mode in cfg.modes for d in cfg.draft_lens for s in cfg.schedules for h in cfg.hedges
+    configs = [(rung, mode, d, s, h) for rung in cfg.drafters for mode in cfg.modes for d in cfg.draft_lens
+               for s in cfg.schedules for h in cfg.hedges
                if not h or mode in TOKEN_IDENTICAL_MODES]  # (rejection mode takes no hedges)
     # Greedy runs are checked against a greedy baseline, sampled modes against a sampled one.
     kinds = sorted({_baseline_kind(mode) for mode in cfg.modes}, key=lambda k: k != "sampled")
-    total = (len(kinds) + len(configs)) * len(cfg.prompts)
-    step = 0
+    colocated_runs = len(cfg.drafters) * len(cfg.prompts) if cfg.colocated else 0
+    progress_of = _Progress(progress, (2 * len(kinds) + len(configs)) * len(cfg.prompts) + colocated_runs)
     with contextlib.ExitStack() as stack:
         # Fleet telemetry: the cloud reports to a broker directly; the edges reach it through the
         # scenario's link too (an emulator of its own: its bytes are counted apart from gRPC's).
         broker = stack.enter_context(BrokerProcess()) if cfg.mqtt else None
         cloud_args = ["--mqtt", broker.url, "--replica", "sim-cloud"] if broker else []
         cloud = stack.enter_context(CloudProcess(cfg.target, cloud_cores, extra_args=cloud_args))
+        free = stack.enter_context(CloudProcess(cfg.target, cloud_cores, extra_args=["--shapes", "free"]))
         link = stack.enter_context(BackgroundLink(cfg.scenario.link, cloud.port))
+        free_link = stack.enter_context(BackgroundLink(cfg.scenario.link, free.port))
         fleet_link = stack.enter_context(BackgroundLink(cfg.scenario.link, broker.port)) if broker else None
         fleet_args = ["--mqtt", f"mqtt://{fleet_link.address}", "--edge-id", "sim-edge"] if fleet_link else []
-        progress(f"cloud ready on port {cloud.port}; link emulator on {link.address}"
+        progress(f"clouds ready: canonical shapes on port {cloud.port} (link {link.address}), free shapes on port "
+                 f"{free.port} (link {free_link.address})"
                  + (f"; MQTT broker {broker.url}, through the link at {fleet_link.address}" if broker else ""))
-        common = ["--cloud", link.address, "--drafter", cfg.drafter, "--verdict-timeout", "600", "--timings"]
-        # Warm the cloud up (first forwards allocate and load lazily) so no configuration pays for it.
-        run_edge_process(["baseline", "--cloud", f"127.0.0.1:{cloud.port}", "--drafter", cfg.drafter,
-                          "--prompt", "Hello", "--max-new-tokens", "4", "--temperature", "0"], edge_cores)
-        baselines, baseline_reports, baseline_samples = {}, [], []
-        for kind in kinds:
-            reports, meters = [], []
-            for prompt in cfg.prompts:
-                step += 1
-                progress(f"[{step}/{total}] cloud-only ({kind}): {prompt[:48]!r}")
-                with _Meter(cloud, link) as meter:
-                    args = ["baseline", *common, *_sampling_args(cfg, prompt, "greedy" if kind == "greedy" else "coupled")]
-                    reports.append(run_edge_process(args, edge_cores))
-                meters.append(meter)
-            baselines[kind] = _aggregate("cloud-only", 0, reports, meters)
-            baseline_reports.extend(reports)
-            baseline_samples.extend(s for m in meters for s in m.verify_samples)
-            progress(f"    cloud-only ({kind}): {baselines[kind]['tokens_per_s']:.2f} tok/s")
+        for server in (cloud, free):  # first forwards allocate and load lazily: no configuration pays for it
+            run_edge_process(["baseline", "--cloud", f"127.0.0.1:{server.port}", "--drafter", cfg.drafters[0].path,
+                              "--prompt", "Hello", "--max-new-tokens", "4", "--temperature", "0"], edge_cores)
+        baselines: dict[str, BaselineRow] = {}
+        for yard, server, via in ((yardstick.FASTEST, free, free_link), (yardstick.REPRODUCIBLE, cloud, link)):
+            for kind in kinds:
+                key = yardstick.baseline_key(yard, kind, kinds[0])
+                baselines[key] = _cloud_only(cfg, kind, server, via, edge_cores, progress_of)
+                baselines[key].row.update(shapes="free" if server is free else "canonical", kind=kind, yardstick=yard)
         runs = []
         split_started = time.monotonic()
-        for mode, draft_len, schedule, hedge in configs:
-            window = window_for(schedule, cfg.window)
-            name = config_label(mode, draft_len, schedule, window, hedge)
-            reports, meters = [], []
-            for i, prompt in enumerate(cfg.prompts):
-                step += 1
-                progress(f"[{step}/{total}] {name}: {prompt[:48]!r}")
-                stream = sys.stdout if cfg.stream_first and not runs and i == 0 else None
-                with _Meter(cloud, link) as meter:
-                    args = ["run", *common, *fleet_args, "--drafter-threads", str(len(edge_cores) if edge_cores else 1),
-                            *_sampling_args(cfg, prompt, mode), "--draft-len", str(draft_len),
-                            "--schedule", schedule, "--window", str(window), "--hedge", str(hedge)]
-                    reports.append(run_edge_process(args, edge_cores, stream_to=stream))
-                meters.append(meter)
-                if stream is not None:
-                    print(flush=True)
-            run = _aggregate(mode, draft_len, reports, meters, schedule, window, hedge)
-            reference = baselines[_baseline_kind(mode)]
-            # Rejection mode is lossless in distribution, not token for token: no identity to check.
-            run["identical_to_baseline"] = run["outputs"] == reference["outputs"] if mode in TOKEN_IDENTICAL_MODES else None
-            timings = model_fit.timings_from_reports(reports, [s for m in meters for s in m.verify_samples], mode)
-            prompts = [model_fit.timings_from_reports([r], m.verify_samples, mode) for r, m in zip(reports, meters)]
-            runs.append(_Measured(run, timings, _baseline_kind(mode), prompts))
-            progress(
-                f"    {name}: {run['tokens_per_s']:.2f} tok/s, AL {run['acceptance_length']:.2f}, "
-                f"identical={run['identical_to_baseline']}"
-            )
+        for rung, mode, draft_len, schedule, hedge in configs:
+            runs.append(_split(cfg, rung, mode, draft_len, schedule, hedge, cloud, link, edge_cores, progress_of,
+                               fleet_args, stream=cfg.stream_first and not runs))
         fleet = _fleet_summary(broker, fleet_link, time.monotonic() - split_started, cfg) if broker else None
-    result = _finish(cfg, baselines, baseline_reports, baseline_samples, runs)
+    colocated = {rung.name: _colocated(cfg, rung, cloud_cores, progress_of) for rung in cfg.drafters} \
+        if cfg.colocated else {}
+    result = _finish(cfg, kinds[0], baselines, runs, colocated)
     result["fleet"] = fleet
     return result
+
+
+class _Progress:
+    """``[step/total] what`` lines."""
+
+    def __init__(self, progress, total: int) -> None:
+        self.progress, self.total, self.step = progress, total, 0
+
+    def __call__(self, line: str, counts: bool = True) -> None:
+        self.step += counts
+        self.progress(f"[{self.step}/{self.total}] {line}" if counts else line)
+
+
+def _cloud_only(cfg: SimConfig, kind: str, server: CloudProcess, via: BackgroundLink, edge_cores,
+                progress: _Progress) -> BaselineRow:
+    """Cloud-only decoding of every prompt on ``server`` through ``via``."""
+    shapes = "free shapes" if "--shapes" in server.extra_args else "canonical shapes"
+    reports, meters = [], []
+    for prompt in cfg.prompts:
+        progress(f"cloud-only ({kind}, {shapes}): {prompt[:48]!r}")
+        with _Meter(server, via) as meter:
+            args = ["baseline", "--cloud", via.address, "--drafter", cfg.drafters[0].path, "--verdict-timeout", "600",
+                    "--timings", *_sampling_args(cfg, prompt, "greedy" if kind == "greedy" else "coupled")]
+            reports.append(run_edge_process(args, edge_cores))
+        meters.append(meter)
+    row = _aggregate("cloud-only", 0, reports, meters)
+    row["label"] = f"cloud-only ({shapes})"
+    progress(f"    {row['label']} ({kind}): {row['tokens_per_s']:.2f} tok/s", counts=False)
+    return BaselineRow(row, reports, [m.verify_samples for m in meters])
+
+
+def _split(cfg: SimConfig, rung: DrafterRung, mode: str, draft_len: int, schedule: str, hedge: int,
+           cloud: CloudProcess, link: BackgroundLink, edge_cores, progress: _Progress, fleet_args: list[str],
+           stream: bool) -> MeasuredRow:
+    """One split configuration over every prompt, on the product's verifier."""
+    window = window_for(schedule, cfg.window)
+    name = config_label(mode, draft_len, schedule, window, hedge)
+    label = f"{rung.name}: {name}" if len(cfg.drafters) > 1 else name
+    reports, meters = [], []
+    for i, prompt in enumerate(cfg.prompts):
+        progress(f"{label}: {prompt[:48]!r}")
+        out = sys.stdout if stream and i == 0 else None
+        with _Meter(cloud, link) as meter:
+            args = ["run", "--cloud", link.address, "--drafter", rung.path, "--verdict-timeout", "600", "--timings",
+                    *fleet_args, "--drafter-threads", str(len(edge_cores) if edge_cores else 1),
+                    *_sampling_args(cfg, prompt, mode), "--draft-len", str(draft_len),
+                    "--schedule", schedule, "--window", str(window), "--hedge", str(hedge)]
+            reports.append(run_edge_process(args, edge_cores, stream_to=out))
+        meters.append(meter)
+        if out is not None:
+            print(flush=True)
+    row = _aggregate(mode, draft_len, reports, meters, schedule, window, hedge)
+    row.update(drafter=rung.name, label=label)
+    return MeasuredRow(row, reports, [m.verify_samples for m in meters])
+
+
+def _colocated(cfg: SimConfig, rung: DrafterRung, cloud_cores, progress: _Progress) -> dict:
+    """``rung`` beside the target in one process on the cloud's core, no link, free shapes: what a provider
+    running its own draft model serves (coupled, adaptive, the largest draft length)."""
+    import json
+    import subprocess
+
+    from sim.experiment.processes import pinned_env, side_command
+
+    mode = "coupled" if "coupled" in cfg.modes else cfg.modes[0]
+    draft_len, window = max(cfg.draft_lens), window_for("adaptive", cfg.window)
+    tokens, wall, outputs = 0, 0.0, []
+    for prompt in cfg.prompts:
+        progress(f"co-located {rung.name}: {prompt[:48]!r}")
+        cmd = [*side_command("splitspec", "sim.cli"), "generate", "--target", cfg.target, "--shapes", "free",
+               "--drafter", rung.path, "--drafter-threads", "1", *_sampling_args(cfg, prompt, mode),
+               "--draft-len", str(draft_len), "--schedule", "adaptive", "--window", str(window), "--json"]
+        env, preexec = pinned_env(cloud_cores)
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env, preexec_fn=preexec, timeout=1800)
+        if done.returncode != 0:
+            raise RuntimeError(f"co-located generate failed ({done.returncode}): {done.stderr[-2000:]}")
+        out = json.loads(done.stdout)
+        tokens, wall = tokens + len(out["tokens"]), wall + out["stats"]["wall_s"]
+        outputs.append(out["tokens"])
+    return {"drafter": rung.name, "config": config_label(mode, draft_len, "adaptive", window), "shapes": "free",
+            "tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall if wall else 0.0, "outputs": outputs}
 
 
 def _fleet_summary(broker, fleet_link, elapsed_s: float, cfg) -> dict:
@@ -233,70 +289,47 @@ def _baseline_kind(mode: str) -> str:
     return "greedy" if mode == "greedy" else "sampled"
 
 
-def _finish(cfg, baselines: dict, baseline_reports: list[EdgeReport], baseline_samples: list[tuple[int, float]],
-            measured: list[_Measured]) -> dict:
+def _finish(cfg: SimConfig, primary_kind: str, baselines: dict[str, BaselineRow], measured: list[MeasuredRow],
+            colocated: dict[str, dict]) -> dict:
     link = perf_model.NetworkModel.from_link_config(cfg.scenario.link)
-    # The shared timings (the verify line on the cloud's own step times, the prefill) are fitted on every
-    # run; every run is predicted with its own drafter speed and bytes, every prompt with its own acceptance.
-    fitted = model_fit.fit_timings([m.timings for m in measured], baseline_reports, baseline_samples, rtt_s=link.rtt_s)
-    runs = [m.row for m in measured]
+    rows = {key: b.row for key, b in baselines.items()}
     for m in measured:
-        # Each prompt with its own acceptance, over its own length (a short generation ends chains the
-        # steady state would not).
-        parts, best = [], []
-        for prompt in m.prompts:
-            timings = fitted.for_prompt(m.timings, prompt)
-            if m.row["schedule"] == "adaptive":
-                predicted = perf_model.predict_adaptive(timings, link, m.row["draft_len"], m.row["window"], prompt.tokens)
-                best.append((perf_model.best_adaptive(timings, link, m.row["draft_len"], m.row["window"], prompt.tokens),
-                             prompt.tokens, timings.draft_prefill_s))
-            else:
-                predicted = perf_model.predict_pipelined(timings, link, m.row["draft_len"], m.row["window"],
-                                                         generation_tokens=prompt.tokens)
-            parts.append((predicted, prompt.tokens, timings.draft_prefill_s))
-        _attach_prediction(m.row, parts)
-        # The adaptive schedule's ceiling beside its controller's choice: the gap is the controller's.
-        m.row["predicted_best_tokens_per_s"] = _predicted_rate(best)[0] if best else None
-        m.row["ratios"] = _ratios(m.row, baselines[m.baseline_kind])
-    for baseline in baselines.values():
-        alone = perf_model.predict_cloud_only(fitted.base, link)
-        _attach_prediction(baseline, [(alone, baseline["tokens"] / len(cfg.prompts), 0.0)])  # (every prompt alike)
-        baseline["identical_to_baseline"] = True
-        baseline["ratios"] = _ratios(baseline, baseline)
+        run, kind = m.row, _baseline_kind(m.row["mode"])
+        fastest = rows[yardstick.baseline_key(yardstick.FASTEST, kind, primary_kind)]
+        reproducible = rows[yardstick.baseline_key(yardstick.REPRODUCIBLE, kind, primary_kind)]
+        # Rejection mode is lossless in distribution, not token for token: no identity to check. Free shapes
+        # round differently from canonical ones: identity with the fastest is measured, not promised.
+        checked = run["mode"] in TOKEN_IDENTICAL_MODES
+        run["identical_to_baseline"] = run["outputs"] == reproducible["outputs"] if checked else None
+        run["identical_to_fastest"] = run["outputs"] == fastest["outputs"] if checked else None
+        run["ratios"] = yardstick.ratios(run, fastest)
+        run["ratios_vs_reproducible"] = yardstick.ratios(run, reproducible)
+    for row in rows.values():
+        fastest = rows[yardstick.baseline_key(yardstick.FASTEST, row["kind"], primary_kind)]
+        reproducible = rows[yardstick.baseline_key(yardstick.REPRODUCIBLE, row["kind"], primary_kind)]
+        row["identical_to_baseline"] = row["outputs"] == reproducible["outputs"]
+        row["ratios"] = yardstick.ratios(row, fastest)
+        row["ratios_vs_reproducible"] = yardstick.ratios(row, reproducible)
+    fastest = rows[yardstick.FASTEST]
+    for entry in colocated.values():
+        entry["ratio_to_fastest"] = entry["tokens_per_s"] / fastest["tokens_per_s"] if fastest["tokens_per_s"] else None
+    fit = attach_predictions(
+        measured, [b for b in baselines.values() if b.row["yardstick"] == yardstick.REPRODUCIBLE],
+        [b for b in baselines.values() if b.row["yardstick"] == yardstick.FASTEST], link, len(cfg.prompts))
+    runs = [m.row for m in measured]
     return {
         "scenario": cfg.scenario.name,
         "description": cfg.scenario.description,
         "link": {"up_bps": link.up_bps, "down_bps": link.down_bps, "rtt_ms": round(link.rtt_s * 1e3, 3)},
-        "models": {"target": cfg.target, "drafter": cfg.drafter},
+        "models": {"target": cfg.target, "drafters": {rung.name: rung.path for rung in cfg.drafters}},
         "prompts": cfg.prompts,
         "max_new_tokens": cfg.max_new_tokens,
         "temperature": cfg.temperature,
         "seed": cfg.seed,
-        "baseline": baselines.get("sampled") or baselines["greedy"],
-        "baselines": baselines,
+        "baseline": fastest,
+        "baselines": rows,
         "runs": runs,
-        "model_fit": fitted.describe(),
+        "colocated": colocated,
+        "headlines": yardstick.headlines(runs, rows, primary_kind),
+        "model_fit": fit,
     }
-
-
-def _attach_prediction(run: dict, parts: list[tuple[perf_model.Prediction, float, float]]) -> None:
-    """Predicted tokens/s over the same span the edge measured, from (prediction, tokens, startup
-    seconds) per prompt: each prompt's first token, its startup (the drafter reading the prompt
-    before its first block), then its other tokens at its rate; all prompts' tokens over all that."""
-    run["predicted_tokens_per_s"], run["limited_by"] = _predicted_rate(parts)
-    run["prediction_error"] = run["predicted_tokens_per_s"] / run["tokens_per_s"] - 1 if run["tokens_per_s"] else None
-
-
-def _predicted_rate(parts: list[tuple[perf_model.Prediction, float, float]]) -> tuple[float, str]:
-    """(tokens/s, what the prompt that takes longest waits on most) over ``_attach_prediction``'s parts."""
-    walls = [p.ttft_s + startup_s + max(n - 1, 0) / p.tokens_per_s for p, n, startup_s in parts]
-    wall, tokens = sum(walls), sum(n for _, n, _ in parts)
-    slowest = max(zip(walls, (p for p, _, _ in parts)), key=lambda pair: pair[0])[1]
-    return (tokens / wall if wall > 0 else 0.0), slowest.limit
-
-
-_RATIO_KEYS = ["tokens_per_s", "ttft_s", "up_bytes_per_token", "down_bytes_per_token", "cloud_forwards_per_token", "cloud_cpu_s_per_token"]
-
-
-def _ratios(run: dict, baseline: dict) -> dict:
-    return {k: (run[k] / baseline[k] if baseline[k] else None) for k in _RATIO_KEYS}
