@@ -104,10 +104,12 @@ def add_cloud_commands(commands) -> None:
                             f"that fill what verifies leave (default {limits.max_batch_rows})")
     serve.add_argument("--no-batching", action="store_true",
                        help="run one session's forward at a time (to measure what batching buys)")
-    serve.add_argument("--shapes", choices=("canonical", "free"), default="canonical",
-                       help="canonical: a session's logits are bit-identical alone or in any batch, so greedy and "
-                            "coupled output equals target-only decoding token for token; free: one-row forwards "
-                            "skip the padding that costs (faster for a lone session, identity not guaranteed)")
+    serve.add_argument("--shapes", choices=("auto", "canonical", "free"), default="auto",
+                       help="auto (default): a forward runs canonical (batch-invariant) shapes only when one of its "
+                            "sessions asked to be reproducible (the Open's reproducible; an OpenAI request with a seed), "
+                            "so a lone session that did not runs at full speed; canonical: every forward padded (every "
+                            "session's logits bit-identical alone or in any batch); free: never padded (reproducible "
+                            "sessions are refused with FAILED_PRECONDITION)")
     serve.add_argument("--auth-token-file", type=Path, default=None, help="require 'authorization: Bearer <token>' from this file")
     serve.add_argument("--tls-cert", type=Path, default=None, help="PEM certificate (with --tls-key)")
     serve.add_argument("--tls-key", type=Path, default=None, help="PEM private key (with --tls-cert)")
@@ -174,7 +176,7 @@ def run_serve(args: argparse.Namespace) -> int:
     pick_device(args.device)  # a bad --device fails before a minute of model loading
     target = resolve_target(args.target)
     try:
-        engine = load_engine(target, device=args.device, dtype=args.dtype, canonical=args.shapes == "canonical")
+        engine = load_engine(target, device=args.device, dtype=args.dtype, shapes=args.shapes)
     except Exception as exc:  # a truncated or foreign checkpoint (safetensors raises its own type), a bad config
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CliError(f"cannot load the target model from {target}: {detail}") from exc

@@ -67,6 +67,7 @@ class ForwardItem:
     tokens: Sequence[int]
     logits: Literal["all", "last", "none"] = "all"
     branches: Sequence[tuple[int, Sequence[int]]] = ()
+    reproducible: bool = False  # its logits must not depend on its batch-mates (canonical shapes for the forward)
 
     @property
     def rows(self) -> int:
@@ -113,22 +114,22 @@ class RowPaddedHead(torch.nn.Module):
     ``cloud.slot_attention``). The padding's outputs are dropped.
     """
 
-    def __init__(self, head: torch.nn.Module, padding: RowPadding | None = None) -> None:
+    def __init__(self, head: torch.nn.Module) -> None:
         super().__init__()
         self.head = head
-        self.padding = padding  # canonical mode's row padding (None: free)
 
     @property
     def weight(self) -> torch.Tensor:
         return self.head.weight
 
-    def padded_rows(self, rows: int) -> int:
-        """The rows a product of ``rows`` rows runs on."""
-        return self.padding(rows) if self.padding else (ROW_TILE if 1 < rows < ROW_TILE else rows)
+    @staticmethod
+    def padded_rows(rows: int, padding: RowPadding | None = None) -> int:
+        """The rows a product of ``rows`` rows runs on (``padding``: canonical shapes'; None: free)."""
+        return padding(rows) if padding else (ROW_TILE if 1 < rows < ROW_TILE else rows)
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, padding: RowPadding | None = None) -> torch.Tensor:
         rows = hidden.shape[-2]
-        padded = self.padded_rows(rows)
+        padded = self.padded_rows(rows, padding)
         if padded == rows:
             return self.head(hidden)
         pad = hidden.new_zeros(*hidden.shape[:-2], padded - rows, hidden.shape[-1])
@@ -165,6 +166,7 @@ def torch_threads(threads: int | None):
         torch.set_num_threads(before)
 
 
+SHAPES = ("auto", "canonical", "free")  # every forward padded by need, always, or never
 _ROW_TILES = (ROW_TILE, 8, 16)  # tiles tried, the smallest (cheapest) first
 
 
@@ -198,9 +200,10 @@ class TargetEngine:
     """Loads a Hugging Face folder (or a GGUF file, dequantized by transformers).
 
     float32 on CPU; bfloat16 on GPU unless ``dtype`` says otherwise.
-    ``canonical``: batch-invariant shapes (see the module docstring); False
-    runs each sequence's attention over exactly its keys and one-row
-    products unpadded (faster alone, not invariant). ``tensor_parallel``:
+    ``shapes``: "canonical" pads every forward to batch-invariant shapes (see the module docstring);
+    "free" runs each sequence's attention over exactly its keys and one-row products unpadded
+    (faster alone, not invariant); "auto" pads a forward only when one of its items is
+    ``reproducible`` (a lone session that is not runs at full speed). ``tensor_parallel``:
     load this rank's shard of a target split across that many ranks started
     by torchrun; the engine itself runs its calls on its shard alone
     (``cloud.tensor_parallel.ShardedEngine`` leads the other ranks).
@@ -209,7 +212,7 @@ class TargetEngine:
     verifies_branches: bool = True  # forwards may carry hedge branches (``ForwardItem.branches``)
 
     def __init__(
-        self, model_path: str | Path, *, device: str | None = None, dtype: str | None = None, canonical: bool = True,
+        self, model_path: str | Path, *, device: str | None = None, dtype: str | None = None, shapes: str = "canonical",
         tensor_parallel: int = 1,
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -222,7 +225,10 @@ class TargetEngine:
             raise FileNotFoundError(f"target model not found: {path}")
         self.device = pick_device(device)
         self.dtype = getattr(torch, dtype) if dtype else (torch.float32 if self.device.type == "cpu" else torch.bfloat16)
-        self.canonical = canonical
+        if shapes not in SHAPES:
+            raise ValueError(f"shapes must be one of {', '.join(SHAPES)}, not {shapes!r}")
+        self.shapes = shapes
+        canonical = shapes != "free"  # find the invariant padding: reproducible forwards can be run
         started = time.perf_counter()
         kwargs: dict = {"dtype": self.dtype}
         if path.is_file():  # a GGUF file
@@ -254,7 +260,7 @@ class TargetEngine:
             log.warning("this device's matrix products are not row-invariant under any padding tried: batched "
                         "logits may differ in the last bits from a session run alone")
             self.padding = RowPadding(multiple=True)  # still the likeliest to agree
-        self.head = RowPaddedHead(self.model.get_output_embeddings(), self.padding)
+        self.head = RowPaddedHead(self.model.get_output_embeddings())
         self.logit_softcap: float | None = getattr(self.model.config, "final_logit_softcapping", None)
         self.model_name = path.name
         self.eos_token_ids = self._eos_ids()
@@ -264,7 +270,8 @@ class TargetEngine:
         log.info(
             "target %s loaded in %.1fs on %s/%s (vocab %d, %s shapes%s)",
             path.name, self.load_s, self.device, str(self.dtype).removeprefix("torch."), self.vocab_size,
-            "free" if not canonical else "batch-invariant" if self.invariant else "canonical but NOT row-invariant",
+            "free" if not canonical else ("batch-invariant" if self.invariant else "canonical but NOT row-invariant")
+            + (" for reproducible sessions, free for the others" if shapes == "auto" else ""),
             (" on one thread: this CPU's products split between threads by row count" if self.threads else "")
             + (f", tensor parallel over {tensor_parallel} ranks" if tensor_parallel > 1 else ""),
         )
@@ -282,11 +289,27 @@ class TargetEngine:
         # Embedding rows past the tokenizer (padding) get a stable placeholder.
         return [p if p is not None else "" for p in pieces] + [f"<pad_{i}>" for i in range(len(pieces), self.vocab_size)]
 
-    def rows_at_cost_of(self, rows: int) -> int | None:
+    @property
+    def serves_reproducible(self) -> bool:
+        """Whether a reproducible session's logits can be made bit-identical whatever its batch-mates."""
+        return self.shapes != "free" and self.invariant
+
+    def pads(self, reproducible: bool) -> bool:
+        """Whether a forward holding only sessions like this (``reproducible`` or not) runs canonical shapes."""
+        return self.padding is not None and (self.shapes == "canonical" or reproducible)
+
+    def padding_for(self, items: Sequence[ForwardItem]) -> RowPadding | None:
+        """The row padding of a forward over ``items``: canonical shapes when any of them is reproducible
+        (or the engine always pads), else none."""
+        return self.padding if self.pads(any(item.reproducible for item in items)) else None
+
+    def rows_at_cost_of(self, rows: int, reproducible: bool = False) -> int | None:
         """The most rows a forward may hold for about the cost of ``rows``: on a CPU, the rows its
         products are padded to anyway; None on an accelerator, whose decode forwards are
         memory-bound (a few rows more cost next to nothing)."""
-        return None if self.device.type != "cpu" else self.head.padded_rows(rows)
+        if self.device.type != "cpu":
+            return None
+        return self.head.padded_rows(rows, self.padding if self.pads(reproducible) else None)
 
     def new_sequence(self) -> CachedSequence:
         return CachedSequence()
@@ -327,22 +350,22 @@ class TargetEngine:
                 tokens.extend(int(t) for t in row_tokens)
                 positions.extend(range(start, start + n))
                 keep.extend(range(first, first + n) if item.logits == "all" else [first + n - 1] if item.logits == "last" else [])
-        real = len(tokens)
-        if self.padding is not None and self.padding(real) != real:  # padding rows: no slot, position 0, dropped
-            tokens += [0] * (self.padding(real) - real)
-            positions += [0] * (self.padding(real) - real)
+        real, padding = len(tokens), self.padding_for(items)
+        if padding is not None and padding(real) != real:  # padding rows: no slot, position 0, dropped
+            tokens += [0] * (padding(real) - real)
+            positions += [0] * (padding(real) - real)
         ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
         position_ids = torch.tensor([positions], dtype=torch.long, device=self.device)
-        layout = RowLayout(slots, spans, self.padding, branch_stores=branch_stores)
+        layout = RowLayout(slots, spans, padding, branch_stores=branch_stores)
         # A 4-D mask is taken as given by transformers' mask builders; slot attention ignores it.
         dummy_mask = torch.zeros(1, 1, 1, 1, dtype=self.dtype, device=self.device)
         logits = None
-        with slot_attention.using_layout(layout), torch_threads(self.threads):
+        with slot_attention.using_layout(layout), torch_threads(self.threads if padding is not None else None):
             hidden = self.model.get_decoder()(
                 input_ids=ids, position_ids=position_ids, attention_mask=dummy_mask, use_cache=False
             ).last_hidden_state
             if keep:
-                logits = self.head(hidden[:, keep])[0]
+                logits = self.head(hidden[:, keep], padding)[0]
         if logits is not None:
             if self.logit_softcap:
                 logits = torch.tanh(logits / self.logit_softcap) * self.logit_softcap

@@ -70,7 +70,7 @@ class Handshake(ServicePart):
         """Validate what Open and GenerateRequest share (``shared.wire``) and the vocabulary."""
         self._check_vocab(request.vocab_size, request.vocab_fingerprint)
         try:
-            return parse_open_request(
+            parsed = parse_open_request(
                 request,
                 vocab_size=self.engine.vocab_size,
                 max_prompt_tokens=self.limits.max_prompt_tokens,
@@ -78,6 +78,18 @@ class Handshake(ServicePart):
             )
         except ValueError as exc:
             raise Abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
+        self._check_numerics(parsed)
+        return parsed
+
+    def _check_numerics(self, opened: OpenRequest) -> None:
+        """A reproducible session needs canonical shapes: a verifier in free shapes, or one whose device
+        has no row-invariant product, refuses it rather than promise what it cannot keep."""
+        if opened.params.reproducible and not self.engine.serves_reproducible:
+            why = ("it runs free shapes (--shapes free)" if self.engine.shapes == "free"
+                   else "this device's products are not row-invariant under any padding tried")
+            raise Abort(grpc.StatusCode.FAILED_PRECONDITION,
+                        f"this verifier cannot serve a reproducible session: {why}; ask without reproducible "
+                        "(exact in distribution) or use a verifier in --shapes auto or canonical")
 
     def _check_routing(self, context) -> None:
         """A resume or a next turn names the replica that holds its session; one that names another

@@ -205,7 +205,9 @@ class Scheduler:
             remaining = job.item.tokens[job.prefilled :]
             take = min(len(remaining), room)
             finishes = take == len(remaining)
-            chosen.append((job, ForwardItem(job.item.seq, remaining[:take], job.item.logits if finishes else "none"), finishes))
+            chunk = ForwardItem(job.item.seq, remaining[:take], job.item.logits if finishes else "none",
+                                reproducible=job.item.reproducible)
+            chosen.append((job, chunk, finishes))
             rows += take
             prompts += 1
         started = time.perf_counter()

@@ -124,10 +124,14 @@ class VerifierSession:
         if prefill:
             run_alone(self.prefill_steps(), engine)
 
+    def _item(self, tokens, logits, branches=()) -> ForwardItem:
+        """This session's rows for a forward (canonical shapes for the forward when it is reproducible)."""
+        return ForwardItem(self.seq, tokens, logits, branches, reproducible=self.params.reproducible)
+
     def prefill_steps(self) -> Steps:
         """Read the prompt into the cache; its last row answers the first position."""
         # A copy: the forward's logits tensor holds every batch-mate's rows too.
-        self._deferred = (yield ForwardItem(self.seq, self.tokens, "last"))[-1].clone()
+        self._deferred = (yield self._item(self.tokens, "last"))[-1].clone()
         self.stats.target_forwards = self.forwards
 
     def extend(
@@ -154,7 +158,7 @@ class VerifierSession:
         self.engine.crop(self.seq, cached)
         self.seq.slot.limit = len(full) + max_new_tokens + max_draft_len
         try:
-            self._deferred = (yield ForwardItem(self.seq, full[cached:], "last"))[-1].clone()
+            self._deferred = (yield self._item(full[cached:], "last"))[-1].clone()
         except BaseException:
             self.broken = True  # the cache no longer matches the committed tokens: never verify on it again
             raise
@@ -271,7 +275,7 @@ class VerifierSession:
         self._spare = {p: t for p, t in self._spare.items() if p >= len(self.tokens)}
         if not self.rebases or self._deferred is not None:
             return []
-        free = self.engine.rows_at_cost_of(1)
+        free = self.engine.rows_at_cost_of(1, self.params.reproducible)
         most = self.max_draft_len if free is None else min(self.max_draft_len, free - 1)
         drafts = []
         while len(drafts) < most and len(self.tokens) + len(drafts) in self._spare:
@@ -347,7 +351,7 @@ class VerifierSession:
         branch_rows = []
         if feed:
             self.last_step_rows = len(feed) + sum(len(tokens) for _, tokens in branches)
-            out = yield ForwardItem(self.seq, feed, "all", branches)
+            out = yield self._item(feed, "all", branches)
             parts.append(out[: len(feed)])
             offset = len(feed)
             for _, tokens in branches:

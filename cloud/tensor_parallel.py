@@ -65,7 +65,8 @@ class Leader:
             self._dropped.append(shard_id)
 
     def forward(self, items: list[ForwardItem]) -> None:
-        self._send(("forward", [(item.seq.shard_id, list(item.tokens), item.logits) for item in items]))
+        self._send(("forward", [(item.seq.shard_id, list(item.tokens), item.logits, item.reproducible)
+                                for item in items]))
 
     def crop(self, seq: CachedSequence, length: int) -> None:
         self._send(("crop", seq.shard_id, length))
@@ -150,7 +151,8 @@ def follow(engine: TargetEngine) -> None:
         if call[0] == "stop":
             return
         if call[0] == "forward":
-            engine.forward_batch([ForwardItem(sequences.setdefault(shard_id, engine.new_sequence()), tokens, logits)
-                                  for shard_id, tokens, logits in call[1]])
+            engine.forward_batch([ForwardItem(sequences.setdefault(shard_id, engine.new_sequence()), tokens, logits,
+                                              reproducible=reproducible)
+                                  for shard_id, tokens, logits, reproducible in call[1]])
         elif call[0] == "crop":
             engine.crop(sequences[call[1]], call[2])

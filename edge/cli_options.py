@@ -39,6 +39,11 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--top-p", type=float, default=defaults.DEFAULT_TOP_P,
                        help=f"nucleus sampling mass (default {defaults.DEFAULT_TOP_P}; 1.0 = off)")
     group.add_argument("--seed", type=non_negative_int, default=0, help="session seed; all randomness derives from it")
+    group.add_argument("--reproducible", action="store_true",
+                       help="reproducible numerics: the verifier runs this session's forwards in batch-invariant shapes, "
+                       "so greedy and coupled output is bit-identical to reproducible target-only decoding (baseline "
+                       "--reproducible) whatever else it batches; without it, output is exact in distribution and "
+                       "identical up to float rounding, and a lone session runs faster")
     group.add_argument("--draft-len", type=non_negative_int, default=defaults.DEFAULT_DRAFT_LEN,
                        help=f"drafts per block D; 0 = target-only (default {defaults.DEFAULT_DRAFT_LEN})")
     group.add_argument("--schedule", choices=defaults.SCHEDULES, default=defaults.DEFAULT_SCHEDULE,
@@ -69,6 +74,7 @@ def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
         seed=args.seed,
         draft_top_k=args.draft_top_k,
         prob_bits=args.prob_bits,
+        reproducible=args.reproducible,
     )
 
 

@@ -28,7 +28,7 @@ STOP_REASON_EOS: StopReason
 STOP_REASON_LENGTH: StopReason
 
 class Sampling(_message.Message):
-    __slots__ = ("mode", "temperature", "top_k", "top_p", "seed", "draft_top_k", "prob_bits")
+    __slots__ = ("mode", "temperature", "top_k", "top_p", "seed", "draft_top_k", "prob_bits", "reproducible")
     MODE_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
@@ -36,6 +36,7 @@ class Sampling(_message.Message):
     SEED_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOP_K_FIELD_NUMBER: _ClassVar[int]
     PROB_BITS_FIELD_NUMBER: _ClassVar[int]
+    REPRODUCIBLE_FIELD_NUMBER: _ClassVar[int]
     mode: Mode
     temperature: float
     top_k: int
@@ -43,7 +44,8 @@ class Sampling(_message.Message):
     seed: int
     draft_top_k: int
     prob_bits: int
-    def __init__(self, mode: _Optional[_Union[Mode, str]] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., draft_top_k: _Optional[int] = ..., prob_bits: _Optional[int] = ...) -> None: ...
+    reproducible: bool
+    def __init__(self, mode: _Optional[_Union[Mode, str]] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., draft_top_k: _Optional[int] = ..., prob_bits: _Optional[int] = ..., reproducible: _Optional[bool] = ...) -> None: ...
 
 class Open(_message.Message):
     __slots__ = ("vocab_fingerprint", "vocab_size", "sampling", "prompt", "prompt_compressed", "max_new_tokens", "max_draft_len", "resume_ticket", "committed_length", "first_token", "extend", "takes_rebased")

@@ -92,6 +92,7 @@ class SamplingParams:
     seed: int = 0
     draft_top_k: int = DEFAULT_DRAFT_TOP_K  # rejection: max support of q̃
     prob_bits: int = DEFAULT_PROB_BITS  # rejection: q̃ weights sum to 2**prob_bits
+    reproducible: bool = False  # logits bit-identical at any batch composition (canonical shapes on the verifier)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", Mode(self.mode))

@@ -202,6 +202,7 @@ def sampling_to_proto(params: SamplingParams) -> pb.Sampling:
         seed=params.seed,
         draft_top_k=params.draft_top_k,
         prob_bits=params.prob_bits,
+        reproducible=params.reproducible,
     )
 
 
@@ -217,6 +218,7 @@ def sampling_from_proto(message: pb.Sampling) -> SamplingParams:
         seed=message.seed,
         draft_top_k=message.draft_top_k or SamplingParams.draft_top_k,
         prob_bits=message.prob_bits or SamplingParams.prob_bits,
+        reproducible=message.reproducible,
     )
 
 

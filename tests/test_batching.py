@@ -55,7 +55,7 @@ def test_products_run_on_the_padding_and_threads_the_engine_checked_at_load(tiny
 
 
 def test_free_shapes_compute_the_same_model(tiny_models, tiny_engine):
-    free = TargetEngine(tiny_models["target"], canonical=False)
+    free = TargetEngine(tiny_models["target"], shapes="free")
     rng = random.Random(3)
     tokens = [1] + [rng.randrange(3, 500) for _ in range(80)]
     want = one_at_a_time(tiny_engine, tokens, 20)

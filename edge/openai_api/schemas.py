@@ -86,7 +86,9 @@ class SamplingRequest(_Lenient):
         return stops
 
     def sampling(self) -> SamplingParams:
-        """The request's sampling; temperature 0 is greedy, and without a seed one is drawn."""
+        """The request's sampling; temperature 0 is greedy, and without a seed one is drawn. A request with a
+        ``seed`` (OpenAI's determinism knob) is reproducible: the same seed gives the same tokens whatever
+        else the verifier batches."""
         temperature = DEFAULT_TEMPERATURE if self.temperature is None else self.temperature
         return SamplingParams(
             mode=Mode.GREEDY if temperature == 0 else Mode.COUPLED,
@@ -94,6 +96,7 @@ class SamplingRequest(_Lenient):
             top_k=DEFAULT_TOP_K if self.top_k is None else self.top_k,
             top_p=DEFAULT_TOP_P if self.top_p is None else self.top_p,
             seed=secrets.randbelow(2**63) if self.seed is None else self.seed,
+            reproducible=self.seed is not None,
         )
 
     @property

@@ -77,7 +77,7 @@ def run_invariance_check(*, target: str | None = None, tiny: bool = False, devic
 
             target = write_tiny_models(tmp, seed=0)["target"]
         engine = TargetEngine(target if tiny else resolve_target(target), device=device, dtype=dtype,
-                              canonical=canonical)
+                              shapes="canonical" if canonical else "free")
         rng = random.Random(seed)
         identical, worst, rows = 0, 0.0, 0
         for _ in range(trials):
@@ -93,7 +93,8 @@ def run_invariance_check(*, target: str | None = None, tiny: bool = False, devic
         "device": str(engine.device), "dtype": str(engine.dtype).removeprefix("torch."),
         "shapes": "canonical" if canonical else "free", "row_invariant_products": engine.invariant,
         "row_padding": (None if engine.padding is None else
-                        "a multiple of 4 rows" if engine.padding.multiple else "at least 4 rows"),
+                        f"{'a multiple of' if engine.padding.multiple else 'at least'} {engine.padding.tile} rows"),
+        "row_tile": None if engine.padding is None else engine.padding.tile,
         "trials": trials, "rows_compared": rows, "identical_trials": identical,
         "bit_identical": identical == trials, "max_abs_diff": worst,
     }

@@ -21,9 +21,9 @@ def add_generate_command(commands) -> None:
     )
     parser.add_argument("--target", default=None, help="target: Hugging Face folder or GGUF file (default: Gemma 3 270M)")
     parser.add_argument("--device", default=None, help="torch device for the target (default: cuda if available, else cpu)")
-    parser.add_argument("--shapes", choices=("canonical", "free"), default="canonical",
-                        help="the target's product shapes: canonical (batch-invariant, what token identity with the "
-                        "verifier service is checked against; the default) or free (fastest alone)")
+    parser.add_argument("--shapes", choices=("auto", "canonical", "free"), default="auto",
+                        help="the target's product shapes, as the verifier's --shapes: auto (default: batch-invariant "
+                        "only for a --reproducible session), canonical (always) or free (never)")
     add_drafter_args(parser)
     add_sampling_args(parser)
     parser.add_argument("--json", action="store_true", help='print {"tokens", "text", "stats"} as JSON instead of streaming text')
@@ -39,7 +39,7 @@ def run_generate(args: argparse.Namespace) -> int:
     from sim.inprocess import generate
 
     params = sampling_from_args(args)
-    engine = TargetEngine(resolve_target(args.target), device=args.device, canonical=args.shapes == "canonical")
+    engine = TargetEngine(resolve_target(args.target), device=args.device, shapes=args.shapes)
     drafter = open_drafter(
         args.drafter,
         vocab_size=engine.vocab_size,
