@@ -33,6 +33,7 @@ __all__ = [
     "DEFAULT_DRAFT_TOP_K",
     "DEFAULT_PROB_BITS",
     "as_float32",
+    "NUMERICS",
 ]
 
 DEFAULT_TEMPERATURE = 0.7
@@ -73,6 +74,9 @@ class Mode(str, enum.Enum):
 
 # Modes whose output equals target-only decoding token for token (rejection: in distribution only).
 TOKEN_IDENTICAL_MODES = frozenset({Mode.GREEDY.value, Mode.COUPLED.value})
+
+
+NUMERICS = ("auto", "reproducible")  # a session as opened by default (free shapes when alone), or reproducible
 
 
 @dataclass(frozen=True)

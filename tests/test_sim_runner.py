@@ -16,8 +16,10 @@ RUN_KEYS = {
     "rebased_verified", "rebased_accepted", "ttft_cloud_s", "per_prompt_tokens_per_s", "ratios", "ratios_vs_reproducible",
     "prediction_error_out_of_sample",
 }
-CONFIGS = [("greedy", 3, "lockstep", 1), ("greedy", 3, "pipelined", 3), ("greedy", 3, "adaptive", 3),
-           ("coupled", 3, "lockstep", 1), ("coupled", 3, "pipelined", 3), ("coupled", 3, "adaptive", 3)]
+CONFIGS = [(reproducible, mode, 3, schedule, window) for reproducible in (False, True) for mode in ("greedy", "coupled")
+           for schedule, window in (("lockstep", 1), ("pipelined", 3), ("adaptive", 3))]
+LABELS = ["greedy D=3", "greedy D=3 W=3", "greedy adaptive D<=3 W=3", "coupled D=3", "coupled D=3 W=3",
+          "coupled adaptive D<=3 W=3"]
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +47,7 @@ def test_result_schema_and_files(sim_result):
     assert baselines["fastest"]["shapes"] == baselines["fastest_greedy"]["shapes"] == "free"
     assert baselines["reproducible"]["shapes"] == baselines["reproducible_greedy"]["shapes"] == "canonical"
     assert result["baseline"] == baselines["fastest"]
-    assert [(r["mode"], r["draft_len"], r["schedule"], r["window"]) for r in result["runs"]] == CONFIGS
+    assert [(r["reproducible"], r["mode"], r["draft_len"], r["schedule"], r["window"]) for r in result["runs"]] == CONFIGS
     assert result["baseline"]["schedule"] is None and result["baseline"]["mean_draft_len"] is None
     for run in result["runs"]:
         assert RUN_KEYS <= set(run)
@@ -53,9 +55,12 @@ def test_result_schema_and_files(sim_result):
     assert {r["drafter"] for r in result["runs"]} == {"drafter-noisy"}  # (the file's stem)
     colocated = result["colocated"]["drafter-noisy"]
     assert colocated["tokens_per_s"] > 0 and colocated["shapes"] == "free" and len(colocated["outputs"]) == 2
-    head = result["headlines"]["drafter-noisy"]
-    assert head["prompts"] == 2 and head["min"] <= head["median"] <= head["max"]
-    assert head["config"] in {r["label"] for r in result["runs"]}
+    heads = result["headlines"]["drafter-noisy"]
+    assert set(heads) == {"auto", "reproducible"}
+    for numerics, head in heads.items():
+        assert head["prompts"] == 2 and head["min"] <= head["median"] <= head["max"]
+        assert head["config"] in {r["label"] for r in result["runs"] if r["reproducible"] == (numerics != "auto")}
+    assert heads["reproducible"]["identical_to_reproducible"] is True
     assert "Token identity" in (out / "report.md").read_text()
     assert "of it the cloud's own time (prefill included)" in (out / "report.md").read_text()
     assert "## Stale blocks" in (out / "report.md").read_text()  # the pipelined runs had some
@@ -82,7 +87,9 @@ def test_split_is_identical_to_cloud_only_and_cheaper(sim_result):
     base = result["baselines"]["reproducible"]
     assert base["cloud_forwards_per_token"] >= 1.0
     for run in result["runs"]:
-        assert run["identical_to_baseline"] is True
+        # A reproducible session's tokens are reproducible cloud-only's; one that is not promises none.
+        assert run["identical_to_baseline"] is (True if run["reproducible"] else None)
+        assert isinstance(run["identical_to_fastest"], bool)
         if run["schedule"] == "adaptive":  # (its controller may hand the noisy drafter's session to the cloud)
             assert run["acceptance_length"] >= 1.0 and 0 <= run["mean_draft_len"] <= 3
             assert run["cloud_forwards_per_token"] <= base["cloud_forwards_per_token"]
@@ -116,7 +123,7 @@ def test_the_fleet_reported_over_mqtt_through_the_link(sim_result):
 
 def test_progress_is_shown(sim_result):
     _, _, stderr = sim_result
-    assert "[1/" in stderr and "clouds ready" in stderr
+    assert "[1/" in stderr and "cloud ready" in stderr and "--shapes auto" in stderr
 
 
 def test_terminal_and_markdown_tables_hold_the_same_rows(sim_result):
@@ -131,9 +138,8 @@ def test_terminal_and_markdown_tables_hold_the_same_rows(sim_result):
     assert md_rows[0].startswith("| config") and md_rows[1].startswith("|:-")
     md_cells = [[cell.strip() for cell in row.strip("|").split("|")] for row in md_rows[2:]]
     labels = [cells[0] for cells in md_cells]
-    assert labels[-6:] == ["greedy D=3", "greedy D=3 W=3", "greedy adaptive D<=3 W=3", "coupled D=3", "coupled D=3 W=3",
-                           "coupled adaptive D<=3 W=3"]
-    assert set(labels[:-6]) == {"cloud-only (free shapes)", "cloud-only (canonical shapes)"}
+    assert labels[-12:] == LABELS + [label + " reproducible" for label in LABELS]
+    assert set(labels[:-12]) == {"cloud-only", "cloud-only reproducible"}
     lines = terminal_table(result).splitlines()
     assert lines[0].split()[0] == "config" and set(lines[1]) == {"-", " "}
     assert [line.split() for line in lines[2:]] == [" ".join(cells).split() for cells in md_cells]

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from shared.cli import non_negative_int, positive_float, positive_int
-from shared.params import DEFAULT_TEMPERATURE, DEFAULT_WINDOW, SCHEDULES
+from shared.params import DEFAULT_TEMPERATURE, DEFAULT_WINDOW, NUMERICS, SCHEDULES
 
 __all__ = ["add_sim_commands"]
 
@@ -50,6 +50,10 @@ def add_sim_commands(commands) -> None:
                      "weaker rung made from the default GGUF on first use and cached) or a GGUF path (default: "
                      "default; --quick: default q2_k)")
     run.add_argument("--drafter", default=None, help="one drafter GGUF (the same as --drafters PATH)")
+    run.add_argument("--numerics", nargs="+", choices=NUMERICS, default=list(NUMERICS),
+                     help="split sessions as the product opens them by default (auto: free shapes unless batched "
+                     "with a reproducible session) and/or reproducible (canonical shapes, token-identical to "
+                     "reproducible cloud-only) (default: both)")
     run.add_argument("--no-colocated", action="store_true",
                      help="skip the co-located reference (each drafter beside the target in one process, no link)")
     run.add_argument("--out", type=Path, default=None, help="output folder (default: out/sim-SCENARIO)")
@@ -137,6 +141,7 @@ def run_sim(args: argparse.Namespace) -> int:
         stream_first=not args.json,
         mqtt=not args.no_mqtt,
         colocated=not args.no_colocated,
+        numerics=list(dict.fromkeys(args.numerics)),
     )
     result = run_simulation(config)
     out = args.out or Path("out") / f"sim-{scenario.name}"

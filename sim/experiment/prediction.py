@@ -10,7 +10,6 @@ rows' speed on the other half, which the fit never saw.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from edge.report import EdgeReport
@@ -58,14 +57,15 @@ def _predict(row: dict, timings: perf_model.Timings, link: perf_model.NetworkMod
     return perf_model.predict_pipelined(timings, link, row["draft_len"], row["window"], generation_tokens=tokens)
 
 
-def attach_predictions(measured: list[MeasuredRow], reproducible: list[BaselineRow], fastest: list[BaselineRow],
-                       link: perf_model.NetworkModel, n_prompts: int) -> dict:
+def attach_predictions(measured: list[MeasuredRow], baselines: list[BaselineRow], link: perf_model.NetworkModel,
+                       n_prompts: int) -> dict:
     """Set each row's ``predicted_tokens_per_s`` / ``prediction_error`` (in sample), ``predicted_best_tokens_per_s``
     (adaptive rows: the best schedule's, beside its controller's) and ``prediction_error_out_of_sample`` (None
-    with one prompt); the baselines' in-sample predictions. ``reproducible``: the baselines served by the
-    split's verifier (fitted on), ``fastest``: the free-shapes ones. Returns the fit's description."""
+    with one prompt), and the ``baselines``' in-sample predictions. ``measured`` and ``baselines`` share their
+    numerics (the forwards' shapes): the verify line and the one-token time are fitted on them alone.
+    Returns the fit's description."""
     everything = list(range(n_prompts))
-    fitted = _fit(measured, reproducible, everything, link.rtt_s)
+    fitted = _fit(measured, baselines, everything, link.rtt_s)
     for m in measured:
         run = m.timings(everything)
         parts, best = [], []
@@ -82,7 +82,7 @@ def attach_predictions(measured: list[MeasuredRow], reproducible: list[BaselineR
         m.row["prediction_error_out_of_sample"] = None
     held_in, held_out = everything[0::2], everything[1::2]
     if held_out:
-        half = _fit(measured, reproducible, held_in, link.rtt_s)
+        half = _fit(measured, baselines, held_in, link.rtt_s)
         for m in measured:
             run = m.timings(held_in)
             timings = half.for_prompt(run, run)  # acceptance, speed and bytes from the other prompts too
@@ -91,23 +91,16 @@ def attach_predictions(measured: list[MeasuredRow], reproducible: list[BaselineR
             measured_rate = (sum(len(m.reports[i].tokens) for i in held_out)
                              / max(sum(m.reports[i].wall_s for i in held_out), 1e-9))
             m.row["prediction_error_out_of_sample"] = _error(_predicted_rate(parts)[0], measured_rate)
-    for baselines, one_token in ((reproducible, fitted.base.verify_one_s), (fastest, _one_token_s(fastest))):
-        timings = dataclasses.replace(fitted.base, verify_one_s=one_token)
-        for baseline in baselines:
-            alone = perf_model.predict_cloud_only(timings, link)
-            row = baseline.row
-            row["predicted_tokens_per_s"], row["limited_by"] = _predicted_rate([(alone, row["tokens"] / n_prompts, 0.0)])
-            row["prediction_error"] = _error(row["predicted_tokens_per_s"], row["tokens_per_s"])
-            row["prediction_error_out_of_sample"] = None
+    for baseline in baselines:
+        alone = perf_model.predict_cloud_only(fitted.base, link)
+        row = baseline.row
+        row["predicted_tokens_per_s"], row["limited_by"] = _predicted_rate([(alone, row["tokens"] / n_prompts, 0.0)])
+        row["prediction_error"] = _error(row["predicted_tokens_per_s"], row["tokens_per_s"])
+        row["prediction_error_out_of_sample"] = None
     described = fitted.describe()
     described["out of sample"] = (f"fitted on prompts {held_in}, predicting prompts {held_out}" if held_out
                                   else "one prompt: none")
     return described
-
-
-def _one_token_s(baselines: list[BaselineRow]) -> float | None:
-    steps = [s for b in baselines for samples in b.samples for n, s in samples if n == 1]
-    return sum(steps) / len(steps) if steps else None
 
 
 def _error(predicted: float, measured: float) -> float | None:

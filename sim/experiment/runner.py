@@ -1,11 +1,12 @@
 """``splitspec sim run``: real edge and cloud processes through the emulated link.
 
-Two verifier processes on the same core with the same threads, never busy at
-once: the product's (canonical shapes: batch-invariant, what token identity is
-checked against) and one in ``--shapes free`` (plain decoding, the fastest a
-user could run instead). For each prompt, cloud-only decoding (the service's
-``Generate``) runs on both, and split decoding for every drafter, mode, draft
-length and schedule runs on the product's, through the same link. Each drafter
+The verifier runs as the product ships it (``--shapes auto``): a session that
+asks for reproducible numerics gets canonical (batch-invariant) forwards, one
+that does not runs free shapes. For each prompt, cloud-only decoding (the
+service's ``Generate``) runs both ways: not reproducible, the fastest a user
+could run instead, and reproducible, what token identity is checked against.
+Split decoding runs for every drafter, numerics, mode, draft length and
+schedule, through the same link. Each drafter
 also runs co-located: beside the target in one process on the cloud's core, no
 link (``splitspec generate``), the ceiling the link costs against. Everything
 in the result is measured in that one run: edge wall time and TTFT, bytes on
@@ -23,7 +24,14 @@ import time
 from dataclasses import dataclass, field
 
 from edge.report import EdgeReport
-from shared.params import DEFAULT_TEMPERATURE, DEFAULT_WINDOW, SCHEDULES, TOKEN_IDENTICAL_MODES, window_for
+from shared.params import (
+    DEFAULT_TEMPERATURE,
+    DEFAULT_WINDOW,
+    NUMERICS,
+    SCHEDULES,
+    TOKEN_IDENTICAL_MODES,
+    window_for,
+)
 from sim.experiment import yardstick
 from sim.experiment.labels import config_label
 from sim.experiment.prediction import BaselineRow, MeasuredRow, attach_predictions
@@ -65,12 +73,13 @@ class SimConfig:
     stream_first: bool = False  # echo the first split run's text as it streams
     mqtt: bool = True  # a broker for fleet telemetry; edges reach it through the emulated link
     colocated: bool = True  # each drafter beside the target in one process, no link (the ceiling)
+    numerics: list[str] = field(default_factory=lambda: list(NUMERICS))  # split runs' sessions: auto, reproducible
 
 
-def _sampling_args(cfg: SimConfig, prompt: str, mode: str) -> list[str]:
+def _sampling_args(cfg: SimConfig, prompt: str, mode: str, reproducible: bool = False) -> list[str]:
     temperature = 0.0 if mode == "greedy" else cfg.temperature
     return ["--prompt", prompt, "--max-new-tokens", str(cfg.max_new_tokens), "--temperature", str(temperature),
-            "--seed", str(cfg.seed), "--mode", mode]
+            "--seed", str(cfg.seed), "--mode", mode, *(["--reproducible"] if reproducible else [])]
 
 
 class _Meter:
@@ -137,6 +146,9 @@ def _aggregate(mode: str, draft_len: int, reports: list[EdgeReport], meters: lis
         "cloud_cpu_s_per_token": sum(m.cpu_s for m in meters) / tokens,
         "wall_s": wall,
         "outputs": [r.tokens for r in reports],
+        "predicted_tokens_per_s": None,  # (the performance model's, set beside the measurement)
+        "prediction_error": None,
+        "prediction_error_out_of_sample": None,
     }
 
 
@@ -146,8 +158,8 @@ def run_simulation(cfg: SimConfig, progress=lambda line: print(line, file=sys.st
         f"scenario {cfg.scenario.name}: {cfg.scenario.description}\n"
         f"cores: edge {sorted(edge_cores) if edge_cores else 'shared'}, cloud {sorted(cloud_cores) if cloud_cores else 'shared'}"
     )
-    configs = [(rung, mode, d, s, h) for rung in cfg.drafters for mode in cfg.modes for d in cfg.draft_lens
-               for s in cfg.schedules for h in cfg.hedges
+    configs = [(rung, n, mode, d, s, h) for rung in cfg.drafters for n in cfg.numerics for mode in cfg.modes
+               for d in cfg.draft_lens for s in cfg.schedules for h in cfg.hedges
                if not h or mode in TOKEN_IDENTICAL_MODES]  # (rejection mode takes no hedges)
     # Greedy runs are checked against a greedy baseline, sampled modes against a sampled one.
     kinds = sorted({_baseline_kind(mode) for mode in cfg.modes}, key=lambda k: k != "sampled")
@@ -158,29 +170,28 @@ def run_simulation(cfg: SimConfig, progress=lambda line: print(line, file=sys.st
         # scenario's link too (an emulator of its own: its bytes are counted apart from gRPC's).
         broker = stack.enter_context(BrokerProcess()) if cfg.mqtt else None
         cloud_args = ["--mqtt", broker.url, "--replica", "sim-cloud"] if broker else []
-        cloud = stack.enter_context(CloudProcess(cfg.target, cloud_cores, extra_args=cloud_args))
-        free = stack.enter_context(CloudProcess(cfg.target, cloud_cores, extra_args=["--shapes", "free"]))
+        cloud = stack.enter_context(CloudProcess(cfg.target, cloud_cores, extra_args=[*cloud_args, "--shapes", "auto"]))
         link = stack.enter_context(BackgroundLink(cfg.scenario.link, cloud.port))
-        free_link = stack.enter_context(BackgroundLink(cfg.scenario.link, free.port))
         fleet_link = stack.enter_context(BackgroundLink(cfg.scenario.link, broker.port)) if broker else None
         fleet_args = ["--mqtt", f"mqtt://{fleet_link.address}", "--edge-id", "sim-edge"] if fleet_link else []
-        progress(f"clouds ready: canonical shapes on port {cloud.port} (link {link.address}), free shapes on port "
-                 f"{free.port} (link {free_link.address})"
+        progress(f"cloud ready on port {cloud.port} (--shapes auto); link emulator on {link.address}"
                  + (f"; MQTT broker {broker.url}, through the link at {fleet_link.address}" if broker else ""))
-        for server in (cloud, free):  # first forwards allocate and load lazily: no configuration pays for it
-            run_edge_process(["baseline", "--cloud", f"127.0.0.1:{server.port}", "--drafter", cfg.drafters[0].path,
-                              "--prompt", "Hello", "--max-new-tokens", "4", "--temperature", "0"], edge_cores)
+        for reproducible in (False, True):  # first forwards allocate and load lazily: no configuration pays for it
+            run_edge_process(["baseline", "--cloud", f"127.0.0.1:{cloud.port}", "--drafter", cfg.drafters[0].path,
+                              "--prompt", "Hello", "--max-new-tokens", "4", "--temperature", "0",
+                              *(["--reproducible"] if reproducible else [])], edge_cores)
         baselines: dict[str, BaselineRow] = {}
-        for yard, server, via in ((yardstick.FASTEST, free, free_link), (yardstick.REPRODUCIBLE, cloud, link)):
+        for yard in (yardstick.FASTEST, yardstick.REPRODUCIBLE):
             for kind in kinds:
                 key = yardstick.baseline_key(yard, kind, kinds[0])
-                baselines[key] = _cloud_only(cfg, kind, server, via, edge_cores, progress_of)
-                baselines[key].row.update(shapes="free" if server is free else "canonical", kind=kind, yardstick=yard)
+                baselines[key] = _cloud_only(cfg, kind, yard == yardstick.REPRODUCIBLE, link, cloud, edge_cores,
+                                             progress_of)
+                baselines[key].row.update(kind=kind, yardstick=yard)
         runs = []
         split_started = time.monotonic()
-        for rung, mode, draft_len, schedule, hedge in configs:
-            runs.append(_split(cfg, rung, mode, draft_len, schedule, hedge, cloud, link, edge_cores, progress_of,
-                               fleet_args, stream=cfg.stream_first and not runs))
+        for rung, numerics, mode, draft_len, schedule, hedge in configs:
+            runs.append(_split(cfg, rung, numerics, mode, draft_len, schedule, hedge, cloud, link, edge_cores,
+                               progress_of, fleet_args, stream=cfg.stream_first and not runs))
         fleet = _fleet_summary(broker, fleet_link, time.monotonic() - split_started, cfg) if broker else None
     colocated = {rung.name: _colocated(cfg, rung, cloud_cores, progress_of) for rung in cfg.drafters} \
         if cfg.colocated else {}
@@ -200,30 +211,31 @@ class _Progress:
         self.progress(f"[{self.step}/{self.total}] {line}" if counts else line)
 
 
-def _cloud_only(cfg: SimConfig, kind: str, server: CloudProcess, via: BackgroundLink, edge_cores,
+def _cloud_only(cfg: SimConfig, kind: str, reproducible: bool, link: BackgroundLink, cloud: CloudProcess, edge_cores,
                 progress: _Progress) -> BaselineRow:
-    """Cloud-only decoding of every prompt on ``server`` through ``via``."""
-    shapes = "free shapes" if "--shapes" in server.extra_args else "canonical shapes"
+    """Cloud-only decoding of every prompt (reproducible: canonical shapes; else free, the fastest)."""
+    shapes = "canonical" if reproducible else "free"
     reports, meters = [], []
     for prompt in cfg.prompts:
-        progress(f"cloud-only ({kind}, {shapes}): {prompt[:48]!r}")
-        with _Meter(server, via) as meter:
-            args = ["baseline", "--cloud", via.address, "--drafter", cfg.drafters[0].path, "--verdict-timeout", "600",
-                    "--timings", *_sampling_args(cfg, prompt, "greedy" if kind == "greedy" else "coupled")]
+        progress(f"cloud-only ({kind}, {shapes} shapes): {prompt[:48]!r}")
+        with _Meter(cloud, link) as meter:
+            args = ["baseline", "--cloud", link.address, "--drafter", cfg.drafters[0].path, "--verdict-timeout", "600",
+                    "--timings", *_sampling_args(cfg, prompt, "greedy" if kind == "greedy" else "coupled", reproducible)]
             reports.append(run_edge_process(args, edge_cores))
         meters.append(meter)
     row = _aggregate("cloud-only", 0, reports, meters)
-    row["label"] = f"cloud-only ({shapes})"
+    row.update(label="cloud-only reproducible" if reproducible else "cloud-only", shapes=shapes,
+               reproducible=reproducible)
     progress(f"    {row['label']} ({kind}): {row['tokens_per_s']:.2f} tok/s", counts=False)
     return BaselineRow(row, reports, [m.verify_samples for m in meters])
 
 
-def _split(cfg: SimConfig, rung: DrafterRung, mode: str, draft_len: int, schedule: str, hedge: int,
+def _split(cfg: SimConfig, rung: DrafterRung, numerics: str, mode: str, draft_len: int, schedule: str, hedge: int,
            cloud: CloudProcess, link: BackgroundLink, edge_cores, progress: _Progress, fleet_args: list[str],
            stream: bool) -> MeasuredRow:
-    """One split configuration over every prompt, on the product's verifier."""
-    window = window_for(schedule, cfg.window)
-    name = config_label(mode, draft_len, schedule, window, hedge)
+    """One split configuration over every prompt."""
+    window, reproducible = window_for(schedule, cfg.window), numerics == "reproducible"
+    name = config_label(mode, draft_len, schedule, window, hedge) + (" reproducible" if reproducible else "")
     label = f"{rung.name}: {name}" if len(cfg.drafters) > 1 else name
     reports, meters = [], []
     for i, prompt in enumerate(cfg.prompts):
@@ -232,14 +244,14 @@ def _split(cfg: SimConfig, rung: DrafterRung, mode: str, draft_len: int, schedul
         with _Meter(cloud, link) as meter:
             args = ["run", "--cloud", link.address, "--drafter", rung.path, "--verdict-timeout", "600", "--timings",
                     *fleet_args, "--drafter-threads", str(len(edge_cores) if edge_cores else 1),
-                    *_sampling_args(cfg, prompt, mode), "--draft-len", str(draft_len),
+                    *_sampling_args(cfg, prompt, mode, reproducible), "--draft-len", str(draft_len),
                     "--schedule", schedule, "--window", str(window), "--hedge", str(hedge)]
             reports.append(run_edge_process(args, edge_cores, stream_to=out))
         meters.append(meter)
         if out is not None:
             print(flush=True)
     row = _aggregate(mode, draft_len, reports, meters, schedule, window, hedge)
-    row.update(drafter=rung.name, label=label)
+    row.update(drafter=rung.name, label=label, reproducible=reproducible)
     return MeasuredRow(row, reports, [m.verify_samples for m in meters])
 
 
@@ -297,25 +309,32 @@ def _finish(cfg: SimConfig, primary_kind: str, baselines: dict[str, BaselineRow]
         run, kind = m.row, _baseline_kind(m.row["mode"])
         fastest = rows[yardstick.baseline_key(yardstick.FASTEST, kind, primary_kind)]
         reproducible = rows[yardstick.baseline_key(yardstick.REPRODUCIBLE, kind, primary_kind)]
-        # Rejection mode is lossless in distribution, not token for token: no identity to check. Free shapes
-        # round differently from canonical ones: identity with the fastest is measured, not promised.
+        # Rejection mode is lossless in distribution, not token for token: no identity to check. A reproducible
+        # session promises reproducible cloud-only's tokens; one that is not is exact in distribution and its
+        # identity with the fastest cloud-only (free shapes round differently) is measured, not promised.
         checked = run["mode"] in TOKEN_IDENTICAL_MODES
-        run["identical_to_baseline"] = run["outputs"] == reproducible["outputs"] if checked else None
+        run["identical_to_baseline"] = run["outputs"] == reproducible["outputs"] if checked and run["reproducible"] \
+            else None
         run["identical_to_fastest"] = run["outputs"] == fastest["outputs"] if checked else None
         run["ratios"] = yardstick.ratios(run, fastest)
         run["ratios_vs_reproducible"] = yardstick.ratios(run, reproducible)
     for row in rows.values():
         fastest = rows[yardstick.baseline_key(yardstick.FASTEST, row["kind"], primary_kind)]
         reproducible = rows[yardstick.baseline_key(yardstick.REPRODUCIBLE, row["kind"], primary_kind)]
-        row["identical_to_baseline"] = row["outputs"] == reproducible["outputs"]
+        row["identical_to_baseline"] = row["outputs"] == reproducible["outputs"] if row["reproducible"] else None
+        row["identical_to_fastest"] = row["outputs"] == fastest["outputs"]
         row["ratios"] = yardstick.ratios(row, fastest)
         row["ratios_vs_reproducible"] = yardstick.ratios(row, reproducible)
     fastest = rows[yardstick.FASTEST]
     for entry in colocated.values():
         entry["ratio_to_fastest"] = entry["tokens_per_s"] / fastest["tokens_per_s"] if fastest["tokens_per_s"] else None
-    fit = attach_predictions(
-        measured, [b for b in baselines.values() if b.row["yardstick"] == yardstick.REPRODUCIBLE],
-        [b for b in baselines.values() if b.row["yardstick"] == yardstick.FASTEST], link, len(cfg.prompts))
+    fit = {}  # each numerics fitted on its own runs and cloud-only (canonical forwards cost more than free ones)
+    for numerics, reproducible in (("auto", False), ("reproducible", True)):
+        group = [m for m in measured if m.row["reproducible"] == reproducible]
+        if group:
+            fit[numerics] = attach_predictions(
+                group, [b for b in baselines.values() if b.row["reproducible"] == reproducible], link,
+                len(cfg.prompts))
     runs = [m.row for m in measured]
     return {
         "scenario": cfg.scenario.name,
