@@ -1,16 +1,18 @@
-"""Capacity: the bench (real verifier process, replayed real drafts), the soak, the modelled table, the GPU check."""
+"""Capacity: the bench (real verifier process, replayed real drafts), the soak, the modelled table, the GPU check;
+and the yardstick of every bench ratio: the fastest cloud-only (free shapes) measured in the same run."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from sim.bench.capacity import ReplayDrafter, capacity_at_slo
+from sim.bench.capacity import ReplayDrafter, capacity_at_slo, format_capacity_report, run_capacity_bench
 from sim.link.scenario import load_scenario
 from sim.perf.capacity import capacity_at_slo as modelled_capacity_at_slo
 from sim.perf.capacity import capacity_rows
@@ -31,8 +33,29 @@ def test_bench_capacity_runs_both_modes_batched_and_not_and_every_output_is_targ
     runs = report["runs"]
     assert [(r["mode"], r["sessions"], r["batching"]) for r in runs] == [
         (mode, n, batching) for batching in (True, False) for n in (1, 3) for mode in ("cloud-only", "coupled")]
+    # Cloud-only runs in its fastest shapes, the split in batch-invariant ones; so does the comparison.
+    assert {(r["mode"], r["shapes"]) for r in runs} == {("cloud-only", "free"), ("coupled", "canonical")}
+    assert report["compared_shapes"] == {"cloud-only": "free", "coupled": "canonical"}
+    # The SLO is half the lone cloud-only rate in free shapes, measured in the same run.
+    fastest, reproducible = report["fastest_cloud_only_alone"], report["reproducible_cloud_only_alone"]
+    assert (fastest["shapes"], reproducible["shapes"]) == ("free", "canonical") and fastest["sessions"] == 3
+    assert fastest["tokens_per_s"] > 0 and reproducible["tokens_per_s"] > 0
+    assert report["slo_fraction"] == 0.5
+    assert report["slo_tokens_per_s"] == pytest.approx(0.5 * fastest["tokens_per_s"])
+    slo = report["slo_tokens_per_s"]
+    for mode, shapes in report["compared_shapes"].items():
+        meeting = [r["sessions"] for r in runs if (r["mode"], r["shapes"], r["batching"]) == (mode, shapes, True)
+                   and r["per_session_tokens_per_s_p50"] >= slo]
+        assert report["capacity_at_slo"][mode] == max(meeting, default=0)
+    assert report["capacity_at_slo"]["cloud-only"] >= 1  # one session alone makes twice the SLO
+    text = format_capacity_report(report)
+    assert f"SLO: {slo:.3g} tokens/s per session (p50), 0.5 x the fastest lone cloud-only" in text
+    assert f"{fastest['tokens_per_s']:.2f} tokens/s in free shapes (the fastest)" in text
+    assert (f"capacity at {slo:.3g} tokens/s per session (p50), both batched, cloud-only in free shapes (its fastest) "
+            "against coupled in canonical shapes (batch-invariant): cloud-only ") in text
     for run in runs:
-        assert run["identical"] and not run["errors"] and run["replay_misses"] == 0, run
+        assert not run["errors"] and run["replay_misses"] == 0, run
+        assert run["identical"] or run["shapes"] == "free", run  # free shapes' identity is luck
         assert run["aggregate_tokens_per_s"] > 0 and run["per_session_tokens_per_s_p10"] <= run["per_session_tokens_per_s_p50"]
         assert 0 < run["verifier_busy"] <= 1.0 and run["cloud_cpu_s_per_token"] > 0
         if not run["batching"]:
@@ -42,11 +65,45 @@ def test_bench_capacity_runs_both_modes_batched_and_not_and_every_output_is_targ
     assert 0 < report["acceptance"]["coupled"] < 1 and report["verifier_cores"] is not None
 
 
-def test_capacity_at_slo_is_the_largest_batched_count_meeting_it():
+def test_capacity_at_slo_is_the_largest_batched_count_meeting_it_in_each_sides_shapes():
     runs = [{"mode": "coupled", "sessions": n, "batching": b, "per_session_tokens_per_s_p50": rate}
             for n, b, rate in ((1, True, 9.0), (2, True, 6.0), (4, True, 3.0), (8, False, 9.0))]
     assert capacity_at_slo(runs, 4.0) == {"coupled": 2}
     assert capacity_at_slo(runs, 10.0) == {"coupled": 0}
+    # Cloud-only counts in free shapes only (its fastest), the split in canonical only.
+    runs = [{"mode": mode, "sessions": n, "batching": True, "shapes": shapes, "per_session_tokens_per_s_p50": rate}
+            for mode, shapes, n, rate in (("cloud-only", "free", 2, 5.0), ("cloud-only", "canonical", 4, 5.0),
+                                          ("coupled", "free", 8, 5.0), ("coupled", "canonical", 1, 5.0))]
+    assert capacity_at_slo(runs, 4.0) == {"cloud-only": 2, "coupled": 1}
+
+
+def test_capacity_slo_flags_default_to_a_fraction_of_the_lone_rate_and_bad_ones_fail_before_any_model_loads():
+    import argparse
+
+    from sim.commands.bench import add_bench_commands
+
+    parser = argparse.ArgumentParser()
+    add_bench_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["capacity"])
+    assert (args.slo, args.slo_fraction) == (None, 0.5)
+    assert parser.parse_args(["capacity", "--slo", "4"]).slo == 4.0
+    with pytest.raises(SystemExit):
+        parser.parse_args(["capacity", "--slo-fraction", "0"])
+    for kwargs in ({"slo_fraction": 1.5}, {"slo": -1.0}, {"cloud_args": ["--shapes", "free"]}):
+        with pytest.raises(ValueError):
+            run_capacity_bench(tiny=True, **kwargs)
+
+
+def test_capacity_report_says_which_slo_it_used():
+    report = {"runs": [], "acceptance": {"coupled": 0.8}, "capacity_at_slo": {"cloud-only": 1, "coupled": 2},
+              "drafter": "replayed", "draft_len": 8, "slo_tokens_per_s": 4.0, "slo_fraction": None,
+              "fastest_cloud_only_alone": {"shapes": "free", "tokens_per_s": 3.0, "sessions": 3},
+              "reproducible_cloud_only_alone": {"shapes": "canonical", "tokens_per_s": 2.3, "sessions": 3},
+              "compared_shapes": {"cloud-only": "free", "coupled": "canonical"}}
+    text = format_capacity_report(report)
+    assert "SLO: 4 tokens/s per session (p50), set by --slo" in text
+    assert "3.00 tokens/s in free shapes (the fastest), 2.30 in canonical shapes (reproducible)" in text
+    assert text.endswith("cloud-only 1, coupled 2")
 
 
 def test_replay_drafter_proposes_what_was_recorded_and_an_empty_block_otherwise():
@@ -101,4 +158,61 @@ def test_the_gpu_check_script_runs_its_cpu_variant():
     out = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh")], capture_output=True, text=True,
                          timeout=600, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "bit_identical: True" in out.stdout and "capacity at 4 tokens/s" in out.stdout
+    assert "bit_identical: True" in out.stdout
+    assert re.search(r"SLO: [\d.e+-]+ tokens/s per session \(p50\), 0.5 x the fastest lone cloud-only", out.stdout)
+    assert "capacity at " in out.stdout and "cloud-only in free shapes (its fastest)" in out.stdout
+
+
+def test_bench_invariance_reports_the_row_tile_the_engine_chose(monkeypatch):
+    import cloud.engine
+    from cloud.slot_attention import RowPadding
+    from sim.bench.invariance import run_invariance_check
+
+    monkeypatch.setattr(cloud.engine, "invariant_row_padding", lambda model, max_rows=64: RowPadding(True, tile=16))
+    report = run_invariance_check(tiny=True, trials=1)
+    assert (report["row_padding"], report["row_tile"]) == ("a multiple of 16 rows", 16)
+
+
+def test_bench_split_compares_every_run_with_the_fastest_cloud_only_and_labels_both(tiny_models):
+    from sim.bench.split import format_split_report, run_split_bench
+
+    seen = []
+    result = run_split_bench(target=tiny_models["target"], drafter=tiny_models["drafter_noisy"], prompt="hello there",
+                             max_new_tokens=12, modes=["greedy", "coupled"], draft_lens=[3], on_row=seen.append)
+    rows = result["runs"]
+    assert seen == rows
+    assert [(r["mode"], r["draft_len"], r["shapes"]) for r in rows] == [
+        (mode, d, shapes) for mode in ("greedy", "coupled") for d, shapes in ((0, "free"), (0, "canonical"), (3, "canonical"))]
+    fastest, reproducible = result["cloud_only"]["fastest"], result["cloud_only"]["reproducible"]
+    assert (fastest["shapes"], reproducible["shapes"]) == ("free", "canonical") and result["split_shapes"] == "canonical"
+    assert fastest["threads"] == reproducible["threads"] >= 1 and all(r["threads"] == fastest["threads"] for r in rows)
+    for mode in ("greedy", "coupled"):
+        free, canonical, split = (r for r in rows if r["mode"] == mode)
+        assert free["wall_vs_fastest_cloud_only"] == 1.0 and canonical["wall_vs_target_only"] == 1.0
+        # Each ratio is over its own baseline: their quotient is the reproducible's wall over the fastest's.
+        price = canonical["wall_vs_fastest_cloud_only"]
+        assert split["wall_vs_fastest_cloud_only"] / split["wall_vs_target_only"] == pytest.approx(price, rel=0.02)
+        assert free["wall_vs_target_only"] * price == pytest.approx(1.0, rel=0.02)
+        assert split["identical_to_target_only"] and canonical["identical_to_target_only"]
+    text = format_split_report(result)
+    assert text.splitlines()[0].startswith(f"cloud-only (D=0, same process, {fastest['threads']} torch threads): "
+                                           "the fastest in free shapes")
+    assert "(cloud-only, free shapes)" in text and "(split, canonical shapes)" in text
+    assert "of the fastest cloud-only" in text
+
+
+@pytest.mark.slow
+def test_bench_serve_compares_the_split_with_the_fastest_cloud_only_on_the_same_link(tiny_models):
+    from sim.bench.serve import format_serve_report, run_serve_bench
+
+    report = run_serve_bench(scenario="lte", turns=2, max_tokens=8, repeats=1, target=tiny_models["target"],
+                             drafter=tiny_models["drafter_noisy"])
+    c = report["cloud_only"]
+    assert (c["fastest"]["shapes"], c["reproducible"]["shapes"], c["split_shapes"]) == ("free", "canonical", "canonical")
+    assert c["fastest"]["tokens_per_s"] > 0 and c["reproducible"]["tokens_per_s"] > 0
+    direct = report["http"]["direct_tokens_per_s"]
+    assert c["direct_over_fastest"] == pytest.approx(direct / c["fastest"]["tokens_per_s"])
+    assert c["direct_over_reproducible"] == pytest.approx(direct / c["reproducible"]["tokens_per_s"])
+    assert all(t["identical"] for t in report["turns"])
+    text = format_serve_report(report)
+    assert f"vs {c['fastest']['tokens_per_s']:.2f} tok/s in free shapes, the fastest ({c['direct_over_fastest']:.2f}x)" in text

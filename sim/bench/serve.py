@@ -1,7 +1,7 @@
 """``splitspec bench serve``: what ``edge serve`` costs and what its conversations save, measured
 with a real cloud process behind the emulated link.
 
-Two measurements in one run, on the same cloud, link and drafter:
+Three measurements in one run, on the same cloud cores, link and drafter:
 
 - a conversation of ``turns`` user turns (greedy, so both arms see the same
   replies and prompts), once keeping the cloud session between turns and once
@@ -10,7 +10,12 @@ Two measurements in one run, on the same cloud, link and drafter:
   size of the new tokens, time to first token; the replies must be identical;
 - the HTTP layer: one prompt streamed through the OpenAI server (uvicorn,
   server-sent events) against the same generation called directly:
-  tokens/s and time to first token.
+  tokens/s and time to first token;
+- the yardstick: that prompt decoded cloud-only (``Generate``) through the
+  same link, by a cloud in free shapes (the fastest cloud-only, a second
+  process on the same cores and threads) and by the split's own cloud in
+  canonical shapes (batch-invariant: the reproducible cloud-only); the
+  direct split's tokens/s over each.
 
 Contract: ``run_serve_bench(...)`` returns the report dict and
 ``format_serve_report`` renders it; flags live in ``sim.commands.bench``.
@@ -25,6 +30,10 @@ import time
 from typing import Any
 
 __all__ = ["run_serve_bench", "format_serve_report", "QUESTIONS"]
+
+FASTEST_SHAPES = "free"  # the fastest cloud-only
+SPLIT_SHAPES = "canonical"  # batch-invariant: the split's cloud (set, not left to the default), and the reproducible cloud-only
+HTTP_MESSAGES = [{"role": "user", "content": "Write a short story about a lighthouse keeper."}]
 
 QUESTIONS = [
     "Why is the sky blue?",
@@ -62,7 +71,7 @@ def run_serve_bench(*, scenario: str = "acespec-50k", turns: int = 10, max_token
     report: dict[str, Any] = {"scenario": link_scenario.name, "turns": [], "http": {}}
     draft = open_llama_drafter(drafter, n_threads=len(edge_cores) if edge_cores else 1)
     try:
-        with CloudProcess(str(resolve_target(target)), cloud_cores) as cloud, \
+        with CloudProcess(str(resolve_target(target)), cloud_cores, extra_args=["--shapes", SPLIT_SHAPES]) as cloud, \
                 BackgroundLink(link_scenario.link, cloud.port) as link:
             config = ServeConfig(cloud=link.address, model_name=draft.model_name)
             service = EdgeService.for_drafter(draft, config)
@@ -97,9 +106,38 @@ def run_serve_bench(*, scenario: str = "acespec-50k", turns: int = 10, max_token
                     "fresh_ttft_s": fresh["ttft_s"], "identical": kept["reply"] == fresh["reply"],
                 })
             report["http"] = _http_overhead(service, create_app, httpx, greedy, max_tokens * 2, repeats, progress)
+            prompt, _ = service.chat_prompt(HTTP_MESSAGES)
+            vocab = (service.vocab.size, service.vocab.fingerprint)
+            reproducible = _cloud_only(link.address, vocab, prompt, greedy, max_tokens * 2, repeats)
+            with CloudProcess(str(resolve_target(target)), cloud_cores, extra_args=["--shapes", FASTEST_SHAPES]) as free, \
+                    BackgroundLink(link_scenario.link, free.port) as free_link:
+                fastest = _cloud_only(free_link.address, vocab, prompt, greedy, max_tokens * 2, repeats)
+            direct = report["http"]["direct_tokens_per_s"]
+            report["cloud_only"] = {
+                "fastest": {"shapes": FASTEST_SHAPES, **fastest}, "reproducible": {"shapes": SPLIT_SHAPES, **reproducible},
+                "split_shapes": SPLIT_SHAPES, "cloud_cores": sorted(cloud_cores) if cloud_cores else None,
+                "direct_over_fastest": direct / fastest["tokens_per_s"] if fastest["tokens_per_s"] else None,
+                "direct_over_reproducible": direct / reproducible["tokens_per_s"] if reproducible["tokens_per_s"] else None,
+            }
+            progress(f"cloud-only: {fastest['tokens_per_s']:.2f} tok/s in {FASTEST_SHAPES} shapes, "
+                     f"{reproducible['tokens_per_s']:.2f} in {SPLIT_SHAPES}")
     finally:
         draft.close()
     return report
+
+
+def _cloud_only(address: str, vocab: tuple, prompt: list[int], params, max_tokens: int, repeats: int) -> dict[str, float]:
+    """``prompt`` decoded cloud-only ``repeats`` times after a short unmeasured warm-up: median tokens/s and TTFT."""
+    from edge.cloud_only import cloud_only_generate
+    from edge.endpoint import VerifierEndpoint
+
+    def once(tokens: int):
+        return cloud_only_generate(VerifierEndpoint(address, *vocab), prompt, params, max_new_tokens=tokens)
+
+    once(4)  # a fresh cloud's first forwards are slow
+    runs = [once(max_tokens) for _ in range(repeats)]
+    return {"tokens_per_s": statistics.median(len(r.tokens) / r.wall_s for r in runs),
+            "ttft_s": statistics.median(r.ttft_s for r in runs), "repeats": repeats}
 
 
 def _http_overhead(service, create_app, httpx, params, max_tokens: int, repeats: int, progress) -> dict[str, float]:
@@ -108,7 +146,7 @@ def _http_overhead(service, create_app, httpx, params, max_tokens: int, repeats:
 
     from edge.serving import Job
 
-    messages = [{"role": "user", "content": "Write a short story about a lighthouse keeper."}]
+    messages = HTTP_MESSAGES
     prompt, stops = service.chat_prompt(messages)
     server = uvicorn.Server(uvicorn.Config(create_app(service), host="127.0.0.1", port=0, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -165,4 +203,17 @@ def format_serve_report(report: dict[str, Any]) -> str:
     http = (f"HTTP (streamed) vs direct: {h['http_tokens_per_s']:.2f} vs {h['direct_tokens_per_s']:.2f} tok/s "
             f"({h['http_over_direct']:.3f}x), TTFT {h['http_ttft_s'] * 1e3:.0f} vs {h['direct_ttft_s'] * 1e3:.0f} ms "
             f"({h['http_extra_ttft_s'] * 1e3:+.0f} ms), median of {h['repeats']}")
-    return f"conversation on {report['scenario']} (kept session vs a fresh session per turn):\n{table}\n\n{http}"
+    c = report["cloud_only"]
+    fastest, reproducible = c["fastest"], c["reproducible"]
+    yardstick = (f"split (edge serve, direct, {c['split_shapes']} shapes) vs cloud-only on that prompt and link, the cloud "
+                 f"on the same cores: {h['direct_tokens_per_s']:.2f} vs {fastest['tokens_per_s']:.2f} tok/s in "
+                 f"{fastest['shapes']} shapes, the fastest ({_times(c['direct_over_fastest'])}), and "
+                 f"{reproducible['tokens_per_s']:.2f} in {reproducible['shapes']} shapes, the reproducible "
+                 f"({_times(c['direct_over_reproducible'])}); cloud-only TTFT {fastest['ttft_s'] * 1e3:.0f} / "
+                 f"{reproducible['ttft_s'] * 1e3:.0f} ms, median of {fastest['repeats']}")
+    return (f"conversation on {report['scenario']} (split both ways: kept session vs a fresh session per turn):\n"
+            f"{table}\n\n{http}\n{yardstick}")
+
+
+def _times(ratio: float | None) -> str:
+    return "n/a" if ratio is None else f"{ratio:.2f}x"

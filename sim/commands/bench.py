@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from shared.cli import non_negative_int, positive_int
+from shared.cli import non_negative_int, positive_float, positive_int
 from shared.params import (
     DEFAULT_DRAFT_LEN,
     DEFAULT_DRAFT_TOP_K,
@@ -75,9 +75,11 @@ def _add_logit_processing(parser: argparse.ArgumentParser, applies: str) -> None
 
 def _add_split(subparsers: argparse._SubParsersAction) -> None:
     split = subparsers.add_parser(
-        "split", help="split decoding vs target-only, in one process, on real models",
+        "split", help="split decoding vs cloud-only, in one process, on real models",
         description="For each mode and draft length, the same prompt and seed in one process: acceptance, "
-                    "target forwards per token, wall time against D=0, drafter overhead, token identity.")
+                    "target forwards per token, wall time against cloud-only (D=0) in free shapes (the fastest) "
+                    "and in canonical shapes (the reproducible, which the split runs in), both on the same torch "
+                    "threads, drafter overhead, token identity with the reproducible cloud-only.")
     split.add_argument("--target", default=None, help="target folder or GGUF (default: Gemma 3 270M)")
     split.add_argument("--drafter", default=None, help="drafter GGUF (default: Gemma 3 270M Q4_K_M)")
     split.add_argument("--prompt", default=SPLIT_PROMPT, help="text to continue (default: a short-story prompt)")
@@ -131,7 +133,9 @@ def _add_serve(subparsers: argparse._SubParsersAction) -> None:
         description="With a real cloud process behind the emulated link: a conversation of --turns turns kept in "
                     "one cloud session against a fresh session per turn (prompt tokens and bytes uploaded, time to "
                     "first token, identical replies), then one prompt streamed through the OpenAI server against "
-                    "the same generation called directly.")
+                    "the same generation called directly, then that prompt cloud-only through the same link from "
+                    "a cloud in free shapes (the fastest) and from the split's own (canonical) on the same cores: "
+                    "the direct split's tokens/s over each.")
     serve.add_argument("--scenario", default="acespec-50k", help="link scenario (default %(default)s)")
     serve.add_argument("--turns", type=positive_int, default=10, help="user turns, at most 10 (default %(default)s)")
     serve.add_argument("--max-tokens", type=positive_int, default=32, help="reply tokens per turn (default %(default)s)")
@@ -145,26 +149,35 @@ def _add_serve(subparsers: argparse._SubParsersAction) -> None:
 def _add_capacity(subparsers: argparse._SubParsersAction) -> None:
     capacity = subparsers.add_parser(
         "capacity", help="sessions one verifier carries: split vs cloud-only, both batched, at a per-session SLO",
-        description="Starts one `splitspec-cloud serve` pinned to one core and runs N concurrent edge sessions "
-                    "against it for each --sessions count, cloud-only and split (each --mode), reporting aggregate "
-                    "and per-session tokens/s, cloud forwards and CPU seconds per token, the verifier's busy "
-                    "fraction, batch sizes and whether every output equals target-only decoding. The edges replay "
-                    "blocks recorded from the real llama.cpp drafter (so N edges fit on the other cores) and the "
-                    "acceptance they reach is reported. Capacity at --slo is the largest N whose median session "
-                    "gets at least that many tokens/s.")
+        description="Starts `splitspec-cloud serve` pinned to one core and runs N concurrent edge sessions "
+                    "against it for each --sessions count, cloud-only in free shapes (its fastest) and split (each "
+                    "--mode) in canonical (batch-invariant) shapes, each on its own verifier on that core, "
+                    "reporting aggregate and per-session tokens/s, cloud forwards and CPU seconds per token, the "
+                    "verifier's busy fraction, batch sizes and whether every output equals target-only decoding. "
+                    "The edges replay blocks recorded from the real llama.cpp drafter (so N edges fit on the other "
+                    "cores) and the acceptance they reach is reported. First it measures the fastest lone "
+                    "cloud-only rate (free shapes, one session alone); the SLO is --slo-fraction of it unless "
+                    "--slo is given. Capacity at the SLO is the largest N whose median session gets at least "
+                    "that many tokens/s.")
     capacity.add_argument("--sessions", type=positive_int, nargs="+", default=[1, 2, 4, 8, 16],
                           help="concurrent session counts (default %(default)s)")
     capacity.add_argument("--mode", choices=("greedy", "coupled"), default="coupled",
                           help="split mode (and the sampling cloud-only uses too): greedy, or coupled at "
                                "--temperature (default %(default)s)")
-    capacity.add_argument("--slo", type=float, default=4.0, help="tokens/s per session (p50) for capacity (default %(default)s)")
+    capacity.add_argument("--slo", type=positive_float, default=None, metavar="TOKENS_PER_S",
+                          help="tokens/s per session (p50) for capacity (default: --slo-fraction of the fastest "
+                               "lone cloud-only rate, measured first in the same run)")
+    capacity.add_argument("--slo-fraction", type=positive_float, default=0.5,
+                          help="without --slo: the SLO as this fraction of the lone cloud-only rate in free shapes "
+                               "(default %(default)s)")
     capacity.add_argument("--max-new-tokens", type=positive_int, default=32, help="tokens per session (default %(default)s)")
     capacity.add_argument("--draft-len", type=positive_int, default=DEFAULT_DRAFT_LEN,
                           help="drafted tokens per block D (default %(default)s)")
     capacity.add_argument("--temperature", type=float, default=DEFAULT_TEMPERATURE,
                           help="sampling temperature; 0 is greedy (default %(default)s)")
     capacity.add_argument("--no-batching", action="store_true",
-                          help="also run every count with the verifier serving one forward at a time")
+                          help="also run every count with the verifiers serving one forward at a time "
+                               "(each side in its shapes, as batched)")
     capacity.add_argument("--scenario", default=None,
                           help="each edge reaches the verifier through its own emulated link of this scenario "
                                "(default: plain loopback)")
@@ -175,8 +188,9 @@ def _add_capacity(subparsers: argparse._SubParsersAction) -> None:
     capacity.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
                           help="the verifier's dtype (default: float32 on CPU, bfloat16 on GPU)")
     capacity.add_argument("--free-shapes", action="store_true",
-                          help="also run every count with the verifier's free (not batch-invariant) shapes: what "
-                               "invariance costs (their identity column says whether luck held)")
+                          help="also run every count with each side in its other shapes (the split in free, not "
+                               "batch-invariant, shapes; cloud-only in canonical): what invariance costs each "
+                               "(the free runs' identity column says whether luck held)")
     capacity.add_argument("--unpinned", action="store_true",
                           help="do not pin the verifier to one core (a GPU verifier, or a many-core CPU one)")
     capacity.add_argument("--soak", type=float, default=None, metavar="MINUTES",
@@ -197,7 +211,8 @@ def run_capacity(args: argparse.Namespace) -> int:
     if args.soak is not None:
         return _run_soak(args, progress)
     report = run_capacity_bench(
-        sessions=sorted(set(args.sessions)), mode=args.mode, slo=args.slo, max_new_tokens=args.max_new_tokens,
+        sessions=sorted(set(args.sessions)), mode=args.mode, slo=args.slo, slo_fraction=args.slo_fraction,
+        max_new_tokens=args.max_new_tokens,
         draft_len=args.draft_len, temperature=args.temperature, compare_unbatched=args.no_batching,
         target=args.target, drafter=args.drafter, tiny=args.tiny, scenario=args.scenario, progress=progress,
         compare_free_shapes=args.free_shapes, cloud_cores=set() if args.unpinned else None,
@@ -323,7 +338,7 @@ def run_wire(args: argparse.Namespace) -> int:
 
 
 def run_split(args: argparse.Namespace) -> int:
-    from sim.bench.split import format_split_row, run_split_bench
+    from sim.bench.split import format_split_row, format_split_yardstick, run_split_bench
 
     def show(row: dict) -> None:
         print(format_split_row(row), flush=True)
@@ -341,8 +356,7 @@ def run_split(args: argparse.Namespace) -> int:
         seed=args.seed,
         on_row=None if args.json else show,
     )
-    if args.json:
-        print(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2) if args.json else format_split_yardstick(result))
     return 0
 
 
