@@ -144,6 +144,7 @@ def run_sim(args: argparse.Namespace) -> int:
         numerics=list(dict.fromkeys(args.numerics)),
     )
     result = run_simulation(config)
+    result["provenance"] = _provenance()
     out = args.out or Path("out") / f"sim-{scenario.name}"
     out.mkdir(parents=True, exist_ok=True)
     (out / "result.json").write_text(json.dumps(result, indent=2))
@@ -158,6 +159,28 @@ def run_sim(args: argparse.Namespace) -> int:
         print("\n".join(line for line in markdown_report(result).splitlines() if line.startswith("- ")))
     print(f"wrote {out / 'result.json'}, {out / 'report.md'} and {len(plots)} plots", file=sys.stderr)
     return 0
+
+
+def _provenance() -> dict:
+    """What made this result: the command line, the commit (when run from a git checkout), the machine."""
+    import datetime
+    import os
+    import platform
+    import subprocess
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
+                                cwd=Path(__file__).resolve().parent).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else None
+    return {
+        "command": " ".join(["splitspec", *sys.argv[1:]]),
+        "commit": commit,
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": f"{os.cpu_count()} cores, {cpu}",
+    }
 
 
 def run_sim_faults(args: argparse.Namespace) -> int:

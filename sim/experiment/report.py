@@ -210,6 +210,7 @@ def markdown_report(result: dict) -> str:
             f"Link: {link['up_bps'] / 1e3:g} kbit/s up, {link['down_bps'] / 1e3:g} kbit/s down, RTT {link['rtt_ms']:g} ms. "
             f"{len(result['prompts'])} prompt(s), {result['max_new_tokens']} new tokens each, temperature "
             f"{result['temperature']} (greedy runs use 0), seed {result['seed']}.",
+            *_provenance_lines(result.get("provenance")),
             "",
             "All numbers below were measured in this run with real processes (edge and cloud pinned to separate cores) "
             "through the emulated link, except the *predicted* columns: the performance model fitted on the same run's "
@@ -228,6 +229,13 @@ def markdown_report(result: dict) -> str:
             *_fleet_lines(result.get("fleet")),
         ]
     )
+
+
+def _provenance_lines(provenance: dict | None) -> list[str]:
+    if not provenance:
+        return []
+    return ["", f"Made by `{provenance['command']}` at commit {provenance['commit'] or 'unknown'} on "
+                f"{provenance['date']}, {provenance['machine']}."]
 
 
 def _fit_lines(fit: dict) -> list[str]:
