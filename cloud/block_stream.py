@@ -5,9 +5,10 @@ or the end of the stream ends it); ``decode_draft`` turns a Draft into a
 ``PendingBlock``, decoding no more than the session's limits allow;
 ``verdicts`` verifies what is pending, the chain at its front in one forward
 on the engine thread, and yields one ``Answered`` per block in order. A bad
-frame, a block past the session's draft length, more than
-``max_blocks_in_flight`` blocks waiting, or an idle stream is an ``Abort`` of
-this stream alone (an idle one parks its session). A session another stream
+frame (rejection-mode drafts the session's audit refuses included), a block
+past the session's draft length, more than ``max_blocks_in_flight`` blocks
+waiting, or an idle stream is an ``Abort`` of this stream alone (an idle one
+parks its session). A session another stream
 has resumed is never verified here. Every verify is observed once, in
 ``ServiceMetrics`` and the recent-latency windows. It opens no session and
 writes nothing to the stream (``cloud.handshake``, ``cloud.servicer``).
@@ -25,9 +26,9 @@ import grpc
 
 from cloud.next_block import NextBlockClock
 from cloud.service_part import ServicePart
-from cloud.session import BlockRejected, PendingBlock, VerifierSession
+from cloud.session import BlockRejected, ForgedDraft, PendingBlock, VerifierSession
 from cloud.session_table import SessionEntry
-from cloud.stream_end import Abort
+from cloud.stream_end import Abort, parsed
 from protos import splitspec_pb2 as pb
 from shared import codec
 from shared.stats import RoundRecord
@@ -60,14 +61,15 @@ def verdict_message(answer: Answered, forwards: int) -> pb.Verdict:
 async def read_frame(context, timeout: float):
     """The next frame, or ``grpc.aio.EOF`` when the edge hung up or the stream broke."""
     try:
-        return await asyncio.wait_for(context.read(), timeout)
+        frame = await asyncio.wait_for(context.read(), timeout)
     except TimeoutError as exc:
         raise Abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"no frame from the edge for {timeout:.0f}s") from exc
     except Exception as exc:
         if context.cancelled() or context.done():  # the stream broke: its session stays resumable
             return grpc.aio.EOF
-        # gRPC's deserializer raised: bytes that are not an EdgeFrame
+        # gRPC's deserializer raised (a server without ``ParseRequests``): bytes that are not an EdgeFrame
         raise Abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed frame: {type(exc).__name__}") from exc
+    return parsed(frame)  # bytes that are not an EdgeFrame (``ParseRequests``)
 
 
 async def _next_frame(frames: asyncio.Queue, timeout_s: float):
@@ -179,6 +181,8 @@ class BlockStream(ServicePart):
         try:
             verdicts = await self.scheduler.run(verify_if_current, session)
         except BlockRejected as exc:
+            if isinstance(exc, ForgedDraft):
+                self.metrics.forged_drafts.labels(check=exc.check).inc()
             raise Abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
         if verdicts is None:
             raise Abort(grpc.StatusCode.ABORTED, "the session was resumed on another stream", park=True)

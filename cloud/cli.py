@@ -12,7 +12,7 @@ import signal
 import sys
 from pathlib import Path
 
-from cloud.limits import ServiceLimits
+from cloud.limits import ALL_MODES, ServiceLimits
 from shared.cli import (
     CliError,
     add_verbosity,
@@ -84,6 +84,11 @@ def add_cloud_commands(commands) -> None:
                        "alone (greedy and coupled modes, to edges that ask; rejection mode decodes the token "
                        "alone); 'decode': the token alone; 'drop': an empty answer, less "
                        f"cloud compute per token (default {_stale_policy(limits)})")
+    serve.add_argument("--modes", nargs="+", choices=ALL_MODES, default=list(limits.modes), metavar="MODE",
+                       help="verification modes served, of greedy, coupled, rejection (default: all three); an Open "
+                       "for another is refused with FAILED_PRECONDITION (temperature 0 is greedy in every mode)")
+    serve.add_argument("--rejection-requires-auth", action="store_true",
+                       help="serve rejection mode only to authenticated clients (needs --auth-token-file)")
     serve.add_argument("--max-new-tokens", type=positive_int, default=limits.max_new_tokens,
                        help=f"largest generation per session (default {limits.max_new_tokens})")
     serve.add_argument("--session-ttl", type=positive_float, default=limits.session_ttl_s,
@@ -116,8 +121,12 @@ def add_cloud_commands(commands) -> None:
     serve.add_argument("--insecure", action="store_true",
                        help="accept --auth-token-file without TLS on a non-loopback --host: the token then crosses "
                        "the network in cleartext, readable by anyone on the path (splitspec-edge itself refuses to send a "
-                       "token off loopback without TLS)")
+                       "token off loopback without TLS); likewise metrics on a non-loopback --metrics-host without TLS")
     serve.add_argument("--metrics-port", type=port_number, default=None, help="serve Prometheus metrics on this port")
+    serve.add_argument("--metrics-host", default="127.0.0.1",
+                       help="address the metrics listen on (default 127.0.0.1, whatever --host says); off loopback "
+                       "they are served over HTTPS with --tls-cert/--tls-key, and refused without them unless "
+                       "--insecure")
     serve.add_argument("--mqtt", type=mqtt_url, default=None, metavar="URL",
                        help="publish this replica's status and load to an MQTT broker (mqtt://HOST[:PORT])")
     serve.add_argument("--replica", default=None,
@@ -138,11 +147,14 @@ def read_secret(path: Path | None, what: str) -> str | None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from cloud.engine import pick_device
+    from cloud.engine import NotRowInvariant, pick_device
     from cloud.models import resolve_target
     from cloud.server import ServerConfig
 
     token = read_secret(args.auth_token_file, "auth token file")
+    if args.rejection_requires_auth and not token:
+        raise CliError("--rejection-requires-auth needs --auth-token-file: without a token no client is "
+                       "authenticated (to serve no rejection mode at all, leave it out of --modes)", exit_code=2)
     host = args.host or ("0.0.0.0" if token and args.tls_cert else "127.0.0.1")
     config = ServerConfig(
         host=host,
@@ -159,12 +171,15 @@ def run_serve(args: argparse.Namespace) -> int:
             max_new_tokens=args.max_new_tokens,
             max_batch_rows=args.max_batch_rows,
             max_kv_tokens=args.max_kv_tokens,
+            modes=tuple(args.modes),
+            rejection_requires_auth=args.rejection_requires_auth,
         ),
         batching=not args.no_batching,
         auth_token=token,
         tls_cert=args.tls_cert.read_bytes() if args.tls_cert else None,
         tls_key=args.tls_key.read_bytes() if args.tls_key else None,
         metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
         grace_s=args.grace,
         insecure=args.insecure,
         replica=args.replica or "",
@@ -177,6 +192,8 @@ def run_serve(args: argparse.Namespace) -> int:
     target = resolve_target(args.target)
     try:
         engine = load_engine(target, device=args.device, dtype=args.dtype, shapes=args.shapes)
+    except NotRowInvariant:  # --shapes canonical on a device that cannot keep its promise: bad input, as it says
+        raise
     except Exception as exc:  # a truncated or foreign checkpoint (safetensors raises its own type), a bad config
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CliError(f"cannot load the target model from {target}: {detail}") from exc

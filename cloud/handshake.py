@@ -5,9 +5,11 @@ ways: a new session (the prompt prefilled on the engine thread), a resume
 (``resume_ticket``: the parked session, and what the edge missed), or a new
 turn (``resume_ticket`` with ``extend``: the session cut back and extended).
 It checks the vocabulary (``FAILED_PRECONDITION``), the request
-(``INVALID_ARGUMENT``) and room in the session table (``RESOURCE_EXHAUSTED``);
-an unknown ticket is ``NOT_FOUND``. Every refusal is an ``Abort`` of that
-stream alone, and a session a refused resume or turn held is released.
+(``INVALID_ARGUMENT``), that this verifier serves the Open's mode to this
+client (``FAILED_PRECONDITION``: ``ServiceLimits.modes``, and rejection mode
+only to streams with a bearer token under ``rejection_requires_auth``) and
+room in the session table (``RESOURCE_EXHAUSTED``); an unknown ticket is
+``NOT_FOUND``. Every refusal is an ``Abort`` of that stream alone, and a session a refused resume or turn held is released.
 Sessions count against their owner: the bearer token, else the peer address.
 It verifies no block and writes nothing to the stream (``cloud.block_stream``,
 ``cloud.servicer``).
@@ -26,6 +28,7 @@ from cloud.session_table import SessionEntry, TableFull, owner_of
 from cloud.stream_end import Abort
 from protos import splitspec_pb2 as pb
 from shared import codec
+from shared.params import Mode, SamplingParams
 from shared.vocab import describe_vocab
 from shared.wire import REPLICA_HEADER, OpenRequest, parse_open_request, stop_reason_to_proto
 
@@ -91,6 +94,18 @@ class Handshake(ServicePart):
                         f"this verifier cannot serve a reproducible session: {why}; ask without reproducible "
                         "(exact in distribution) or use a verifier in --shapes auto or canonical")
 
+    def check_mode(self, params: SamplingParams, context) -> None:
+        """Refuse an Open whose mode this verifier does not serve (to this client): ``FAILED_PRECONDITION``.
+        The mode served is the one verification uses: temperature 0 is greedy in every mode."""
+        mode = Mode.GREEDY if params.is_greedy else params.mode
+        served = self.limits.modes
+        if mode.value not in served:
+            raise Abort(grpc.StatusCode.FAILED_PRECONDITION,
+                        f"this verifier does not serve {mode.value} mode (it serves {', '.join(served)})")
+        if mode is Mode.REJECTION and self.limits.rejection_requires_auth and not self.bearer_token(context):
+            raise Abort(grpc.StatusCode.FAILED_PRECONDITION,
+                        "this verifier serves rejection mode only to authenticated clients (send a bearer token)")
+
     def _check_routing(self, context) -> None:
         """A resume or a next turn names the replica that holds its session; one that names another
         replica was misrouted (a proxy without affinity): counted, then answered as usual (the
@@ -101,11 +116,15 @@ class Handshake(ServicePart):
             log.info("a stream for replica %s reached replica %s", named, self.replica)
 
     @staticmethod
-    def owner(context) -> str:
-        """Whom a stream's sessions count against: its bearer token, else its peer address."""
+    def bearer_token(context) -> str | None:
+        """The stream's bearer token, if it sent one (checked by the server's interceptor where it has a token)."""
         metadata = dict(context.invocation_metadata() or ())
-        token = str(metadata.get("authorization", "")).removeprefix("Bearer ") or None
-        return owner_of(context.peer() or "", token)
+        return str(metadata.get("authorization", "")).removeprefix("Bearer ") or None
+
+    @classmethod
+    def owner(cls, context) -> str:
+        """Whom a stream's sessions count against: its bearer token, else its peer address."""
+        return owner_of(context.peer() or "", cls.bearer_token(context))
 
     # -- sessions ----------------------------------------------------------
     def release(self, entry: SessionEntry | None, finished: bool) -> None:
@@ -131,7 +150,7 @@ class Handshake(ServicePart):
                     self.engine, prompt, params, max_new_tokens=max_new_tokens, max_draft_len=max_draft_len,
                     max_branches=self.max_branches, decode_stale=self.limits.decode_stale,
                     rebase_stale=self.limits.rebase_stale and takes_rebased,
-                    prefill=False,
+                    prefill=False, audit_drafts=self.limits.audit_drafts,
                 )
                 yield from session.prefill_steps()
                 return session
@@ -158,13 +177,13 @@ class Handshake(ServicePart):
         if request.resume_ticket:
             self._check_routing(context)
         if request.resume_ticket and request.extend:
-            entry, stream = await self._extend(request, self.owner(context))
+            entry, stream = await self._extend(request, self.owner(context), context)
             opened = pb.Opened(committed_length=len(entry.session.tokens))
         elif request.resume_ticket:
             entry, stream, opened = await self._resume(request, self.owner(context))
             answer_first = answer_first and not entry.session.done
         else:
-            entry = await self._open(request, self.owner(context))
+            entry = await self._open(request, self.owner(context), context)
             stream = entry.stream  # no await since the table added it
             opened = pb.Opened(committed_length=len(entry.session.tokens))
         return Attached(entry, stream, opened, answer_first)
@@ -182,8 +201,9 @@ class Handshake(ServicePart):
             replica=self.replica,
         )
 
-    async def _open(self, request: pb.Open, owner: str) -> SessionEntry:
+    async def _open(self, request: pb.Open, owner: str, context) -> SessionEntry:
         opened = self.parse_request(request)
+        self.check_mode(opened.params, context)
         max_draft_len = self._max_draft_len(request)
         entry = await self.new_session(opened, max_draft_len, owner, takes_rebased=request.takes_rebased)
         params = opened.params
@@ -241,7 +261,7 @@ class Handshake(ServicePart):
             stop_reason=stop_reason_to_proto(session.stop_reason),
         )
 
-    async def _extend(self, request: pb.Open, owner: str) -> tuple[SessionEntry, int]:
+    async def _extend(self, request: pb.Open, owner: str, context) -> tuple[SessionEntry, int]:
         """A new turn on the session of ``request.resume_ticket``: cut back to ``committed_length``
         tokens, append the request's prompt, decode anew with its sampling and limits."""
         entry = self.table.resume(request.resume_ticket, owner)
@@ -250,6 +270,7 @@ class Handshake(ServicePart):
         stream = entry.stream
         try:
             turn = self.parse_request(request)
+            self.check_mode(turn.params, context)
             kept = request.committed_length
             if kept + len(turn.prompt) > self.limits.max_prompt_tokens:
                 raise Abort(

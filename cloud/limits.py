@@ -1,13 +1,17 @@
 """The verifier service's limits: one dataclass, its defaults the command line's.
 
 Importable without torch, so ``splitspec-cloud --help`` shows the defaults.
+Which verification modes it serves, and to whom, is a limit too: an Open for a
+mode not served is refused (``cloud.handshake``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-__all__ = ["ServiceLimits"]
+__all__ = ["ServiceLimits", "ALL_MODES"]
+
+ALL_MODES = ("greedy", "coupled", "rejection")  # shared.params.Mode values (not imported: no numpy for --help)
 
 
 @dataclass(frozen=True)
@@ -26,11 +30,20 @@ class ServiceLimits:
     max_branches: int = 4  # hedge branches per block, each up to max_draft_len tokens (0: hedging off)
     decode_stale: bool = True  # a stale block gets the next token decoded when nothing usable is pending
     rebase_stale: bool = True  # ... and that forward verifies the drafts sent past the correction (greedy, coupled)
+    modes: tuple[str, ...] = ALL_MODES  # verification modes served (temperature 0 is greedy in every mode)
+    # Rejection mode only to streams with a bearer token: meaningful only where the server checks tokens
+    # (ServerConfig.auth_token; the command line refuses it without --auth-token-file).
+    rejection_requires_auth: bool = False
+    audit_drafts: bool = True  # rejection mode: refuse drafts not sampled from their q̃ (off: tests' controls only)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "modes", tuple(dict.fromkeys(self.modes)))
+        unknown = sorted(set(self.modes) - set(ALL_MODES))
+        if unknown or not self.modes:
+            raise ValueError(f"modes must be one or more of {', '.join(ALL_MODES)}, got {', '.join(self.modes) or 'none'}")
         for f in fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, bool):
+            if isinstance(value, (bool, tuple)):
                 continue
             if not (value >= 0 if f.name in _MAY_BE_ZERO else value > 0):
                 raise ValueError(f"{f.name} must be {'>= 0' if f.name in _MAY_BE_ZERO else '> 0'}, got {value}")

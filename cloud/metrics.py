@@ -9,6 +9,10 @@ increments those counters.
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+from wsgiref.simple_server import WSGIServer
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summary, start_http_server
 
 from shared.stats import RoundRecord
@@ -34,6 +38,11 @@ class ServiceMetrics:
             "splitspec_misrouted_streams", "Resumes and next turns that named another replica", registry=r
         )
         self.sessions_failed = Counter("splitspec_sessions_failed", "Sessions ended by an error", ["code"], registry=r)
+        self.forged_drafts = Counter(
+            "splitspec_forged_drafts", "Rejection-mode sessions ended by the draft audit, by check "
+            "(unsampled: a draft not its q̃'s sample; improbable: drafts too surprising under their q̃)",
+            ["check"], registry=r,
+        )
         self.drafted = Counter("splitspec_drafted_tokens", "Draft tokens received for verification", registry=r)
         self.accepted = Counter("splitspec_accepted_tokens", "Draft tokens accepted", registry=r)
         self.accepted_at = Counter(
@@ -99,5 +108,18 @@ class ServiceMetrics:
         self.engine_sequences.observe(sequences)
         self.engine_busy.inc(seconds)
 
-    def serve(self, port: int, host: str = "127.0.0.1") -> None:
-        start_http_server(port, addr=host, registry=self.registry)
+    def serve(self, port: int, host: str = "127.0.0.1", tls_cert: bytes | None = None,
+              tls_key: bytes | None = None) -> WSGIServer:
+        """Serve the registry over HTTP on ``host``:``port`` (HTTPS with the PEM ``tls_cert`` and
+        ``tls_key``) on a thread of its own; the caller shuts the returned server down."""
+        if tls_cert is None:
+            server, _ = start_http_server(port, addr=host, registry=self.registry)
+            return server
+        # The TLS context reads files: the PEMs live in a private (0700) folder only while it loads them.
+        with tempfile.TemporaryDirectory(prefix="splitspec-metrics-tls-") as folder:
+            cert, key = Path(folder) / "cert.pem", Path(folder) / "key.pem"
+            cert.write_bytes(tls_cert)
+            key.write_bytes(tls_key or b"")
+            server, _ = start_http_server(port, addr=host, registry=self.registry, certfile=str(cert),
+                                          keyfile=str(key))
+        return server

@@ -20,6 +20,7 @@ from cloud.engine import TargetEngine
 from cloud.limits import ServiceLimits
 from cloud.metrics import ServiceMetrics
 from cloud.servicer import VerifierServicer
+from cloud.stream_end import ParseRequests
 from protos import splitspec_pb2 as pb
 from protos import splitspec_pb2_grpc as pb_grpc
 from shared.loop_thread import LoopThread
@@ -41,8 +42,9 @@ class ServerConfig:
     tls_cert: bytes | None = None  # PEM
     tls_key: bytes | None = None  # PEM
     metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"  # Prometheus listens here; off loopback only over the service's TLS (or insecure)
     grace_s: float = 10.0  # in-flight verdicts get this long on shutdown
-    insecure: bool = False  # accept a bearer token in cleartext on a non-loopback address
+    insecure: bool = False  # accept a bearer token, or serve metrics, in cleartext on a non-loopback address
     replica: str = ""  # this replica's name in Opened and on MQTT (default: host-port)
     mqtt_url: str | None = None  # publish status and load to this broker
     batching: bool = True  # pack sessions' forwards together (False: one forward at a time, for comparison)
@@ -55,10 +57,19 @@ class ServerConfig:
                 raise ValueError(f"{flag} is not a PEM file (no '-----BEGIN' line)")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        if self.limits.rejection_requires_auth and not self.auth_token:
+            raise ValueError("rejection mode only for authenticated clients needs a bearer token (--auth-token-file): "
+                             "without one no client is authenticated")
         if self.auth_token and not self.tls_cert and not self.insecure and not is_loopback(self.host):
             raise ValueError(
                 f"refusing to take a bearer token in cleartext on {self.host}: give --tls-cert and --tls-key, "
                 "listen on a loopback address, or pass --insecure (anyone on the path can read the token)"
+            )
+        if self.metrics_port is not None and not self.tls_cert and not self.insecure and not is_loopback(self.metrics_host):
+            raise ValueError(
+                f"refusing to serve metrics in cleartext on {self.metrics_host}: give --tls-cert and --tls-key "
+                "(the metrics are then served over HTTPS with them), keep --metrics-host on a loopback address, "
+                "or pass --insecure (anyone who reaches the port can read the service's load)"
             )
 
 
@@ -100,12 +111,14 @@ class VerifierServer:
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
         self._reaper: asyncio.Task | None = None
+        self._metrics_http = None  # the Prometheus HTTP(S) server, with metrics_port
         self.fleet = None  # shared.fleet.FleetClient with mqtt_url
         self._fleet_task: asyncio.Task | None = None
 
     async def start(self) -> int:
         cfg = self.config
-        interceptors = [_BearerAuth(cfg.auth_token)] if cfg.auth_token else []
+        # Requests that do not parse reach the servicer as ``Malformed`` (INVALID_ARGUMENT), tokenless or not.
+        interceptors = [ParseRequests(SERVICE_NAME), *([_BearerAuth(cfg.auth_token)] if cfg.auth_token else [])]
         server = grpc.aio.server(
             interceptors=interceptors,
             options=SERVER_OPTIONS,
@@ -134,7 +147,11 @@ class VerifierServer:
         for name in ("", SERVICE_NAME):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         if cfg.metrics_port is not None:
-            self.metrics.serve(cfg.metrics_port, cfg.host)
+            try:
+                self._metrics_http = self.metrics.serve(cfg.metrics_port, cfg.metrics_host, cfg.tls_cert, cfg.tls_key)
+            except OSError as exc:
+                await server.stop(0)
+                raise OSError(f"cannot serve metrics on {cfg.metrics_host}:{cfg.metrics_port}: {exc.strerror or exc}") from exc
         self._reaper = asyncio.create_task(self._reap_forever())
         self.servicer.replica = cfg.replica or f"{socket.gethostname()}-{self.port}"
         if cfg.mqtt_url:
@@ -145,7 +162,15 @@ class VerifierServer:
             self.fleet.set_status(state="online", model=self.engine.model_name, port=self.port)
             self._fleet_task = asyncio.create_task(report_load_forever(self.servicer, self.fleet))
         log.info("verifier listening on %s:%d%s", cfg.host, self.port, " (TLS)" if cfg.tls_cert else "")
+        if self._metrics_http is not None:
+            log.info("metrics on %s://%s:%d/metrics", "https" if cfg.tls_cert else "http", cfg.metrics_host,
+                     self._metrics_http.server_port)
         return self.port
+
+    @property
+    def metrics_port(self) -> int | None:
+        """The port the Prometheus metrics are served on (None without ``metrics_port``)."""
+        return self._metrics_http.server_port if self._metrics_http is not None else None
 
     async def _reap_forever(self) -> None:
         while True:
@@ -166,6 +191,10 @@ class VerifierServer:
         await self._server.stop(self.config.grace_s if grace is None else grace)
         self.servicer.scheduler.shutdown(wait=True)
         self._server = None
+        if self._metrics_http is not None:
+            self._metrics_http.shutdown()
+            self._metrics_http.server_close()
+            self._metrics_http = None
 
     async def wait(self) -> None:
         if self._server is not None:

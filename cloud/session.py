@@ -18,8 +18,10 @@ decodes the token alone: a draft's q̃ holds only on its own path). A block whos
 first drafts guess tokens committed since is cut to the drafts past them.
 Blocks that break the protocol (an epoch ahead, a position outside the
 session's, too long, malformed branches, after the end) are refused with
-``BlockRejected``; the session never trusts the caller. Why and how:
-``docs/pipelining.md``.
+``BlockRejected``; the session never trusts the caller. In rejection mode so
+are drafts not sampled from the q̃ sent with them, and a run of drafts
+improbable under their own q̃ (``ForgedDraft``, ``shared.draft_audit``): the
+session is then over. Why and how: ``docs/pipelining.md``.
 
 Work that needs the target comes in two forms: ``*_steps`` generators yield
 the ``ForwardItem`` they need and are sent its logits (the scheduler packs
@@ -33,18 +35,20 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from cloud.engine import ForwardItem, Steps, TargetEngine, run_alone
 from cloud.next_block import stale_decode_overrun_pays
 from cloud.verify_torch import verify_block
+from shared import draft_audit
 from shared.params import Mode, SamplingParams
 from shared.sparse import SparseDist
 from shared.stats import DecodeStats, Ewma
 from shared.verdict import StopReason, Verdict
 from shared.wire import committed_skip, next_epoch
 
-__all__ = ["VerifierSession", "BlockRejected", "PendingBlock", "MAX_BRANCH_LEN"]
+__all__ = ["VerifierSession", "BlockRejected", "ForgedDraft", "PendingBlock", "MAX_BRANCH_LEN"]
 
 # Tokens a hedge branch may hold: a guessed correction and a short continuation (the edge sends 3);
 # the bound keeps a block's tree within (1 + max_branches) * this many rows past its drafts.
@@ -53,6 +57,14 @@ MAX_BRANCH_LEN = 8
 
 class BlockRejected(ValueError):
     """A block that cannot be verified against this session's state."""
+
+
+class ForgedDraft(BlockRejected):
+    """Rejection-mode drafts that were not sampled from their q̃ (``check``: which audit said so)."""
+
+    def __init__(self, message: str, check: str) -> None:
+        super().__init__(message)
+        self.check = check  # "unsampled" or "improbable"
 
 
 @dataclass(frozen=True)
@@ -82,12 +94,15 @@ class VerifierSession:
         decode_stale: bool = True,
         rebase_stale: bool = True,
         prefill: bool = True,
+        audit_drafts: bool = True,
     ) -> None:
         """``prefill``: read the prompt now; False leaves it to ``prefill_steps`` (the scheduler's way).
         ``max_branches``: hedge branches a block may carry (greedy and coupled modes).
         ``decode_stale``: a stale block with no usable block pending behind it gets the next token
         decoded alone (False: it is answered empty, without a forward). ``rebase_stale``: that forward
-        also verifies the drafts sent for the next positions past a correction (greedy and coupled)."""
+        also verifies the drafts sent for the next positions past a correction (greedy and coupled).
+        ``audit_drafts``: rejection mode refuses drafts not sampled from their q̃ (``shared.draft_audit``;
+        False only for tests' controls)."""
         _check_request(engine, prompt, max_new_tokens)
         self.engine = engine
         self.params = params
@@ -96,6 +111,9 @@ class VerifierSession:
         self.max_branches = max_branches
         self.decode_stale = decode_stale
         self.rebase_stale = rebase_stale
+        self.audit_drafts = audit_drafts
+        self.surprise_cusum = 0.0  # the draft audit's CUSUM statistic, nats (rejection mode)
+        self.audited = 0  # drafts the audit has scored
         self.tokens = [int(t) for t in prompt]
         self.prompt_len = len(self.tokens)
         self.epoch = 0
@@ -231,16 +249,18 @@ class VerifierSession:
                 self._check(block)
                 chain.append(block)
                 position += len(block.drafts)
+        scores = [self._check_sampled(block) for block in chain]  # before the forward: a forgery costs no work
         started = time.perf_counter()
         drafts = [t for block in chain for t in block.drafts]
         branches = [(block.start_position + at, tokens) for block in chain for at, tokens in block.branches]
         # [len(drafts) + 1, V]: one per drafted position, then one more; and each branch's rows
         rows, branch_rows = yield from self._distributions(drafts, branches)
         verdicts, offset, first_branch = [], 0, 0
-        for block in chain:
+        for block, surprise in zip(chain, scores):
             n = len(block.drafts)
             mine = branch_rows[first_branch : first_branch + len(block.branches)]
-            verdict = self._verify_one(block, rows[offset : offset + n + 1], mine, rebased=skip is None)
+            verdict = self._verify_one(block, rows[offset : offset + n + 1], mine, rebased=skip is None,
+                                       surprise=surprise)
             verdicts.append(verdict)
             offset += n
             first_branch += len(block.branches)
@@ -328,6 +348,31 @@ class VerifierSession:
             if any(not 1 <= len(tokens) <= longest for _, tokens in block.branches):
                 raise BlockRejected(f"a branch must hold 1 to {longest} tokens")
 
+    def _check_sampled(self, block: PendingBlock) -> np.ndarray | None:
+        """Refuse rejection-mode drafts that are not the token their q̃ yields under this session's DRAFT
+        noise (``draft_audit.audit_block``; the session is over); else their scores [n] (None: not audited)."""
+        if block.q is None or not self.audit_drafts or not block.drafts:
+            return None
+        audit = draft_audit.audit_block(block.drafts, block.q, self.params.seed, block.start_position)
+        if audit.unsampled is not None:
+            self.broken = True
+            raise ForgedDraft(f"{draft_audit.NOT_SAMPLED} (position {block.start_position + audit.unsampled})",
+                              "unsampled")
+        return audit.scores
+
+    def _audit_surprise(self, block: PendingBlock, scores: np.ndarray) -> None:
+        """Add the scores of the drafts verification examined (the block's first ones) to the session's
+        CUSUM; past the threshold the session is over (``draft_audit``)."""
+        self.surprise_cusum, crossed = draft_audit.cusum(self.surprise_cusum, scores)
+        self.audited += len(scores)
+        if crossed is not None:
+            self.broken = True
+            raise ForgedDraft(
+                f"{draft_audit.IMPROBABLE}: their surprise exceeds what the q̃ imply by {self.surprise_cusum:.1f} "
+                f"nats (limit {draft_audit.THRESHOLD:.1f}) at position {block.start_position + crossed}",
+                "improbable",
+            )
+
     def _overlap(self, block: PendingBlock) -> int | None:
         """How many of ``block``'s drafts the committed tokens already hold, when it is usable: of
         this epoch, starting at or before the next position, its drafts up to there equal to the
@@ -360,8 +405,9 @@ class VerifierSession:
         return (torch.cat(parts) if len(parts) > 1 else parts[0]), branch_rows
 
     def _verify_one(self, block: PendingBlock, logits: torch.Tensor, branch_rows: list[torch.Tensor],
-                    rebased: bool = False) -> Verdict:
+                    rebased: bool = False, surprise: np.ndarray | None = None) -> Verdict:
         """Verify one block against its rows [n+1, V] (and its branches' rows) and commit what it decides.
+        ``surprise`` [n]: its drafts' audit scores (rejection mode, ``_check_sampled``).
 
         At a rejection whose correction is a branch's first token, the branch's
         later tokens are verified as drafts after it (its rows are the target's
@@ -370,6 +416,8 @@ class VerifierSession:
         """
         drafts = block.drafts
         result = verify_block(self.params, drafts, logits, block.start_position, block.q)
+        if surprise is not None:  # the drafts verification examined, before anything is committed
+            self._audit_surprise(block, surprise[: result.accepted + (not result.bonus)])
         deferred = result.bonus and block.more_follows
         committed = [*drafts[: result.accepted]] + ([] if deferred else [result.token])
         taken = None  # (branch number, the verification of its continuation)

@@ -10,13 +10,16 @@ exact whatever the rounding did.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from shared.noise import Purpose, uniform_bits
 
-__all__ = ["SparseDist", "quantize", "sample_sparse", "DEFAULT_TOP_K", "DEFAULT_PROB_BITS"]
+__all__ = [
+    "SparseDist", "quantize", "draft_noise", "sampled_indices", "sample_sparse", "DEFAULT_TOP_K", "DEFAULT_PROB_BITS",
+]
 
 DEFAULT_TOP_K = 16
 DEFAULT_PROB_BITS = 8
@@ -94,12 +97,35 @@ def quantize(
     return SparseDist(support=support[order], weights=weights[order], prob_bits=prob_bits)
 
 
-def sample_sparse(dist: SparseDist, seed: int, position: int) -> int:
-    """Exact sample from q̃ with the DRAFT noise at ``position``.
+def draft_noise(seed: int, position, prob_bits: int) -> np.ndarray:
+    """The DRAFT noise at ``position`` (int or array): a ``prob_bits``-bit uniform integer r."""
+    return uniform_bits(seed, position, 0, Purpose.DRAFT, prob_bits)
 
-    A ``prob_bits``-bit uniform integer r picks the first token whose
-    cumulative weight exceeds r, so P(token) = weight / 2**prob_bits exactly.
+
+def sampled_indices(q: Sequence[SparseDist], seed: int, start_position: int) -> np.ndarray:
+    """Where in each q̃'s support the drafter's sample falls: [D] indices, q̃ ``i`` at ``start_position + i``.
+
+    The one sampling rule of rejection mode, for the drafter and for the cloud's
+    audit alike: the DRAFT noise r at the position picks the first token whose
+    cumulative weight (in the support's order) exceeds r, so P(token) =
+    weight / 2**prob_bits exactly. Vectorised over the block (no loop over
+    tokens); the q̃ of one block share one ``prob_bits``.
     """
-    r = int(uniform_bits(seed, position, 0, Purpose.DRAFT, dist.prob_bits))
-    index = int(np.searchsorted(np.cumsum(dist.weights), r, side="right"))
-    return int(dist.support[index])
+    if not q:
+        return np.zeros(0, dtype=np.int64)
+    prob_bits = q[0].prob_bits
+    if any(dist.prob_bits != prob_bits for dist in q):
+        raise ValueError("the q̃ of one block must share one prob_bits")
+    sizes = np.fromiter((dist.weights.size for dist in q), dtype=np.int64, count=len(q))
+    cumulative = np.cumsum(np.concatenate([dist.weights for dist in q]))  # [sum(sizes)], across rows
+    ends = np.cumsum(sizes)
+    before = np.concatenate(([0], cumulative[ends[:-1] - 1]))  # [D] weight of the rows before each
+    r = draft_noise(seed, start_position + np.arange(len(q)), prob_bits)  # [D]
+    row = np.repeat(np.arange(len(q)), sizes)
+    # searchsorted(cumsum(weights), r, side="right") per row: the count of entries with cum <= r
+    return np.bincount(row, weights=cumulative - before[row] <= r[row], minlength=len(q)).astype(np.int64)
+
+
+def sample_sparse(dist: SparseDist, seed: int, position: int) -> int:
+    """Exact sample from q̃ with the DRAFT noise at ``position`` (``sampled_indices`` of one q̃)."""
+    return int(dist.support[sampled_indices([dist], seed, position)[0]])

@@ -1,9 +1,11 @@
 """Fuzzing the wire: hypothesis drives the codec and the servicer's frame handling with
-arbitrary input, and a short soak (``sim.bench.fuzz``) runs hostile streams beside an honest
-edge. ``splitspec bench fuzz`` is the long soak (10,000 frames and more)."""
+arbitrary input, and a short soak (``sim.bench.fuzz``) runs hostile streams, forged rejection-mode
+drafts among them, beside an honest edge. ``splitspec bench fuzz`` is the long soak (10,000 frames
+and more)."""
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 
@@ -20,10 +22,10 @@ from edge.decode_loop import run_decode
 from edge.endpoint import VerifierEndpoint
 from edge.grpc_verifier import GrpcVerifier
 from protos import splitspec_pb2 as pb
-from shared import codec
+from shared import codec, draft_audit
 from shared.params import Mode, SamplingParams
 from shared.sparse import quantize
-from sim.bench.fuzz import ALLOWED_ENDINGS, HostileFrames, run_soak, send_raw_stream
+from sim.bench.fuzz import ALLOWED_ENDINGS, HostileFrames, SoakReport, fuzz_generate, run_soak, send_raw_stream
 from sim.inprocess import generate
 
 GREEDY = SamplingParams(mode=Mode.GREEDY)
@@ -142,6 +144,22 @@ def test_a_first_frame_that_is_not_protobuf_is_refused_as_invalid(channel):
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "malformed frame" in details
 
 
+def test_hostile_generate_requests_end_with_documented_statuses_and_no_traceback(server, channel, frames, caplog):
+    caplog.set_level(logging.INFO)
+    report = SoakReport()
+    fuzz_generate(channel, frames, report, requests=60, workers=4, deadline_s=20)
+    assert report.generate_requests == 60 and not report.unexpected and not report.hangs, report
+    assert report.generate_endings.get("INVALID_ARGUMENT", 0) >= 10, report.generate_endings
+    assert report.generate_endings.get("OK", 0) >= 1, report.generate_endings  # some were valid, and served
+    assert "Traceback" not in caplog.text and "Unexpected" not in caplog.text, caplog.text
+    table = server.server.servicer.table  # no session left behind (earlier tests' parked ones expire by the TTL)
+    deadline = time.monotonic() + table.ttl_s + 5
+    while len(table) and time.monotonic() < deadline:
+        table.reap()
+        time.sleep(0.1)
+    assert len(table) == 0
+
+
 def test_a_short_soak_leaves_the_honest_edge_and_the_table_intact(server, tiny_engine, tiny_models, frames):
     drafter = tiny_drafter(tiny_models, "drafter_f32")
     prompt = frames.prompt
@@ -163,10 +181,14 @@ def test_a_short_soak_leaves_the_honest_edge_and_the_table_intact(server, tiny_e
 
     try:
         report = run_soak(server.address, frames, frames=400, honest=honest, sessions_left=sessions_left, workers=4,
-                          deadline_s=20)
+                          deadline_s=20, forged=6, shaped=2)
     finally:
         drafter.close()
     assert report.frames >= 400 and not report.unexpected and not report.hangs, report
     assert report.honest_sessions >= 1 and report.honest_identical == report.honest_sessions, report
     assert not report.honest_errors and report.sessions_left == 0, report
     assert report.endings.get("INVALID_ARGUMENT", 0) >= 20, report.endings
+    # Forged rejection-mode drafts: every naive one refused with the message, the shaped ones ended.
+    assert report.forged_streams == report.forged_refused == 6 and report.forged_accepted == 0, report
+    assert report.shaped_sessions == 2 and report.shaped_ended == 2, report
+    assert report.shaped_low_weight_positions <= draft_audit.positions_to_alarm(16 / 256), report

@@ -313,7 +313,8 @@ def run_fuzz(args: argparse.Namespace) -> int:
         for key, value in result.items():
             print(f"{key:>18}: {value}")
     clean = (not report.unexpected and not report.hangs and not report.honest_errors and report.server_alive
-             and report.honest_identical == report.honest_sessions and report.sessions_left == 0)
+             and report.honest_identical == report.honest_sessions and report.sessions_left == 0
+             and report.forged_accepted == 0)
     return 0 if clean else 1
 
 
