@@ -34,7 +34,7 @@ from cloud import slot_attention
 from cloud.slot_attention import ROW_TILE, RowLayout, RowPadding, SlotKV
 from shared.vocab import vocab_fingerprint
 
-__all__ = ["TargetEngine", "CachedSequence", "ForwardItem", "Steps", "check_forward_items", "run_alone",
+__all__ = ["TargetEngine", "NotRowInvariant", "CachedSequence", "ForwardItem", "Steps", "check_forward_items", "run_alone",
            "invariant_row_padding", "torch_threads"]
 
 log = logging.getLogger(__name__)
@@ -196,6 +196,10 @@ def invariant_row_padding(model: torch.nn.Module, max_rows: int = 64) -> RowPadd
     return None
 
 
+class NotRowInvariant(ValueError):
+    """Canonical shapes asked of a device whose products no row padding makes batch-invariant."""
+
+
 class TargetEngine:
     """Loads a Hugging Face folder (or a GGUF file, dequantized by transformers).
 
@@ -257,8 +261,14 @@ class TargetEngine:
             self.threads = 1 if self.padding is not None else None
         self.invariant = self.padding is not None
         if canonical and self.padding is None:
-            log.warning("this device's matrix products are not row-invariant under any padding tried: batched "
-                        "logits may differ in the last bits from a session run alone")
+            if shapes == "canonical":  # every forward is promised batch-invariant logits: refuse, do not pretend
+                raise NotRowInvariant(
+                    f"canonical shapes refused: this device's matrix products are not row-invariant under any row "
+                    f"padding tried (at least or a multiple of {', '.join(map(str, _ROW_TILES))} rows"
+                    f"{', and on one thread' if self.device.type == 'cpu' else ''}), so a session's logits would "
+                    "depend on its batch-mates; use --shapes auto (reproducible sessions are then refused) or free")
+            log.warning("this device's matrix products are not row-invariant under any padding tried: reproducible "
+                        "sessions are refused; the others' batched logits may differ in the last bits from alone")
             self.padding = RowPadding(multiple=True)  # still the likeliest to agree
         self.head = RowPaddedHead(self.model.get_output_embeddings())
         self.logit_softcap: float | None = getattr(self.model.config, "final_logit_softcapping", None)

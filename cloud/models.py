@@ -1,11 +1,13 @@
-"""Resolving the target model: a Hugging Face folder as is, a GGUF file via a
-cached float32 conversion (transformers dequantizes GGUF slowly; the saved
-folder reloads in seconds), or the default Gemma model when none is given.
+"""Resolving the target model: a Hugging Face folder as is (its safetensors
+files checked whole first), a GGUF file via a cached float32 conversion
+(transformers dequantizes GGUF slowly; the saved folder reloads in seconds), or
+the default Gemma model when none is given.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -13,9 +15,10 @@ import sys
 import time
 from pathlib import Path
 
+from shared.cli import CliError
 from shared.models import cache_dir, default_gguf_path
 
-__all__ = ["resolve_target"]
+__all__ = ["resolve_target", "check_checkpoint"]
 
 log = logging.getLogger(__name__)
 
@@ -26,10 +29,34 @@ def resolve_target(path: str | Path | None) -> Path:
     if not source.exists():
         raise FileNotFoundError(f"target model not found: {source}")
     if source.is_dir():
+        check_checkpoint(source)
         return source
     if source.suffix != ".gguf":
         raise ValueError(f"target must be a Hugging Face folder or a .gguf file, got {source}")
     return _converted(source)
+
+
+def check_checkpoint(folder: Path) -> None:
+    """Refuse, in one line (``CliError``, exit 1), a folder whose safetensors files are cut short or are
+    not safetensors (a copy or a download that stopped), before transformers spends a load on them and
+    raises its own traceback. Reads each file's header, never its tensors."""
+    for file in sorted(folder.glob("*.safetensors")):
+        size = file.stat().st_size
+        with file.open("rb") as stream:
+            length = int.from_bytes(stream.read(8), "little") if size >= 8 else 0
+            try:
+                header = json.loads(stream.read(length)) if 2 <= length <= size - 8 else None
+            except ValueError:  # not JSON (UnicodeDecodeError included)
+                header = None
+        if not isinstance(header, dict):
+            raise CliError(f"cannot load the target model from {folder}: {file.name} is not a safetensors file "
+                           f"(no readable header in its {size} bytes)")
+        end = max((entry["data_offsets"][1] for name, entry in header.items()
+                   if name != "__metadata__" and isinstance(entry, dict) and len(entry.get("data_offsets", ())) == 2),
+                  default=0)
+        if 8 + length + end > size:
+            raise CliError(f"cannot load the target model from {folder}: {file.name} is truncated ({size} bytes; "
+                           f"its header describes {8 + length + end})")
 
 
 def _converted(gguf: Path) -> Path:

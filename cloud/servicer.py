@@ -28,7 +28,7 @@ from cloud.limits import ServiceLimits
 from cloud.metrics import ServiceMetrics
 from cloud.scheduler import Scheduler
 from cloud.session_table import SessionTable
-from cloud.stream_end import Abort, EndLog
+from cloud.stream_end import Abort, EndLog, parsed
 from protos import splitspec_pb2 as pb
 from protos import splitspec_pb2_grpc as pb_grpc
 from shared import codec
@@ -143,7 +143,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         does from the Open."""
         entry = None
         try:
-            self._count_in(request)
+            self._count_in(parsed(request, "request"))
             arrived = time.perf_counter()
             handshake = self.handshake
             entry = await handshake.new_session(handshake.parse_request(request), 0, handshake.owner(context))
@@ -164,6 +164,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                 arrived = time.perf_counter()
         except Abort as exc:
             self.metrics.sessions_failed.labels(code=exc.code.name).inc()
+            self._end_log.ended(entry, exc)
             await context.abort(exc.code, str(exc))
         finally:
             self.handshake.release(entry, True)

@@ -208,6 +208,9 @@ def _run_edge(args, drafter, prompt, params, controller, options, fleet) -> int:
     vocab = drafter.vocab
     failure = None
     try:
+        # A prompt the drafter cannot take (empty, past --drafter-ctx) is refused before connecting (begin reads
+        # nothing yet: llama.cpp evaluates on the first draft).
+        drafter.begin(prompt, params)
         verifier = GrpcVerifier(
             VerifierEndpoint(args.cloud, vocab.size, vocab.fingerprint, **options),
             verdict_timeout_s=args.verdict_timeout,

@@ -33,6 +33,7 @@ position-keyed randomness makes the output that of an unbroken run.
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -198,11 +199,16 @@ class _Decode:
             exc.partial = GenerationResult(list(self.generated), StopReason.NONE, self.stats, self.ttft)
             raise
         finally:
+            ending = sys.exc_info()[1]  # what ends the generation, if anything does
             try:
                 self._settle_early()  # the drafter may be closed next: its thread must be done
-            except Exception:  # noqa: BLE001 - what drafting raised is secondary to why the generation ended
-                log.exception("drafting the early block failed")
-            self.verifier.close()
+            except Exception as exc:
+                if ending is None:  # nothing else went wrong: the drafting's failure is the news
+                    raise
+                # Secondary to why the generation ended (a bad prompt fails the drafter and the Open alike).
+                log.debug("drafting the early block failed too: %s: %s", type(exc).__name__, exc)
+            finally:
+                self.verifier.close()
         self.stats.target_forwards = self.verifier.forwards
         return GenerationResult(self.generated, self.stop, self.stats, self.ttft)
 

@@ -1,6 +1,7 @@
 """The edge's generation service behind ``splitspec-edge serve``: one request at a time on the
 device's drafter, split decoding against the cloud, conversations kept between requests, and
-the drafter alone when the cloud is out of reach (``fallback="local"``).
+the drafter alone when the cloud is out of reach (``fallback="local"``); its health, the cloud's
+state included (``edge.cloud_health``).
 
 HTTP-free: ``edge.openai_api`` turns requests into ``Job``s and ``Outcome``s into OpenAI
 responses. ``EdgeService.run`` blocks; the server runs it on a worker thread.
@@ -16,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from edge.chat_template import ChatTemplate, chat_template_for
+from edge.cloud_health import READY, CloudHealth, ServiceHealth, service_health
 from edge.controller import Controller, controller_for
 from edge.conversation import Conversation
 from edge.decode_loop import GenerationResult, VerifierError, run_decode
@@ -135,6 +137,7 @@ class EdgeService:
         self.conversations: list[Conversation] = []  # most recently used last
         self.offline_since: float | None = None
         self._channel = None  # to the cloud, kept across requests (``_cloud_channel``)
+        self.cloud_health = CloudHealth(self.endpoint)  # its own channel: /health never waits behind a request
 
     @classmethod
     def for_drafter(cls, drafter, config: ServeConfig, chat_format: str | None = None, fleet=None) -> EdgeService:
@@ -281,10 +284,21 @@ class EdgeService:
         return self._channel
 
     def close(self) -> None:
-        """Close the connection to the cloud (the next request opens a new one)."""
+        """Close the connections to the cloud (the next request, or health probe, opens a new one)."""
         if self._channel is not None:
             self._channel.close()
             self._channel = None
+        self.cloud_health.close()
+
+    def health(self) -> ServiceHealth:
+        """``/health``'s answer: the verifier's state (its health service, asked at most once a second)
+        and what a request gets now. A verifier that answers again after a failed connection takes
+        requests again at once (not ``offline_retry_s`` later)."""
+        cloud = self.cloud_health.state()
+        since = self.offline_since
+        if cloud.state == READY and since is not None and cloud.checked_at > since:
+            self.offline_since = None
+        return service_health(cloud, self.config.fallback)
 
     @property
     def cloud_reachable(self) -> bool:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
+import subprocess
 import tomllib
 from pathlib import Path
 
@@ -75,6 +77,22 @@ def test_dockerfile_copies_every_package_and_pins_torch_as_the_makefile_does(doc
     runs = " ".join(" ".join(args) for word, args in _dockerfile_instructions(dockerfile) if word == "RUN")
     makefile_pin = next(word for word in (ROOT / "Makefile").read_text().split() if word.startswith("torch=="))
     assert makefile_pin in runs.split()
+
+
+def test_the_edges_wait_for_a_healthy_verifier():
+    """Compose starts an edge only once the verifier's gRPC health check passes; edge-serve's own check is
+    its /health (503 until its verifier answers). ``docker-compose config`` validates the file where installed."""
+    services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    for verifier in ("cloud", "cloud-1", "cloud-2"):
+        assert "HealthStub" in " ".join(services[verifier]["healthcheck"]["test"]), verifier
+    for edge_service in ("edge", "edge-serve"):
+        assert services[edge_service]["depends_on"]["cloud"]["condition"] == "service_healthy", edge_service
+    assert {services["verifiers"]["depends_on"][name]["condition"] for name in ("cloud-1", "cloud-2")} == {"service_healthy"}
+    assert "localhost:8080/health" in " ".join(services["edge-serve"]["healthcheck"]["test"])
+    if shutil.which("docker-compose"):
+        checked = subprocess.run(["docker-compose", "-f", str(ROOT / "docker-compose.yml"), "config", "-q"],
+                                 capture_output=True, text=True, timeout=60)
+        assert checked.returncode == 0, checked.stderr
 
 
 def test_replicas_sit_behind_a_proxy_that_routes_resumes_by_replica():

@@ -5,6 +5,7 @@ input gets OpenAI-shaped errors, and the offline fallback says so."""
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 
@@ -321,3 +322,59 @@ def test_without_a_cloud_the_fallback_answers_or_a_503_says_why(drafter):
                 assert "".join(chunk["choices"][0]["text"] for chunk in lines) == body["choices"][0]["text"]
         finally:
             http.close()
+
+
+def _health(http: Http) -> tuple[int, dict]:
+    response = httpx.get(f"{http.base}/health", timeout=10)
+    return response.status_code, response.json()
+
+
+def _health_becomes(http: Http, status: int, within_s: float = 8.0) -> dict:
+    """Poll /health until it answers ``status`` (the answer is cached for a second, a reconnect takes up to two)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        code, body = _health(http)
+        if code == status or time.monotonic() > deadline:
+            assert code == status, body
+            return body
+        time.sleep(0.2)
+
+
+def test_health_says_the_cloud_is_loading_then_ready_then_degraded(tiny_engine, drafter):
+    with socket.socket() as probe:  # a port nothing listens on yet: the verifier "still loading"
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    address = f"127.0.0.1:{port}"
+    http, local = Http(make_service(drafter, address)), Http(make_service(drafter, address, fallback="local"))
+    try:
+        code, body = _health(http)
+        assert code == 503 and body["status"] == body["cloud"] == "loading" and body["serving"] is None, body
+        assert address in body["reason"] and body["cloud_address"] == address
+        code, body = _health(local)  # the fallback serves meanwhile, and says from what
+        assert code == 200 and (body["status"], body["cloud"], body["serving"]) == ("ok", "loading", "drafter-only")
+        with BackgroundServer(tiny_engine, ServerConfig(port=port)):
+            body = _health_becomes(http, 200)
+            assert (body["status"], body["cloud"], body["serving"]) == ("ok", "ready", "split") and "reason" not in body
+            assert _health_becomes(local, 200)["serving"] == "split"
+        body = _health_becomes(http, 503)  # the verifier went away
+        assert body["status"] == body["cloud"] == "degraded" and address in body["reason"], body
+        body = _health_becomes(local, 200)
+        assert (body["cloud"], body["serving"]) == ("degraded", "drafter-only"), body
+    finally:
+        http.close()
+        local.close()
+
+
+def test_the_cloud_s_health_is_asked_at_most_once_a_second():
+    from edge.cloud_health import LOADING, CloudHealth
+
+    now = [100.0]
+    health = CloudHealth(VerifierEndpoint("127.0.0.1:9", 512, b"x" * 32), clock=lambda: now[0])
+    try:
+        first = health.state()
+        now[0] += 0.9
+        assert health.state() is first and first.state == LOADING  # cached: no second probe
+        now[0] += 0.2
+        assert health.state() is not first
+    finally:
+        health.close()

@@ -13,10 +13,12 @@ from helpers import (
     GREEDY,
     TEXTS,
     ScriptedDrafter,
+    accepted_unchecked,
     exact_distribution,
     greedy_continuation,
+    rejection_sampling,
+    target_fit,
     tiny_prompt,
-    total_variation,
 )
 
 from edge.decode_loop import ProtocolError, run_decode
@@ -107,15 +109,18 @@ def test_pipelining_shares_forwards_between_blocks(tiny_engine, drafters):
 
 def test_rejection_mode_with_blocks_in_flight_samples_the_target(tiny_engine, drafters):
     prompt = tiny_prompt(tiny_engine, "It was the best of times")
-    exact = exact_distribution(tiny_engine, prompt, SamplingParams(mode=Mode.REJECTION, temperature=1.0, top_k=4))
-    counts, n = Counter(), 1500
+    exact = exact_distribution(tiny_engine, prompt, rejection_sampling())
+    drafter = drafters["drafter_noisy"]
+    samples, n = [], 1500
     for seed in range(n):
-        params = SamplingParams(mode=Mode.REJECTION, temperature=1.0, top_k=4, seed=seed)
-        got = generate(tiny_engine, drafters["drafter_noisy"], prompt, params, max_new_tokens=3, draft_len=1, window=3)
-        counts[tuple(got.tokens)] += 1
+        got = generate(tiny_engine, drafter, prompt, rejection_sampling(seed), max_new_tokens=3, draft_len=1, window=3)
+        samples.append(tuple(got.tokens))
         assert got.stats.rebased == 0  # a draft's q̃ holds only on the path it was drafted on
-    # Sampling noise alone gives a TV distance of about 0.05 at this n over these outcomes.
-    assert total_variation(counts, n, exact) < 0.08
+    fit = target_fit(Counter(samples), exact)
+    assert fit.fits(), fit
+    # The control: the same samples, one session in ten with its drafts accepted unchecked.
+    unchecked = target_fit(accepted_unchecked(samples, drafter, prompt, rejection_sampling), exact)
+    assert not unchecked.fits(), unchecked
 
 
 @pytest.mark.parametrize("lie", ["skips-an-uncommitted-draft", "stale-with-accepted-drafts"])

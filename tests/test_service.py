@@ -10,7 +10,7 @@ from collections import Counter
 
 import grpc
 import pytest
-from helpers import exact_distribution, tiny_drafter, tiny_prompt, total_variation
+from helpers import accepted_unchecked, exact_distribution, rejection_sampling, target_fit, tiny_drafter, tiny_prompt
 
 from edge.decode_loop import run_decode
 from edge.endpoint import VerifierEndpoint
@@ -64,27 +64,27 @@ def test_edge_run_is_token_identical_to_target_only(tiny_models, tiny_engine, ti
 
 def test_rejection_mode_over_the_network_samples_the_target(tiny_models, tiny_engine, tiny_vocab, verifier):
     prompt = tiny_prompt(tiny_engine, "It was the best of times")
-    top_k = 4
-    exact = exact_distribution(tiny_engine, prompt, SamplingParams(mode=Mode.REJECTION, temperature=1.0, top_k=top_k))
+
+    def params_for(seed: int) -> SamplingParams:
+        return rejection_sampling(seed, draft_top_k=4)
+
+    exact = exact_distribution(tiny_engine, prompt, params_for(0))
     drafter = tiny_drafter(tiny_models)
-    counts, n = Counter(), 1000
+    samples, n = [], 1000
     channel = grpc.insecure_channel(verifier.address)  # one connection, a session per sample
     try:
         for seed in range(n):
-            params = SamplingParams(mode=Mode.REJECTION, temperature=1.0, top_k=top_k, draft_top_k=top_k, seed=seed)
-            got, _ = remote(verifier, tiny_vocab, drafter, prompt, params, draft_len=2, max_new_tokens=3, channel=channel)
-            counts[tuple(got.tokens)] += 1
-        q_counts = Counter()
-        for seed in range(n):
-            params = SamplingParams(mode=Mode.REJECTION, temperature=1.0, top_k=top_k, draft_top_k=top_k, seed=seed)
-            drafter.begin(prompt, params)
-            q_counts[tuple(drafter.draft(3).tokens)] += 1
+            got, _ = remote(verifier, tiny_vocab, drafter, prompt, params_for(seed), draft_len=2, max_new_tokens=3,
+                            channel=channel)
+            samples.append(tuple(got.tokens))
+        # The control: the same samples, one session in ten with its drafts accepted unchecked.
+        unchecked = target_fit(accepted_unchecked(samples, drafter, prompt, params_for), exact)
     finally:
         channel.close()
         drafter.close()
-    distance = total_variation(counts, n, exact)
-    assert distance < 0.1, distance
-    assert total_variation(q_counts, n, exact) > 2 * distance
+    fit = target_fit(Counter(samples), exact)
+    assert fit.fits(), fit
+    assert not unchecked.fits(), unchecked
 
 
 def test_concurrent_sessions_each_get_their_own_output(tiny_models, tiny_engine, tiny_vocab, verifier):

@@ -3,17 +3,22 @@ filling the table, taken ports, bad flags. Real servers on loopback; the CLIs as
 
 from __future__ import annotations
 
+import http.client
 import logging
 import re
 import socket
+import ssl
 import subprocess
 import sys
+import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import grpc
 import pytest
 from helpers import tiny_prompt
+from test_service_auth import make_certificate
 
 from cloud.limits import ServiceLimits
 from cloud.server import BackgroundServer, ServerConfig
@@ -26,6 +31,7 @@ from shared.wire import sampling_to_proto
 
 GREEDY = SamplingParams(mode=Mode.GREEDY)
 DECODE = "/splitspec.v1.Verifier/Decode"
+GENERATE = "/splitspec.v1.Verifier/Generate"
 
 
 def open_bytes(engine, prompt, max_new_tokens=8) -> bytes:
@@ -76,6 +82,22 @@ def test_a_corrupt_frame_ends_its_stream_with_invalid_argument_and_frees_the_ses
     assert "malformed frame" in details
     assert table_empties(server, within_s=1.0)  # freed with the stream, not after the 30 s TTL
     assert "Traceback" not in caplog.text
+
+
+@pytest.mark.parametrize("request_bytes", [b"\xff\xff\xff\x01garbage", b"\x12"])  # not protobuf; cut short
+def test_a_malformed_generate_request_gets_invalid_argument_and_one_line(server, caplog, request_bytes):
+    caplog.set_level(logging.INFO)
+    with grpc.insecure_channel(server.address) as channel:
+        generate = channel.unary_stream(GENERATE, request_serializer=lambda b: b,
+                                        response_deserializer=pb.GenerateChunk.FromString)
+        with pytest.raises(grpc.RpcError) as error:
+            list(generate(request_bytes, timeout=10))
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT, error.value
+    assert "malformed request" in error.value.details()
+    ended = [r.getMessage() for r in caplog.records if " ended: " in r.getMessage()]
+    assert len(ended) == 1 and "INVALID_ARGUMENT: malformed request" in ended[0], ended
+    assert "Traceback" not in caplog.text and "Unexpected" not in caplog.text, caplog.text
+    assert table_empties(server, within_s=1.0)
 
 
 def test_a_flood_of_bad_streams_logs_a_bounded_number_of_lines(tiny_engine, server, caplog):
@@ -207,6 +229,7 @@ def test_a_taken_port_is_refused(tiny_engine, tiny_models, server):
         (["--device", "bogus"], "not a torch device"),
         (["--device", "cuda"], "no CUDA device"),
         (["--idle-timeout", "0"], "must be a finite number > 0"),
+        (["--metrics-port", "0", "--metrics-host", "0.0.0.0"], "refusing to serve metrics in cleartext on 0.0.0.0"),
     ],
 )
 def test_bad_cloud_flags_end_with_one_line_and_exit_2(tiny_models, flags, phrase):
@@ -218,6 +241,40 @@ def test_bad_cloud_flags_end_with_one_line_and_exit_2(tiny_models, flags, phrase
     result = _run("-m", "cloud.cli", "serve", "--target", tiny_models["target"], "--port", "0", *flags)
     one_line_error(result, 2)
     assert phrase in result.stderr
+
+
+def test_canonical_shapes_without_an_invariant_row_tile_are_refused(tiny_models, monkeypatch):
+    """A device whose products no row padding makes batch-invariant (faked: the load-time check finds
+    none): ``--shapes canonical`` refuses to start, saying why; auto starts and refuses reproducible sessions."""
+    import cloud.engine
+
+    fake = "import sys, cloud.engine as e; e.invariant_row_padding = lambda *a, **k: None; from cloud.cli import main; "
+    result = _run("-c", fake + "sys.exit(main(sys.argv[1:]))", "serve", "--target", tiny_models["target"],
+                  "--port", "0", "--shapes", "canonical")
+    one_line_error(result, 2)
+    assert "canonical shapes refused" in result.stderr and "not row-invariant" in result.stderr, result.stderr
+    monkeypatch.setattr(cloud.engine, "invariant_row_padding", lambda *args, **kwargs: None)
+    auto = cloud.engine.TargetEngine(tiny_models["target"], shapes="auto")
+    assert not auto.invariant and not auto.serves_reproducible
+
+
+def test_metrics_stay_on_loopback_and_leave_it_only_over_the_service_s_tls(tiny_engine, tmp_path):
+    with pytest.raises(ValueError, match="refusing to serve metrics in cleartext on 0.0.0.0.*--insecure"):
+        ServerConfig(host="0.0.0.0", metrics_port=0, metrics_host="0.0.0.0")
+    assert ServerConfig(metrics_port=0, metrics_host="0.0.0.0", insecure=True).metrics_host == "0.0.0.0"
+    assert ServerConfig(host="0.0.0.0", metrics_port=0).metrics_host == "127.0.0.1"  # not --host's
+    with BackgroundServer(tiny_engine, ServerConfig(port=0, metrics_port=0)) as plain:
+        url = f"http://127.0.0.1:{plain.server.metrics_port}/metrics"
+        assert "splitspec_sessions_opened" in urllib.request.urlopen(url, timeout=10).read().decode()
+    cert, key = make_certificate(tmp_path)
+    with BackgroundServer(tiny_engine, ServerConfig(port=0, metrics_port=0, tls_cert=cert, tls_key=key)) as tls:
+        port = tls.server.metrics_port
+        trusted = ssl.create_default_context(cadata=cert.decode())
+        body = urllib.request.urlopen(f"https://localhost:{port}/metrics", timeout=10, context=trusted).read()
+        assert "splitspec_sessions_opened" in body.decode()
+        with pytest.raises((OSError, http.client.HTTPException)):  # no cleartext beside it
+            urllib.request.urlopen(f"http://localhost:{port}/metrics", timeout=10).read()
+    assert not list(Path(tempfile.gettempdir()).glob("splitspec-metrics-tls-*"))  # the key's copy is gone
 
 
 def test_tls_files_that_are_not_pem_and_a_truncated_model_are_one_line_errors(tiny_models, tmp_path):
@@ -244,6 +301,20 @@ def test_bad_cloud_addresses_are_refused_at_once(tiny_models, address):
                   "--prompt", "hi", timeout=60)
     one_line_error(result, 2)
     assert "--cloud" in result.stderr and time.monotonic() - started < 10
+
+
+@pytest.mark.parametrize(
+    "extra, phrase",
+    [
+        (["--prompt", ""], "prompt must hold at least one token"),
+        (["--prompt", "The cat", "--drafter-ctx", "1"], "does not fit the drafter context of 1"),
+        (["--prompt", "the cat sat on the mat " * 20, "--drafter-ctx", "64"], "does not fit the drafter context of 64"),
+    ],
+)
+def test_prompts_the_drafter_cannot_take_end_edge_run_with_one_line_and_exit_2(tiny_models, verifier, extra, phrase):
+    result = _run("-m", "edge.cli", "run", "--cloud", verifier.address, "--drafter", tiny_models["drafter_f32"], *extra)
+    one_line_error(result, 2)
+    assert phrase in result.stderr and "drafting the early block failed" not in result.stderr
 
 
 def test_the_same_bad_input_gets_the_same_exit_code_from_edge_run_and_generate(tiny_models, verifier):

@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import subprocess
 import sys
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import exact_distribution, tiny_drafter, tiny_prompt, total_variation
+from helpers import (
+    accepted_unchecked,
+    draws,
+    exact_distribution,
+    rejection_sampling,
+    target_fit,
+    tiny_drafter,
+    tiny_prompt,
+)
 
 from edge.drafter import DrafterStats
 from edge.ngram_drafter import NgramDrafter
@@ -136,32 +146,30 @@ TOP_K = 4  # keeps the exact distribution of 3 tokens enumerable: 4**3 sequences
 
 def test_rejection_mode_samples_the_target_distribution(engine, drafters, prompts):
     prompt = prompts[2]
-    base = SamplingParams(mode=Mode.REJECTION, temperature=1.0, top_k=TOP_K, draft_top_k=TOP_K)
-    p_exact = exact_distribution(engine, prompt, base)
+
+    def params_for(seed: int, temperature: float = 1.0) -> SamplingParams:
+        return rejection_sampling(seed, temperature, draft_top_k=TOP_K)
+
+    p_exact = exact_distribution(engine, prompt, params_for(0))
     drafter = drafters["drafter_noisy"]
     n = 2400
-    counts = Counter()
-    checkpoints = {}
+    samples = []
     accepted = drafted = 0
     for seed in range(n):
-        params = SamplingParams(mode=Mode.REJECTION, temperature=1.0, top_k=TOP_K, draft_top_k=TOP_K, seed=seed)
-        got = run(engine, drafter, prompt, params, draft_len=2, max_new_tokens=3)
-        counts[tuple(got.tokens)] += 1
+        got = run(engine, drafter, prompt, params_for(seed), draft_len=2, max_new_tokens=3)
+        samples.append(tuple(got.tokens))
         accepted += got.stats.accepted
         drafted += got.stats.drafted
-        if seed + 1 in (n // 8, n):
-            checkpoints[seed + 1] = total_variation(counts, seed + 1, p_exact)
-    # What the drafter alone would produce: its own sampling distribution.
-    q_counts = Counter()
-    for seed in range(600):
-        params = SamplingParams(mode=Mode.REJECTION, temperature=1.0, top_k=TOP_K, draft_top_k=TOP_K, seed=seed)
-        drafter.begin(prompt, params)
-        q_counts[tuple(drafter.draft(3).tokens)] += 1
-    drafter_distance = total_variation(q_counts, 600, p_exact)
     assert 0.2 < accepted / drafted < 0.98  # rejections really happen
-    assert checkpoints[n] < checkpoints[n // 8]
-    assert checkpoints[n] < 0.08, checkpoints
-    assert drafter_distance > 3 * checkpoints[n], (drafter_distance, checkpoints)
+    fit = target_fit(Counter(samples), p_exact)
+    assert fit.fits(), fit
+    # The controls, refused by the same test at the same n: one session in ten with its drafts accepted
+    # unchecked (TV about 0.03), and a sampler of the target at temperature 1.2 (TV 0.063), refused by the
+    # chi-square and log-likelihood tests even without the samples on outcomes temperature 1 cannot give.
+    unchecked = target_fit(accepted_unchecked(samples, drafter, prompt, params_for), p_exact)
+    assert not unchecked.fits(), unchecked
+    too_hot = target_fit(draws(exact_distribution(engine, prompt, params_for(0, temperature=1.2)), n, seed=0), p_exact)
+    assert not dataclasses.replace(too_hot, impossible=0).fits(), too_hot
 
 
 # -- the command line --------------------------------------------------------------------
@@ -196,6 +204,9 @@ def test_generate_json_matches_target_only(tiny_models):
         (["--drafter", "/nonexistent/drafter.gguf"], "drafter model not found"),
         (["--target", "/nonexistent/target"], "target model not found"),
         (["--top-p", "1.5"], "top_p"),
+        (["--prompt", ""], "prompt must hold at least one token"),
+        (["--drafter-ctx", "1"], "does not fit the drafter context of 1"),
+        (["--prompt", "the cat sat on the mat " * 20, "--drafter-ctx", "64"], "does not fit the drafter context of 64"),
     ],
 )
 def test_bad_input_exits_2_without_traceback(tiny_models, extra, message):
@@ -204,6 +215,19 @@ def test_bad_input_exits_2_without_traceback(tiny_models, extra, message):
     assert result.returncode == 2
     assert message in result.stderr
     assert "Traceback" not in result.stderr
+    assert len([line for line in result.stderr.splitlines() if "error" in line]) == 1, result.stderr[-2000:]
+
+
+def test_a_truncated_target_exits_1_with_one_line(tiny_models, tmp_path):
+    broken = tmp_path / "target"
+    broken.mkdir()
+    for item in Path(tiny_models["target"]).iterdir():
+        data = item.read_bytes()
+        (broken / item.name).write_bytes(data[: len(data) // 2] if item.suffix == ".safetensors" else data)
+    result = splitspec("generate", "--target", str(broken), "--drafter", tiny_models["drafter_f32"], "--prompt", "hi")
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "splitspec: error: cannot load the target model" in result.stderr and "is truncated" in result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr[-2000:]
 
 
 def test_vocabulary_mismatch_is_refused(tiny_models, tmp_path):
