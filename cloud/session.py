@@ -33,13 +33,23 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from cloud.engine import ForwardItem, Steps, TargetEngine, run_alone
 from cloud.next_block import stale_decode_overrun_pays
+from cloud.pending_block import (
+    MAX_BRANCH_LEN,
+    BlockRejected,
+    ForgedDraft,
+    PendingBlock,
+    by_position,
+    check_block,
+    past,
+    past_correction,
+    stale_verdict,
+)
 from cloud.verify_torch import verify_block
 from shared import draft_audit
 from shared.params import Mode, SamplingParams
@@ -49,35 +59,6 @@ from shared.verdict import StopReason, Verdict
 from shared.wire import committed_skip, next_epoch
 
 __all__ = ["VerifierSession", "BlockRejected", "ForgedDraft", "PendingBlock", "MAX_BRANCH_LEN"]
-
-# Tokens a hedge branch may hold: a guessed correction and a short continuation (the edge sends 3);
-# the bound keeps a block's tree within (1 + max_branches) * this many rows past its drafts.
-MAX_BRANCH_LEN = 8
-
-
-class BlockRejected(ValueError):
-    """A block that cannot be verified against this session's state."""
-
-
-class ForgedDraft(BlockRejected):
-    """Rejection-mode drafts that were not sampled from their q̃ (``check``: which audit said so)."""
-
-    def __init__(self, message: str, check: str) -> None:
-        super().__init__(message)
-        self.check = check  # "unsampled" or "improbable"
-
-
-@dataclass(frozen=True)
-class PendingBlock:
-    """A draft block waiting for verification, as the edge sent it."""
-
-    epoch: int
-    start_position: int
-    drafts: list[int]  # [n]
-    q: list[SparseDist] | None = None  # [n] rejection mode
-    more_follows: bool = False
-    branches: tuple[tuple[int, list[int]], ...] = ()  # hedges: (index of the draft replaced, tokens)
-
 
 class VerifierSession:
     """Verifies blocks for one sequence. Not thread-safe: one caller at a time."""
@@ -235,13 +216,13 @@ class VerifierSession:
         skip = self._overlap(front)
         if skip is None:
             if self.rebases:
-                self._spare.update(_by_position(front.start_position, front.drafts))
+                self._spare.update(by_position(front.start_position, front.drafts))
             if not self._decodes_stale(pending, stale_decode_deadline):
                 del pending[0]
                 return [Verdict(front.epoch, len(self.tokens), 0, None, False, False, stale=True)]
             chain = [PendingBlock(self.epoch, len(self.tokens), self._rebased())]  # the next token, and drafts where they lie
         else:
-            chain = [_past(front, skip) if front.drafts else PendingBlock(self.epoch, len(self.tokens), [])]
+            chain = [past(front, skip) if front.drafts else PendingBlock(self.epoch, len(self.tokens), [])]
             position = chain[0].start_position + len(chain[0].drafts)
             for block in pending[1:]:
                 if not chain[-1].more_follows or block.epoch != self.epoch or block.start_position != position:
@@ -269,9 +250,9 @@ class VerifierSession:
         self._settle(rows[offset] if verdicts[-1].is_deferred else None)
         del pending[: len(verdicts)]
         if skip is None:
-            verdicts = [_stale(verdicts[0], front.epoch, chain[0].drafts)]
+            verdicts = [stale_verdict(verdicts[0], front.epoch, chain[0].drafts)]
         elif self.rebases:
-            self._spare = _past_correction(chain[len(verdicts) - 1], verdicts[-1])
+            self._spare = past_correction(chain[len(verdicts) - 1], verdicts[-1])
         elapsed = time.perf_counter() - started
         if (skip is None or not drafts) and self.forwards > self.stats.target_forwards:  # the next token, in a forward
             self.one_token_s.add(elapsed)
@@ -325,28 +306,8 @@ class VerifierSession:
         return (accepted + 1) / (drafted + 2)
 
     def _check(self, block: PendingBlock) -> None:
-        """Refuse a block no honest edge sends (whether it is usable is ``_overlap``'s question)."""
-        if block.epoch > self.epoch:
-            raise BlockRejected(f"block epoch {block.epoch} is ahead of the session's epoch {self.epoch}")
-        last = self.prompt_len + self.max_new_tokens
-        if not self.prompt_len <= block.start_position <= last:
-            raise BlockRejected(f"block starts at position {block.start_position}, outside the session's "
-                                f"{self.prompt_len}..{last}")
-        if len(block.drafts) > self.max_draft_len:
-            raise BlockRejected(f"block of {len(block.drafts)} drafts exceeds the limit of {self.max_draft_len}")
-        if block.more_follows and not block.drafts:
-            raise BlockRejected("an empty block cannot be continued (more_follows)")
-        if block.branches:
-            at = [index for index, _ in block.branches]
-            if len(block.branches) > self.max_branches:
-                raise BlockRejected(f"a block with {len(block.branches)} branches exceeds the limit of {self.max_branches}")
-            if block.q is not None:
-                raise BlockRejected("hedge branches are for greedy and coupled modes, not rejection mode")
-            if len(set(at)) != len(at) or not all(0 <= i < len(block.drafts) for i in at):
-                raise BlockRejected(f"branches must hang on distinct drafts of the block (0..{len(block.drafts) - 1}), got {at}")
-            longest = min(self.max_draft_len, MAX_BRANCH_LEN)
-            if any(not 1 <= len(tokens) <= longest for _, tokens in block.branches):
-                raise BlockRejected(f"a branch must hold 1 to {longest} tokens")
+        check_block(block, epoch=self.epoch, first=self.prompt_len, last=self.prompt_len + self.max_new_tokens,
+                    max_draft_len=self.max_draft_len, max_branches=self.max_branches)
 
     def _check_sampled(self, block: PendingBlock) -> np.ndarray | None:
         """Refuse rejection-mode drafts that are not the token their q̃ yields under this session's DRAFT
@@ -483,39 +444,6 @@ class VerifierSession:
         else:
             self._deferred = None
             self.engine.crop(self.seq, len(self.tokens) - 1)  # everything but the new pending token
-
-
-def _past(block: PendingBlock, skip: int) -> PendingBlock:
-    """``block`` without its first ``skip`` drafts (the committed tokens hold them), its branches on
-    them dropped."""
-    if not skip:
-        return block
-    return PendingBlock(
-        block.epoch, block.start_position + skip, block.drafts[skip:], block.q and block.q[skip:], block.more_follows,
-        tuple((at - skip, tokens) for at, tokens in block.branches if at >= skip),
-    )
-
-
-def _stale(verdict: Verdict, epoch: int, drafts: list[int]) -> Verdict:
-    """The verdict of a stale block of ``epoch`` from that of its forward over ``drafts`` (rebased):
-    the accepted drafts ride as ``rebased``, then the token (correction or bonus alike)."""
-    return Verdict(epoch, verdict.start_position, 0, verdict.token, verdict.token is not None, verdict.done,
-                   verdict.stop_reason, stale=True, rebased=tuple(drafts[: verdict.accepted]),
-                   rebased_verified=len(drafts))
-
-
-def _past_correction(block: PendingBlock, verdict: Verdict) -> dict[int, int]:
-    """The drafts of ``block`` past the one ``verdict`` corrected (none when it corrected none, or took a
-    branch), by position: spare drafts for the stale blocks' forwards."""
-    if not verdict.is_correction or verdict.branch:
-        return {}
-    first = verdict.accepted + 1
-    return _by_position(block.start_position + first, block.drafts[first:])
-
-
-def _by_position(start: int, drafts: list[int]) -> dict[int, int]:
-    """``drafts`` keyed by their absolute positions, the first at ``start``."""
-    return dict(zip(range(start, start + len(drafts)), drafts))
 
 
 def _check_request(engine: TargetEngine, prompt: Sequence[int], max_new_tokens: int) -> None:

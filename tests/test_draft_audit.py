@@ -323,11 +323,9 @@ def test_rejection_mode_only_for_authenticated_clients(tiny_engine, frames):
     with BackgroundServer(tiny_engine, ServerConfig(port=0, limits=limits, auth_token="s3cret")) as running:
         assert _open(running.address, frames, REJECTION, token="s3cret")[0] == "opened"
         assert _open(running.address, frames, REJECTION)[0] == grpc.StatusCode.UNAUTHENTICATED
-    # The handshake's own rule (the command line never pairs the flag with a server without a token):
-    with BackgroundServer(tiny_engine, ServerConfig(port=0, limits=limits)) as running:
-        code, details = _open(running.address, frames, REJECTION)
-        assert code == PRECONDITION and "only to authenticated clients" in details, details
-        assert _open(running.address, frames, SamplingParams(mode=Mode.COUPLED, seed=1))[0] == "opened"
+    # Without a token no client is authenticated: a server so configured is refused before it starts.
+    with pytest.raises(ValueError, match="needs a bearer token"):
+        ServerConfig(port=0, limits=limits)
 
 
 def test_the_modes_flags(tmp_path):

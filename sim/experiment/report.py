@@ -242,7 +242,8 @@ def _fit_lines(fit: dict) -> list[str]:
     """The model's fitted timings, per numerics (canonical forwards cost more than free ones)."""
     lines = []
     for numerics, described in fit.items():
-        lines += [f"## Model fit ({numerics} sessions)", "", *[f"- {k}: {v}" for k, v in described.items()], ""]
+        lines += [f"## Model fit ({numerics} sessions)", "",
+                  *[f"- {k} ({numerics} sessions): {v}" for k, v in described.items()], ""]
     return lines
 
 

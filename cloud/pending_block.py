@@ -1,0 +1,106 @@
+"""A draft block as the edge sent it, and what no honest edge sends.
+
+``PendingBlock`` is a block waiting for verification; ``check_block`` refuses
+one that breaks the protocol (an epoch ahead, a position outside the session's,
+too many drafts, malformed branches) with ``BlockRejected``; ``ForgedDraft`` is
+the refusal of rejection-mode drafts not sampled from their q̃. The helpers cut
+a block to the drafts past the committed tokens and key drafts by position.
+Pure: no model, no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shared.sparse import SparseDist
+from shared.verdict import Verdict
+
+__all__ = ["PendingBlock", "BlockRejected", "ForgedDraft", "MAX_BRANCH_LEN", "check_block", "past", "stale_verdict",
+           "past_correction", "by_position"]
+
+# Tokens a hedge branch may hold: a guessed correction and a short continuation (the edge sends 3);
+# the bound keeps a block's tree within (1 + max_branches) * this many rows past its drafts.
+MAX_BRANCH_LEN = 8
+
+
+class BlockRejected(ValueError):
+    """A block that cannot be verified against this session's state."""
+
+
+class ForgedDraft(BlockRejected):
+    """Rejection-mode drafts that were not sampled from their q̃ (``check``: which audit said so)."""
+
+    def __init__(self, message: str, check: str) -> None:
+        super().__init__(message)
+        self.check = check  # "unsampled" or "improbable"
+
+
+@dataclass(frozen=True)
+class PendingBlock:
+    """A draft block waiting for verification, as the edge sent it."""
+
+    epoch: int
+    start_position: int
+    drafts: list[int]  # [n]
+    q: list[SparseDist] | None = None  # [n] rejection mode
+    more_follows: bool = False
+    branches: tuple[tuple[int, list[int]], ...] = ()  # hedges: (index of the draft replaced, tokens)
+
+
+def check_block(block: PendingBlock, *, epoch: int, first: int, last: int, max_draft_len: int,
+                max_branches: int) -> None:
+    """Refuse a block no honest edge sends to a session at ``epoch`` whose positions run ``first..last``
+    (whether it is usable is the session's question: ``VerifierSession._overlap``)."""
+    if block.epoch > epoch:
+        raise BlockRejected(f"block epoch {block.epoch} is ahead of the session's epoch {epoch}")
+    if not first <= block.start_position <= last:
+        raise BlockRejected(f"block starts at position {block.start_position}, outside the session's "
+                            f"{first}..{last}")
+    if len(block.drafts) > max_draft_len:
+        raise BlockRejected(f"block of {len(block.drafts)} drafts exceeds the limit of {max_draft_len}")
+    if block.more_follows and not block.drafts:
+        raise BlockRejected("an empty block cannot be continued (more_follows)")
+    if block.branches:
+        at = [index for index, _ in block.branches]
+        if len(block.branches) > max_branches:
+            raise BlockRejected(f"a block with {len(block.branches)} branches exceeds the limit of {max_branches}")
+        if block.q is not None:
+            raise BlockRejected("hedge branches are for greedy and coupled modes, not rejection mode")
+        if len(set(at)) != len(at) or not all(0 <= i < len(block.drafts) for i in at):
+            raise BlockRejected(f"branches must hang on distinct drafts of the block (0..{len(block.drafts) - 1}), got {at}")
+        longest = min(max_draft_len, MAX_BRANCH_LEN)
+        if any(not 1 <= len(tokens) <= longest for _, tokens in block.branches):
+            raise BlockRejected(f"a branch must hold 1 to {longest} tokens")
+
+
+def past(block: PendingBlock, skip: int) -> PendingBlock:
+    """``block`` without its first ``skip`` drafts (the committed tokens hold them), its branches on
+    them dropped."""
+    if not skip:
+        return block
+    return PendingBlock(
+        block.epoch, block.start_position + skip, block.drafts[skip:], block.q and block.q[skip:], block.more_follows,
+        tuple((at - skip, tokens) for at, tokens in block.branches if at >= skip),
+    )
+
+
+def stale_verdict(verdict: Verdict, epoch: int, drafts: list[int]) -> Verdict:
+    """The verdict of a stale block of ``epoch`` from that of its forward over ``drafts`` (rebased):
+    the accepted drafts ride as ``rebased``, then the token (correction or bonus alike)."""
+    return Verdict(epoch, verdict.start_position, 0, verdict.token, verdict.token is not None, verdict.done,
+                   verdict.stop_reason, stale=True, rebased=tuple(drafts[: verdict.accepted]),
+                   rebased_verified=len(drafts))
+
+
+def past_correction(block: PendingBlock, verdict: Verdict) -> dict[int, int]:
+    """The drafts of ``block`` past the one ``verdict`` corrected (none when it corrected none, or took a
+    branch), by position: spare drafts for the stale blocks' forwards."""
+    if not verdict.is_correction or verdict.branch:
+        return {}
+    first = verdict.accepted + 1
+    return by_position(block.start_position + first, block.drafts[first:])
+
+
+def by_position(start: int, drafts: list[int]) -> dict[int, int]:
+    """``drafts`` keyed by their absolute positions, the first at ``start``."""
+    return dict(zip(range(start, start + len(drafts)), drafts))
