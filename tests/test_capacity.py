@@ -143,6 +143,7 @@ def test_modelled_capacity_never_has_the_split_below_cloud_only_and_says_where_i
     assert summary["split"] >= summary["cloud-only"] >= 1
 
 
+@pytest.mark.slow
 def test_sim_model_prints_the_capacity_table_labelled_modelled():
     out = subprocess.run([*SPLITSPEC, "sim", "model", "--hardware", "llama70b-8xh100-mac", "--slo", "15", "--json"],
                          capture_output=True, text=True, timeout=120, check=True)

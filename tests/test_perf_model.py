@@ -347,6 +347,7 @@ def test_hardware_file_errors(tmp_path):
 # ---------------------------------------------------------------- CLI
 
 
+@pytest.mark.slow
 def test_sim_model_cli_json_is_labelled_modelled():
     result = subprocess.run(
         [sys.executable, "-m", "sim.cli", "sim", "model", "--hardware", "llama70b-8xh100-mac", "--json"],
@@ -374,6 +375,7 @@ def test_sim_model_cli_json_is_labelled_modelled():
     assert {"draft", "uplink", "rtt", "verify", "downlink"} == set(rows[3]["breakdown"])
 
 
+@pytest.mark.slow
 def test_sim_model_cli_table_and_errors(capsys):
     from sim.cli import main
 
@@ -468,7 +470,7 @@ def test_each_prompt_is_predicted_with_its_own_acceptance_and_the_run_adds_their
     """Two prompts the drafter guesses very differently: each is predicted with its own acceptance (the
     drafter's speed and the bytes are the run's), and the run's rate is its tokens over the sum of the
     prompts' times, as measured, not the rate of a pooled acceptance."""
-    from sim.experiment.runner import _attach_prediction
+    from sim.experiment.prediction import _error, _predicted_rate
     from sim.perf.fit import RunTimings, fit_timings
 
     def part(accepted_at, drafted_at, tokens):
@@ -490,9 +492,8 @@ def test_each_prompt_is_predicted_with_its_own_acceptance_and_the_run_adds_their
     link = NetworkModel(up_bps=50_000, down_bps=50_000, rtt_s=0.6)
     parts = [(predict_pipelined(fitted.for_prompt(pooled, p), link, 4, 4, generation_tokens=64), 64, 0.01)
              for p in (easy, hard)]
-    run = {"tokens_per_s": 10.0}
-    _attach_prediction(run, parts)
+    predicted, _ = _predicted_rate(parts)
     walls = [p.ttft_s + 0.01 + 63 / p.tokens_per_s for p, _, _ in parts]
-    assert run["predicted_tokens_per_s"] == pytest.approx(128 / sum(walls))
-    assert run["prediction_error"] == pytest.approx(run["predicted_tokens_per_s"] / 10.0 - 1)
+    assert predicted == pytest.approx(128 / sum(walls))
+    assert _error(predicted, 10.0) == pytest.approx(predicted / 10.0 - 1)
     assert parts[0][0].tokens_per_s > 2 * parts[1][0].tokens_per_s  # (the hard prompt takes most of the time)

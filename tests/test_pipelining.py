@@ -107,6 +107,7 @@ def test_pipelining_shares_forwards_between_blocks(tiny_engine, drafters):
     assert piped.stats.target_forwards < lockstep.stats.target_forwards  # queued blocks share a forward
 
 
+@pytest.mark.slow
 def test_rejection_mode_with_blocks_in_flight_samples_the_target(tiny_engine, drafters):
     prompt = tiny_prompt(tiny_engine, "It was the best of times")
     exact = exact_distribution(tiny_engine, prompt, rejection_sampling())

@@ -100,6 +100,7 @@ def test_rejection_mode_completes_across_lost_links(tiny_engine, drafter):
     assert len(got.tokens) == 30 and verifier.resumes == 3
 
 
+@pytest.mark.slow
 def test_rejection_mode_across_lost_links_still_samples_the_target(tiny_engine, drafter):
     prompt = tiny_prompt(tiny_engine, "It was the best of times")
     exact = exact_distribution(tiny_engine, prompt, rejection_sampling())

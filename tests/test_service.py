@@ -62,6 +62,7 @@ def test_edge_run_is_token_identical_to_target_only(tiny_models, tiny_engine, ti
         drafter.close()
 
 
+@pytest.mark.slow
 def test_rejection_mode_over_the_network_samples_the_target(tiny_models, tiny_engine, tiny_vocab, verifier):
     prompt = tiny_prompt(tiny_engine, "It was the best of times")
 

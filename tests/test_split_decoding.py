@@ -144,6 +144,7 @@ def test_drafter_stats_count_what_the_drafter_did(engine, drafters, prompts, dra
 TOP_K = 4  # keeps the exact distribution of 3 tokens enumerable: 4**3 sequences
 
 
+@pytest.mark.slow
 def test_rejection_mode_samples_the_target_distribution(engine, drafters, prompts):
     prompt = prompts[2]
 
@@ -180,6 +181,7 @@ def splitspec(*args, timeout=300):
     )
 
 
+@pytest.mark.slow
 def test_generate_json_matches_target_only(tiny_models):
     common = ["generate", "--target", tiny_models["target"], "--drafter", tiny_models["drafter_f32"],
               "--prompt", PROMPTS[0], "--max-new-tokens", "24", "--seed", "5", "--temperature", "1.0", "--json"]

@@ -11,6 +11,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
 from helpers import tiny_drafter, tiny_prompt
 from test_service import remote
 
@@ -57,6 +58,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+@pytest.mark.slow
 def test_a_verifier_sharded_over_two_ranks_serves_token_identical_output(tiny_models, tiny_engine, tiny_vocab,
                                                                          tmp_path):
     torchrun = Path(sys.executable).with_name("torchrun")
