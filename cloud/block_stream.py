@@ -51,6 +51,12 @@ class Answered(NamedTuple):
     forward_s: float
 
 
+def committed_by(verdict: Verdict) -> int:
+    """Tokens ``verdict`` appends: accepted drafts, its token, rebased drafts and an adopted branch."""
+    return (verdict.accepted + (verdict.token is not None) + len(verdict.rebased)
+            + (1 + verdict.branch_accepted if verdict.branch else 0))
+
+
 def verdict_message(answer: Answered, forwards: int) -> pb.Verdict:
     """``answer`` for the wire; the session's ``forwards`` ride on the final verdict only (0 is not
     sent, so rounds pay no bytes for it)."""
@@ -172,6 +178,10 @@ class BlockStream(ServicePart):
             verdicts = yield from session.verify_chain_steps(pending, stale_decode_deadline)
             if session.last_step_rows:
                 self.metrics.observe_step(rows=session.last_step_rows, seconds=session.last_step_s)
+                committed = sum(committed_by(v) for v in verdicts)
+                self.scheduler.ledger.record(entry.owner, rows=session.last_step_rows, committed=committed)
+                self.metrics.observe_client(entry.owner, rows=session.last_step_rows, committed=committed,
+                                            capped=self.scheduler.ledger.capped(entry.owner))
             return verdicts
 
         def verify_if_current():
@@ -179,7 +189,7 @@ class BlockStream(ServicePart):
 
         forward_before, forwards_before = session.seq.forward_s, session.forwards
         try:
-            verdicts = await self.scheduler.run(verify_if_current, session)
+            verdicts = await self.scheduler.run(verify_if_current, session, client=entry.owner)
         except BlockRejected as exc:
             if isinstance(exc, ForgedDraft):
                 self.metrics.forged_drafts.labels(check=exc.check).inc()
@@ -211,8 +221,7 @@ class BlockStream(ServicePart):
                 RoundRecord(
                     drafted=drafted,
                     accepted=verdict.accepted,
-                    committed=verdict.accepted + (verdict.token is not None) + len(verdict.rebased)
-                    + (1 + verdict.branch_accepted if verdict.branch else 0),
+                    committed=committed_by(verdict),
                     forwards=forwards if i == 0 else 0,
                 ),
                 latency_s=seconds,

@@ -10,7 +10,9 @@ client (``FAILED_PRECONDITION``: ``ServiceLimits.modes``, and rejection mode
 only to streams with a bearer token under ``rejection_requires_auth``) and
 room in the session table (``RESOURCE_EXHAUSTED``); an unknown ticket is
 ``NOT_FOUND``. Every refusal is an ``Abort`` of that stream alone, and a session a refused resume or turn held is released.
-Sessions count against their owner: the bearer token, else the peer address.
+Sessions count against their owner: the bearer token, else the peer address;
+an owner whose verified rows commit next to nothing (``ClientLedger.capped``)
+gets new sessions of ``ServiceLimits.capped_draft_len`` drafts per block at most.
 It verifies no block and writes nothing to the stream (``cloud.block_stream``,
 ``cloud.servicer``).
 """
@@ -145,9 +147,11 @@ class Handshake(ServicePart):
             # Refuse before spending a prefill on a session that cannot be kept.
             self.table.reserve(owner, len(prompt) + max_new_tokens)
 
-            def open_session():
+            def open_session():  # (on the engine thread, where the ledger lives)
+                capped = self.limits.capped_draft_len and self.scheduler.ledger.capped(owner)
                 session = VerifierSession(
-                    self.engine, prompt, params, max_new_tokens=max_new_tokens, max_draft_len=max_draft_len,
+                    self.engine, prompt, params, max_new_tokens=max_new_tokens,
+                    max_draft_len=min(max_draft_len, self.limits.capped_draft_len) if capped else max_draft_len,
                     max_branches=self.max_branches, decode_stale=self.limits.decode_stale,
                     rebase_stale=self.limits.rebase_stale and takes_rebased,
                     prefill=False, audit_drafts=self.limits.audit_drafts,

@@ -4,11 +4,14 @@ The same counters that ``shared.stats.DecodeStats`` keeps per generation,
 summed over the service, plus bytes on the wire and verify latency. Sessions
 and rounds are fed through two observers, ``observe_open`` and
 ``observe_round`` (vLLM's ``SpecDecodingProm.observe`` shape); nothing else
-increments those counters.
+increments those counters. Per-client verify work (``observe_client``) is
+labelled by a bucket of the client's hash (``CLIENT_BUCKETS`` of them), so
+label cardinality stays bounded whatever the clients.
 """
 
 from __future__ import annotations
 
+import hashlib
 import tempfile
 from pathlib import Path
 from wsgiref.simple_server import WSGIServer
@@ -17,12 +20,19 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summ
 
 from shared.stats import RoundRecord
 
-__all__ = ["ServiceMetrics", "VERIFY_SERVICE_METRIC"]
+__all__ = ["CLIENT_BUCKETS", "ServiceMetrics", "VERIFY_SERVICE_METRIC", "client_bucket"]
 
 VERIFY_SERVICE_METRIC = "splitspec_verify_service_seconds"  # a Summary by rows: what the performance-model fit reads
 
+CLIENT_BUCKETS = 32  # per-client series: at most this many label values
+
 _EXACT_ROWS = 64  # verify steps of up to this many rows are labelled exactly
 _LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+
+
+def client_bucket(client: str) -> str:
+    """The label of ``client``'s bucket: stable across processes (not Python's salted ``hash``)."""
+    return str(int.from_bytes(hashlib.sha256(client.encode()).digest()[:4], "big") % CLIENT_BUCKETS)
 
 
 class ServiceMetrics:
@@ -74,6 +84,16 @@ class ServiceMetrics:
             buckets=(1, 2, 4, 8, 16, 32, 64), registry=r,
         )
         self.engine_busy = Counter("splitspec_engine_busy_seconds", "Wall time inside target forwards", registry=r)
+        self.client_rows = Counter("splitspec_client_rows", "Verified rows run, by client bucket", ["client"],
+                                   registry=r)
+        self.client_committed = Counter(
+            "splitspec_client_committed_tokens", "Tokens committed by verify steps, by client bucket", ["client"],
+            registry=r,
+        )
+        self.client_capped = Counter(
+            "splitspec_client_capped_steps", "Verify steps of clients held at the fair-share weight floor",
+            ["client"], registry=r,
+        )
         self.service_overhead = Histogram(
             "splitspec_verify_overhead_seconds",
             "Per-verify service time outside the target forward",
@@ -100,6 +120,14 @@ class ServiceMetrics:
         """One session's verify step that ran a forward of ``rows`` rows for it."""
         label = rows if rows <= _EXACT_ROWS else 1 << (rows - 1).bit_length()
         self.verify_service.labels(rows=str(label)).observe(seconds)
+
+    def observe_client(self, client: str, *, rows: int, committed: int, capped: bool) -> None:
+        """A verify step of ``client``'s: its rows, the tokens they committed, whether it is capped."""
+        label = client_bucket(client)
+        self.client_rows.labels(client=label).inc(rows)
+        self.client_committed.labels(client=label).inc(committed)
+        if capped:
+            self.client_capped.labels(client=label).inc()
 
     def observe_forward(self, *, rows: int, sequences: int, seconds: float) -> None:
         """One packed target forward (called on the engine thread)."""

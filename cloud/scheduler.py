@@ -7,12 +7,13 @@ thread, while jobs of different keys share forwards. A job is a callable; when i
 returns ``Steps`` (a generator of ``ForwardItem``), the scheduler drives it:
 each forward packs the items every waiting job yields, up to ``max_rows``
 rows, so many sessions' verifies (and cloud-only decode steps) share one
-target forward. Fairness: items are taken oldest first; verify items (all of
-their logits wanted) go whole while they fit in ``max_rows`` (the oldest
-always goes); a prompt is prefilled in chunks that fill the rows the verifies
-leave, the oldest prompt getting at least ``min_prefill_rows`` per forward
-even past ``max_rows``, so a long prompt never starves and never stalls the
-others for more than a chunk.
+target forward. Fairness: verify items (all of their logits wanted) go whole,
+the oldest always, the rest as ``cloud.fair_share.allot_verifies`` shares
+``max_rows`` across clients (a job's ``client``, weighted by what the
+client's rows commit: ``ClientLedger``, fed by the block stream); a prompt is
+prefilled in chunks that fill the rows the verifies leave, the oldest prompt
+getting at least ``min_prefill_rows`` per forward even past ``max_rows``, so a
+long prompt never starves and never stalls the others for more than a chunk.
 ``batching=False`` runs one item per forward, oldest first (the same work, for comparison).
 """
 
@@ -29,6 +30,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from cloud.engine import ForwardItem, Steps, TargetEngine
+from cloud.fair_share import ClientLedger, allot_verifies, fair_shares
 
 __all__ = ["Scheduler", "SchedulerStats"]
 
@@ -44,6 +46,10 @@ class SchedulerStats:
     sequences: int = 0
     max_sequences: int = 0
     sequences_histogram: dict[int, int] = field(default_factory=dict)  # sequences per forward -> forwards
+    # Forwards where verifies of two or more clients waited: verify rows each client got, and its
+    # equal (unweighted) max-min fair share of ``max_rows`` given what every client waited with.
+    contended_rows: dict[str, int] = field(default_factory=dict)
+    contended_owed: dict[str, float] = field(default_factory=dict)
 
     def record(self, rows: int, sequences: int) -> None:
         self.forwards += 1
@@ -52,12 +58,19 @@ class SchedulerStats:
         self.max_sequences = max(self.max_sequences, sequences)
         self.sequences_histogram[sequences] = self.sequences_histogram.get(sequences, 0) + 1
 
+    def record_contention(self, rows: dict[str, int], owed: dict[str, float]) -> None:
+        for client, n in rows.items():
+            self.contended_rows[client] = self.contended_rows.get(client, 0) + n
+        for client, n in owed.items():
+            self.contended_owed[client] = self.contended_owed.get(client, 0.0) + n
+
 
 @dataclass
 class _Job:
     steps: Steps
     future: Future
     key: object
+    client: str = ""  # who the rows are for (the session's owner): verify rows are shared fairly by client
     item: ForwardItem | None = None  # what it waits for
     waiting_since: float = 0.0
     prefilled: int = 0  # tokens of a chunked item already run
@@ -79,6 +92,7 @@ class Scheduler:
         self.min_prefill_rows = min_prefill_rows
         self.batching = batching
         self.stats = SchedulerStats()
+        self.ledger = ClientLedger()  # read and written on the engine thread only
         self.on_forward = on_forward
         self.pending = 0  # jobs submitted and not finished
         self._pending_lock = threading.Lock()
@@ -89,9 +103,10 @@ class Scheduler:
         self._thread.start()
 
     # -- API ----------------------------------------------------------------
-    def submit(self, fn: Callable[[], object], key: object = None) -> Future:
+    def submit(self, fn: Callable[[], object], key: object = None, client: str = "") -> Future:
         """Run ``fn`` on the engine thread, after every earlier job of the same ``key`` (None: no
-        order); if it returns ``Steps``, drive them. The future gets the result."""
+        order); if it returns ``Steps``, drive them, their verify rows counted to ``client``. The
+        future gets the result."""
         future: Future = Future()
         with self._stop_lock:
             if self._stopped:
@@ -99,11 +114,11 @@ class Scheduler:
             with self._pending_lock:
                 self.pending += 1
             future.add_done_callback(lambda _: self._done())
-            self._inbox.put((fn, future, key))
+            self._inbox.put((fn, future, key, client))
         return future
 
-    async def run(self, fn: Callable[[], object], key: object = None):
-        return await asyncio.wrap_future(self.submit(fn, key))
+    async def run(self, fn: Callable[[], object], key: object = None, client: str = ""):
+        return await asyncio.wrap_future(self.submit(fn, key, client))
 
     def shutdown(self, wait: bool = True) -> None:
         """Stop taking jobs and end the thread after the current forward; jobs not finished by then
@@ -122,7 +137,7 @@ class Scheduler:
     # -- the engine thread ----------------------------------------------------
     def _loop(self) -> None:
         jobs: list[_Job] = []  # started, waiting for a forward
-        queued: list[tuple] = []  # (fn, future, key) waiting for an earlier job of their key
+        queued: list[tuple] = []  # (fn, future, key, client) waiting for an earlier job of their key
         while True:
             try:
                 arrivals = [self._inbox.get()] if not jobs and not queued else []
@@ -135,18 +150,18 @@ class Scheduler:
                 for job in jobs:
                     job.steps.close()
                     job.future.set_exception(stopping)
-                for _, future, _ in [*queued, *(a for a in arrivals if a is not None)]:
+                for _, future, *_ in [*queued, *(a for a in arrivals if a is not None)]:
                     if future.set_running_or_notify_cancel():
                         future.set_exception(stopping)
                 return
             queued.extend(arrivals)
             busy = {id(job.key) for job in jobs if job.key is not None}
             still = []
-            for fn, future, key in queued:
+            for fn, future, key, client in queued:
                 if key is not None and id(key) in busy:
-                    still.append((fn, future, key))
+                    still.append((fn, future, key, client))
                     continue
-                job = self._start(fn, future, key)
+                job = self._start(fn, future, key, client)
                 if job is not None:
                     jobs.append(job)
                     if key is not None:
@@ -156,7 +171,7 @@ class Scheduler:
                 self._forward(jobs)
                 jobs = [job for job in jobs if not job.future.done()]
 
-    def _start(self, fn: Callable[[], object], future: Future, key: object) -> _Job | None:
+    def _start(self, fn: Callable[[], object], future: Future, key: object, client: str) -> _Job | None:
         if not future.set_running_or_notify_cancel():
             return None
         try:
@@ -167,7 +182,7 @@ class Scheduler:
         if not inspect.isgenerator(result):
             future.set_result(result)
             return None
-        job = _Job(result, future, key)
+        job = _Job(result, future, key, client)
         self._advance(job, None, first=True)
         return job if not future.done() else None
 
@@ -182,6 +197,15 @@ class Scheduler:
         except BaseException as exc:  # noqa: BLE001 - handed to the caller
             job.future.set_exception(exc)
 
+    def _note_contention(self, wanted: list[tuple[str, int]], got: list[tuple[str, int]]) -> None:
+        demands: dict[str, int] = {}
+        for client, n in wanted:
+            demands[client] = demands.get(client, 0) + n
+        rows: dict[str, int] = {}
+        for client, n in got:
+            rows[client] = rows.get(client, 0) + n
+        self.stats.record_contention(rows, fair_shares(demands, self.max_rows))
+
     def _forward(self, jobs: list[_Job]) -> None:
         """One forward over what ``jobs`` wait for, chosen as the module docstring says."""
         order = sorted(jobs, key=lambda job: job.waiting_since)
@@ -189,10 +213,14 @@ class Scheduler:
             order = order[:1]
         chosen: list[tuple[_Job, ForwardItem, bool]] = []  # (job, item to run, whether it finishes the job's item)
         rows = 0
-        for job in order:  # verifies first: latency-bound, never split
-            if job.item.logits == "all" and (not chosen or rows + job.item.rows <= self.max_rows):
-                chosen.append((job, job.item, True))
-                rows += job.item.rows
+        verifies = [job for job in order if job.item.logits == "all"]  # first: latency-bound, never split
+        weights = {job.client: self.ledger.weight(job.client) for job in verifies}
+        wanted = [(job.client, job.item.rows) for job in verifies]
+        for i in allot_verifies(wanted, self.max_rows, weights):
+            chosen.append((verifies[i], verifies[i].item, True))
+            rows += verifies[i].item.rows
+        if len(weights) > 1:
+            self._note_contention(wanted, [(job.client, item.rows) for job, item, _ in chosen])
         prompts = 0
         for job in order:  # then prompts, chunked into what is left (the oldest gets a minimum)
             if job.item.logits == "all":

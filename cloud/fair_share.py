@@ -1,0 +1,123 @@
+"""Fair share of a forward's verify rows across clients: the pure choice, and each client's weight.
+
+Contract. ``allot_verifies`` picks which waiting verify items go into one
+forward: the oldest always goes; items are never split; every client with
+items waiting is owed a weighted max-min fair share of ``max_rows`` (a client
+that needs less than its share leaves the rest to the others, by water
+filling); each client's items go oldest first while they fit its share, and
+rows still free then go to any item that fits, oldest first (no row is left
+idle for fairness' sake). A client is the session owner the handshake
+computes (bearer token, else peer). ``ClientLedger`` keeps per client the
+committed tokens per verified row over its latest ``WINDOW_ROWS`` rows; the
+weight is that, clamped to ``[floor, 1]``, and a client at the floor over at
+least ``CAP_AFTER_ROWS`` rows is *capped* (the handshake opens its new sessions with a shorter draft
+length, which ``Opened.max_draft_len`` tells the edge). No I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+__all__ = ["CAP_AFTER_ROWS", "WINDOW_ROWS", "ClientLedger", "allot_verifies", "fair_shares", "WEIGHT_FLOOR"]
+
+WEIGHT_FLOOR = 0.25  # committed per row: garbage at D=16, window 4 makes ~0.15 (stale decodes included); D=4 all wrong 0.2
+WINDOW_ROWS = 512  # a client's acceptance is read over about its latest this many verified rows
+CAP_AFTER_ROWS = 128  # a client is capped only once this many of its rows were verified (one bad block is not a trend)
+
+
+def fair_shares(demands: Mapping[str, int], capacity: int, weights: Mapping[str, float] | None = None) -> dict[str, float]:
+    """Weighted max-min fair rows per client (water filling): a client never gets more than its
+    demand, and what it leaves is shared among the others by weight. Unknown weights are 1."""
+    weights = weights or {}
+    left = {c: d for c, d in demands.items() if d > 0}
+    shares = {c: 0.0 for c in demands}
+    room = float(capacity)
+    while left and room > 1e-9:
+        total = sum(weights.get(c, 1.0) for c in left)
+        per = room / total  # rows per unit of weight this round
+        sated = {c for c, d in left.items() if d - shares[c] <= per * weights.get(c, 1.0) + 1e-9}
+        if not sated:
+            for c in left:
+                shares[c] += per * weights.get(c, 1.0)
+            break
+        for c in sated:
+            room -= left[c] - shares[c]
+            shares[c] = float(left[c])
+            del left[c]
+    return shares
+
+
+def allot_verifies(
+    items: Sequence[tuple[str, int]], max_rows: int, weights: Mapping[str, float] | None = None
+) -> list[int]:
+    """Indices of ``items`` ((client, rows) each, oldest first) that go into one forward, as the
+    module docstring says; in the order given."""
+    if not items:
+        return []
+    demands: dict[str, int] = {}
+    for client, rows in items:
+        demands[client] = demands.get(client, 0) + rows
+    shares = fair_shares(demands, max_rows, weights)
+    chosen = {0}  # the oldest always goes
+    used = items[0][1]
+    taken = {items[0][0]: items[0][1]}
+    for i, (client, rows) in enumerate(items[1:], start=1):
+        if used + rows <= max_rows and taken.get(client, 0) + rows <= shares[client] + 1e-9:
+            chosen.add(i)
+            used += rows
+            taken[client] = taken.get(client, 0) + rows
+    for i, (_, rows) in enumerate(items):  # work conserving: what the shares left idle
+        if i not in chosen and used + rows <= max_rows:
+            chosen.add(i)
+            used += rows
+    return sorted(chosen)
+
+
+@dataclass
+class ClientStats:
+    """One client's verify work, as the ledger and Prometheus observe it."""
+
+    rows: int = 0  # verified rows run for it
+    committed: int = 0  # tokens those rows committed
+    # The latest steps' (rows, committed), WINDOW_ROWS rows' worth: a step weighs by its rows
+    # (a wide garbage step counts more than the one-row stale decode after it).
+    recent: deque[tuple[int, int]] = field(default_factory=deque)
+    recent_rows: int = 0
+    recent_committed: int = 0
+
+    @property
+    def per_row(self) -> float | None:
+        return self.recent_committed / self.recent_rows if self.recent_rows else None
+
+
+@dataclass
+class ClientLedger:
+    """Per-client acceptance, kept on the engine thread (every ``record`` and ``weight`` runs there)."""
+
+    floor: float = WEIGHT_FLOOR
+    clients: dict[str, ClientStats] = field(default_factory=dict)
+
+    def record(self, client: str, *, rows: int, committed: int) -> None:
+        if rows <= 0:
+            return
+        stats = self.clients.setdefault(client, ClientStats())
+        stats.rows += rows
+        stats.committed += committed
+        stats.recent.append((rows, committed))
+        stats.recent_rows += rows
+        stats.recent_committed += committed
+        while stats.recent_rows - stats.recent[0][0] >= WINDOW_ROWS:
+            old_rows, old_committed = stats.recent.popleft()
+            stats.recent_rows -= old_rows
+            stats.recent_committed -= old_committed
+
+    def weight(self, client: str) -> float:
+        stats = self.clients.get(client)
+        per_row = None if stats is None else stats.per_row
+        return 1.0 if per_row is None else min(1.0, max(self.floor, per_row))
+
+    def capped(self, client: str) -> bool:
+        stats = self.clients.get(client)
+        return stats is not None and stats.recent_rows >= CAP_AFTER_ROWS and self.weight(client) <= self.floor

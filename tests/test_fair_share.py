@@ -1,0 +1,124 @@
+"""Fair share of verify rows across clients: the pure allotment by hand, the ledger, the scheduler."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+
+from cloud.engine import ForwardItem
+from cloud.fair_share import WEIGHT_FLOOR, ClientLedger, allot_verifies, fair_shares
+from cloud.metrics import CLIENT_BUCKETS, ServiceMetrics, client_bucket
+from cloud.scheduler import Scheduler
+
+
+def _rows(items, chosen):
+    out: dict[str, int] = {}
+    for i in chosen:
+        client, rows = items[i]
+        out[client] = out.get(client, 0) + rows
+    return out
+
+
+def test_two_clients_one_flooding_each_get_half():
+    items = [("flood", 8)] * 6 + [("honest", 4)] * 4  # the flood is older
+    chosen = allot_verifies(items, 16)
+    assert chosen[0] == 0  # the oldest always goes
+    assert _rows(items, chosen) == {"flood": 8, "honest": 8}
+
+
+def test_a_client_needing_less_leaves_its_rows_to_the_other():
+    items = [("flood", 4)] * 8 + [("honest", 2)]
+    assert fair_shares({"flood": 32, "honest": 2}, 16) == {"flood": 14.0, "honest": 2.0}
+    assert _rows(items, allot_verifies(items, 16)) == {"flood": 12, "honest": 2}  # 4-row items: 12 of 14 fit
+    alone = [("flood", 4)] * 8
+    assert _rows(alone, allot_verifies(alone, 16)) == {"flood": 16}  # nobody else waits: all rows
+
+
+def test_the_oldest_goes_even_past_its_share_and_items_are_never_split():
+    items = [("flood", 12), ("honest", 4), ("honest", 4), ("flood", 2)]
+    chosen = allot_verifies(items, 16)
+    assert chosen == [0, 1]  # honest's second would exceed max_rows; the flood's 2 rows too
+    assert allot_verifies([("a", 40)], 16) == [0]
+
+
+def test_shares_are_weighted_by_acceptance():
+    assert fair_shares({"good": 100, "bad": 100}, 24, {"good": 1.0, "bad": 0.2}) == {"good": 20.0, "bad": 4.0}
+    items = [("bad", 2)] * 10 + [("good", 2)] * 10
+    assert _rows(items, allot_verifies(items, 24, {"good": 1.0, "bad": 0.2})) == {"bad": 4, "good": 20}
+    ledger = ClientLedger()
+    assert ledger.weight("new") == 1.0 and not ledger.capped("new")
+    for _ in range(50):
+        ledger.record("good", rows=9, committed=8)
+        ledger.record("good", rows=1, committed=1)
+        ledger.record("bad", rows=17, committed=1)
+    assert abs(ledger.weight("good") - 9 / 10) < 0.02  # by rows: the one-row step counts a tenth
+    assert ledger.weight("bad") == WEIGHT_FLOOR and ledger.capped("bad") and not ledger.capped("good")
+    ledger.record("once", rows=100, committed=0)
+    assert ledger.weight("once") == WEIGHT_FLOOR and not ledger.capped("once")  # too few rows to call it a trend
+
+
+def test_client_labels_fall_into_bounded_buckets():
+    labels = {client_bucket(f"token-{i}") for i in range(1000)}
+    assert len(labels) == CLIENT_BUCKETS and client_bucket("x") == client_bucket("x")
+    metrics = ServiceMetrics()
+    metrics.observe_client("x", rows=17, committed=1, capped=True)
+    label = {"client": client_bucket("x")}
+    assert metrics.registry.get_sample_value("splitspec_client_rows_total", label) == 17
+    assert metrics.registry.get_sample_value("splitspec_client_capped_steps_total", label) == 1
+
+
+class _Recording:
+    """The tiny engine, recording each forward's rows by client (the seq's owner in ``clients``)."""
+
+    def __init__(self, engine, clients):
+        self.engine, self.clients, self.forwards = engine, clients, []
+
+    def forward_batch(self, items):
+        rows: dict[str, int] = {}
+        for item in items:
+            rows[self.clients[id(item.seq)]] = rows.get(self.clients[id(item.seq)], 0) + item.rows
+        self.forwards.append(rows)
+        return self.engine.forward_batch(items)
+
+
+def test_a_flooding_client_gets_no_more_than_its_share_of_rows(tiny_engine):
+    clients: dict[int, str] = {}
+    engine = _Recording(tiny_engine, clients)
+    scheduler = Scheduler(engine, max_rows=16, min_prefill_rows=4)
+
+    def verify(client, rows):
+        seq = tiny_engine.new_sequence()
+        clients[id(seq)] = client
+        return lambda: (yield ForwardItem(seq, [1] + [5] * (rows - 1)))
+
+    try:
+        gate_open, holding = threading.Event(), threading.Event()
+        scheduler.submit(lambda: (holding.set(), gate_open.wait(10)))
+        holding.wait(10)
+        futures = [scheduler.submit(verify("flood", 8), client="flood") for _ in range(6)]
+        futures += [scheduler.submit(verify("honest", 4), client="honest") for _ in range(4)]
+        gate_open.set()
+        for future in futures:
+            future.result(30)
+    finally:
+        scheduler.shutdown()
+    both = [f for f in engine.forwards if "honest" in f]
+    assert both and all(f.get("flood", 0) <= 8 for f in both)
+    assert engine.forwards[0] == {"flood": 8, "honest": 8}
+    assert scheduler.stats.contended_rows["flood"] <= scheduler.stats.contended_owed["flood"]
+
+
+def test_the_fairness_bench_reports_its_keys_and_attackers_get_no_more_than_their_share(capsys):
+    from sim.commands.bench import add_bench_commands
+
+    parser = argparse.ArgumentParser()
+    add_bench_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["fairness", "--honest", "2", "--attackers", "2", "--max-new-tokens", "24"])
+    assert args.func(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    for key in ("honest_tok_s_alone", "honest_tok_s_with_attackers", "attacker_row_share", "fair_row_share"):
+        assert report[key] >= 0
+    assert report["identical"] and report["contended_rows"] > 0
+    assert report["attackers_capped"] == 2 and report["honest_capped"] == 0
+    assert report["attacker_row_share"] <= report["fair_row_share"] + 0.05
