@@ -20,10 +20,12 @@ import asyncio
 import logging
 import time
 from collections import deque
+from dataclasses import replace
 from typing import NamedTuple
 
 import grpc
 
+from cloud.metrics import client_bucket
 from cloud.next_block import NextBlockClock
 from cloud.service_part import ServicePart
 from cloud.session import BlockRejected, ForgedDraft, PendingBlock, VerifierSession
@@ -134,7 +136,8 @@ class BlockStream(ServicePart):
                 draft.payload,
                 draft.compressed,
                 self.engine.vocab_size,
-                max_tokens=max(MAX_EARLY_DRAFTS, session.max_draft_len) if draft.before_opened else session.max_draft_len,
+                max_tokens=(max(MAX_EARLY_DRAFTS, session.max_draft_len) if draft.before_opened
+                            else session.draft_limit_for(draft.epoch)),
                 draft_top_k=params.draft_top_k if params.sends_q else None,
                 prob_bits=params.prob_bits if params.sends_q else None,
             )
@@ -179,9 +182,17 @@ class BlockStream(ServicePart):
             if session.last_step_rows:
                 self.metrics.observe_step(rows=session.last_step_rows, seconds=session.last_step_s)
                 committed = sum(committed_by(v) for v in verdicts)
-                self.scheduler.ledger.record(entry.owner, rows=session.last_step_rows, committed=committed)
+                ledger = self.scheduler.ledger
+                ledger.record(entry.owner, rows=session.last_step_rows, committed=committed)
+                capped = ledger.capped(entry.owner)
                 self.metrics.observe_client(entry.owner, rows=session.last_step_rows, committed=committed,
-                                            capped=self.scheduler.ledger.capped(entry.owner))
+                                            capped=capped)
+                if capped and self.limits.capped_draft_len and session.lower_draft_limit(self.limits.capped_draft_len):
+                    log.info("session %s: its client (metrics bucket %s) commits next to nothing per verified row: "
+                             "its blocks are held to %d drafts", entry.session_id, client_bucket(entry.owner),
+                             session.draft_limit)
+            if session.draft_limit:  # every verdict says so (the edge obeys from the first it reads)
+                verdicts = [replace(v, draft_limit=session.draft_limit) for v in verdicts]
             return verdicts
 
         def verify_if_current():

@@ -10,21 +10,24 @@ idle for fairness' sake). A client is the session owner the handshake
 computes (bearer token, else peer). ``ClientLedger`` keeps per client the
 committed tokens per verified row over its latest ``WINDOW_ROWS`` rows; the
 weight is that, clamped to ``[floor, 1]``, and a client at the floor over at
-least ``CAP_AFTER_ROWS`` rows is *capped* (the handshake opens its new sessions with a shorter draft
-length, which ``Opened.max_draft_len`` tells the edge). No I/O, no clock.
+least ``CAP_AFTER_ROWS`` rows is *capped*: the handshake opens its new sessions with a shorter draft
+length (``Opened.max_draft_len``), and the block stream lowers its open sessions' limit for their blocks
+of later epochs (``Verdict.draft_limit``). The ledger remembers the ``MAX_CLIENTS`` clients recorded most
+recently. No I/O, no clock.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["CAP_AFTER_ROWS", "WINDOW_ROWS", "ClientLedger", "allot_verifies", "fair_shares", "WEIGHT_FLOOR"]
+__all__ = ["CAP_AFTER_ROWS", "MAX_CLIENTS", "WINDOW_ROWS", "ClientLedger", "allot_oldest_first", "allot_verifies", "fair_shares", "WEIGHT_FLOOR"]
 
 WEIGHT_FLOOR = 0.25  # committed per row: garbage at D=16, window 4 makes ~0.15 (stale decodes included); D=4 all wrong 0.2
 WINDOW_ROWS = 512  # a client's acceptance is read over about its latest this many verified rows
 CAP_AFTER_ROWS = 128  # a client is capped only once this many of its rows were verified (one bad block is not a trend)
+MAX_CLIENTS = 4096  # clients the ledger remembers; the one recorded longest ago is forgotten first
 
 
 def fair_shares(demands: Mapping[str, int], capacity: int, weights: Mapping[str, float] | None = None) -> dict[str, float]:
@@ -75,6 +78,17 @@ def allot_verifies(
     return sorted(chosen)
 
 
+def allot_oldest_first(items: Sequence[tuple[str, int]], max_rows: int) -> list[int]:
+    """Indices of ``items`` ((client, rows) each, oldest first) that go into one forward packed oldest
+    first, whatever their clients (the rule before fair share; kept to compare against)."""
+    chosen, used = [], 0
+    for i, (_, rows) in enumerate(items):
+        if not chosen or used + rows <= max_rows:
+            chosen.append(i)
+            used += rows
+    return chosen
+
+
 @dataclass
 class ClientStats:
     """One client's verify work, as the ledger and Prometheus observe it."""
@@ -94,15 +108,23 @@ class ClientStats:
 
 @dataclass
 class ClientLedger:
-    """Per-client acceptance, kept on the engine thread (every ``record`` and ``weight`` runs there)."""
+    """Per-client acceptance, kept on the engine thread (every ``record`` and ``weight`` runs there), for the
+    ``max_clients`` clients recorded most recently."""
 
     floor: float = WEIGHT_FLOOR
-    clients: dict[str, ClientStats] = field(default_factory=dict)
+    max_clients: int = MAX_CLIENTS
+    clients: OrderedDict[str, ClientStats] = field(default_factory=OrderedDict)  # least recently recorded first
 
     def record(self, client: str, *, rows: int, committed: int) -> None:
         if rows <= 0:
             return
-        stats = self.clients.setdefault(client, ClientStats())
+        stats = self.clients.get(client)
+        if stats is None:
+            while len(self.clients) >= self.max_clients:  # bounded memory: a forgotten client starts afresh
+                self.clients.popitem(last=False)
+            stats = self.clients[client] = ClientStats()
+        else:
+            self.clients.move_to_end(client)
         stats.rows += rows
         stats.committed += committed
         stats.recent.append((rows, committed))

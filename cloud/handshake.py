@@ -198,7 +198,7 @@ class Handshake(ServicePart):
         return pb.Opened(
             resume_ticket=entry.ticket,
             vocab_size=self.engine.vocab_size,
-            max_draft_len=session.max_draft_len,
+            max_draft_len=session.current_draft_limit,
             forwards=session.forwards,
             max_blocks_in_flight=self.limits.max_blocks_in_flight,
             max_branches=session.max_branches,

@@ -50,4 +50,4 @@ class ServiceLimits:
                 raise ValueError(f"{f.name} must be {'>= 0' if f.name in _MAY_BE_ZERO else '> 0'}, got {value}")
 
 
-_MAY_BE_ZERO = {"max_branches"}
+_MAY_BE_ZERO = {"max_branches", "capped_draft_len"}

@@ -30,7 +30,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from cloud.engine import ForwardItem, Steps, TargetEngine
-from cloud.fair_share import ClientLedger, allot_verifies, fair_shares
+from cloud.fair_share import ClientLedger, allot_oldest_first, allot_verifies, fair_shares
 
 __all__ = ["Scheduler", "SchedulerStats"]
 
@@ -82,15 +82,17 @@ class Scheduler:
 
     def __init__(
         self, engine: TargetEngine, *, max_rows: int = 256, min_prefill_rows: int = 32, batching: bool = True,
-        on_forward: Callable[..., None] | None = None,
+        on_forward: Callable[..., None] | None = None, fair: bool = True,
     ) -> None:
-        """``on_forward(rows=, sequences=, seconds=)`` is called on the engine thread after each forward."""
+        """``on_forward(rows=, sequences=, seconds=)`` is called on the engine thread after each forward.
+        ``fair=False`` packs verifies oldest first whatever their clients (to compare against)."""
         if max_rows < 1 or not 0 < min_prefill_rows <= max_rows:
             raise ValueError("need max_rows >= min_prefill_rows >= 1")
         self.engine = engine
         self.max_rows = max_rows
         self.min_prefill_rows = min_prefill_rows
         self.batching = batching
+        self.fair = fair
         self.stats = SchedulerStats()
         self.ledger = ClientLedger()  # read and written on the engine thread only
         self.on_forward = on_forward
@@ -216,7 +218,8 @@ class Scheduler:
         verifies = [job for job in order if job.item.logits == "all"]  # first: latency-bound, never split
         weights = {job.client: self.ledger.weight(job.client) for job in verifies}
         wanted = [(job.client, job.item.rows) for job in verifies]
-        for i in allot_verifies(wanted, self.max_rows, weights):
+        allotted = allot_verifies(wanted, self.max_rows, weights) if self.fair else allot_oldest_first(wanted, self.max_rows)
+        for i in allotted:
             chosen.append((verifies[i], verifies[i].item, True))
             rows += verifies[i].item.rows
         if len(weights) > 1:

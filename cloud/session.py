@@ -89,6 +89,9 @@ class VerifierSession:
         self.params = params
         self.max_new_tokens = max_new_tokens
         self.max_draft_len = max_draft_len
+        # Lowered by ``lower_draft_limit`` for blocks of epochs after ``draft_limit_epoch`` (0: not lowered).
+        self.draft_limit = 0
+        self.draft_limit_epoch = 0
         self.max_branches = max_branches
         self.decode_stale = decode_stale
         self.rebase_stale = rebase_stale
@@ -163,6 +166,7 @@ class VerifierSession:
             raise
         self.tokens, self.prompt_len = full, len(full)
         self.params, self.max_new_tokens, self.max_draft_len = params, max_new_tokens, max_draft_len
+        self.draft_limit = 0  # a new turn starts from the limit it asked for (the caller may lower it again)
         self.epoch, self.done, self.stop_reason = 0, False, StopReason.NONE
         self._spare = {}
         self.stats.target_forwards = self.forwards
@@ -262,6 +266,24 @@ class VerifierSession:
         self.stats.wall_s += elapsed
         return verdicts
 
+    def lower_draft_limit(self, limit: int) -> bool:
+        """Hold this session's blocks of every later epoch to ``limit`` drafts, guesses included; blocks of
+        this epoch or an earlier one keep the old limit (the edge drafted them before it could know).
+        Never raises a limit; True when this lowered it."""
+        if not 1 <= limit < self.current_draft_limit:
+            return False
+        self.draft_limit, self.draft_limit_epoch = limit, self.epoch
+        return True
+
+    @property
+    def current_draft_limit(self) -> int:
+        """Drafts per block the edge is held to from now on."""
+        return self.draft_limit or self.max_draft_len
+
+    def draft_limit_for(self, epoch: int) -> int:
+        """The most drafts a block of ``epoch`` may hold."""
+        return self.draft_limit if self.draft_limit and epoch > self.draft_limit_epoch else self.max_draft_len
+
     # -- internals ---------------------------------------------------------
     @property
     def rebases(self) -> bool:
@@ -277,7 +299,7 @@ class VerifierSession:
         if not self.rebases or self._deferred is not None:
             return []
         free = self.engine.rows_at_cost_of(1, self.params.reproducible)
-        most = self.max_draft_len if free is None else min(self.max_draft_len, free - 1)
+        most = self.current_draft_limit if free is None else min(self.current_draft_limit, free - 1)
         drafts = []
         while len(drafts) < most and len(self.tokens) + len(drafts) in self._spare:
             drafts.append(self._spare[len(self.tokens) + len(drafts)])
@@ -307,7 +329,7 @@ class VerifierSession:
 
     def _check(self, block: PendingBlock) -> None:
         check_block(block, epoch=self.epoch, first=self.prompt_len, last=self.prompt_len + self.max_new_tokens,
-                    max_draft_len=self.max_draft_len, max_branches=self.max_branches)
+                    max_draft_len=self.draft_limit_for(block.epoch), max_branches=self.max_branches)
 
     def _check_sampled(self, block: PendingBlock) -> np.ndarray | None:
         """Refuse rejection-mode drafts that are not the token their q̃ yields under this session's DRAFT

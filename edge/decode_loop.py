@@ -41,7 +41,7 @@ from dataclasses import dataclass, field, replace
 from edge.controller import Controller
 from edge.drafter import DraftBlock, Drafter, common_prefix_length
 from edge.early_block import EARLY_DRAFT_LEN, EarlyBlock
-from edge.hedging import hedge
+from edge.hedging import BRANCH_LEN, hedge
 from edge.pipeline import Pipeline, first_live, more_follows, observe_verdict
 from edge.verifier_protocol import (
     GenerationResult,
@@ -246,6 +246,17 @@ class _Decode:
         else:
             pipe.controller = None
 
+    def _hold_to(self, draft_limit: int) -> None:
+        """The verifier lowered the session's drafts per block (guesses included): every block from now on
+        keeps to it (a limit only ever comes down)."""
+        pipe = self.pipeline
+        if pipe.draft_limit is not None and draft_limit >= pipe.draft_limit:
+            return
+        log.info("the verifier holds this session's blocks to %d drafts", draft_limit)
+        pipe.draft_limit, pipe.draft_len = draft_limit, min(pipe.draft_len, draft_limit)
+        if pipe.controller is not None:
+            pipe.controller.cap(draft_limit)
+
     def _settle_early(self) -> None:
         """Before the drafter is touched: the early block's thread is done, and forgotten unless it stands."""
         if self.early is not None:
@@ -293,7 +304,8 @@ class _Decode:
             block, drafted_at = drafting.block, time.perf_counter()
             width = pipe.controller.hedge_width if pipe.controller is not None else self.hedge_width
             if width:
-                block = hedge(drafter, block, width, committed=max(self.committed_end - drafting.start, 0))
+                branch_len = min(BRANCH_LEN, pipe.draft_limit or BRANCH_LEN)  # a branch keeps to the limit too
+                block = hedge(drafter, block, width, branch_len, committed=max(self.committed_end - drafting.start, 0))
             sent_at = time.perf_counter()
             follows = more_follows(len(block.tokens), drafting.room, pipe.window)
             verifier.send(self.epoch, drafting.start, block, follows)
@@ -343,6 +355,8 @@ class _Decode:
             # The early block rests on a wrong guess: it is verified all the same, but nothing is chained on it.
             pipe.hold = committed[:1] != [self.early_guess] and bool(len(pipe))
             self.early_guess = None
+        if verdict.draft_limit:
+            self._hold_to(verdict.draft_limit)
         halt = self._commit(committed)
         chain_broken = bool(verdict.stale and committed) and not _first_live_continues(pipe, self.generated,
                                                                                          prompt_len)

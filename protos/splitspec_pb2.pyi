@@ -148,7 +148,7 @@ class Opened(_message.Message):
     def __init__(self, resume_ticket: _Optional[bytes] = ..., vocab_size: _Optional[int] = ..., committed_length: _Optional[int] = ..., max_draft_len: _Optional[int] = ..., forwards: _Optional[int] = ..., max_blocks_in_flight: _Optional[int] = ..., epoch: _Optional[int] = ..., committed_tail: _Optional[bytes] = ..., committed_tail_compressed: _Optional[bool] = ..., stop_reason: _Optional[_Union[StopReason, str]] = ..., replica: _Optional[str] = ..., first_verdict: _Optional[_Union[Verdict, _Mapping]] = ..., max_branches: _Optional[int] = ...) -> None: ...
 
 class Verdict(_message.Message):
-    __slots__ = ("epoch", "start_position", "accepted", "token", "bonus", "done", "stop_reason", "server_us", "forwards", "branch", "branch_accepted", "stale", "rebased", "rebased_verified", "forward_us")
+    __slots__ = ("epoch", "start_position", "accepted", "token", "bonus", "done", "stop_reason", "server_us", "forwards", "branch", "branch_accepted", "stale", "rebased", "rebased_verified", "forward_us", "draft_limit")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     START_POSITION_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
@@ -164,6 +164,7 @@ class Verdict(_message.Message):
     REBASED_FIELD_NUMBER: _ClassVar[int]
     REBASED_VERIFIED_FIELD_NUMBER: _ClassVar[int]
     FORWARD_US_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_LIMIT_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     start_position: int
     accepted: int
@@ -179,7 +180,8 @@ class Verdict(_message.Message):
     rebased: _containers.RepeatedScalarFieldContainer[int]
     rebased_verified: int
     forward_us: int
-    def __init__(self, epoch: _Optional[int] = ..., start_position: _Optional[int] = ..., accepted: _Optional[int] = ..., token: _Optional[int] = ..., bonus: _Optional[bool] = ..., done: _Optional[bool] = ..., stop_reason: _Optional[_Union[StopReason, str]] = ..., server_us: _Optional[int] = ..., forwards: _Optional[int] = ..., branch: _Optional[int] = ..., branch_accepted: _Optional[int] = ..., stale: _Optional[bool] = ..., rebased: _Optional[_Iterable[int]] = ..., rebased_verified: _Optional[int] = ..., forward_us: _Optional[int] = ...) -> None: ...
+    draft_limit: int
+    def __init__(self, epoch: _Optional[int] = ..., start_position: _Optional[int] = ..., accepted: _Optional[int] = ..., token: _Optional[int] = ..., bonus: _Optional[bool] = ..., done: _Optional[bool] = ..., stop_reason: _Optional[_Union[StopReason, str]] = ..., server_us: _Optional[int] = ..., forwards: _Optional[int] = ..., branch: _Optional[int] = ..., branch_accepted: _Optional[int] = ..., stale: _Optional[bool] = ..., rebased: _Optional[_Iterable[int]] = ..., rebased_verified: _Optional[int] = ..., forward_us: _Optional[int] = ..., draft_limit: _Optional[int] = ...) -> None: ...
 
 class CloudFrame(_message.Message):
     __slots__ = ("opened", "verdict")

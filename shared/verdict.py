@@ -38,6 +38,9 @@ class Verdict:
     verified where they lie and accepted; they come before ``token``, which
     is at ``start_position + len(rebased)`` (``rebased_verified``: how many it
     verified, accepted or not).
+    ``draft_limit``: the verifier lowered the session's drafts per block
+    (guesses included) to this, for its blocks of every later epoch (its
+    client's rows commit next to nothing); 0 leaves the limit as opened.
     Every block sent gets exactly one verdict.
     """
 
@@ -53,6 +56,7 @@ class Verdict:
     stale: bool = False
     rebased: tuple[int, ...] = ()
     rebased_verified: int = 0  # drafts that forward verified (``rebased`` are those it accepted)
+    draft_limit: int = 0  # the session's drafts per block from now on, when the verifier lowered it (0: as opened)
 
     @property
     def is_correction(self) -> bool:

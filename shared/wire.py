@@ -250,6 +250,7 @@ def verdict_to_proto(verdict: Verdict, *, seconds: float = 0.0, forward_s: float
         stale=verdict.stale,
         rebased=verdict.rebased,
         rebased_verified=verdict.rebased_verified,
+        draft_limit=verdict.draft_limit,
     )
     if verdict.token is not None:
         message.token = verdict.token
@@ -270,4 +271,5 @@ def verdict_from_proto(message: pb.Verdict) -> Verdict:
         stale=message.stale,
         rebased=tuple(message.rebased),
         rebased_verified=message.rebased_verified,
+        draft_limit=message.draft_limit,
     )

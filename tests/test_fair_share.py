@@ -6,10 +6,13 @@ import argparse
 import json
 import threading
 
+import pytest
+
 from cloud.engine import ForwardItem
 from cloud.fair_share import WEIGHT_FLOOR, ClientLedger, allot_verifies, fair_shares
 from cloud.metrics import CLIENT_BUCKETS, ServiceMetrics, client_bucket
 from cloud.scheduler import Scheduler
+from tests.helpers import GREEDY
 
 
 def _rows(items, chosen):
@@ -122,3 +125,65 @@ def test_the_fairness_bench_reports_its_keys_and_attackers_get_no_more_than_thei
     assert report["identical"] and report["contended_rows"] > 0
     assert report["attackers_capped"] == 2 and report["honest_capped"] == 0
     assert report["attacker_row_share"] <= report["fair_row_share"] + 0.05
+    assert report["oldest_first"]["honest_tok_s_with_attackers"] > 0 and 0 < report["equal_row_share"] < 1
+
+
+def test_a_lowered_draft_limit_holds_only_blocks_of_later_epochs(tiny_engine, greedy_path):
+    from cloud.session import BlockRejected
+    from tests.helpers import new_session
+
+    prompt, want = greedy_path
+    session = new_session(tiny_engine, prompt)
+    assert session.lower_draft_limit(2) and session.current_draft_limit == 2
+    assert not session.lower_draft_limit(3) and session.draft_limit == 2  # a limit only comes down
+    start = len(prompt)
+    verdict = session.verify(0, start, want[:4])  # drafted before the edge could know: the old limit holds
+    assert verdict.accepted == 4 and session.epoch == 0
+    wrong = (want[5] + 1) % tiny_engine.vocab_size
+    verdict = session.verify(0, start + 5, [want[5], wrong])  # a correction: epoch 1
+    assert verdict.is_correction and session.epoch == 1
+    with pytest.raises(BlockRejected, match="exceeds the limit of 2"):
+        session.verify(1, start + 7, want[7:10])
+    assert session.verify(1, start + 7, want[7:9]).accepted == 2
+
+
+def test_an_open_session_of_a_client_that_commits_nothing_is_held_to_short_blocks(tiny_engine, greedy_path):
+    """Mid-session the client's rows fall to the weight floor: its verdicts carry the capped draft limit,
+    the edge keeps to it from then on, and the output is still the target's own."""
+    from cloud.fair_share import CAP_AFTER_ROWS
+    from cloud.limits import ServiceLimits
+    from cloud.server import BackgroundServer, ServerConfig
+    from edge.decode_loop import run_decode
+    from edge.endpoint import VerifierEndpoint
+    from edge.grpc_verifier import GrpcVerifier
+    from sim.bench.fairness import GarbageDrafter
+
+    prompt, want = greedy_path
+
+    class Counting(GarbageDrafter):
+        asked: list[int] = []
+
+        def propose_block(self, n):
+            self.asked.append(n)
+            return super().propose_block(n)
+
+    limits = ServiceLimits(max_draft_len=16, capped_draft_len=2)
+    with BackgroundServer(tiny_engine, ServerConfig(port=0, limits=limits)) as server:
+        verifier = GrpcVerifier(VerifierEndpoint(server.address, tiny_engine.vocab_size, tiny_engine.fingerprint))
+        verifier.connect()
+        drafter = Counting(tiny_engine.vocab_size, seed=1)
+        result = run_decode(drafter, verifier, prompt, GREEDY, max_new_tokens=40, draft_len=8, window=1)
+        ledger = server.server.servicer.scheduler.ledger
+        capped = [ledger.capped(client) for client in ledger.clients]
+    assert result.tokens == want
+    assert capped == [True] and sum(drafter.asked) >= CAP_AFTER_ROWS // 2
+    assert drafter.asked[0] == 8 and drafter.asked[-1] <= 2 and max(drafter.asked[-10:]) <= 2
+
+
+def test_the_ledger_forgets_the_client_recorded_longest_ago():
+    ledger = ClientLedger(max_clients=2)
+    ledger.record("a", rows=200, committed=0)
+    ledger.record("b", rows=4, committed=4)
+    ledger.record("a", rows=4, committed=0)  # a is the most recent now
+    ledger.record("c", rows=4, committed=4)
+    assert list(ledger.clients) == ["a", "c"] and ledger.capped("a") and ledger.weight("b") == 1.0

@@ -5,11 +5,13 @@ token) replay a real drafter's blocks (recorded in process first, greedy, so
 the drafter's CPU time is not in the timed runs) through ``run_decode`` over
 ``GrpcVerifier``: alone, then beside ``attackers`` edges (their own tokens)
 that loop ``run_decode`` with random drafts at the verifier's largest draft
-length and window until the honest edges are done. Reports the honest
-tokens/s both ways, the attackers' share of verify rows in forwards where
-both waited against their equal max-min fair share
-(``SchedulerStats.contended_*``), and whether every honest output equals
-target-only decoding. The tiny target's forwards take about a millisecond,
+length and window until the honest edges are done, on a fresh verifier as
+shipped (fair share, caps) and on one that packs verifies oldest first with
+no cap (the rule before fair share: ``oldest_first``). Reports the honest
+tokens/s each way, the attackers' share of verify rows in forwards where
+both waited against their unweighted max-min share
+(``SchedulerStats.contended_*``) and against an equal share per client, and
+whether every honest output equals target-only decoding. The tiny target's forwards take about a millisecond,
 so nothing would queue: each forward is held ``forward_ms`` plus
 ``row_ms`` per row, as a big target's would be (rows cost time, which is
 what the attackers exploit).
@@ -24,6 +26,7 @@ import random
 import tempfile
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
 from edge.drafter import DraftBlock, ModelFreeDrafter, one_hot_block
@@ -114,46 +117,63 @@ def run_fairness_bench(
             wall = time.perf_counter() - started
             return sum(len(g or []) for g in got) / wall, got
 
+        def attacked(limits: ServiceLimits, fair: bool) -> dict[str, Any]:
+            """The honest round on a fresh verifier beside attackers (``fair``: shares and caps as shipped;
+            else verifies packed oldest first, no cap: the rule before fair share)."""
+            with BackgroundServer(engine, ServerConfig(port=0, limits=limits, auth_token=None)) as server:
+                scheduler = server.server.servicer.scheduler
+                scheduler.fair = fair
+                stop = threading.Event()
+
+                def attacker(j: int) -> None:
+                    while not stop.is_set():  # a verifier per generation: ``run_decode`` closes its stream
+                        verifier = connect(server, f"attacker-{j}")
+                        try:
+                            run_decode(GarbageDrafter(engine.vocab_size, j), verifier, prompts[j % honest], params,
+                                       max_new_tokens=max_new_tokens, draft_len=max_draft_len,
+                                       window=max_blocks_in_flight, on_tokens=lambda _: stop.is_set())
+                        finally:
+                            verifier.close()
+
+                threads = [threading.Thread(target=attacker, args=(j,)) for j in range(attackers)]
+                for t in threads:
+                    t.start()
+                time.sleep(0.5 if attackers else 0.0)  # the attackers' sessions are open and flooding
+                tok_s, got = honest_round(server)
+                rows, owed = dict(scheduler.stats.contended_rows), dict(scheduler.stats.contended_owed)
+                stop.set()
+                for t in threads:
+                    t.join(timeout_s)
+                ledger = scheduler.ledger  # (every attacker stopped: read from this thread)
+                bad = [c for c in rows if c.startswith("token:attacker-")]
+                return {
+                    "tok_s": tok_s, "identical": got == want,
+                    "row_share": sum(rows[c] for c in bad) / (sum(rows.values()) or 1),
+                    "owed_share": sum(owed.get(c, 0.0) for c in bad) / (sum(owed.values()) or 1.0),
+                    "contended_rows": sum(rows.values()),
+                    "attackers_capped": sum(ledger.capped(f"token:attacker-{j}") for j in range(attackers)),
+                    "honest_capped": sum(ledger.capped(f"token:honest-{i}") for i in range(honest)),
+                }
+
         with BackgroundServer(engine, ServerConfig(port=0, limits=limits, auth_token=None)) as server:
-            alone_tok_s, _ = honest_round(server)
-            scheduler = server.server.servicer.scheduler
-            scheduler.stats.contended_rows.clear()
-            scheduler.stats.contended_owed.clear()
-            stop = threading.Event()
-
-            def attacker(j: int) -> None:
-                while not stop.is_set():  # a verifier per generation: ``run_decode`` closes its stream
-                    verifier = connect(server, f"attacker-{j}")
-                    try:
-                        run_decode(GarbageDrafter(engine.vocab_size, j), verifier, prompts[j % honest], params,
-                                   max_new_tokens=max_new_tokens, draft_len=max_draft_len,
-                                   window=max_blocks_in_flight, on_tokens=lambda _: stop.is_set())
-                    finally:
-                        verifier.close()
-
-            threads = [threading.Thread(target=attacker, args=(j,)) for j in range(attackers)]
-            for t in threads:
-                t.start()
-            time.sleep(0.5 if attackers else 0.0)  # the attackers' sessions are open and flooding
-            with_tok_s, got = honest_round(server)
-            rows, owed = dict(scheduler.stats.contended_rows), dict(scheduler.stats.contended_owed)
-            stop.set()
-            for t in threads:
-                t.join(timeout_s)
-            capped = [scheduler.ledger.capped(f"token:attacker-{j}") for j in range(attackers)]  # (all stopped)
-            honest_capped = [scheduler.ledger.capped(f"token:honest-{i}") for i in range(honest)]
-    total_rows, total_owed = sum(rows.values()) or 1, sum(owed.values()) or 1.0
-    bad = [c for c in rows if c.startswith("token:attacker-")]
+            alone_tok_s, alone_got = honest_round(server)
+        fair = attacked(limits, fair=True)
+        oldest = attacked(replace(limits, capped_draft_len=0), fair=False)
     return {
         "honest": honest,
         "attackers": attackers,
         "max_new_tokens": max_new_tokens,
         "honest_tok_s_alone": alone_tok_s,
-        "honest_tok_s_with_attackers": with_tok_s,
-        "attacker_row_share": sum(rows[c] for c in bad) / total_rows,
-        "fair_row_share": sum(owed.get(c, 0.0) for c in bad) / total_owed,
-        "contended_rows": sum(rows.values()),
-        "identical": got == want,
-        "attackers_capped": sum(capped),
-        "honest_capped": sum(honest_capped),
+        "honest_tok_s_with_attackers": fair["tok_s"],
+        "honest_ratio": fair["tok_s"] / alone_tok_s,
+        "attacker_row_share": fair["row_share"],
+        "fair_row_share": fair["owed_share"],
+        "equal_row_share": attackers / (honest + attackers),
+        "contended_rows": fair["contended_rows"],
+        "identical": alone_got == want and fair["identical"] and oldest["identical"],
+        "attackers_capped": fair["attackers_capped"],
+        "honest_capped": fair["honest_capped"],
+        # The same attack on the rule before fair share and caps (verifies packed oldest first):
+        "oldest_first": {"honest_tok_s_with_attackers": oldest["tok_s"], "honest_ratio": oldest["tok_s"] / alone_tok_s,
+                         "attacker_row_share": oldest["row_share"]},
     }
