@@ -342,3 +342,13 @@ def test_the_modes_flags(tmp_path):
         args.func(args)  # refused before any model is loaded
     with pytest.raises(ValueError, match="modes must be"):
         ServiceLimits(modes=())
+
+
+def test_bench_service_prices_the_audit_in_rejection_mode():
+    from sim.bench.service import format_service_report, run_service_bench
+
+    report = run_service_bench(sessions=2, max_new_tokens=16, mode="rejection")
+    assert report["mode"] == "rejection" and report["unaudited_ms_per_round"] > 0
+    assert -1 < report["audit_cost"] < 1 and "draft audit" in format_service_report(report)
+    with pytest.raises(ValueError, match="coupled or rejection"):
+        run_service_bench(mode="greedy")

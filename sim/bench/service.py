@@ -14,6 +14,7 @@ are in ``sim.commands.bench``.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import tempfile
 from typing import Any
@@ -32,8 +33,12 @@ def run_service_bench(
     sessions: int = 20,
     max_new_tokens: int = 64,
     draft_len: int = 4,
+    mode: str = "coupled",
 ) -> dict[str, Any]:
     """Service overhead per verify and per-round cost in process vs over loopback gRPC.
+
+    ``mode`` "rejection" also runs each session on a second verifier whose draft audit is off
+    (``ServiceLimits.audit_drafts``), the two interleaved, and reports what the audit costs a round.
 
     ``target`` None generates tiny models in a temporary folder (``drafter``
     is then ignored); a ``target`` folder needs a matching ``drafter`` GGUF.
@@ -45,8 +50,11 @@ def run_service_bench(
         raise ValueError(f"draft_len must be >= 0, got {draft_len}")
     if target is not None and drafter is None:
         raise ValueError("a target needs a matching drafter GGUF")
+    if mode not in ("coupled", "rejection"):
+        raise ValueError(f"mode must be coupled or rejection, got {mode!r}")
 
     from cloud.engine import TargetEngine
+    from cloud.limits import ServiceLimits
     from cloud.server import BackgroundServer, ServerConfig
     from edge.decode_loop import run_decode
     from edge.endpoint import VerifierEndpoint
@@ -65,26 +73,43 @@ def run_service_bench(
         draft_model = LlamaDrafter(drafter, n_ctx=2048, n_threads=1)
         try:
             prompt = draft_model.vocab.tokenize("The quick brown fox")
-            runs = [SamplingParams(mode=Mode.COUPLED, temperature=_TEMPERATURE, seed=s) for s in range(sessions)]
+            runs = [SamplingParams(mode=Mode(mode), temperature=_TEMPERATURE, seed=s) for s in range(sessions)]
             local_rounds = local_wall = 0.0
             for params in runs:
                 result = generate(engine, draft_model, prompt, params,
                                   max_new_tokens=max_new_tokens, draft_len=draft_len)
                 local_rounds += result.stats.rounds
                 local_wall += result.stats.wall_s
-            remote_rounds = remote_wall = 0.0
-            with BackgroundServer(engine, ServerConfig(port=0)) as server:
-                for params in runs:
-                    verifier = GrpcVerifier(VerifierEndpoint(server.address, engine.vocab_size, engine.fingerprint))
-                    verifier.connect()
-                    result = run_decode(draft_model, verifier, prompt, params,
-                                        max_new_tokens=max_new_tokens, draft_len=draft_len)
-                    remote_rounds += result.stats.rounds
-                    remote_wall += result.stats.wall_s
+            def remote(server, params) -> tuple[int, float]:
+                verifier = GrpcVerifier(VerifierEndpoint(server.address, engine.vocab_size, engine.fingerprint))
+                verifier.connect()
+                result = run_decode(draft_model, verifier, prompt, params,
+                                    max_new_tokens=max_new_tokens, draft_len=draft_len)
+                return result.stats.rounds, result.stats.wall_s
+
+            remote_rounds = remote_wall = unaudited_rounds = unaudited_wall = 0.0
+            unaudited = ServerConfig(port=0, limits=ServiceLimits(audit_drafts=False))
+            with BackgroundServer(engine, ServerConfig(port=0)) as server, \
+                    BackgroundServer(engine, unaudited) if mode == "rejection" else contextlib.nullcontext() as other:
+                for i, params in enumerate(runs):
+                    if other is not None and i % 2:  # interleaved, each first every other session
+                        rounds, wall = remote(other, params)
+                        unaudited_rounds, unaudited_wall = unaudited_rounds + rounds, unaudited_wall + wall
+                    rounds, wall = remote(server, params)
+                    remote_rounds, remote_wall = remote_rounds + rounds, remote_wall + wall
+                    if other is not None and not i % 2:
+                        rounds, wall = remote(other, params)
+                        unaudited_rounds, unaudited_wall = unaudited_rounds + rounds, unaudited_wall + wall
                 overheads = list(server.server.servicer.recent_overheads_s)
         finally:
             draft_model.close()
+    audit = {} if mode != "rejection" else {
+        "unaudited_ms_per_round": 1e3 * unaudited_wall / unaudited_rounds,
+        "audit_cost": (remote_wall / remote_rounds) / (unaudited_wall / unaudited_rounds) - 1,  # a fraction of a round
+    }
     return {
+        "mode": mode,
+        **audit,
         "verifies": len(overheads),
         "service_overhead_ms": {
             "p50": 1e3 * statistics.median(overheads),
@@ -106,4 +131,7 @@ def format_service_report(report: dict[str, Any]) -> str:
         f"per round: in-process {report['in_process_ms_per_round']:.3f} ms, over loopback gRPC "
         f"{report['loopback_grpc_ms_per_round']:.3f} ms (+{report['loopback_extra_ms_per_round']:.3f} ms, "
         f"x{report['loopback_grpc_ms_per_round'] / report['in_process_ms_per_round']:.2f})"
+        + ("" if "audit_cost" not in report else
+           f"\nrejection mode's draft audit: {report['unaudited_ms_per_round']:.3f} ms a round without it, "
+           f"{100 * report['audit_cost']:+.1f}% with it")
     )

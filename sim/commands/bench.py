@@ -103,7 +103,10 @@ def _add_service(subparsers: argparse._SubParsersAction) -> None:
     service.add_argument("--target", default=None, help="target folder (default: tiny generated models)")
     service.add_argument("--drafter", default=None, help="drafter GGUF matching the target (needed with --target)")
     service.add_argument("--sessions", type=positive_int, default=20,
-                         help="coupled-mode sessions, one seed each (default %(default)s)")
+                         help="sessions, one seed each (default %(default)s)")
+    service.add_argument("--mode", choices=("coupled", "rejection"), default="coupled",
+                         help="verification mode; rejection also prices the draft audit against a verifier "
+                              "without it, interleaved (default %(default)s)")
     service.add_argument("--max-new-tokens", type=positive_int, default=64,
                          help="tokens per session (default %(default)s)")
     service.add_argument("--draft-len", type=non_negative_int, default=4,
@@ -404,6 +407,7 @@ def run_service(args: argparse.Namespace) -> int:
         sessions=args.sessions,
         max_new_tokens=args.max_new_tokens,
         draft_len=args.draft_len,
+        mode=args.mode,
     )
     print(json.dumps(report, indent=2) if args.json else format_service_report(report))
     return 0
