@@ -59,6 +59,12 @@ def committed_by(verdict: Verdict) -> int:
             + (1 + verdict.branch_accepted if verdict.branch else 0))
 
 
+def _verified_drafts(session: VerifierSession) -> tuple[int, int]:
+    """Drafts the session's forwards verified so far, live or rebased, and how many were accepted."""
+    stats = session.stats
+    return stats.drafted + stats.rebased_verified, stats.accepted + stats.rebased
+
+
 def verdict_message(answer: Answered, forwards: int) -> pb.Verdict:
     """``answer`` for the wire; the session's ``forwards`` ride on the final verdict only (0 is not
     sent, so rounds pay no bytes for it)."""
@@ -178,18 +184,21 @@ class BlockStream(ServicePart):
         session = entry.session
 
         def observed():  # (on the engine thread, where the step ran: no later step can come between)
+            drafted, accepted = _verified_drafts(session)
             verdicts = yield from session.verify_chain_steps(pending, stale_decode_deadline)
             if session.last_step_rows:
                 self.metrics.observe_step(rows=session.last_step_rows, seconds=session.last_step_s)
                 committed = sum(committed_by(v) for v in verdicts)
                 ledger = self.scheduler.ledger
-                ledger.record(entry.owner, rows=session.last_step_rows, committed=committed)
+                drafted_now, accepted_now = _verified_drafts(session)
+                ledger.record(entry.owner, rows=session.last_step_rows, committed=committed,
+                              drafted=drafted_now - drafted, accepted=accepted_now - accepted)
                 capped = ledger.capped(entry.owner)
                 self.metrics.observe_client(entry.owner, rows=session.last_step_rows, committed=committed,
                                             capped=capped)
                 if capped and self.limits.capped_draft_len and session.lower_draft_limit(self.limits.capped_draft_len):
-                    log.info("session %s: its client (metrics bucket %s) commits next to nothing per verified row: "
-                             "its blocks are held to %d drafts", entry.session_id, client_bucket(entry.owner),
+                    log.info("session %s: its client (metrics bucket %s) has next to no drafts accepted: its blocks "
+                             "are held to %d drafts", entry.session_id, client_bucket(entry.owner),
                              session.draft_limit)
             if session.draft_limit:  # every verdict says so (the edge obeys from the first it reads)
                 verdicts = [replace(v, draft_limit=session.draft_limit) for v in verdicts]

@@ -8,9 +8,11 @@ filling); each client's items go oldest first while they fit its share, and
 rows still free then go to any item that fits, oldest first (no row is left
 idle for fairness' sake). A client is the session owner the handshake
 computes (bearer token, else peer). ``ClientLedger`` keeps per client the
-committed tokens per verified row over its latest ``WINDOW_ROWS`` rows; the
-weight is that, clamped to ``[floor, 1]``, and a client at the floor over at
-least ``CAP_AFTER_ROWS`` rows is *capped*: the handshake opens its new sessions with a shorter draft
+committed tokens per verified row over its latest ``WINDOW_ROWS`` rows (the
+weight is that, clamped to ``[floor, 1]``: a cloud-only client, which drafts
+nothing, weighs 1), and the acceptance of its drafts over its latest
+``WINDOW_DRAFTS``; a client whose acceptance is under ``ACCEPTANCE_FLOOR``
+over at least ``CAP_AFTER_DRAFTS`` drafts is *capped*: the handshake opens its new sessions with a shorter draft
 length (``Opened.max_draft_len``), and the block stream lowers its open sessions' limit for their blocks
 of later epochs (``Verdict.draft_limit``). The ledger remembers the ``MAX_CLIENTS`` clients recorded most
 recently. No I/O, no clock.
@@ -22,11 +24,15 @@ from collections import OrderedDict, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["CAP_AFTER_ROWS", "MAX_CLIENTS", "WINDOW_ROWS", "ClientLedger", "allot_oldest_first", "allot_verifies", "fair_shares", "WEIGHT_FLOOR"]
+__all__ = ["ACCEPTANCE_FLOOR", "CAP_AFTER_DRAFTS", "MAX_CLIENTS", "WINDOW_DRAFTS", "WINDOW_ROWS", "ClientLedger", "allot_oldest_first", "allot_verifies", "fair_shares", "WEIGHT_FLOOR"]
 
 WEIGHT_FLOOR = 0.25  # committed per row: garbage at D=16, window 4 makes ~0.15 (stale decodes included); D=4 all wrong 0.2
-WINDOW_ROWS = 512  # a client's acceptance is read over about its latest this many verified rows
-CAP_AFTER_ROWS = 128  # a client is capped only once this many of its rows were verified (one bad block is not a trend)
+WINDOW_ROWS = 512  # a client's weight is read over about its latest this many verified rows
+# A client whose drafts are accepted less often than this is capped: garbage is accepted ~never (1 in V),
+# the weakest drafter rung measured here (q2_k, coupled) ~0.26 per drafted token.
+ACCEPTANCE_FLOOR = 0.1
+WINDOW_DRAFTS = 512  # ... read over about its latest this many verified drafts
+CAP_AFTER_DRAFTS = 64  # a client is capped only once this many of its drafts were verified (a block is not a trend)
 MAX_CLIENTS = 4096  # clients the ledger remembers; the one recorded longest ago is forgotten first
 
 
@@ -90,20 +96,38 @@ def allot_oldest_first(items: Sequence[tuple[str, int]], max_rows: int) -> list[
 
 
 @dataclass
+class Window:
+    """The latest steps' (count, hits), about ``size`` counts' worth (a step weighs by its count)."""
+
+    size: int
+    steps: deque[tuple[int, int]] = field(default_factory=deque)
+    count: int = 0
+    hits: int = 0
+
+    def add(self, count: int, hits: int) -> None:
+        if count <= 0:
+            return
+        self.steps.append((count, hits))
+        self.count += count
+        self.hits += hits
+        while self.count - self.steps[0][0] >= self.size:
+            old_count, old_hits = self.steps.popleft()
+            self.count -= old_count
+            self.hits -= old_hits
+
+    @property
+    def rate(self) -> float | None:
+        return self.hits / self.count if self.count else None
+
+
+@dataclass
 class ClientStats:
     """One client's verify work, as the ledger and Prometheus observe it."""
 
     rows: int = 0  # verified rows run for it
     committed: int = 0  # tokens those rows committed
-    # The latest steps' (rows, committed), WINDOW_ROWS rows' worth: a step weighs by its rows
-    # (a wide garbage step counts more than the one-row stale decode after it).
-    recent: deque[tuple[int, int]] = field(default_factory=deque)
-    recent_rows: int = 0
-    recent_committed: int = 0
-
-    @property
-    def per_row(self) -> float | None:
-        return self.recent_committed / self.recent_rows if self.recent_rows else None
+    per_row: Window = field(default_factory=lambda: Window(WINDOW_ROWS))  # (rows, committed) of its latest steps
+    acceptance: Window = field(default_factory=lambda: Window(WINDOW_DRAFTS))  # (drafts, accepted) of its latest
 
 
 @dataclass
@@ -115,7 +139,9 @@ class ClientLedger:
     max_clients: int = MAX_CLIENTS
     clients: OrderedDict[str, ClientStats] = field(default_factory=OrderedDict)  # least recently recorded first
 
-    def record(self, client: str, *, rows: int, committed: int) -> None:
+    def record(self, client: str, *, rows: int, committed: int, drafted: int = 0, accepted: int = 0) -> None:
+        """A verify step of ``client``'s: ``rows`` verified committed ``committed`` tokens, and of its
+        ``drafted`` drafts (live blocks') ``accepted`` were accepted."""
         if rows <= 0:
             return
         stats = self.clients.get(client)
@@ -127,19 +153,16 @@ class ClientLedger:
             self.clients.move_to_end(client)
         stats.rows += rows
         stats.committed += committed
-        stats.recent.append((rows, committed))
-        stats.recent_rows += rows
-        stats.recent_committed += committed
-        while stats.recent_rows - stats.recent[0][0] >= WINDOW_ROWS:
-            old_rows, old_committed = stats.recent.popleft()
-            stats.recent_rows -= old_rows
-            stats.recent_committed -= old_committed
+        stats.per_row.add(rows, committed)
+        stats.acceptance.add(drafted, accepted)
 
     def weight(self, client: str) -> float:
         stats = self.clients.get(client)
-        per_row = None if stats is None else stats.per_row
+        per_row = None if stats is None else stats.per_row.rate
         return 1.0 if per_row is None else min(1.0, max(self.floor, per_row))
 
     def capped(self, client: str) -> bool:
         stats = self.clients.get(client)
-        return stats is not None and stats.recent_rows >= CAP_AFTER_ROWS and self.weight(client) <= self.floor
+        if stats is None or stats.acceptance.count < CAP_AFTER_DRAFTS:
+            return False
+        return stats.acceptance.rate < ACCEPTANCE_FLOOR

@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from cloud.engine import ForwardItem
-from cloud.fair_share import WEIGHT_FLOOR, ClientLedger, allot_verifies, fair_shares
+from cloud.fair_share import CAP_AFTER_DRAFTS, WEIGHT_FLOOR, ClientLedger, allot_verifies, fair_shares
 from cloud.metrics import CLIENT_BUCKETS, ServiceMetrics, client_bucket
 from cloud.scheduler import Scheduler
 from tests.helpers import GREEDY
@@ -52,13 +52,20 @@ def test_shares_are_weighted_by_acceptance():
     ledger = ClientLedger()
     assert ledger.weight("new") == 1.0 and not ledger.capped("new")
     for _ in range(50):
-        ledger.record("good", rows=9, committed=8)
-        ledger.record("good", rows=1, committed=1)
-        ledger.record("bad", rows=17, committed=1)
+        ledger.record("good", rows=9, committed=8, drafted=8, accepted=7)
+        ledger.record("good", rows=1, committed=1)  # a stale decode: no drafts
+        ledger.record("bad", rows=17, committed=1, drafted=16, accepted=0)
     assert abs(ledger.weight("good") - 9 / 10) < 0.02  # by rows: the one-row step counts a tenth
     assert ledger.weight("bad") == WEIGHT_FLOOR and ledger.capped("bad") and not ledger.capped("good")
-    ledger.record("once", rows=100, committed=0)
-    assert ledger.weight("once") == WEIGHT_FLOOR and not ledger.capped("once")  # too few rows to call it a trend
+    ledger.record("once", rows=100, committed=0, drafted=CAP_AFTER_DRAFTS - 1, accepted=0)
+    assert ledger.weight("once") == WEIGHT_FLOOR and not ledger.capped("once")  # too few drafts to call it a trend
+    for _ in range(200):  # capped, it drafts 2 a block: its rows commit a third of a token each, its drafts nothing
+        ledger.record("bad", rows=3, committed=1, drafted=2, accepted=0)
+    assert ledger.weight("bad") > WEIGHT_FLOOR and ledger.capped("bad")
+    for _ in range(200):  # a weak but honest drafter: a quarter of its drafts accepted, never capped
+        ledger.record("weak", rows=5, committed=2, drafted=4, accepted=1)
+        ledger.record("cloud-only", rows=1, committed=1)
+    assert not ledger.capped("weak") and not ledger.capped("cloud-only") and ledger.weight("cloud-only") == 1.0
 
 
 def test_client_labels_fall_into_bounded_buckets():
@@ -150,7 +157,6 @@ def test_a_lowered_draft_limit_holds_only_blocks_of_later_epochs(tiny_engine, gr
 def test_an_open_session_of_a_client_that_commits_nothing_is_held_to_short_blocks(tiny_engine, greedy_path):
     """Mid-session the client's rows fall to the weight floor: its verdicts carry the capped draft limit,
     the edge keeps to it from then on, and the output is still the target's own."""
-    from cloud.fair_share import CAP_AFTER_ROWS
     from cloud.limits import ServiceLimits
     from cloud.server import BackgroundServer, ServerConfig
     from edge.decode_loop import run_decode
@@ -176,13 +182,13 @@ def test_an_open_session_of_a_client_that_commits_nothing_is_held_to_short_block
         ledger = server.server.servicer.scheduler.ledger
         capped = [ledger.capped(client) for client in ledger.clients]
     assert result.tokens == want
-    assert capped == [True] and sum(drafter.asked) >= CAP_AFTER_ROWS // 2
+    assert capped == [True] and sum(drafter.asked) >= CAP_AFTER_DRAFTS
     assert drafter.asked[0] == 8 and drafter.asked[-1] <= 2 and max(drafter.asked[-10:]) <= 2
 
 
 def test_the_ledger_forgets_the_client_recorded_longest_ago():
     ledger = ClientLedger(max_clients=2)
-    ledger.record("a", rows=200, committed=0)
+    ledger.record("a", rows=200, committed=0, drafted=199)
     ledger.record("b", rows=4, committed=4)
     ledger.record("a", rows=4, committed=0)  # a is the most recent now
     ledger.record("c", rows=4, committed=4)
