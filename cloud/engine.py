@@ -23,14 +23,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 
 from cloud import slot_attention
+from cloud.row_products import PackedLinear, pack_linears, unpack_linears
 from cloud.slot_attention import ROW_TILE, RowLayout, RowPadding, SlotKV
 from shared.vocab import vocab_fingerprint
 
@@ -109,7 +111,8 @@ class RowPaddedHead(torch.nn.Module):
     CPU BLAS takes other kernels for 1-3 row products: measured here on
     Gemma's 262144 x 640 head (one thread), 1 row 44 ms, 2 rows 91 ms,
     3 rows 137 ms, 4 rows 77 ms. Products of 2-3 rows are padded to 4 zero
-    rows (faster); in canonical mode every product is padded as ``padding``
+    rows (faster) unless the head runs on oneDNN (``cloud.row_products``,
+    2 rows 61 ms); in canonical mode every product is padded as ``padding``
     says (bit-identical to the same row in any bigger batch, see
     ``cloud.slot_attention``). The padding's outputs are dropped.
     """
@@ -122,10 +125,11 @@ class RowPaddedHead(torch.nn.Module):
     def weight(self) -> torch.Tensor:
         return self.head.weight
 
-    @staticmethod
-    def padded_rows(rows: int, padding: RowPadding | None = None) -> int:
+    def padded_rows(self, rows: int, padding: RowPadding | None = None) -> int:
         """The rows a product of ``rows`` rows runs on (``padding``: canonical shapes'; None: free)."""
-        return padding(rows) if padding else (ROW_TILE if 1 < rows < ROW_TILE else rows)
+        if padding:
+            return padding(rows)
+        return ROW_TILE if 1 < rows < ROW_TILE and not isinstance(self.head, PackedLinear) else rows
 
     def forward(self, hidden: torch.Tensor, padding: RowPadding | None = None) -> torch.Tensor:
         rows = hidden.shape[-2]
@@ -167,32 +171,67 @@ def torch_threads(threads: int | None):
 
 
 SHAPES = ("auto", "canonical", "free")  # every forward padded by need, always, or never
-_ROW_TILES = (ROW_TILE, 8, 16)  # tiles tried, the smallest (cheapest) first
+_ROW_TILES = (2, ROW_TILE, 8, 16)  # tiles tried, the smallest (cheapest) first
 
 
-def invariant_row_padding(model: torch.nn.Module, max_rows: int = 64) -> RowPadding | None:
-    """The row padding under which this device's matrix products give each row the same bits for
-    any row count and order (with torch's current thread count): the first of ``_ROW_TILES`` for
-    which at least a tile of rows, else multiples of it, holds; else None. Checked at load on random
-    rows against every distinct weight shape of the model's linear layers (the output head
-    included), up to ``max_rows`` rows (more than any tile, so every padded count is compared)."""
+class Product(NamedTuple):
+    """A product canonical shapes run: ``run(rows [m, columns]) -> [m, n]`` on rows like ``like``'s."""
+
+    columns: int
+    like: torch.Tensor  # its device and dtype are the rows'
+    run: Callable[[torch.Tensor], torch.Tensor]
+
+
+def linear_products(model: torch.nn.Module) -> list[Product]:
+    """One canonical product per distinct linear layer shape and path of ``model`` (``F.linear``, or
+    oneDNN's for a ``cloud.row_products.PackedLinear``), the output head included."""
     def local(weight: torch.Tensor) -> torch.Tensor:  # a tensor-parallel shard is a DTensor
         return weight.to_local() if hasattr(weight, "to_local") else weight
 
-    weights = {tuple(local(m.weight).shape): local(m.weight) for m in model.modules() if isinstance(m, torch.nn.Linear)}
+    products: dict[tuple, Product] = {}
+    for m in model.modules():
+        if isinstance(m, PackedLinear):
+            products.setdefault(("onednn", *m.weight.shape), Product(m.in_features, m.weight, m.padded_product))
+        elif isinstance(m, torch.nn.Linear):
+            weight = local(m.weight)
+            products.setdefault(tuple(weight.shape),
+                                Product(weight.shape[1], weight, partial(torch.nn.functional.linear, weight=weight)))
+    return list(products.values())
+
+
+def attention_products(model: torch.nn.Module) -> list[Product]:
+    """Canonical attention's products (``cloud.slot_attention``) at a few key buckets: scores (rows of
+    queries times keys) and the weighted values (rows of weights times values)."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    weight = next(model.parameters())
+    gen = torch.Generator().manual_seed(1)
+    products: list[Product] = []
+    for length in (slot_attention.KEY_BUCKET, 2 * slot_attention.KEY_BUCKET, 8 * slot_attention.KEY_BUCKET):
+        keys, values = (torch.randn(length, dim, generator=gen).to(weight.device, weight.dtype) for _ in range(2))
+        products += [Product(dim, keys, lambda rows, keys=keys: torch.matmul(rows, keys.T)),
+                     Product(length, values, lambda rows, values=values: torch.matmul(rows, values))]
+    return products
+
+
+def invariant_row_padding(products: Sequence[Product], max_rows: int = 64) -> RowPadding | None:
+    """The row padding under which ``products`` give each row the same bits for any row count and
+    order (with torch's current thread count): the first of ``_ROW_TILES`` for which at least a tile
+    of rows, else multiples of it, holds; else None. Checked on random rows, up to ``max_rows`` rows
+    (more than any tile, so every padded count is compared)."""
     gen = torch.Generator().manual_seed(0)
-    checks = []
-    for weight in weights.values():
-        rows = torch.randn(max_rows, weight.shape[1], generator=gen).to(weight.device, weight.dtype)
-        full = torch.nn.functional.linear(rows, weight)
-        if not torch.equal(torch.nn.functional.linear(rows.flip(0), weight).flip(0), full):
-            return None
-        checks.append((rows, weight, full))
-    for padding in (RowPadding(multiple, tile) for tile in _ROW_TILES for multiple in (False, True)):
-        counts = sorted({padding(m) for m in (1, 2, 3, 5, 6, 7, 9, 13, 17, 31, 33, 47, 63) if m < max_rows} - {max_rows})
-        if all(torch.equal(torch.nn.functional.linear(rows[:m], weight), full[:m])
-               for rows, weight, full in checks for m in counts):
-            return padding
+    with slot_attention.using_layout(RowLayout([], [], RowPadding(multiple=False))):  # (PackedLinear's canonical path)
+        checks = []
+        for columns, like, product in products:
+            rows = torch.randn(max_rows, columns, generator=gen).to(like.device, like.dtype)
+            full = product(rows)
+            if not torch.equal(product(rows.flip(0)).flip(0), full):
+                return None
+            checks.append((rows, product, full))
+        for padding in (RowPadding(multiple, tile) for tile in _ROW_TILES for multiple in (False, True)):
+            counts = sorted({padding(m) for m in (1, 2, 3, 5, 6, 7, 9, 13, 17, 31, 33, 47, 63) if m < max_rows} - {max_rows})
+            if all(torch.equal(product(rows[:m]), full[:m]) for rows, product, full in checks for m in counts):
+                return padding
     return None
 
 
@@ -251,14 +290,20 @@ class TargetEngine:
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
         # Positions the model was trained for (None when the config does not say).
         self.max_positions: int | None = getattr(self.model.config, "max_position_embeddings", None)
-        self.padding = invariant_row_padding(self.model) if canonical else None
+        self.padding: RowPadding | None = None  # canonical shapes' rows (the linear layers' products)
+        self.attention_padding: RowPadding | None = None  # canonical attention's products, when not ``padding``
         self.threads: int | None = None  # the products' thread count, where invariance needs one of its own
-        if canonical and self.padding is None and self.device.type == "cpu" and torch.get_num_threads() > 1:
-            # Some CPUs (an Intel Xeon with AVX-512, measured) split a product between threads by its row
-            # count at every padding tried, but are row-invariant on one thread.
-            with torch_threads(1):
-                self.padding = invariant_row_padding(self.model)
-            self.threads = 1 if self.padding is not None else None
+        self.products = "blas"  # the linear layers' canonical path: F.linear, or "onednn" (``cloud.row_products``)
+        if self.device.type == "cpu" and pack_linears(self.model) and canonical:
+            self.padding = invariant_row_padding(linear_products(self.model))
+            self.attention_padding, self.threads = self._invariant(attention_products(self.model))
+            if self.padding is None or self.attention_padding is None:  # canonical shapes try F.linear instead
+                self.padding = self.attention_padding = self.threads = None
+                unpack_linears(self.model)
+            else:
+                self.products = "onednn"
+        if canonical and self.padding is None:
+            self.padding, self.threads = self._invariant(linear_products(self.model))
         self.invariant = self.padding is not None
         if canonical and self.padding is None:
             if shapes == "canonical":  # every forward is promised batch-invariant logits: refuse, do not pretend
@@ -280,11 +325,23 @@ class TargetEngine:
         log.info(
             "target %s loaded in %.1fs on %s/%s (vocab %d, %s shapes%s)",
             path.name, self.load_s, self.device, str(self.dtype).removeprefix("torch."), self.vocab_size,
-            "free" if not canonical else ("batch-invariant" if self.invariant else "canonical but NOT row-invariant")
+            "free" if not canonical else (f"batch-invariant ({self.products} products, {self.padding})" if self.invariant
+                                          else "canonical but NOT row-invariant")
             + (" for reproducible sessions, free for the others" if shapes == "auto" else ""),
             (" on one thread: this CPU's products split between threads by row count" if self.threads else "")
             + (f", tensor parallel over {tensor_parallel} ranks" if tensor_parallel > 1 else ""),
         )
+
+    def _invariant(self, products: list[Product]) -> tuple[RowPadding | None, int | None]:
+        """``products``' invariant padding, and the thread count it needs (None: any)."""
+        padding = invariant_row_padding(products)
+        if padding is None and self.device.type == "cpu" and torch.get_num_threads() > 1:
+            # Some CPUs (an Intel Xeon with AVX-512, measured) split a BLAS product between threads by its
+            # row count at every padding tried, but are row-invariant on one thread.
+            with torch_threads(1):
+                padding = invariant_row_padding(products)
+            return padding, 1 if padding is not None else None
+        return padding, None
 
     def _eos_ids(self) -> set[int]:
         eos = self.model.generation_config.eos_token_id if self.model.generation_config else None
@@ -366,7 +423,7 @@ class TargetEngine:
             positions += [0] * (padding(real) - real)
         ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
         position_ids = torch.tensor([positions], dtype=torch.long, device=self.device)
-        layout = RowLayout(slots, spans, padding, branch_stores=branch_stores)
+        layout = RowLayout(slots, spans, padding, self.attention_padding if padding else None, branch_stores=branch_stores)
         # A 4-D mask is taken as given by transformers' mask builders; slot attention ignores it.
         dummy_mask = torch.zeros(1, 1, 1, 1, dtype=self.dtype, device=self.device)
         logits = None

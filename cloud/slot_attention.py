@@ -107,11 +107,14 @@ class RowPadding:
 class RowLayout:
     """Which rows of a packed forward belong to which slot: ``spans[i]`` = (first row, rows, first
     position) for ``slots[i]``; rows past the last span are padding (no slot, output zeros).
-    ``padding``: canonical mode's row padding; None is free mode."""
+    ``padding``: canonical mode's row padding; None is free mode. ``attention_padding``: the
+    attention products' own, where their product path needs another tile than the linear layers'
+    (``cloud.row_products``)."""
 
     slots: list[SlotKV]
     spans: list[tuple[int, int, int]]
     padding: RowPadding | None = None
+    attention_padding: RowPadding | None = None  # canonical attention's products, when not ``padding``
     masks: dict = field(default_factory=dict)  # attention masks, built once per forward
     branch_stores: list[SlotKV | None] | None = None  # per span: a branch's store (None: the slot's own rows)
 
@@ -233,7 +236,7 @@ def _attend_span(layout: RowLayout, index: int, slot: SlotKV, layer: int, q: tor
         q_group = q[:, start:stop].reshape(kv_heads, rep * g, dim)  # rows are (head, query) pairs
         allowed = masks.get((index, start, window))
         if allowed is None:
-            padding = layout.padding or RowPadding(multiple=False)
+            padding = layout.attention_padding or layout.padding or RowPadding(multiple=False)
             allowed = masks[(index, start, window)] = _mask(positions[start:stop].repeat(rep), length, window,
                                                             padding(rep * g))
         result = _attend_canonical(

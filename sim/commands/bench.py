@@ -1,5 +1,5 @@
 """``splitspec bench …`` subcommands: ``wire``, ``split``, ``service``, ``fuzz``, ``serve``, ``capacity``,
-``invariance``, ``fairness``.
+``invariance``, ``fairness``, ``products``, ``forward-rows``.
 
 Flags only: each ``run_*`` turns its flags into keyword arguments of the
 matching ``sim.bench`` function and prints the result (text or JSON). The
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from shared.cli import non_negative_int, positive_float, positive_int
 from shared.params import (
@@ -40,6 +41,7 @@ def add_bench_commands(subparsers: argparse._SubParsersAction) -> None:
     _add_capacity(subparsers)
     _add_invariance(subparsers)
     _add_fairness(subparsers)
+    _add_products(subparsers)
 
 
 def _add_wire(subparsers: argparse._SubParsersAction) -> None:
@@ -91,6 +93,8 @@ def _add_split(subparsers: argparse._SubParsersAction) -> None:
                        help="draft lengths D besides the D=0 baseline (default 4 8)")
     _add_logit_processing(split, "coupled and rejection (greedy uses temperature 0): ")
     split.add_argument("--seed", type=int, default=0)
+    split.add_argument("--lookup", action="store_true",
+                       help="each split run again with the drafter behind prompt lookup (edge --lookup)")
     split.add_argument("--json", action="store_true", help="print the result as JSON")
     split.set_defaults(func=run_split)
 
@@ -392,6 +396,7 @@ def run_split(args: argparse.Namespace) -> int:
         top_k=args.top_k,
         top_p=args.top_p,
         seed=args.seed,
+        lookup=args.lookup,
         on_row=None if args.json else show,
     )
     print(json.dumps(result, indent=2) if args.json else format_split_yardstick(result))
@@ -411,3 +416,45 @@ def run_service(args: argparse.Namespace) -> int:
     )
     print(json.dumps(report, indent=2) if args.json else format_service_report(report))
     return 0
+
+
+def _add_products(subparsers: argparse._SubParsersAction) -> None:
+    products = subparsers.add_parser(
+        "products", help="which matrix-product path keeps a row's bits at the smallest row tile (CPU, minutes)",
+        description="Probe ways to compute x @ W.T on Gemma 3 270M's shapes (MKL GEMM in either operand order, "
+                    "oneDNN's inner product, row-wise GEMV) under MKL/oneDNN settings, each in a subprocess: the "
+                    "smallest row tile at which each is bit-invariant, and its time by row count.")
+    products.add_argument("--repeats", type=positive_int, default=5, help="timed repeats (default %(default)s)")
+    products.add_argument("--out", type=Path, default=None, help="write the JSON report here (else stdout)")
+    products.set_defaults(func=run_products)
+    rows = subparsers.add_parser(
+        "forward-rows", help="one target forward's cost by row count: free, canonical (as chosen) and canonical BLAS",
+        description="Time forwards of 1-16 appended rows on the target in free shapes, canonical shapes as the "
+                    "engine picks them (oneDNN where it holds) and canonical shapes on F.linear alone.")
+    rows.add_argument("--target", default=None, help="target folder or GGUF (default: Gemma 3 270M)")
+    rows.add_argument("--threads", type=positive_int, default=1,
+                      help="torch threads (default %(default)s: one core, as sim run gives the cloud)")
+    rows.add_argument("--repeats", type=positive_int, default=7, help="timed repeats (default %(default)s)")
+    rows.add_argument("--out", type=Path, default=None, help="write the JSON report here (else stdout)")
+    rows.set_defaults(func=run_forward_rows)
+
+
+def _write(report: dict, out: Path | None) -> int:
+    text = json.dumps(report, indent=1)
+    if out is not None:
+        out.write_text(text + "\n")
+    else:
+        print(text)
+    return 0
+
+
+def run_products(args: argparse.Namespace) -> int:
+    from sim.bench.products import run_product_probe
+
+    return _write(run_product_probe(repeats=args.repeats), args.out)
+
+
+def run_forward_rows(args: argparse.Namespace) -> int:
+    from sim.bench.forward_rows import run_forward_rows as measure
+
+    return _write(measure(target=args.target, threads=args.threads, repeats=args.repeats), args.out)

@@ -1,0 +1,63 @@
+"""``splitspec bench forward-rows``: what one target forward costs by its row count, in free and
+canonical shapes, on the product paths the engine can take.
+
+One sequence with a 300-token prefix; each timed forward appends ``rows`` tokens (reproducible, so
+canonical shapes pad it) and is cropped back. Engines, each loaded in turn: free shapes (``F.linear``
+on a lone row, oneDNN on several, ``cloud.row_products``), canonical shapes as the engine picks
+them (oneDNN at its tile where it holds), and canonical shapes on ``F.linear`` alone (MKL's tile,
+the path before oneDNN). Torch runs on ``threads`` threads, as a cloud pinned to that many cores.
+
+Contract. ``run_forward_rows(...)`` returns the report dict (per engine: its products, paddings,
+threads, and per row count the median / min / max ms over ``repeats``); no argparse, no printing
+(flags are in ``sim.commands.bench``).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+__all__ = ["run_forward_rows"]
+
+ROWS = (1, 2, 3, 4, 9, 16)
+
+
+def run_forward_rows(*, target: str | None = None, rows: tuple[int, ...] = ROWS, repeats: int = 7,
+                     threads: int = 1) -> dict[str, Any]:
+    """The report (module docstring); ``target`` None is the default Gemma 3 270M."""
+    import torch
+
+    import cloud.engine
+    from cloud.engine import ForwardItem, TargetEngine
+    from cloud.models import resolve_target
+
+    torch.set_num_threads(threads)
+    path = resolve_target(target)
+
+    def timed(engine) -> dict[str, Any]:
+        seq = engine.new_sequence()
+        engine.forward(seq, list(range(100, 400)), last_only=True)
+        by_rows = {}
+        for n in rows:
+            times = []
+            for _ in range(repeats):
+                started = time.perf_counter()
+                engine.forward_batch([ForwardItem(seq, [500 + i for i in range(n)], reproducible=True)])
+                times.append(1e3 * (time.perf_counter() - started))
+                engine.crop(seq, 300)
+            by_rows[n] = {"median": round(statistics.median(times), 1), "min": round(min(times), 1),
+                          "max": round(max(times), 1)}
+        return {"products": engine.products, "padding": repr(engine.padding),
+                "attention_padding": repr(engine.attention_padding), "threads": engine.threads, "ms": by_rows}
+
+    report: dict[str, Any] = {"target": str(path), "torch_threads": threads, "repeats": repeats, "engines": {}}
+    report["engines"]["free"] = timed(TargetEngine(path, shapes="free"))
+    report["engines"]["canonical"] = timed(TargetEngine(path, shapes="canonical"))
+    packing = cloud.engine.pack_linears
+    cloud.engine.pack_linears = lambda model: 0  # the path before oneDNN: F.linear at MKL's tile
+    try:
+        report["engines"]["canonical_blas"] = timed(TargetEngine(path, shapes="canonical"))
+    finally:
+        cloud.engine.pack_linears = packing
+    return report
