@@ -182,7 +182,8 @@ def run_edge(args: argparse.Namespace) -> int:
 
     options = _cloud_options(args)
     params = sampling_from_args(args)
-    drafter = open_llama_drafter(args.drafter, n_threads=args.drafter_threads, n_ctx=args.drafter_ctx)
+    drafter = open_llama_drafter(args.drafter, n_threads=args.drafter_threads, n_ctx=args.drafter_ctx,
+                                 lookup=args.lookup)
     prompt = drafter.vocab.tokenize(args.prompt)
     controller = controller_from_args(args)
     fleet = _start_fleet(args, False, state="online", role="run", model=drafter.model_name, cloud=args.cloud)
@@ -304,7 +305,8 @@ def run_serve(args: argparse.Namespace) -> int:
             probe.bind((args.host, args.port))
         except OSError as exc:
             raise CliError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}", 1) from exc
-    drafter = open_llama_drafter(args.drafter, n_threads=args.drafter_threads, n_ctx=args.drafter_ctx)
+    drafter = open_llama_drafter(args.drafter, n_threads=args.drafter_threads, n_ctx=args.drafter_ctx,
+                                 lookup=args.lookup)
     fleet = None
     try:
         fleet = _start_fleet(args, state="online", role="serve", model=drafter.model_name, cloud=args.cloud)

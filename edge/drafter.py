@@ -30,6 +30,7 @@ __all__ = [
     "Drafter",
     "DrafterStats",
     "ModelFreeDrafter",
+    "OwnsSpeculation",
     "Speculation",
     "Proposal",
     "propose",
@@ -204,7 +205,23 @@ class Drafter(Protocol):
         """Release native resources."""
 
 
-class ModelFreeDrafter:
+class OwnsSpeculation:
+    """What a drafter that keeps its sequence in ``self._spec`` (a ``Speculation``) lets others do with it
+    (``edge.lookup_drafter`` drafts into it)."""
+
+    _spec: Speculation
+
+    @property
+    def sequence(self) -> list[int]:
+        """The committed tokens, then the speculation (read-only: ``speculate`` appends to it)."""
+        return self._spec.tokens
+
+    def speculate(self, tokens: Sequence[int]) -> None:
+        """Append ``tokens`` proposed elsewhere to the speculation, as if drafted here."""
+        self._spec.tokens.extend(int(t) for t in tokens)
+
+
+class ModelFreeDrafter(OwnsSpeculation):
     """The ``Drafter`` lifecycle for proposers without a model: the speculation is a
     ``Speculation``, and a subclass says what to propose next (``propose_block``)."""
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edge.drafter import DraftBlock, DrafterStats, Speculation, common_prefix_length, propose
+from edge.drafter import DraftBlock, DrafterStats, OwnsSpeculation, Speculation, common_prefix_length, propose
 from edge.gguf_vocab import GgufVocab, load_llama
 from shared.params import SamplingParams
 
@@ -30,7 +30,7 @@ def _default_threads() -> int:
     return max(1, min(4, (os.cpu_count() or 2) // 2))
 
 
-class LlamaDrafter:
+class LlamaDrafter(OwnsSpeculation):
     """``Drafter`` backed by a llama.cpp context. Not thread-safe."""
 
     def __init__(

@@ -5,9 +5,25 @@ inputs that repeat (code edits, extraction, summaries quoting the prompt).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from edge.drafter import DraftBlock, ModelFreeDrafter, one_hot_block
 
-__all__ = ["NgramDrafter"]
+__all__ = ["NgramDrafter", "lookup_continuation"]
+
+
+def lookup_continuation(seq: Sequence[int], n: int, max_ngram: int, min_ngram: int) -> list[int]:
+    """Up to ``n`` tokens that followed the latest earlier occurrence of ``seq``'s last ``size`` tokens,
+    for the first ``size`` from ``max_ngram`` down to ``min_ngram`` that occurred before with a
+    non-empty continuation; [] when none did."""
+    if n <= 0:
+        return []
+    for size in range(min(max_ngram, len(seq) - 1), min_ngram - 1, -1):
+        suffix = list(seq[-size:])
+        for start in range(len(seq) - size - 1, -1, -1):  # latest first
+            if list(seq[start : start + size]) == suffix:
+                return list(seq[start + size : start + size + n])
+    return []
 
 
 class NgramDrafter(ModelFreeDrafter):
@@ -26,18 +42,4 @@ class NgramDrafter(ModelFreeDrafter):
         self.min_ngram = min_ngram
 
     def propose_block(self, n: int) -> DraftBlock:
-        return one_hot_block(self._lookup(n), self._params)
-
-    def _lookup(self, n: int) -> list[int]:
-        seq = self._spec.tokens
-        if n <= 0:
-            return []
-        for size in range(min(self.max_ngram, len(seq) - 1), self.min_ngram - 1, -1):
-            suffix = seq[-size:]
-            # Latest earlier occurrence whose continuation is non-empty.
-            for start in range(len(seq) - size - 1, -1, -1):
-                if seq[start : start + size] == suffix:
-                    follow = seq[start + size : start + size + n]
-                    if follow:
-                        return follow
-        return []
+        return one_hot_block(lookup_continuation(self._spec.tokens, n, self.max_ngram, self.min_ngram), self._params)

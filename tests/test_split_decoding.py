@@ -23,6 +23,7 @@ from helpers import (
 )
 
 from edge.drafter import DrafterStats
+from edge.lookup_drafter import LookupFirstDrafter
 from edge.ngram_drafter import NgramDrafter
 from shared.params import Mode, SamplingParams
 from shared.stats import DecodeStats
@@ -49,6 +50,7 @@ def drafters(tiny_models, engine):
         for name in ("drafter_f32", "drafter_q8_0", "drafter_noisy")
     }
     made["ngram"] = NgramDrafter(engine.vocab_size)
+    made["lookup_noisy"] = LookupFirstDrafter(tiny_drafter(tiny_models, "drafter_noisy"))
     yield made
     for drafter in made.values():
         drafter.close()
@@ -68,7 +70,7 @@ SAMPLINGS = [
 
 
 @pytest.mark.parametrize("params", SAMPLINGS, ids=lambda p: f"{p.mode.value}-T{p.temperature}-p{p.top_p}-k{p.top_k}")
-@pytest.mark.parametrize("drafter_name", ["drafter_f32", "drafter_q8_0", "drafter_noisy", "ngram"])
+@pytest.mark.parametrize("drafter_name", ["drafter_f32", "drafter_q8_0", "drafter_noisy", "ngram", "lookup_noisy"])
 def test_token_identical_to_target_only(engine, drafters, prompts, params, drafter_name):
     drafter = drafters[drafter_name]
     acceptance = []
@@ -116,7 +118,7 @@ def test_token_limit_is_exact(engine, drafters, prompts):
         assert len(got.tokens) == limit and got.stop_reason is StopReason.LENGTH
 
 
-@pytest.mark.parametrize("drafter_name", ["drafter_f32", "ngram"])
+@pytest.mark.parametrize("drafter_name", ["drafter_f32", "ngram", "lookup_noisy"])
 def test_drafter_stats_count_what_the_drafter_did(engine, drafters, prompts, drafter_name):
     drafter = drafters[drafter_name]
     drafter.stats.reset()

@@ -43,19 +43,22 @@ def run_split_bench(
     top_k: int = DEFAULT_TOP_K,
     top_p: float = DEFAULT_TOP_P,
     seed: int = 0,
+    lookup: bool = False,
     on_row: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Split decoding vs cloud-only for each mode and draft length; the rows as a dict.
 
     ``target`` / ``drafter`` None mean the default Gemma 3 270M pair. Greedy
-    runs use temperature 0. ``on_row(row)`` is called as each run finishes.
-    ValueError on an unknown mode.
+    runs use temperature 0. ``lookup``: each split row again with the drafter behind prompt
+    lookup (``edge.lookup_drafter``; ``"lookup": true`` in its row). ``on_row(row)`` is called
+    as each run finishes. ValueError on an unknown mode.
     """
     import torch
 
     from cloud.engine import TargetEngine, torch_threads
     from cloud.models import resolve_target
     from edge.drafter_choice import open_drafter
+    from edge.lookup_drafter import LookupFirstDrafter
     from shared.params import Mode, SamplingParams
     from sim.inprocess import generate
 
@@ -82,16 +85,19 @@ def run_split_bench(
                 seed=seed,
             )
 
-            def run(shapes: str, draft_len: int, params=params) -> tuple[Any, dict[str, Any]]:
+            def run(shapes: str, draft_len: int, params=params, looked_up: bool = False) -> tuple[Any, dict[str, Any]]:
+                drafter_used = LookupFirstDrafter(draft_model) if looked_up else draft_model  # (fresh acceptance)
                 draft_model.stats.reset()
                 with torch_threads(threads):
-                    result = generate(engines[shapes], draft_model, prompt_ids, params,
+                    result = generate(engines[shapes], drafter_used, prompt_ids, params,
                                       max_new_tokens=max_new_tokens, draft_len=draft_len)
-                return result, _row(params.mode.value, shapes, draft_len, threads, result, draft_model.stats)
+                row = _row(params.mode.value, shapes, draft_len, threads, result, draft_model.stats)
+                return result, {**row, "lookup": True, "looked_up": drafter_used.looked_up} if looked_up else row
 
             cloud_only = [run(FASTEST_SHAPES, 0), run(SPLIT_SHAPES, 0)]  # first: every row's ratios need both
             (fastest, _), (reproducible, _) = cloud_only
-            for result, row in itertools.chain(cloud_only, (run(SPLIT_SHAPES, d) for d in draft_lens)):
+            splits = [(d, looked_up) for d in draft_lens for looked_up in ((False, True) if lookup else (False,))]
+            for result, row in itertools.chain(cloud_only, (run(SPLIT_SHAPES, d, looked_up=u) for d, u in splits)):
                 row["wall_vs_fastest_cloud_only"] = round(result.stats.wall_s / fastest.stats.wall_s, 3)
                 row["wall_vs_target_only"] = round(result.stats.wall_s / reproducible.stats.wall_s, 3)
                 row["identical_to_target_only"] = result.tokens == reproducible.tokens
@@ -133,7 +139,8 @@ def _row(mode: str, shapes: str, draft_len: int, threads: int, result, timing) -
 
 def format_split_row(row: dict[str, Any]) -> str:
     """One run as a line of text."""
-    kind = f"cloud-only, {row['shapes']} shapes" if row["draft_len"] == 0 else f"split, {row['shapes']} shapes"
+    split = f"split + lookup ({row['looked_up']} looked up)" if row.get("lookup") else "split"
+    kind = f"cloud-only, {row['shapes']} shapes" if row["draft_len"] == 0 else f"{split}, {row['shapes']} shapes"
     return (
         f"{row['mode']:>9} D={row['draft_len']} ({kind}): {row['tokens']} tok, alpha {row['acceptance_rate']:.2f}, "
         f"AL {row['acceptance_length']:.2f}, fwd/tok {row['target_forwards_per_token']:.3f}, "
