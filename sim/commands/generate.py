@@ -46,6 +46,7 @@ def run_generate(args: argparse.Namespace) -> int:
         fingerprint=engine.fingerprint,
         n_threads=args.drafter_threads,
         n_ctx=args.drafter_ctx,
+        lookup=args.lookup,
     )
     if args.drafter == NGRAM:
         prompt = engine.tokenizer(args.prompt).input_ids
