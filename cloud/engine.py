@@ -204,13 +204,18 @@ def attention_products(model: torch.nn.Module) -> list[Product]:
     queries times keys) and the weighted values (rows of weights times values)."""
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    kv = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     weight = next(model.parameters())
     gen = torch.Generator().manual_seed(1)
+
+    def per_kv_head(rows: torch.Tensor, other: torch.Tensor) -> torch.Tensor:  # [m, c] x [KV, c, n] -> [m, KV * n]
+        return torch.matmul(rows.unsqueeze(0).repeat(kv, 1, 1), other).transpose(0, 1).reshape(rows.shape[0], -1)
+
     products: list[Product] = []
     for length in (slot_attention.KEY_BUCKET, 2 * slot_attention.KEY_BUCKET, 8 * slot_attention.KEY_BUCKET):
-        keys, values = (torch.randn(length, dim, generator=gen).to(weight.device, weight.dtype) for _ in range(2))
-        products += [Product(dim, keys, lambda rows, keys=keys: torch.matmul(rows, keys.T)),
-                     Product(length, values, lambda rows, values=values: torch.matmul(rows, values))]
+        keys, values = (torch.randn(kv, length, dim, generator=gen).to(weight.device, weight.dtype) for _ in range(2))
+        products += [Product(dim, keys, partial(per_kv_head, other=keys.transpose(-1, -2))),
+                     Product(length, values, partial(per_kv_head, other=values))]
     return products
 
 
