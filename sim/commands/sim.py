@@ -56,6 +56,8 @@ def add_sim_commands(commands) -> None:
                      "reproducible cloud-only) (default: both)")
     run.add_argument("--no-colocated", action="store_true",
                      help="skip the co-located reference (each drafter beside the target in one process, no link)")
+    run.add_argument("--lookup", action="store_true",
+                     help="every drafter behind prompt lookup (the edge's --lookup), split and co-located runs alike")
     run.add_argument("--out", type=Path, default=None, help="output folder (default: out/sim-SCENARIO)")
     run.add_argument("--no-mqtt", action="store_true",
                      help="no fleet telemetry (by default a broker runs and the edges report to it through the link)")
@@ -142,6 +144,7 @@ def run_sim(args: argparse.Namespace) -> int:
         mqtt=not args.no_mqtt,
         colocated=not args.no_colocated,
         numerics=list(dict.fromkeys(args.numerics)),
+        lookup=args.lookup,
     )
     result = run_simulation(config)
     result["provenance"] = _provenance()

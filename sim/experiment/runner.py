@@ -74,6 +74,7 @@ class SimConfig:
     mqtt: bool = True  # a broker for fleet telemetry; edges reach it through the emulated link
     colocated: bool = True  # each drafter beside the target in one process, no link (the ceiling)
     numerics: list[str] = field(default_factory=lambda: list(NUMERICS))  # split runs' sessions: auto, reproducible
+    lookup: bool = False  # every drafter behind prompt lookup (``edge.lookup_drafter``), split and co-located
 
 
 def _sampling_args(cfg: SimConfig, prompt: str, mode: str, reproducible: bool = False) -> list[str]:
@@ -245,7 +246,8 @@ def _split(cfg: SimConfig, rung: DrafterRung, numerics: str, mode: str, draft_le
             args = ["run", "--cloud", link.address, "--drafter", rung.path, "--verdict-timeout", "600", "--timings",
                     *fleet_args, "--drafter-threads", str(len(edge_cores) if edge_cores else 1),
                     *_sampling_args(cfg, prompt, mode, reproducible), "--draft-len", str(draft_len),
-                    "--schedule", schedule, "--window", str(window), "--hedge", str(hedge)]
+                    "--schedule", schedule, "--window", str(window), "--hedge", str(hedge),
+                    *(["--lookup"] if cfg.lookup else [])]
             reports.append(run_edge_process(args, edge_cores, stream_to=out))
         meters.append(meter)
         if out is not None:
@@ -270,7 +272,8 @@ def _colocated(cfg: SimConfig, rung: DrafterRung, cloud_cores, progress: _Progre
         progress(f"co-located {rung.name}: {prompt[:48]!r}")
         cmd = [*side_command("splitspec", "sim.cli"), "generate", "--target", cfg.target, "--shapes", "free",
                "--drafter", rung.path, "--drafter-threads", "1", *_sampling_args(cfg, prompt, mode),
-               "--draft-len", str(draft_len), "--schedule", "adaptive", "--window", str(window), "--json"]
+               "--draft-len", str(draft_len), "--schedule", "adaptive", "--window", str(window), "--json",
+               *(["--lookup"] if cfg.lookup else [])]
         env, preexec = pinned_env(cloud_cores)
         done = subprocess.run(cmd, capture_output=True, text=True, env=env, preexec_fn=preexec, timeout=1800)
         if done.returncode != 0:
@@ -345,6 +348,7 @@ def _finish(cfg: SimConfig, primary_kind: str, baselines: dict[str, BaselineRow]
         "max_new_tokens": cfg.max_new_tokens,
         "temperature": cfg.temperature,
         "seed": cfg.seed,
+        "lookup": cfg.lookup,
         "baseline": fastest,
         "baselines": rows,
         "runs": runs,
