@@ -196,7 +196,7 @@ class BlockStream(ServicePart):
                 capped = ledger.capped(entry.owner)
                 self.metrics.observe_client(entry.owner, rows=session.last_step_rows, committed=committed,
                                             capped=capped)
-                if capped and self.limits.capped_draft_len and session.lower_draft_limit(self.limits.capped_draft_len):
+                if capped and self.limits.capped_draft_len and session.cap(self.limits.capped_draft_len):
                     log.info("session %s: its client (metrics bucket %s) has next to no drafts accepted: its blocks "
                              "are held to %d drafts", entry.session_id, client_bucket(entry.owner),
                              session.draft_limit)

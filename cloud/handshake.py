@@ -11,8 +11,9 @@ only to streams with a bearer token under ``rejection_requires_auth``) and
 room in the session table (``RESOURCE_EXHAUSTED``); an unknown ticket is
 ``NOT_FOUND``. Every refusal is an ``Abort`` of that stream alone, and a session a refused resume or turn held is released.
 Sessions count against their owner: the bearer token, else the peer address;
-an owner whose verified rows commit next to nothing (``ClientLedger.capped``)
-gets new sessions of ``ServiceLimits.capped_draft_len`` drafts per block at most.
+an owner whose drafts are accepted next to never (``ClientLedger.capped``)
+gets new sessions of ``ServiceLimits.capped_draft_len`` drafts per block at most,
+whose stale blocks are answered without a forward.
 It verifies no block and writes nothing to the stream (``cloud.block_stream``,
 ``cloud.servicer``).
 """
@@ -152,7 +153,7 @@ class Handshake(ServicePart):
                 session = VerifierSession(
                     self.engine, prompt, params, max_new_tokens=max_new_tokens,
                     max_draft_len=min(max_draft_len, self.limits.capped_draft_len) if capped else max_draft_len,
-                    max_branches=self.max_branches, decode_stale=self.limits.decode_stale,
+                    max_branches=self.max_branches, decode_stale=self.limits.decode_stale and not capped,
                     rebase_stale=self.limits.rebase_stale and takes_rebased,
                     prefill=False, audit_drafts=self.limits.audit_drafts,
                 )

@@ -89,7 +89,7 @@ class VerifierSession:
         self.params = params
         self.max_new_tokens = max_new_tokens
         self.max_draft_len = max_draft_len
-        # Lowered by ``lower_draft_limit`` for blocks of epochs after ``draft_limit_epoch`` (0: not lowered).
+        # Lowered by ``cap`` for blocks of epochs after ``draft_limit_epoch`` (0: not lowered).
         self.draft_limit = 0
         self.draft_limit_epoch = 0
         self.max_branches = max_branches
@@ -266,10 +266,12 @@ class VerifierSession:
         self.stats.wall_s += elapsed
         return verdicts
 
-    def lower_draft_limit(self, limit: int) -> bool:
-        """Hold this session's blocks of every later epoch to ``limit`` drafts, guesses included; blocks of
-        this epoch or an earlier one keep the old limit (the edge drafted them before it could know).
-        Never raises a limit; True when this lowered it."""
+    def cap(self, limit: int) -> bool:
+        """The session's client has its drafts accepted next to never: hold its blocks of every later
+        epoch to ``limit`` drafts, guesses included (blocks of this epoch or an earlier one keep the old
+        limit: the edge drafted them before it could know), and answer its stale blocks without a
+        forward. Never raises a limit; True when this lowered it."""
+        self.decode_stale = False
         if not 1 <= limit < self.current_draft_limit:
             return False
         self.draft_limit, self.draft_limit_epoch = limit, self.epoch

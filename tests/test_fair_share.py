@@ -141,8 +141,8 @@ def test_a_lowered_draft_limit_holds_only_blocks_of_later_epochs(tiny_engine, gr
 
     prompt, want = greedy_path
     session = new_session(tiny_engine, prompt)
-    assert session.lower_draft_limit(2) and session.current_draft_limit == 2
-    assert not session.lower_draft_limit(3) and session.draft_limit == 2  # a limit only comes down
+    assert session.cap(2) and session.current_draft_limit == 2 and not session.decode_stale
+    assert not session.cap(3) and session.draft_limit == 2  # a limit only comes down
     start = len(prompt)
     verdict = session.verify(0, start, want[:4])  # drafted before the edge could know: the old limit holds
     assert verdict.accepted == 4 and session.epoch == 0
