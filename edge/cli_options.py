@@ -96,9 +96,10 @@ def add_drafter_args(parser: argparse.ArgumentParser) -> None:
         default=None,
         help=f"drafter GGUF file, or '{NGRAM}' for prompt lookup (default: Gemma 3 270M Q4_K_M from PyPI)",
     )
-    group.add_argument("--lookup", action="store_true",
-                       help="prompt lookup first: where the text's last tokens occurred before (in the prompt, the "
-                            "conversation or the output), propose what followed them, at no drafting cost, and the "
-                            "GGUF drafter for the rest; each is used while its measured acceptance holds up")
+    group.add_argument("--lookup", action=argparse.BooleanOptionalAction, default=True,
+                       help="prompt lookup first (default on): where the text's last tokens occurred before (in the "
+                            "prompt, the conversation or the output), propose what followed them, at no drafting "
+                            "cost, and the GGUF drafter for the rest; each is used while its measured acceptance "
+                            "holds up. --no-lookup: the GGUF drafter alone")
     group.add_argument("--drafter-threads", type=positive_int, default=None, help="llama.cpp threads (default: half the cores, at most 4)")
     group.add_argument("--drafter-ctx", type=positive_int, default=4096, help="llama.cpp context size (default 4096)")

@@ -56,8 +56,9 @@ def add_sim_commands(commands) -> None:
                      "reproducible cloud-only) (default: both)")
     run.add_argument("--no-colocated", action="store_true",
                      help="skip the co-located reference (each drafter beside the target in one process, no link)")
-    run.add_argument("--lookup", action="store_true",
-                     help="every drafter behind prompt lookup (the edge's --lookup), split and co-located runs alike")
+    run.add_argument("--lookup", action=argparse.BooleanOptionalAction, default=True,
+                     help="every drafter behind prompt lookup, split and co-located runs alike (the edge's default; "
+                          "--no-lookup: the drafters alone)")
     run.add_argument("--out", type=Path, default=None, help="output folder (default: out/sim-SCENARIO)")
     run.add_argument("--no-mqtt", action="store_true",
                      help="no fleet telemetry (by default a broker runs and the edges report to it through the link)")

@@ -74,7 +74,7 @@ class SimConfig:
     mqtt: bool = True  # a broker for fleet telemetry; edges reach it through the emulated link
     colocated: bool = True  # each drafter beside the target in one process, no link (the ceiling)
     numerics: list[str] = field(default_factory=lambda: list(NUMERICS))  # split runs' sessions: auto, reproducible
-    lookup: bool = False  # every drafter behind prompt lookup (``edge.lookup_drafter``), split and co-located
+    lookup: bool = True  # every drafter behind prompt lookup (``edge.lookup_drafter``), split and co-located
 
 
 def _sampling_args(cfg: SimConfig, prompt: str, mode: str, reproducible: bool = False) -> list[str]:
