@@ -20,10 +20,14 @@ token, position and the keys before it, never on how rows are grouped:
   bit-identical for any such M and any row order, so a row's result does not
   depend on its group-mates; other M take other kernels (1-3 rows) or other
   splits between threads (5 and 9 rows with two threads, measured). The tile
-  is the CPU's: 4 rows on an AMD EPYC, 16 on an Intel Xeon with AVX-512,
-  whose kernels differ below 16 rows (measured on Gemma's 640 x 2048
-  products, one thread). The engine picks the padding by checking the
-  property on its device at load (``cloud.engine.invariant_row_padding``).
+  is the CPU's and the product path's: for MKL 4 rows on an AMD EPYC, 16 on
+  an Intel Xeon with AVX-512, whose kernels differ below 16 rows (measured
+  on Gemma's 640 x 2048 products, one thread); the linear layers run on
+  oneDNN where it holds at fewer (``cloud.row_products``: 2 on that Xeon),
+  and this module's own products then keep theirs
+  (``RowLayout.attention_padding``). The engine picks the paddings by
+  checking the property on its device at load
+  (``cloud.engine.invariant_row_padding``).
 
 Free mode (``canonical=False``) attends each sequence over exactly its keys
 with SDPA: what the cost of invariance is measured against.
