@@ -298,15 +298,16 @@ class TargetEngine:
         self.padding: RowPadding | None = None  # canonical shapes' rows (the linear layers' products)
         self.attention_padding: RowPadding | None = None  # canonical attention's products, when not ``padding``
         self.threads: int | None = None  # the products' thread count, where invariance needs one of its own
-        self.products = "blas"  # the linear layers' canonical path: F.linear, or "onednn" (``cloud.row_products``)
-        if self.device.type == "cpu" and pack_linears(self.model) and canonical:
+        # The linear layers' path: "onednn" (``cloud.row_products``: canonical products, and free ones of
+        # several rows), or "blas" (F.linear).
+        self.products = "onednn" if self.device.type == "cpu" and pack_linears(self.model) else "blas"
+        if canonical and self.products == "onednn":
             self.padding = invariant_row_padding(linear_products(self.model))
             self.attention_padding, self.threads = self._invariant(attention_products(self.model))
             if self.padding is None or self.attention_padding is None:  # canonical shapes try F.linear instead
                 self.padding = self.attention_padding = self.threads = None
                 unpack_linears(self.model)
-            else:
-                self.products = "onednn"
+                self.products = "blas"
         if canonical and self.padding is None:
             self.padding, self.threads = self._invariant(linear_products(self.model))
         self.invariant = self.padding is not None

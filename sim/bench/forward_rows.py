@@ -4,8 +4,8 @@ canonical shapes, on the product paths the engine can take.
 One sequence with a 300-token prefix; each timed forward appends ``rows`` tokens (reproducible, so
 canonical shapes pad it) and is cropped back. Engines, each loaded in turn: free shapes (``F.linear``
 on a lone row, oneDNN on several, ``cloud.row_products``), canonical shapes as the engine picks
-them (oneDNN at its tile where it holds), and canonical shapes on ``F.linear`` alone (MKL's tile,
-the path before oneDNN). Torch runs on ``threads`` threads, as a cloud pinned to that many cores.
+them (oneDNN at its tile where it holds), and canonical and free shapes on ``F.linear`` alone (MKL's
+tile; the paths before oneDNN). Torch runs on ``threads`` threads, as a cloud pinned to that many cores.
 
 Contract. ``run_forward_rows(...)`` returns the report dict (per engine: its products, paddings,
 threads, and per row count the median / min / max ms over ``repeats``); no argparse, no printing
@@ -58,6 +58,7 @@ def run_forward_rows(*, target: str | None = None, rows: tuple[int, ...] = ROWS,
     cloud.engine.pack_linears = lambda model: 0  # the path before oneDNN: F.linear at MKL's tile
     try:
         report["engines"]["canonical_blas"] = timed(TargetEngine(path, shapes="canonical"))
+        report["engines"]["free_blas"] = timed(TargetEngine(path, shapes="free"))
     finally:
         cloud.engine.pack_linears = packing
     return report
