@@ -77,6 +77,8 @@ class LookupFirstDrafter:
         self._chains: list[_Chain] = []  # proposals not yet scored, drafted or shadow
 
     def __getattr__(self, name: str):
+        if name == "model":  # (not set yet: no recursion)
+            raise AttributeError(name)
         return getattr(self.model, name)  # vocab, model_name, stats, ... (only what this class lacks)
 
     @property
