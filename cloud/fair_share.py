@@ -12,10 +12,11 @@ committed tokens per verified row over its latest ``WINDOW_ROWS`` rows (the
 weight is that, clamped to ``[floor, 1]``: a cloud-only client, which drafts
 nothing, weighs 1), and the acceptance of its drafts over its latest
 ``WINDOW_DRAFTS``; a client whose acceptance is under ``ACCEPTANCE_FLOOR``
-over at least ``CAP_AFTER_DRAFTS`` drafts is *capped*: the handshake opens its new sessions with a shorter draft
-length (``Opened.max_draft_len``), and the block stream lowers its open sessions' limit for their blocks
-of later epochs (``Verdict.draft_limit``). The ledger remembers the ``MAX_CLIENTS`` clients recorded most
-recently. No I/O, no clock.
+over at least ``CAP_AFTER_DRAFTS`` drafts is *capped*: the handshake opens its
+new sessions with a shorter draft length (``Opened.max_draft_len``), and the
+block stream lowers its open sessions' limit for their blocks of later epochs
+(``Verdict.draft_limit``). The ledger remembers the ``MAX_CLIENTS`` clients
+recorded most recently. No I/O, no clock.
 """
 
 from __future__ import annotations
@@ -140,8 +141,8 @@ class ClientLedger:
     clients: OrderedDict[str, ClientStats] = field(default_factory=OrderedDict)  # least recently recorded first
 
     def record(self, client: str, *, rows: int, committed: int, drafted: int = 0, accepted: int = 0) -> None:
-        """A verify step of ``client``'s: ``rows`` verified committed ``committed`` tokens, and of its
-        ``drafted`` drafts (live blocks') ``accepted`` were accepted."""
+        """A verify step of ``client``'s: ``rows`` verified committed ``committed`` tokens, and of the
+        ``drafted`` drafts it verified (live and rebased) ``accepted`` were accepted."""
         if rows <= 0:
             return
         stats = self.clients.get(client)
