@@ -46,11 +46,13 @@ CLOSE = object()  # the edge sent Close
 
 
 class Answered(NamedTuple):
-    """A block's verdict, the cloud's seconds since the block arrived, and the forward's alone (0: none)."""
+    """A block's verdict, the cloud's seconds since the block arrived, the forward's alone (0: none)
+    and the session's rows in it (0: none, or more than one forward answered the chain)."""
 
     verdict: Verdict
     seconds: float
     forward_s: float
+    forward_rows: int = 0
 
 
 def committed_by(verdict: Verdict) -> int:
@@ -69,7 +71,7 @@ def verdict_message(answer: Answered, forwards: int) -> pb.Verdict:
     """``answer`` for the wire; the session's ``forwards`` ride on the final verdict only (0 is not
     sent, so rounds pay no bytes for it)."""
     return verdict_to_proto(answer.verdict, seconds=answer.seconds, forward_s=answer.forward_s,
-                            forwards=forwards if answer.verdict.done else 0)
+                            forward_rows=answer.forward_rows, forwards=forwards if answer.verdict.done else 0)
 
 
 async def read_frame(context, timeout: float):
@@ -226,13 +228,14 @@ class BlockStream(ServicePart):
         out = []
         forwards = session.forwards - forwards_before
         forward_s = session.seq.forward_s - forward_before if forwards else 0.0
+        forward_rows = session.last_step_rows if forwards == 1 else 0  # (one point of the cost curve)
         overhead = 0.0
         for i, verdict in enumerate(verdicts):
             arrived, start, drafts = received.popleft()
             # Verified drafts only: a stale block's were not, drafts before the verdict's start were committed.
             drafted = 0 if verdict.stale else max(drafts - (verdict.start_position - start), 0)
             seconds = now - arrived
-            out.append(Answered(verdict, seconds, forward_s))
+            out.append(Answered(verdict, seconds, forward_s, forward_rows))
             if i == 0:  # the chain shared one forward: its cost and overhead go to its first block
                 overhead = max(seconds - forward_s, 0.0)
                 self.recent_overheads_s.append(overhead)

@@ -204,6 +204,7 @@ class Handshake(ServicePart):
             max_blocks_in_flight=self.limits.max_blocks_in_flight,
             max_branches=session.max_branches,
             replica=self.replica,
+            row_tile=self.engine.rows_at_cost_of(1, session.params.reproducible) or 0,
         )
 
     async def _open(self, request: pb.Open, owner: str, context) -> SessionEntry:

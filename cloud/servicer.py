@@ -149,7 +149,8 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             entry = await handshake.new_session(handshake.parse_request(request), 0, handshake.owner(context))
             session = entry.session
             while not session.done:
-                verdict, seconds, _ = await self.blocks.decode_alone(entry, arrived, entry.stream)
+                answer = await self.blocks.decode_alone(entry, arrived, entry.stream)
+                verdict, seconds = answer.verdict, answer.seconds
                 encoded = codec.encode_tokens([verdict.token] if verdict.token is not None else [], self.engine.vocab_size)
                 yield self._count_out(
                     pb.GenerateChunk(

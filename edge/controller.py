@@ -7,7 +7,10 @@ chain ends, or every ``REPLAN_TOKENS`` within one. Moving estimates: α_i per
 position (from verdicts, guesses of stale decodes and shadow proposals), the
 drafter's seconds per token, the network's share of a block's trip, the
 forward alone (``Verdict.forward_us``) for a block and for one token, the
-cloud's seconds per token decoding alone, and what stale blocks bring back.
+forward's cost by the session's rows in it (``edge.row_cost``: a block is priced
+by its rows, so rows the verifier's tile makes free go to longer blocks and
+hedge branches, and rows that cost do not), the cloud's seconds per token
+decoding alone, and what stale blocks bring back.
 
 Promises: predictions come from ``shared.acceptance`` (closed form); a draft
 length is changed only when predicted ``_CHANGE_TIE`` faster, and drafting and
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from edge.row_cost import RowCost
 from shared.acceptance import pipelined_chain
 from shared.stats import Ewma
 
@@ -134,15 +138,16 @@ class Controller:
         self.network_s = Ewma()  # a block's trip less the cloud's time on it: uplink, RTT, downlink
         self.block_cloud_s = Ewma()  # the cloud's time on a drafted block (its wait behind other blocks included)
         self.forward_s = Ewma()  # the forward that verified a drafted block, alone (unset while the cloud reports none)
+        self.forward_cost = RowCost()  # a forward's seconds by the session's rows in it (Verdict.forward_rows)
         self.one_token_s = Ewma()  # a forward that decoded one token (stale block's or alone), alone
         self.cloud_s_per_token = Ewma()  # seconds per token while the cloud decodes alone
         self.stale_decoded = Ewma(value=1.0)  # share of stale blocks answered with a token
         self.stale_rebased = Ewma(value=0.0)  # ... the rebased drafts accepted before it, per such block
-        # Hedge branches: the width the caller allows (0: none), and what hedged blocks measured.
+        # Hedge branches: the width the caller allows (0: none) and their tokens, and what hedged blocks measured.
         self.hedge_cap = 0
+        self.branch_len = 0
         self.hedge_gain = Ewma()  # tokens a hedged block's taken branch committed past its correction (0: none taken)
         self.hedge_s = Ewma()  # the edge's time drafting a block's branches
-        self.forward_hedged_s = Ewma()  # the forward that verified a hedged block (``forward_s``: an unhedged one)
         self.drafted_blocks = 0  # drafted blocks observed
         self.hedged_blocks = 0  # ... of them hedged
         self.hedging = False  # the current choice (``hedge_width``)
@@ -185,14 +190,22 @@ class Controller:
         _add_reported(self.forward_s, forward_s)
         self.network_s.add(max(trip_s - cloud_s, 0.0))
 
-    def observe_hedge(self, gained: int, hedge_s: float, forward_s: float = 0.0) -> None:
+    def observe_hedge(self, gained: int, hedge_s: float) -> None:
         """A hedged block's verdict (after ``observe_block``, given no forward): ``gained`` tokens its taken
-        branch committed past the correction (0: none taken), ``hedge_s`` spent drafting its branches,
-        the forward that verified it (0: not reported)."""
+        branch committed past the correction (0: none taken), ``hedge_s`` spent drafting its branches.
+        (What its branch rows cost the forward is the row-cost curve's: ``observe_forward``.)"""
         self.hedged_blocks += 1
         self.hedge_gain.add(gained)
         self.hedge_s.add(hedge_s)
-        _add_reported(self.forward_hedged_s, forward_s)
+
+    def observe_forward(self, rows: int, seconds: float) -> None:
+        """A forward that answered a verdict: ``seconds`` alone, holding ``rows`` of the session's rows
+        (``Verdict.forward_rows``; 0: not reported, nothing learned)."""
+        self.forward_cost.observe(rows, seconds)
+
+    def set_row_tile(self, tile: int) -> None:
+        """The rows the verifier's forwards cost alike (``Opened.row_tile``; 0: not said)."""
+        self.forward_cost.set_tile(tile)
 
     def observe_acceptance(self, drafted: int, accepted: int, first: int = 0) -> None:
         """Only what a verdict says of acceptance (for a block whose timings measure something
@@ -273,7 +286,8 @@ class Controller:
         """Tokens/s of chains of ``draft_len``-draft blocks, ``window`` of them in flight at most (default:
         the cap), or None before the needed measurements."""
         window = window or self.window
-        verify = self.forward_s.value or self.block_cloud_s.value or self.cloud_s_per_token.value or self.one_token_s.value
+        verify = (self.forward_cost.predict(draft_len + 1) or self.forward_s.value or self.block_cloud_s.value
+                  or self.cloud_s_per_token.value or self.one_token_s.value)
         alphas = self.acceptance.per_position(draft_len)
         if None in (alphas, self.network_s.value, self.draft_s_per_token.value) or not verify:
             return None
@@ -305,7 +319,8 @@ class Controller:
         cloud = self.predict_cloud()
         return (f"D={plan.draft_len} W={plan.window} predicted {predicted} tok/s (cloud alone "
                 f"{'-' if cloud is None else f'{cloud:.2f}'}); α {[round(a, 2) for a in alphas or []]} on "
-                f"{self.acceptance.samples} trials, forward {ms(self.forward_s)}, one token {ms(self.one_token_s)}, "
+                f"{self.acceptance.samples} trials, forward {ms(self.forward_s)} ({self.forward_cost.describe()}), "
+                f"one token {ms(self.one_token_s)}, "
                 f"block at the cloud {ms(self.block_cloud_s)}, network {ms(self.network_s)}, "
                 f"drafting {ms(self.draft_s_per_token)}/token, cloud alone {ms(self.cloud_s_per_token)}/token"
                 + (f"; hedge {self.hedge_width} of {self.hedge_cap} (a hedged block gains "
@@ -369,11 +384,10 @@ class Controller:
             self.hedging = self.hedge_gain.value > worth
 
     def hedge_extra_s(self) -> float:
-        """Seconds a hedged block adds: its branches' drafting, and its forward's excess over an unhedged one's
-        (none known where the cloud does not report forwards)."""
-        hedged, plain = self.forward_hedged_s.value, self.forward_s.value
-        extra = hedged - plain if hedged is not None and plain is not None else 0.0
-        return (self.hedge_s.value or 0.0) + max(extra, 0.0)
+        """Seconds a hedged block adds: its branches' drafting, and what their rows add to the block's
+        forward on the row-cost curve (nothing where the tile holds them, or the cloud reports no rows)."""
+        rows = self.forward_cost.extra(self.draft_len + 1, self.hedge_cap * self.branch_len)
+        return (self.hedge_s.value or 0.0) + (rows or 0.0)
 
     def _best_window(self, draft_len: int, windows: list[int]) -> tuple[float | None, int]:
         """(predicted tokens/s, window) for ``draft_len``: the best of ``windows``, the largest of those

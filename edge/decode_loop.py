@@ -240,11 +240,18 @@ class _Decode:
         if controller is not None and pipe.draft_len:
             controller.cap(pipe.draft_len)
             controller.hedge_cap = self.hedge_width  # whether to hedge is its choice
+            controller.branch_len = self.branch_len
+            controller.set_row_tile(terms.row_tile)
             controller.window = min(controller.window, terms.max_blocks_in_flight)
             controller.cloud_window = min(controller.cloud_window, terms.max_blocks_in_flight)
             pipe.window = controller.drafting_window  # its choice (two until it has measured): the first chain too
         else:
             pipe.controller = None
+
+    @property
+    def branch_len(self) -> int:
+        """Tokens per hedge branch: ``BRANCH_LEN``, within the session's draft limit (a branch keeps to it too)."""
+        return min(BRANCH_LEN, self.pipeline.draft_limit or BRANCH_LEN)
 
     def _hold_to(self, draft_limit: int) -> None:
         """The verifier lowered the session's drafts per block (guesses included): every block from now on
@@ -304,8 +311,8 @@ class _Decode:
             block, drafted_at = drafting.block, time.perf_counter()
             width = pipe.controller.hedge_width if pipe.controller is not None else self.hedge_width
             if width:
-                branch_len = min(BRANCH_LEN, pipe.draft_limit or BRANCH_LEN)  # a branch keeps to the limit too
-                block = hedge(drafter, block, width, branch_len, committed=max(self.committed_end - drafting.start, 0))
+                block = hedge(drafter, block, width, self.branch_len,
+                              committed=max(self.committed_end - drafting.start, 0))
             sent_at = time.perf_counter()
             follows = more_follows(len(block.tokens), drafting.room, pipe.window)
             verifier.send(self.epoch, drafting.start, block, follows)
@@ -387,6 +394,7 @@ class _Decode:
             if controller is not None and self.guesses_are_trials:  # the drafts a live block held there
                 controller.observe_acceptance(len(guesses), right, first=first_draft)
         if controller is not None:
+            controller.observe_forward(self.verifier.last_forward_rows, self.verifier.last_forward_s)
             controller.observe_stale(len(committed), len(verdict.rebased), self.verifier.last_forward_s,
                                      trip_s=None if sent.early else time.perf_counter() - sent.sent_at,
                                      cloud_s=self.verifier.last_cloud_s, drafted=len(sent.block.tokens),
@@ -410,7 +418,8 @@ class _Decode:
         cloud_token = observe_verdict(
             controller, early=sent.early, wrong_guess=self.pipeline.hold, drafted=drafted, held=sent.size,
             accepted=verdict.accepted, trip_s=time.perf_counter() - sent.sent_at, draft_s=draft_s,
-            cloud_s=verifier.last_cloud_s, forward_s=verifier.last_forward_s, interval_s=interval_s,
+            cloud_s=verifier.last_cloud_s, forward_s=verifier.last_forward_s, forward_rows=verifier.last_forward_rows,
+            interval_s=interval_s,
             hedged=bool(sent.block.branches), gained=_branch_gain(verdict, committed), hedge_s=sent.hedge_s)
         if cloud_token and committed and self.pipeline.shadow_due():
             started = time.perf_counter()

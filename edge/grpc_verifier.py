@@ -62,6 +62,7 @@ class GrpcVerifier:
     block_log = _metered("block_log")
     last_cloud_s = _metered("last_cloud_s")
     last_forward_s = _metered("last_forward_s")
+    last_forward_rows = _metered("last_forward_rows")
 
     def __init__(
         self,
@@ -446,6 +447,7 @@ class GrpcVerifier:
             answers_first_position=opened.HasField("first_verdict"),
             max_branches=opened.max_branches,
             kept_early_block=kept,
+            row_tile=opened.row_tile,
         )
 
     # -- the stream ----------------------------------------------------------

@@ -53,6 +53,7 @@ class SessionTerms:
     answers_first_position: bool = False  # a verdict for the first position comes unasked (an empty block)
     max_branches: int = 0  # hedge branches a block may carry
     kept_early_block: bool = False  # the block drafted while the Open was in flight went out and fits these terms
+    row_tile: int = 0  # rows the verifier's forwards cost alike (Opened.row_tile; 0: not said)
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,7 @@ class VerifierConnection(Protocol):
     forwards: int  # target forwards the verifier reports for this session, prefill included
     last_cloud_s: float  # the cloud's own time for the last verdict received (its server_us)
     last_forward_s: float  # ... of that, the forward that answered it (its forward_us; 0: none, or not said)
+    last_forward_rows: int  # ... the session's rows in that forward (its forward_rows; 0: the same)
 
     def open(self, prompt: Sequence[int], params: SamplingParams, max_new_tokens: int, max_draft_len: int,
              early_block: Future | None = None) -> SessionTerms:

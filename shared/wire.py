@@ -232,9 +232,10 @@ def stop_reason_from_proto(value: int) -> StopReason:
     return _STOPS_BACK[value]
 
 
-def verdict_to_proto(verdict: Verdict, *, seconds: float = 0.0, forward_s: float = 0.0, forwards: int = 0) -> pb.Verdict:
+def verdict_to_proto(verdict: Verdict, *, seconds: float = 0.0, forward_s: float = 0.0, forward_rows: int = 0,
+                     forwards: int = 0) -> pb.Verdict:
     """``seconds``: cloud time on the block; ``forward_s``: the forward's alone (0: none ran for it);
-    ``forwards``: the session's forwards so far."""
+    ``forward_rows``: the session's rows in it (0: not said); ``forwards``: the session's forwards so far."""
     message = pb.Verdict(
         epoch=verdict.epoch,
         start_position=verdict.start_position,
@@ -244,6 +245,7 @@ def verdict_to_proto(verdict: Verdict, *, seconds: float = 0.0, forward_s: float
         stop_reason=stop_reason_to_proto(verdict.stop_reason),
         server_us=server_us(seconds),
         forward_us=server_us(forward_s),
+        forward_rows=forward_rows,
         forwards=forwards,
         branch=verdict.branch,
         branch_accepted=verdict.branch_accepted,

@@ -41,6 +41,7 @@ class LocalVerifier:
         self._verdicts: deque[Verdict] = deque()
         self.last_cloud_s = 0.0  # the last chain's verify time
         self.last_forward_s = 0.0  # ... the same: nothing waits here
+        self.last_forward_rows = 0  # the session's rows in the chain's forward (0: more than one ran)
 
     @property
     def forwards(self) -> int:
@@ -58,7 +59,8 @@ class LocalVerifier:
         if kept:
             self.send(0, len(prompt) + 1, *made)
         return SessionTerms(max_draft_len, self.max_blocks_in_flight, answers_first_position=True,
-                            max_branches=self.max_branches, kept_early_block=kept)
+                            max_branches=self.max_branches, kept_early_block=kept,
+                            row_tile=self.engine.rows_at_cost_of(1, params.reproducible) or 0)
 
     def send(self, epoch: int, start_position: int, block: DraftBlock, more_follows: bool) -> None:
         self._pending.append(PendingBlock(epoch, start_position, list(block.tokens), block.q, more_follows,
@@ -69,9 +71,10 @@ class LocalVerifier:
         while not self._verdicts:
             if not self._pending:
                 raise RuntimeError("receive() with no block awaiting a verdict")
-            started = time.perf_counter()
+            started, forwards = time.perf_counter(), self.session.forwards
             self._verdicts.extend(self.session.verify_chain(self._pending))
             self.last_cloud_s = self.last_forward_s = time.perf_counter() - started
+            self.last_forward_rows = self.session.last_step_rows if self.session.forwards == forwards + 1 else 0
         return self._verdicts.popleft()
 
     def ready(self) -> bool:

@@ -249,15 +249,16 @@ def test_hedges_are_tried_after_plain_blocks_and_kept_only_where_their_gain_beat
     against its extra seconds (branch drafting, a longer forward) at the predicted rate."""
     def measured(gained: int, hedge_s: float, hedged_forward_s: float) -> Controller:
         c = Controller(max_draft_len=4, window=2, cloud_window=16)
-        c.hedge_cap = 2
+        c.hedge_cap, c.branch_len = 2, 3
         widths = []
         for _ in range(16):
             c.plan()
             widths.append(c.hedge_width)
             c.observe_block(drafted=4, accepted=3, trip_s=0.2, draft_s=0.02, cloud_s=0.05,
                             forward_s=0.0 if c.hedge_width else 0.05)
+            c.observe_forward(5 + c.hedge_width * c.branch_len, hedged_forward_s if c.hedge_width else 0.05)
             if c.hedge_width:
-                c.observe_hedge(gained, hedge_s, hedged_forward_s)
+                c.observe_hedge(gained, hedge_s)
         assert widths == [0] * 8 + [2] * 8
         return c
 
@@ -267,7 +268,7 @@ def test_hedges_are_tried_after_plain_blocks_and_kept_only_where_their_gain_beat
     plan = cheap.plan()
     assert cheap.hedge_width == 2 and "hedge 2 of 2" in cheap.describe(plan)
     costly = measured(gained=1, hedge_s=0.04, hedged_forward_s=0.09)  # this CPU: rows and drafts cost
-    assert costly.hedge_extra_s() == pytest.approx(0.08)
+    assert 0.07 < costly.hedge_extra_s() <= 0.08  # branch drafting, and 5-6 rows of a 40-ms excess over 6
     plan = costly.plan()
     assert costly.hedge_width == 0 and "hedge 0 of 2" in costly.describe(plan)
     cheap.draft_len = 0  # the cloud decoding alone hedges nothing

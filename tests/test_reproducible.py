@@ -112,3 +112,28 @@ def test_a_free_shapes_verifier_refuses_a_reproducible_session(tiny_models, tiny
             assert len(fine.tokens) == 8
     finally:
         drafter.close()
+
+
+def test_the_verifier_says_its_row_tile_and_each_forward_s_rows(tiny_vocab, auto_engine, tiny_engine):
+    """``Opened.row_tile``: the rows a forward of the session costs alike (its products' tile where it is
+    reproducible, 1 where it runs free); ``Verdict.forward_rows``: the session's rows in the forward that
+    answered a block (the token the cache lacks and the drafts), for the edge's row-cost curve."""
+    from edge.drafter import DraftBlock
+
+    prompt = tiny_prompt(tiny_engine, "The cat sat on the mat.")
+    with BackgroundServer(auto_engine, ServerConfig(port=0)) as server:
+        for reproducible in (False, True):
+            link = link_for(server, tiny_vocab)
+            try:
+                terms = link.open(prompt, SamplingParams(mode=Mode.GREEDY, reproducible=reproducible),
+                                  max_new_tokens=16, max_draft_len=4)
+                assert terms.row_tile == auto_engine.rows_at_cost_of(1, reproducible)
+                first = link.receive()  # the first position, with the Opened: no forward of its own
+                drafts = [7, 8, 9]
+                link.send(first.epoch, len(prompt) + 1, DraftBlock(drafts), more_follows=False)
+                verdict = link.receive()
+                assert verdict.accepted < len(drafts) or verdict.token is not None
+                assert link.last_forward_rows == 1 + len(drafts) and link.last_forward_s > 0
+            finally:
+                link.close()
+    assert auto_engine.rows_at_cost_of(1, True) > 1  # (the tile differs between the two sessions)

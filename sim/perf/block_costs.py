@@ -67,6 +67,7 @@ class SimBlock:
     committed: int = 0
     accepted: int = 0
     forward_s: float = 0.0  # the forward that answered it (0: answered without one)
+    forward_rows: int = 0  # ... its rows
     done_at: float = 0.0  # ... its end at the cloud
     ends_chain: bool = False  # a correction
     stale: bool = False

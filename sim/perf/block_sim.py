@@ -88,6 +88,7 @@ class _Generation:
         control, costs = self.pipeline.controller, self.costs
         if block.stale:
             drafted = block.drafts + block.guesses
+            control.observe_forward(block.forward_rows, block.forward_s)
             control.observe_stale(block.committed, max(block.committed - 1, 0), block.forward_s,
                                   trip_s=None if block.early else block.verdict_at - block.sent_at,
                                   cloud_s=block.done_at - block.at_cloud, drafted=drafted, draft_s=drafted * costs.draft_s)
@@ -98,7 +99,8 @@ class _Generation:
         cloud_token = observe_verdict(
             control, early=block.early, wrong_guess=block.guess_wrong, drafted=block.drafts, held=block.size,
             accepted=block.accepted, trip_s=block.verdict_at - block.sent_at, draft_s=block.drafts * costs.draft_s,
-            cloud_s=block.done_at - block.at_cloud, forward_s=block.forward_s, interval_s=interval_s)
+            cloud_s=block.done_at - block.at_cloud, forward_s=block.forward_s, forward_rows=block.forward_rows,
+            interval_s=interval_s)
         if cloud_token and self.pipeline.shadow_due():
             alpha = costs.alpha[min(control.shadow_position, len(costs.alpha) - 1)]
             control.observe_shadow(self.rng.random() < alpha, costs.draft_s)

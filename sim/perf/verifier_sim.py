@@ -91,7 +91,7 @@ class VerifierSim:
             head.mismatch = self.rng.random() >= costs.token_guessed
             self.stale_decoded += head.committed
             self.stale_decodes.append(head)
-            self._ran(start, costs.stale_decode_s, [head])
+            self._ran(start, costs.stale_decode_s, [head], rows=1)
             return
         if head.chain != self.chain:  # a new chain: the tokens decoded under its guesses are skipped,
             head.drafts += max(head.guesses - self.stale_decoded, 0)  # its other guesses are drafts
@@ -107,7 +107,8 @@ class VerifierSim:
                 pending.extendleft(reversed(batch[i + 1:]))
                 del batch[i + 1:]
                 break
-        self._ran(start, costs.forward_s(sum(b.drafts for b in batch) + 1), batch)
+        rows = sum(b.drafts for b in batch) + 1
+        self._ran(start, costs.forward_s(rows), batch, rows)
         if not self.alive:
             self.corrected_at, self.stale_decoded, self.stale_decodes = self.free_at, 0, []
 
@@ -116,9 +117,9 @@ class VerifierSim:
         overrun = start + self.costs.stale_decode_s - (math.inf if due is None else due)
         return overrun <= 0 or (self.costs.stale_decode_overruns and stale_decode_overrun_pays(overrun, due - start, self.costs.alpha[0]))
 
-    def _ran(self, start: float, seconds: float, answered: list[SimBlock]) -> None:
+    def _ran(self, start: float, seconds: float, answered: list[SimBlock], rows: int) -> None:
         self.free_at = start + seconds
         self.busy_s += seconds
         for block in answered:
-            block.forward_s, block.done_at = seconds, self.free_at
+            block.forward_s, block.forward_rows, block.done_at = seconds, rows, self.free_at
             block.verdict_at = self.free_at + self.costs.rtt_s / 2 + self.costs.down_s
