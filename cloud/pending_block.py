@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from shared.sparse import SparseDist
 from shared.verdict import Verdict
 
-__all__ = ["PendingBlock", "BlockRejected", "ForgedDraft", "MAX_BRANCH_LEN", "check_block", "past", "stale_verdict",
+__all__ = ["PendingBlock", "BlockRejected", "ForgedDraft", "MAX_BRANCH_LEN", "check_block", "past", "rebased_verdict",
            "past_correction", "by_position"]
 
 # Tokens a hedge branch may hold: a guessed correction and a short continuation (the edge sends 3);
@@ -84,11 +84,13 @@ def past(block: PendingBlock, skip: int) -> PendingBlock:
     )
 
 
-def stale_verdict(verdict: Verdict, epoch: int, drafts: list[int]) -> Verdict:
-    """The verdict of a stale block of ``epoch`` from that of its forward over ``drafts`` (rebased):
-    the accepted drafts ride as ``rebased``, then the token (correction or bonus alike)."""
+def rebased_verdict(verdict: Verdict, epoch: int, drafts: list[int], *, stale: bool = True) -> Verdict:
+    """The verdict of a block of ``epoch`` whose forward verified ``drafts`` that were not its own, from
+    that forward's verdict: the accepted drafts ride as ``rebased``, then the token (correction or bonus
+    alike). A stale block's (``stale``: its own drafts are void; these are spare ones where they lie),
+    or an empty block's (the cloud decoding alone; these are its own proposals)."""
     return Verdict(epoch, verdict.start_position, 0, verdict.token, verdict.token is not None, verdict.done,
-                   verdict.stop_reason, stale=True, rebased=tuple(drafts[: verdict.accepted]),
+                   verdict.stop_reason, stale=stale, rebased=tuple(drafts[: verdict.accepted]),
                    rebased_verified=len(drafts))
 
 

@@ -14,7 +14,12 @@ usable block waits behind it and that forward would be over by the caller's
 ``stale_decode_deadline`` or its overrun pays
 (``cloud.next_block.stale_decode_overrun_pays``); in greedy and coupled modes
 that forward also verifies *rebased* drafts where they lie (rejection mode
-decodes the token alone: a draft's q̃ holds only on its own path). A block whose
+decodes the token alone: a draft's q̃ holds only on its own path). An empty
+block (the cloud decoding alone) gets the next token, and in greedy and coupled
+modes that forward also verifies drafts the cloud *proposes* itself from the
+committed tokens (``shared.lookup``), as many as the forward holds for the cost
+of the token alone (none in free shapes on a CPU); those accepted ride as the
+verdict's ``rebased``, before the token. A block whose
 first drafts guess tokens committed since is cut to the drafts past them.
 Blocks that break the protocol (an epoch ahead, a position outside the
 session's, too long, malformed branches, after the end) are refused with
@@ -48,10 +53,11 @@ from cloud.pending_block import (
     check_block,
     past,
     past_correction,
-    stale_verdict,
+    rebased_verdict,
 )
 from cloud.verify_torch import verify_block
 from shared import draft_audit
+from shared.lookup import lookup_continuation
 from shared.params import Mode, SamplingParams
 from shared.sparse import SparseDist
 from shared.stats import DecodeStats, Ewma
@@ -225,8 +231,8 @@ class VerifierSession:
                 del pending[0]
                 return [Verdict(front.epoch, len(self.tokens), 0, None, False, False, stale=True)]
             chain = [PendingBlock(self.epoch, len(self.tokens), self._rebased())]  # the next token, and drafts where they lie
-        else:
-            chain = [past(front, skip) if front.drafts else PendingBlock(self.epoch, len(self.tokens), [])]
+        else:  # (an empty block: the cloud decodes alone, with what it proposes itself)
+            chain = [past(front, skip) if front.drafts else PendingBlock(self.epoch, len(self.tokens), self._proposals())]
             position = chain[0].start_position + len(chain[0].drafts)
             for block in pending[1:]:
                 if not chain[-1].more_follows or block.epoch != self.epoch or block.start_position != position:
@@ -245,7 +251,7 @@ class VerifierSession:
             n = len(block.drafts)
             mine = branch_rows[first_branch : first_branch + len(block.branches)]
             verdict = self._verify_one(block, rows[offset : offset + n + 1], mine, rebased=skip is None,
-                                       surprise=surprise)
+                                       proposed=not front.drafts, surprise=surprise)
             verdicts.append(verdict)
             offset += n
             first_branch += len(block.branches)
@@ -254,11 +260,14 @@ class VerifierSession:
         self._settle(rows[offset] if verdicts[-1].is_deferred else None)
         del pending[: len(verdicts)]
         if skip is None:
-            verdicts = [stale_verdict(verdicts[0], front.epoch, chain[0].drafts)]
+            verdicts = [rebased_verdict(verdicts[0], front.epoch, chain[0].drafts)]
+        elif not front.drafts:
+            verdicts = [rebased_verdict(verdicts[0], front.epoch, chain[0].drafts, stale=False)]
+            self._spare = {}
         elif self.rebases:
             self._spare = past_correction(chain[len(verdicts) - 1], verdicts[-1])
         elapsed = time.perf_counter() - started
-        if (skip is None or not drafts) and self.forwards > self.stats.target_forwards:  # the next token, in a forward
+        if (skip is None or not front.drafts) and self.forwards > self.stats.target_forwards:  # the next token, in a forward
             self.one_token_s.add(elapsed)
         self.last_step_s = elapsed
         self.stats.target_forwards = self.forwards
@@ -306,6 +315,24 @@ class VerifierSession:
         while len(drafts) < most and len(self.tokens) + len(drafts) in self._spare:
             drafts.append(self._spare[len(self.tokens) + len(drafts)])
         return drafts
+
+    @property
+    def proposes(self) -> bool:
+        """Whether the forwards of the cloud decoding alone verify drafts it proposes itself: greedy and
+        coupled modes (a proposal has no q̃), for an edge that reads a live verdict's ``rebased``
+        (``Open.takes_rebased``; the service may turn it off: ``rebase_stale``)."""
+        return self.rebase_stale and self.params.mode is not Mode.REJECTION
+
+    def _proposals(self) -> list[int]:
+        """Drafts the cloud proposes for an empty block: what followed the latest earlier occurrence of
+        the committed tokens' last few (``shared.lookup``), as many as the forward holds for the cost of
+        the token alone (``TargetEngine.rows_at_cost_of``: none in free shapes on a CPU) and the token
+        limit leaves room for; none when a deferred row makes the token free of a forward."""
+        if not self.proposes or self._deferred is not None:
+            return []
+        free = self.engine.rows_at_cost_of(1, self.params.reproducible)
+        most = self.current_draft_limit if free is None else min(self.current_draft_limit, free - 1)
+        return lookup_continuation(self.tokens, min(most, self.max_new_tokens - self.generated - 1))
 
     def _decodes_stale(self, pending: list[PendingBlock], deadline: float | None) -> bool:
         """Whether the stale block at the front of ``pending`` gets the next token: the service decodes
@@ -390,9 +417,11 @@ class VerifierSession:
         return (torch.cat(parts) if len(parts) > 1 else parts[0]), branch_rows
 
     def _verify_one(self, block: PendingBlock, logits: torch.Tensor, branch_rows: list[torch.Tensor],
-                    rebased: bool = False, surprise: np.ndarray | None = None) -> Verdict:
+                    rebased: bool = False, proposed: bool = False, surprise: np.ndarray | None = None) -> Verdict:
         """Verify one block against its rows [n+1, V] (and its branches' rows) and commit what it decides.
-        ``surprise`` [n]: its drafts' audit scores (rejection mode, ``_check_sampled``).
+        ``rebased``: its drafts are a stale block's spare ones; ``proposed``: the cloud's own for an empty
+        block (neither corrects a block of the edge's). ``surprise`` [n]: its drafts' audit scores
+        (rejection mode, ``_check_sampled``).
 
         At a rejection whose correction is a branch's first token, the branch's
         later tokens are verified as drafts after it (its rows are the target's
@@ -449,6 +478,10 @@ class VerifierSession:
         )
         if rebased:  # a stale block's forward: no block of the edge's was corrected
             self.stats.record_stale(len(committed), accepted, len(drafts))
+            return verdict
+        if proposed:  # the cloud decoding alone, its own proposals verified on the way
+            self.stats.record_round(0, 0, len(committed))
+            self.stats.record_proposals(len(drafts), accepted)
             return verdict
         self.epoch = next_epoch(self.epoch, verdict)
         self.stats.record_round(len(drafts), accepted, len(committed))

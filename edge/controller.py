@@ -251,14 +251,15 @@ class Controller:
         self.draft_s_per_token.add(draft_s)
 
     def observe_cloud_token(self, trip_s: float, cloud_s: float, interval_s: float | None,
-                            forward_s: float = 0.0) -> None:
-        """A token the cloud decoded alone: its trip, the cloud's time on it (queueing included), the
-        forward's alone (0: not reported) and, in a full pipeline, the time since the previous such
-        token (the stretch's real rate)."""
+                            forward_s: float = 0.0, tokens: int = 1) -> None:
+        """A token the cloud decoded alone (``tokens`` > 1: after others it proposed itself and accepted
+        in the same forward): its trip, the cloud's time on it (queueing included), the forward's alone
+        (0: not reported) and, in a full pipeline, the time since the previous such verdict (the
+        stretch's real rate)."""
         self.network_s.add(max(trip_s - cloud_s, 0.0))
         _add_reported(self.one_token_s, forward_s)
         if interval_s is not None:
-            self.cloud_s_per_token.add(interval_s)
+            self.cloud_s_per_token.add(interval_s / max(tokens, 1))
 
     def shadows_every_token(self) -> bool:
         """While the cloud decodes alone, whether the drafter can afford a shadow proposal for every

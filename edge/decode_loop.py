@@ -407,6 +407,8 @@ class _Decode:
             self.stats.record_correction_guess(committed[verdict.accepted] == guesses[verdict.accepted])
         if branches:
             self.stats.record_hedges(len(branches), verdict.branch > 0, _branch_gain(verdict, committed))
+        if not sent.block.tokens and verdict.rebased_verified:  # the cloud decoding alone, its proposals on the way
+            self.stats.record_proposals(verdict.rebased_verified, len(verdict.rebased))
         self.stats.record_round(len(drafts), verdict.accepted, len(committed))
 
     def _observe(self, sent: _InFlight, drafted: int, verdict: Verdict, committed: list[int],
@@ -419,7 +421,7 @@ class _Decode:
             controller, early=sent.early, wrong_guess=self.pipeline.hold, drafted=drafted, held=sent.size,
             accepted=verdict.accepted, trip_s=time.perf_counter() - sent.sent_at, draft_s=draft_s,
             cloud_s=verifier.last_cloud_s, forward_s=verifier.last_forward_s, forward_rows=verifier.last_forward_rows,
-            interval_s=interval_s,
+            interval_s=interval_s, tokens=len(committed),
             hedged=bool(sent.block.branches), gained=_branch_gain(verdict, committed), hedge_s=sent.hedge_s)
         if cloud_token and committed and self.pipeline.shadow_due():
             started = time.perf_counter()
@@ -437,7 +439,7 @@ def _check_answers(verdict: Verdict, sent: _InFlight, skip: int, drafts: list[in
         or (not verdict.stale and sent.block.tokens
             and not _skips(sent, skip, generated[sent.start_position - prompt_len:]))
         or (verdict.stale and (verdict.accepted or verdict.branch))
-        or (verdict.rebased and not verdict.stale)
+        or (verdict.rebased and not verdict.stale and sent.block.tokens)  # (an empty block's: the cloud's proposals)
         or verdict.accepted > len(drafts)
         or (verdict.is_deferred and not sent.more_follows)
         or not _answers_branch(verdict, branches)

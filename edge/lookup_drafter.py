@@ -3,7 +3,7 @@ text repeats itself (code edits, quoting, multi-turn chats), the model's everywh
 
 ``LookupFirstDrafter(model)`` is a ``Drafter``. Each block starts with the
 continuation of the latest earlier occurrence of the sequence's last tokens
-(``edge.ngram_drafter.lookup_continuation`` over the prompt, the
+(``shared.lookup.lookup_continuation`` over the prompt, the
 conversation and everything generated or speculated so far) when there is
 one *and* lookup proposals have been accepted at least as often as the
 model's; the model drafts the rest of the block after them (llama.cpp reads
@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from edge.drafter import DraftBlock, common_prefix_length, one_hot_block
-from edge.ngram_drafter import lookup_continuation
+from shared.lookup import MAX_NGRAM, MIN_NGRAM, lookup_continuation
 from shared.params import SamplingParams
 
 __all__ = ["LookupFirstDrafter", "SourceAcceptance"]
@@ -65,7 +65,7 @@ class LookupFirstDrafter:
     module docstring). ``max_ngram`` / ``min_ngram``: the suffix lengths looked up, longest first (a
     one-token match predicts little, so the shortest is two by default)."""
 
-    def __init__(self, model, *, max_ngram: int = 4, min_ngram: int = 2) -> None:
+    def __init__(self, model, *, max_ngram: int = MAX_NGRAM, min_ngram: int = MIN_NGRAM) -> None:
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.model = model

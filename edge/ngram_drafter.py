@@ -5,25 +5,10 @@ inputs that repeat (code edits, extraction, summaries quoting the prompt).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from edge.drafter import DraftBlock, ModelFreeDrafter, one_hot_block
+from shared.lookup import lookup_continuation
 
-__all__ = ["NgramDrafter", "lookup_continuation"]
-
-
-def lookup_continuation(seq: Sequence[int], n: int, max_ngram: int, min_ngram: int) -> list[int]:
-    """Up to ``n`` tokens that followed the latest earlier occurrence of ``seq``'s last ``size`` tokens,
-    for the first ``size`` from ``max_ngram`` down to ``min_ngram`` that occurred before with a
-    non-empty continuation; [] when none did."""
-    if n <= 0:
-        return []
-    for size in range(min(max_ngram, len(seq) - 1), min_ngram - 1, -1):
-        suffix = list(seq[-size:])
-        for start in range(len(seq) - size - 1, -1, -1):  # latest first
-            if list(seq[start : start + size]) == suffix:
-                return list(seq[start + size : start + size + n])
-    return []
+__all__ = ["NgramDrafter"]
 
 
 class NgramDrafter(ModelFreeDrafter):

@@ -197,14 +197,15 @@ class Pipeline(Generic[F]):
 
 def observe_verdict(controller: Controller, *, early: bool, wrong_guess: bool, drafted: int, held: int,
                     accepted: int, trip_s: float, draft_s: float, cloud_s: float, forward_s: float,
-                    interval_s: float | None, forward_rows: int = 0, hedged: bool = False, gained: int = 0,
-                    hedge_s: float = 0.0) -> bool:
+                    interval_s: float | None, forward_rows: int = 0, tokens: int = 1, hedged: bool = False,
+                    gained: int = 0, hedge_s: float = 0.0) -> bool:
     """Feed ``controller`` what a live verdict measures; True when it answered a token the cloud decoded
     alone (a shadow proposal may be due: ``Pipeline.shadow_due``).
 
     ``drafted``: the block's drafts the verifier verified, of the ``held`` it held (0: empty);
     ``draft_s``: their drafting time; ``forward_rows``: the session's rows in the forward (a point of
-    the row-cost curve). The early block measures only its acceptance (its trip spans the prefill),
+    the row-cost curve); ``tokens``: what the verdict committed (an empty block's: the token, after
+    any the cloud proposed itself and accepted). The early block measures only its acceptance (its trip spans the prefill),
     and nothing when it was drafted on a wrong guess of the first token; a hedged block's forward is
     not the chain's (its branches' rows): it is a point of the curve, not of ``forward_s``."""
     if not early:
@@ -220,5 +221,5 @@ def observe_verdict(controller: Controller, *, early: bool, wrong_guess: bool, d
         return False
     if held:
         return False  # every draft was already committed: nothing measured
-    controller.observe_cloud_token(trip_s, cloud_s, interval_s, forward_s)
+    controller.observe_cloud_token(trip_s, cloud_s, interval_s, forward_s, tokens=tokens)
     return True

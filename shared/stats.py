@@ -59,6 +59,8 @@ class DecodeStats:
     stale_decoded: int = 0  # ... with a token the verifier decoded meanwhile (a forward each, but after a deferred bonus)
     rebased: int = 0  # ... drafts those forwards verified where they lay and accepted, before that token
     rebased_verified: int = 0  # ... drafts those forwards verified, accepted or not
+    proposed: int = 0  # drafts the cloud proposed itself while decoding alone (prompt lookup), verified
+    proposed_accepted: int = 0  # ... accepted (committed before the token decoded)
     stale_decode_guesses: int = 0  # stale blocks' tokens (decoded for them) that a chain's first block had guessed
     stale_decode_guesses_hit: int = 0  # ... right (else that block was void: the next one guessed again)
 
@@ -88,6 +90,12 @@ class DecodeStats:
         self.rebased += rebased
         self.rebased_verified += verified
         self.generated += committed
+
+    def record_proposals(self, verified: int, accepted: int) -> None:
+        """A forward for the cloud decoding alone verified ``verified`` drafts it proposed itself (in rows
+        that cost nothing more) and accepted ``accepted`` of them (counted in ``generated`` by the round)."""
+        self.proposed += verified
+        self.proposed_accepted += accepted
 
     def record_stale_decode_guess(self, hit: bool) -> None:
         """Tokens a stale block's verdict brought (decoded for it, after the rebased drafts) at
@@ -151,6 +159,8 @@ class DecodeStats:
             "stale_decoded": self.stale_decoded,
             "rebased": self.rebased,
             "rebased_verified": self.rebased_verified,
+            "proposed": self.proposed,
+            "proposed_accepted": self.proposed_accepted,
             "stale_decode_guesses": self.stale_decode_guesses,
             "stale_decode_guesses_hit": self.stale_decode_guesses_hit,
         }

@@ -37,7 +37,9 @@ class Verdict:
     ``start_position`` on (drafted past the correction), which that forward
     verified where they lie and accepted; they come before ``token``, which
     is at ``start_position + len(rebased)`` (``rebased_verified``: how many it
-    verified, accepted or not).
+    verified, accepted or not). On the verdict of an empty block (the cloud
+    decoding alone) ``rebased`` are drafts the cloud proposed itself from the
+    committed tokens and accepted, before ``token`` in the same way.
     ``draft_limit``: the verifier lowered the session's drafts per block
     (guesses included) to this, for its blocks of every later epoch (its
     client's rows commit next to nothing); 0 leaves the limit as opened.
@@ -72,7 +74,7 @@ class Verdict:
     def committed(self, drafts, branches=()) -> list[int]:
         """The tokens this verdict appends to the sequence (``branches``: the block's, as
         (at, tokens) pairs, when it had any), the drafts from ``start_position`` on."""
-        if self.stale:
+        if self.stale or not drafts:  # (an empty block's: the cloud's own proposals, then its token)
             return [int(t) for t in self.rebased] + ([] if self.token is None else [int(self.token)])
         out = [int(t) for t in drafts[: self.accepted]]
         if self.branch:

@@ -156,9 +156,9 @@ def greedy_continuation(engine, prompt: list[int], n: int = 40) -> list[int]:
 
     session = VerifierSession(engine, prompt, GREEDY, max_new_tokens=n + 24, max_draft_len=16)
     tokens = []
-    while len(tokens) < n:
-        tokens.append(session.verify(session.epoch, len(prompt) + len(tokens), []).token)
-    return tokens
+    while len(tokens) < n:  # (an empty block's verdict may bring tokens the verifier proposed itself first)
+        tokens.extend(session.verify(session.epoch, len(prompt) + len(tokens), []).committed([]))
+    return tokens[:n]
 
 
 def tiny_drafter(tiny_models, name: str = "drafter_noisy", n_ctx: int = 512):

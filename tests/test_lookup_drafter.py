@@ -8,7 +8,7 @@ from helpers import GREEDY, greedy_continuation, rejection_sampling, tiny_drafte
 
 from edge.drafter import ModelFreeDrafter, one_hot_block
 from edge.lookup_drafter import LookupFirstDrafter
-from edge.ngram_drafter import lookup_continuation
+from shared.lookup import lookup_continuation
 from shared.params import Mode, SamplingParams
 
 REPEATS = "the cat sat on the mat. the cat sat on the mat. the cat"
