@@ -214,6 +214,7 @@ def test_bench_serve_compares_the_split_with_the_fastest_cloud_only_on_the_same_
     direct = report["http"]["direct_tokens_per_s"]
     assert c["direct_over_fastest"] == pytest.approx(direct / c["fastest"]["tokens_per_s"])
     assert c["direct_over_reproducible"] == pytest.approx(direct / c["reproducible"]["tokens_per_s"])
-    assert all(t["identical"] for t in report["turns"])
+    assert all(t["identical"] for t in report["turns"]) and all(t["kept_tokens_per_s"] > 0 for t in report["turns"])
     text = format_serve_report(report)
+    assert report["lookup"] and "the drafter behind prompt lookup; kept arm median" in text
     assert f"vs {c['fastest']['tokens_per_s']:.2f} tok/s in free shapes, the fastest ({c['direct_over_fastest']:.2f}x)" in text

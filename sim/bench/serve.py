@@ -7,7 +7,9 @@ Three measurements in one run, on the same cloud cores, link and drafter:
   replies and prompts), once keeping the cloud session between turns and once
   opening a fresh session per turn (re-sending the whole history): per turn,
   prompt tokens, prompt tokens uploaded, the Open's bytes against the packed
-  size of the new tokens, time to first token; the replies must be identical;
+  size of the new tokens, time to first token, the kept arm's tokens/s; the
+  replies must be identical; the drafter is behind prompt lookup (``lookup``,
+  as ``edge serve`` runs it) unless told otherwise;
 - the HTTP layer: one prompt streamed through the OpenAI server (uvicorn,
   server-sent events) against the same generation called directly:
   tokens/s and time to first token;
@@ -50,7 +52,8 @@ QUESTIONS = [
 
 
 def run_serve_bench(*, scenario: str = "acespec-50k", turns: int = 10, max_tokens: int = 32, repeats: int = 3,
-                    target: str | None = None, drafter: str | None = None, progress=lambda line: None) -> dict[str, Any]:
+                    target: str | None = None, drafter: str | None = None, lookup: bool = True,
+                    progress=lambda line: None) -> dict[str, Any]:
     import httpx
 
     from cloud.models import resolve_target
@@ -68,8 +71,8 @@ def run_serve_bench(*, scenario: str = "acespec-50k", turns: int = 10, max_token
     link_scenario = load_scenario(scenario)
     edge_cores, cloud_cores = core_split()
     greedy = SamplingParams(mode=Mode.GREEDY)
-    report: dict[str, Any] = {"scenario": link_scenario.name, "turns": [], "http": {}}
-    draft = open_llama_drafter(drafter, n_threads=len(edge_cores) if edge_cores else 1)
+    report: dict[str, Any] = {"scenario": link_scenario.name, "lookup": lookup, "turns": [], "http": {}}
+    draft = open_llama_drafter(drafter, n_threads=len(edge_cores) if edge_cores else 1, lookup=lookup)
     try:
         with CloudProcess(str(resolve_target(target)), cloud_cores, extra_args=["--shapes", SPLIT_SHAPES]) as cloud, \
                 BackgroundLink(link_scenario.link, cloud.port) as link:
@@ -92,6 +95,7 @@ def run_serve_bench(*, scenario: str = "acespec-50k", turns: int = 10, max_token
                         "turn": turn + 1, "prompt_tokens": len(prompt), "tokens_sent": out.prompt_tokens_sent,
                         "open_bytes": out.prompt_bytes_up, "new_tokens_packed_bytes": len(codec.encode_tokens(
                             new, service.vocab.size).data), "ttft_s": out.ttft_s, "reply": out.text,
+                        "tokens_per_s": len(out.tokens) / out.wall_s if out.wall_s else 0.0,
                     })
                     held = [*prompt, *out.tokens]
                     messages.append({"role": "assistant", "content": out.text})
@@ -102,6 +106,7 @@ def run_serve_bench(*, scenario: str = "acespec-50k", turns: int = 10, max_token
                     "turn": kept["turn"], "prompt_tokens": kept["prompt_tokens"],
                     "kept_tokens_sent": kept["tokens_sent"], "kept_open_bytes": kept["open_bytes"],
                     "new_tokens_packed_bytes": kept["new_tokens_packed_bytes"], "kept_ttft_s": kept["ttft_s"],
+                    "kept_tokens_per_s": kept["tokens_per_s"],
                     "fresh_tokens_sent": fresh["tokens_sent"], "fresh_open_bytes": fresh["open_bytes"],
                     "fresh_ttft_s": fresh["ttft_s"], "identical": kept["reply"] == fresh["reply"],
                 })
@@ -194,11 +199,13 @@ def format_serve_report(report: dict[str, Any]) -> str:
 
     rows = [[t["turn"], t["prompt_tokens"], t["kept_tokens_sent"], t["kept_open_bytes"], t["new_tokens_packed_bytes"],
              f"{t['kept_ttft_s']:.2f}", t["fresh_tokens_sent"], t["fresh_open_bytes"], f"{t['fresh_ttft_s']:.2f}",
-             f"{t['fresh_ttft_s'] / max(t['kept_ttft_s'], 1e-9):.1f}x", "yes" if t["identical"] else "NO"]
+             f"{t['fresh_ttft_s'] / max(t['kept_ttft_s'], 1e-9):.1f}x", f"{t.get('kept_tokens_per_s', 0.0):.2f}",
+             "yes" if t["identical"] else "NO"]
             for t in report["turns"]]
     table = tabulate(rows, headers=["turn", "prompt tok", "kept: sent", "kept: Open B", "new tok packed B",
                                     "kept: TTFT s", "fresh: sent", "fresh: Open B", "fresh: TTFT s", "TTFT gain",
-                                    "identical"])
+                                    "kept: tok/s", "identical"])
+    speeds = [t["kept_tokens_per_s"] for t in report["turns"] if "kept_tokens_per_s" in t]
     h = report["http"]
     http = (f"HTTP (streamed) vs direct: {h['http_tokens_per_s']:.2f} vs {h['direct_tokens_per_s']:.2f} tok/s "
             f"({h['http_over_direct']:.3f}x), TTFT {h['http_ttft_s'] * 1e3:.0f} vs {h['direct_ttft_s'] * 1e3:.0f} ms "
@@ -211,8 +218,10 @@ def format_serve_report(report: dict[str, Any]) -> str:
                  f"{reproducible['tokens_per_s']:.2f} in {reproducible['shapes']} shapes, the reproducible "
                  f"({_times(c['direct_over_reproducible'])}); cloud-only TTFT {fastest['ttft_s'] * 1e3:.0f} / "
                  f"{reproducible['ttft_s'] * 1e3:.0f} ms, median of {fastest['repeats']}")
-    return (f"conversation on {report['scenario']} (split both ways: kept session vs a fresh session per turn):\n"
-            f"{table}\n\n{http}\n{yardstick}")
+    lookup = "behind prompt lookup" if report.get("lookup") else "alone (no prompt lookup)"
+    median = f"; kept arm median {statistics.median(speeds):.2f} tok/s over the turns" if speeds else ""
+    return (f"conversation on {report['scenario']} (split both ways: kept session vs a fresh session per turn; the "
+            f"drafter {lookup}{median}):\n{table}\n\n{http}\n{yardstick}")
 
 
 def _times(ratio: float | None) -> str:

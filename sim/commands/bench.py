@@ -150,6 +150,9 @@ def _add_serve(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--repeats", type=positive_int, default=3, help="HTTP vs direct repeats (default %(default)s)")
     serve.add_argument("--target", default=None, help="target folder or GGUF (default: Gemma 3 270M)")
     serve.add_argument("--drafter", default=None, help="drafter GGUF (default: Gemma 3 270M Q4_K_M)")
+    serve.add_argument("--lookup", action=argparse.BooleanOptionalAction, default=True,
+                       help="the drafter behind prompt lookup, as `edge serve` runs it by default (--no-lookup: the "
+                            "GGUF drafter alone; run both to see what lookup buys a conversation)")
     serve.add_argument("--json", action="store_true", help="print the result as JSON")
     serve.set_defaults(func=run_serve)
 
@@ -334,7 +337,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from sim.bench.serve import format_serve_report, run_serve_bench
 
     report = run_serve_bench(scenario=args.scenario, turns=args.turns, max_tokens=args.max_tokens,
-                             repeats=args.repeats, target=args.target, drafter=args.drafter,
+                             repeats=args.repeats, target=args.target, drafter=args.drafter, lookup=args.lookup,
                              progress=lambda line: print(line, file=sys.stderr, flush=True))
     print(json.dumps(report) if args.json else format_serve_report(report))
     return 0
