@@ -44,6 +44,10 @@ def load_document(servicer: VerifierServicer) -> dict:
         "verify_latency_p50_s": round(statistics.median(latencies), 4) if latencies else None,
         "verify_latency_p99_s": round(p99, 4) if p99 is not None else None,
         "suggested_max_draft_len": suggested_draft_len(limits.max_draft_len, len(table), limits.max_sessions),
+        # Rows a forward costs alike (``Opened.row_tile``), for a session as opened and a reproducible one
+        # (0: not said, an accelerator): where the fleet's edges may spend rows on longer blocks for free.
+        "row_tile": servicer.engine.rows_at_cost_of(1) or 0,
+        "row_tile_reproducible": servicer.engine.rows_at_cost_of(1, reproducible=True) or 0,
     }
 
 

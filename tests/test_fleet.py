@@ -147,6 +147,7 @@ def test_the_cloud_publishes_its_load_and_edges_follow_its_suggestion(broker, ti
     with BackgroundServer(tiny_engine, config):
         view = wait_for(lambda: watch_once(broker.url, 0.5)["clouds"].get("r1", {}).get("load"), what="load")
         assert view["suggested_max_draft_len"] == 16 and view["free_slots"] == 4
+        assert view["row_tile_reproducible"] >= view["row_tile"] >= 1  # a CPU verifier says its tiles
         fleet = EdgeFleet(broker.url, "follower", period_s=60).start()
         try:
             wait_for(lambda: fleet.suggested.get("r1"), what="the suggestion")

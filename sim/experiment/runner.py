@@ -134,6 +134,9 @@ def _aggregate(mode: str, draft_len: int, reports: list[EdgeReport], meters: lis
         "stale_decoded": sum(r.decode.stale_decoded for r in reports),
         "rebased_verified": sum(r.decode.rebased_verified for r in reports),
         "rebased_accepted": sum(r.decode.rebased for r in reports),
+        # drafts the cloud proposed itself while decoding alone (in rows its forward held anyway), and accepted
+        "proposed": sum(r.decode.proposed for r in reports),
+        "proposed_accepted": sum(r.decode.proposed_accepted for r in reports),
         "tokens": tokens,
         "tokens_per_s": tokens / wall if wall else 0.0,
         "per_prompt_tokens_per_s": per_prompt,
