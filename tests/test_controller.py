@@ -525,3 +525,11 @@ def test_a_drafter_whose_every_chain_goes_stale_is_still_measured_and_handed_to_
         c.observe_stale(1, 0, forward_s=0.25, trip_s=0.9, cloud_s=0.25, drafted=9, draft_s=0.45)
     assert c.predict_drafting(8) is not None and c.network_s.value == pytest.approx(0.65)
     assert c.plan().draft_len == 0
+
+
+def test_a_cloud_token_verdict_that_brought_the_cloud_s_own_proposals_prices_each_token():
+    """An empty block's verdict may commit drafts the cloud proposed itself before its token: the
+    stretch's rate is per token, not per verdict."""
+    c = Controller(max_draft_len=4, window=2, cloud_window=16)
+    c.observe_cloud_token(trip_s=0.3, cloud_s=0.1, interval_s=0.2, forward_s=0.1, tokens=2)
+    assert c.cloud_s_per_token.value == pytest.approx(0.1) and c.one_token_s.value == pytest.approx(0.1)
