@@ -123,3 +123,20 @@ def test_a_session_s_controller_hands_a_useless_drafter_to_the_cloud_and_keeps_a
     assert good.tokens_per_s > 2 * useless.tokens_per_s
     assert simulate_adaptive(costs, lambda: Controller(8, 4, 16), 64, seed=3) == simulate_adaptive(
         costs, lambda: Controller(8, 4, 16), 64, seed=3)
+
+
+def test_the_simulated_verdicts_feed_the_controller_s_row_cost_curve_as_the_edge_s_do():
+    """Each simulated forward is a point of the controller's row-cost curve at its rows (a block's drafts
+    and one more, every block of the chain there; one for a token alone), priced by ``forward_s`` (a stale
+    decode's by ``stale_decode_s``, here the same as one row's)."""
+    forward_s = lambda rows: 0.05 + 0.01 * (rows - 1)  # noqa: E731
+    controllers = []
+
+    def made() -> Controller:
+        controllers.append(Controller(8, 4, 16))
+        return controllers[-1]
+
+    simulate_adaptive(_costs(rtt_s=0.1, forward_s=forward_s, stale_decode_s=forward_s(1), alpha=[0.8]), made, 65,
+                      generations=1)
+    points = controllers[0].forward_cost.measured
+    assert len(points) >= 2 and all(seconds == pytest.approx(forward_s(rows)) for rows, seconds in points.items())
