@@ -193,11 +193,11 @@ class BlockStream(ServicePart):
                 committed = sum(committed_by(v) for v in verdicts)
                 ledger = self.scheduler.ledger
                 drafted_now, accepted_now = _verified_drafts(session)
-                ledger.record(entry.owner, rows=session.last_step_rows, committed=committed,
+                rows = session.last_step_rows - session.last_step_proposed  # (the cloud's own proposals: its rows)
+                ledger.record(entry.owner, rows=rows, committed=committed,
                               drafted=drafted_now - drafted, accepted=accepted_now - accepted)
                 capped = ledger.capped(entry.owner)
-                self.metrics.observe_client(entry.owner, rows=session.last_step_rows, committed=committed,
-                                            capped=capped)
+                self.metrics.observe_client(entry.owner, rows=rows, committed=committed, capped=capped)
                 if capped and self.limits.capped_draft_len and session.cap(self.limits.capped_draft_len):
                     log.info("session %s: its client (metrics bucket %s) has next to no drafts accepted: its blocks "
                              "are held to %d drafts", entry.session_id, client_bucket(entry.owner),

@@ -384,6 +384,11 @@ class TargetEngine:
             return None
         return self.head.padded_rows(rows, self.padding if self.pads(reproducible) else None)
 
+    def row_tile(self, reproducible: bool = False) -> int:
+        """What ``Opened.row_tile`` says: the rows a forward costs alike to one (``rows_at_cost_of(1)``),
+        0 on an accelerator (not said)."""
+        return self.rows_at_cost_of(1, reproducible) or 0
+
     def new_sequence(self) -> CachedSequence:
         return CachedSequence()
 

@@ -46,8 +46,8 @@ def load_document(servicer: VerifierServicer) -> dict:
         "suggested_max_draft_len": suggested_draft_len(limits.max_draft_len, len(table), limits.max_sessions),
         # Rows a forward costs alike (``Opened.row_tile``), for a session as opened and a reproducible one
         # (0: not said, an accelerator): where the fleet's edges may spend rows on longer blocks for free.
-        "row_tile": servicer.engine.rows_at_cost_of(1) or 0,
-        "row_tile_reproducible": servicer.engine.rows_at_cost_of(1, reproducible=True) or 0,
+        "row_tile": servicer.engine.row_tile(),
+        "row_tile_reproducible": servicer.engine.row_tile(reproducible=True),
     }
 
 

@@ -141,8 +141,9 @@ class Handshake(ServicePart):
         self.metrics.sessions_active.set(len(self.table))
 
     async def new_session(self, opened: OpenRequest, max_draft_len: int, owner: str,
-                          takes_rebased: bool = False) -> SessionEntry:
-        """``takes_rebased``: the edge reads stale verdicts' rebased drafts (``Open.takes_rebased``)."""
+                          takes_rebased: bool = False, takes_proposals: bool = False) -> SessionEntry:
+        """``takes_rebased``: the edge reads stale verdicts' rebased drafts (``Open.takes_rebased``);
+        ``takes_proposals``: and an empty block's, the cloud's own proposals (``Open.takes_proposals``)."""
         params, prompt, max_new_tokens = opened.params, opened.prompt, opened.max_new_tokens
         try:
             # Refuse before spending a prefill on a session that cannot be kept.
@@ -154,7 +155,7 @@ class Handshake(ServicePart):
                     self.engine, prompt, params, max_new_tokens=max_new_tokens,
                     max_draft_len=min(max_draft_len, self.limits.capped_draft_len) if capped else max_draft_len,
                     max_branches=self.max_branches, decode_stale=self.limits.decode_stale and not capped,
-                    rebase_stale=self.limits.rebase_stale and takes_rebased,
+                    rebase_stale=self.limits.rebase_stale and takes_rebased, propose=takes_proposals,
                     prefill=False, audit_drafts=self.limits.audit_drafts,
                 )
                 yield from session.prefill_steps()
@@ -204,14 +205,15 @@ class Handshake(ServicePart):
             max_blocks_in_flight=self.limits.max_blocks_in_flight,
             max_branches=session.max_branches,
             replica=self.replica,
-            row_tile=self.engine.rows_at_cost_of(1, session.params.reproducible) or 0,
+            row_tile=self.engine.row_tile(session.params.reproducible),
         )
 
     async def _open(self, request: pb.Open, owner: str, context) -> SessionEntry:
         opened = self.parse_request(request)
         self.check_mode(opened.params, context)
         max_draft_len = self._max_draft_len(request)
-        entry = await self.new_session(opened, max_draft_len, owner, takes_rebased=request.takes_rebased)
+        entry = await self.new_session(opened, max_draft_len, owner, takes_rebased=request.takes_rebased,
+                                       takes_proposals=request.takes_proposals)
         params = opened.params
         log.info(
             "session %s opened: %d prompt tokens, mode %s, T=%.2f, D<=%d, max %d new",

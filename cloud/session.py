@@ -18,8 +18,9 @@ decodes the token alone: a draft's q̃ holds only on its own path). An empty
 block (the cloud decoding alone) gets the next token, and in greedy and coupled
 modes that forward also verifies drafts the cloud *proposes* itself from the
 committed tokens (``shared.lookup``), as many as the forward holds for the cost
-of the token alone (none in free shapes on a CPU); those accepted ride as the
-verdict's ``rebased``, before the token. A block whose
+of the token alone (none in free shapes on a CPU), for an edge that takes them
+(``Open.takes_proposals``); those accepted ride as the verdict's ``rebased``,
+before the token. A block whose
 first drafts guess tokens committed since is cut to the drafts past them.
 Blocks that break the protocol (an epoch ahead, a position outside the
 session's, too long, malformed branches, after the end) are refused with
@@ -64,7 +65,14 @@ from shared.stats import DecodeStats, Ewma
 from shared.verdict import StopReason, Verdict
 from shared.wire import committed_skip, next_epoch
 
-__all__ = ["VerifierSession", "BlockRejected", "ForgedDraft", "PendingBlock", "MAX_BRANCH_LEN"]
+__all__ = ["VerifierSession", "BlockRejected", "ForgedDraft", "PendingBlock", "MAX_BRANCH_LEN", "MAX_FREE_DRAFTS"]
+
+# Drafts a forward for the next token verifies beside it on an accelerator (rebased ones or the cloud's own
+# proposals), where a decode forward is memory-bound up to tens of rows, so a few more cost next to nothing;
+# the cap bounds what each session alone with the cloud adds to a packed forward (on a CPU the row tile
+# says how many are free).
+MAX_FREE_DRAFTS = 8
+
 
 class VerifierSession:
     """Verifies blocks for one sequence. Not thread-safe: one caller at a time."""
@@ -80,6 +88,7 @@ class VerifierSession:
         max_branches: int = 0,
         decode_stale: bool = True,
         rebase_stale: bool = True,
+        propose: bool = False,
         prefill: bool = True,
         audit_drafts: bool = True,
     ) -> None:
@@ -88,7 +97,8 @@ class VerifierSession:
         ``decode_stale``: a stale block with no usable block pending behind it gets the next token
         decoded alone (False: it is answered empty, without a forward). ``rebase_stale``: that forward
         also verifies the drafts sent for the next positions past a correction (greedy and coupled).
-        ``audit_drafts``: rejection mode refuses drafts not sampled from their q̃ (``shared.draft_audit``;
+        ``propose``: the edge takes the cloud's own proposals on an empty block's verdict
+        (``Open.takes_proposals``; ``proposes``). ``audit_drafts``: rejection mode refuses drafts not sampled from their q̃ (``shared.draft_audit``;
         False only for tests' controls)."""
         _check_request(engine, prompt, max_new_tokens)
         self.engine = engine
@@ -101,6 +111,7 @@ class VerifierSession:
         self.max_branches = max_branches
         self.decode_stale = decode_stale
         self.rebase_stale = rebase_stale
+        self.propose = propose
         self.audit_drafts = audit_drafts
         self.surprise_cusum = 0.0  # the draft audit's CUSUM statistic, nats (rejection mode)
         self.audited = 0  # drafts the audit has scored
@@ -122,6 +133,7 @@ class VerifierSession:
         # The last verify step: the rows this session put in its forward (0: it ran none) and its
         # wall time, forward, verification and sampling included (the service's cost per step).
         self.last_step_rows = 0
+        self.last_step_proposed = 0  # ... of them, rows of drafts the cloud proposed itself (no client's)
         self.last_step_s = 0.0
         self.one_token_s = Ewma()  # seconds a forward for the next token takes (a stale block's: with rebased drafts)
         self._deferred: torch.Tensor | None = None
@@ -220,7 +232,7 @@ class VerifierSession:
             raise BlockRejected("the session's last turn failed half-way; reopen it")
         if not pending:
             return []
-        self.last_step_rows = 0
+        self.last_step_rows = self.last_step_proposed = 0
         front = pending[0]
         self._check(front)
         skip = self._overlap(front)
@@ -233,6 +245,7 @@ class VerifierSession:
             chain = [PendingBlock(self.epoch, len(self.tokens), self._rebased())]  # the next token, and drafts where they lie
         else:  # (an empty block: the cloud decodes alone, with what it proposes itself)
             chain = [past(front, skip) if front.drafts else PendingBlock(self.epoch, len(self.tokens), self._proposals())]
+            self.last_step_proposed = 0 if front.drafts else len(chain[0].drafts)
             position = chain[0].start_position + len(chain[0].drafts)
             for block in pending[1:]:
                 if not chain[-1].more_follows or block.epoch != self.epoch or block.start_position != position:
@@ -304,35 +317,38 @@ class VerifierSession:
 
     def _rebased(self) -> list[int]:
         """The spare drafts from the next position on, as many as lie there in a row, at most
-        ``max_draft_len`` and what the forward holds for the cost of the token alone
-        (``TargetEngine.rows_at_cost_of``); none when a deferred row makes the token free of a forward."""
+        ``_free_drafts`` (what the forward holds for the cost of the token alone); none when a deferred
+        row makes the token free of a forward."""
         self._spare = {p: t for p, t in self._spare.items() if p >= len(self.tokens)}
         if not self.rebases or self._deferred is not None:
             return []
-        free = self.engine.rows_at_cost_of(1, self.params.reproducible)
-        most = self.current_draft_limit if free is None else min(self.current_draft_limit, free - 1)
+        most = self._free_drafts()
         drafts = []
         while len(drafts) < most and len(self.tokens) + len(drafts) in self._spare:
             drafts.append(self._spare[len(self.tokens) + len(drafts)])
         return drafts
 
+    def _free_drafts(self) -> int:
+        """Drafts a forward for the next token may verify for about its cost: what its rows are padded
+        to anyway on a CPU (``TargetEngine.rows_at_cost_of``), ``MAX_FREE_DRAFTS`` on an accelerator,
+        within the session's draft limit."""
+        free = self.engine.rows_at_cost_of(1, self.params.reproducible)
+        return min(self.current_draft_limit, MAX_FREE_DRAFTS if free is None else free - 1)
+
     @property
     def proposes(self) -> bool:
         """Whether the forwards of the cloud decoding alone verify drafts it proposes itself: greedy and
-        coupled modes (a proposal has no q̃), for an edge that reads a live verdict's ``rebased``
-        (``Open.takes_rebased``; the service may turn it off: ``rebase_stale``)."""
-        return self.rebase_stale and self.params.mode is not Mode.REJECTION
+        coupled modes (a proposal has no q̃), for an edge that takes them (``Open.takes_proposals``)."""
+        return self.propose and self.params.mode is not Mode.REJECTION
 
     def _proposals(self) -> list[int]:
         """Drafts the cloud proposes for an empty block: what followed the latest earlier occurrence of
-        the committed tokens' last few (``shared.lookup``), as many as the forward holds for the cost of
-        the token alone (``TargetEngine.rows_at_cost_of``: none in free shapes on a CPU) and the token
-        limit leaves room for; none when a deferred row makes the token free of a forward."""
+        the committed tokens' last few (``shared.lookup``), as many as ``_free_drafts`` and the token
+        limit leave room for (none in free shapes on a CPU); none when a deferred row makes the token
+        free of a forward."""
         if not self.proposes or self._deferred is not None:
             return []
-        free = self.engine.rows_at_cost_of(1, self.params.reproducible)
-        most = self.current_draft_limit if free is None else min(self.current_draft_limit, free - 1)
-        return lookup_continuation(self.tokens, min(most, self.max_new_tokens - self.generated - 1))
+        return lookup_continuation(self.tokens, min(self._free_drafts(), self.max_new_tokens - self.generated - 1))
 
     def _decodes_stale(self, pending: list[PendingBlock], deadline: float | None) -> bool:
         """Whether the stale block at the front of ``pending`` gets the next token: the service decodes

@@ -263,6 +263,7 @@ class _Decode:
         pipe.draft_limit, pipe.draft_len = draft_limit, min(pipe.draft_len, draft_limit)
         if pipe.controller is not None:
             pipe.controller.cap(draft_limit)
+            pipe.controller.branch_len = self.branch_len
 
     def _settle_early(self) -> None:
         """Before the drafter is touched: the early block's thread is done, and forgotten unless it stands."""
@@ -348,6 +349,9 @@ class _Decode:
         branches = tuple((at - skip, tokens) for at, tokens in sent.block.branches if at >= skip)
         _check_answers(verdict, sent, skip, drafts, branches, self.generated, prompt_len)
         committed = verdict.committed(drafts, branches)
+        if len(self.generated) + len(committed) > self.max_new_tokens:  # (checked before anything is taken)
+            raise ProtocolError(f"verdict commits {len(committed)} tokens with {len(self.generated)} of "
+                                f"{self.max_new_tokens} already committed: past the token limit")
         if verdict.stale:
             self._record_stale(sent, verdict, committed_end, committed)
         else:

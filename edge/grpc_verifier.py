@@ -328,6 +328,7 @@ class GrpcVerifier:
             max_draft_len=self._max_draft_len,
             first_token=True,
             takes_rebased=True,
+            takes_proposals=self._max_draft_len > 0,
             **fields,
         )
 

@@ -63,8 +63,8 @@ class LinkMeter:
         its verdict needed no forward."""
         if verdict.stale:  # answered without its drafts: a token decoded (after rebased drafts), or no forward
             forward_tokens = verdict.rebased_verified + 1 if verdict.HasField("token") or verdict.rebased else 0
-        elif not sent.drafts:  # an empty block: one token, wherever it was asked for
-            forward_tokens = 1
+        elif not sent.drafts:  # an empty block: one token, wherever it was asked for, after the cloud's proposals
+            forward_tokens = verdict.rebased_verified + 1
         else:  # drafts before the verdict's start were already committed: not in the forward
             forward_tokens = sent.drafts + 1 - max(verdict.start_position - sent.start_position, 0)
         if forward_tokens:

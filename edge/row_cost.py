@@ -19,7 +19,11 @@ import math
 
 from shared.stats import Ewma
 
-__all__ = ["RowCost"]
+__all__ = ["RowCost", "MOST_ROWS"]
+
+# A session's rows in one forward are at most its blocks in flight times a block's drafts and branches (a
+# few hundred); a verifier's ``forward_rows`` past this is not believed (the curve stays a few points).
+MOST_ROWS = 4096
 
 
 class RowCost:
@@ -42,8 +46,8 @@ class RowCost:
 
     def observe(self, rows: int, seconds: float) -> None:
         """A forward of ``seconds`` that held ``rows`` of the session's rows (nothing when either is 0:
-        not reported)."""
-        if rows > 0 and seconds > 0:
+        not reported, or rows are past ``MOST_ROWS``)."""
+        if 0 < rows <= MOST_ROWS and seconds > 0:
             self._by_tiles.setdefault(self.tiles(rows), Ewma()).add(seconds)
 
     @property

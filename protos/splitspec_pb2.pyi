@@ -48,7 +48,7 @@ class Sampling(_message.Message):
     def __init__(self, mode: _Optional[_Union[Mode, str]] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., draft_top_k: _Optional[int] = ..., prob_bits: _Optional[int] = ..., reproducible: _Optional[bool] = ...) -> None: ...
 
 class Open(_message.Message):
-    __slots__ = ("vocab_fingerprint", "vocab_size", "sampling", "prompt", "prompt_compressed", "max_new_tokens", "max_draft_len", "resume_ticket", "committed_length", "first_token", "extend", "takes_rebased")
+    __slots__ = ("vocab_fingerprint", "vocab_size", "sampling", "prompt", "prompt_compressed", "max_new_tokens", "max_draft_len", "resume_ticket", "committed_length", "first_token", "extend", "takes_rebased", "takes_proposals")
     VOCAB_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -61,6 +61,7 @@ class Open(_message.Message):
     FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
     EXTEND_FIELD_NUMBER: _ClassVar[int]
     TAKES_REBASED_FIELD_NUMBER: _ClassVar[int]
+    TAKES_PROPOSALS_FIELD_NUMBER: _ClassVar[int]
     vocab_fingerprint: bytes
     vocab_size: int
     sampling: Sampling
@@ -73,7 +74,8 @@ class Open(_message.Message):
     first_token: bool
     extend: bool
     takes_rebased: bool
-    def __init__(self, vocab_fingerprint: _Optional[bytes] = ..., vocab_size: _Optional[int] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., prompt: _Optional[bytes] = ..., prompt_compressed: _Optional[bool] = ..., max_new_tokens: _Optional[int] = ..., max_draft_len: _Optional[int] = ..., resume_ticket: _Optional[bytes] = ..., committed_length: _Optional[int] = ..., first_token: _Optional[bool] = ..., extend: _Optional[bool] = ..., takes_rebased: _Optional[bool] = ...) -> None: ...
+    takes_proposals: bool
+    def __init__(self, vocab_fingerprint: _Optional[bytes] = ..., vocab_size: _Optional[int] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., prompt: _Optional[bytes] = ..., prompt_compressed: _Optional[bool] = ..., max_new_tokens: _Optional[int] = ..., max_draft_len: _Optional[int] = ..., resume_ticket: _Optional[bytes] = ..., committed_length: _Optional[int] = ..., first_token: _Optional[bool] = ..., extend: _Optional[bool] = ..., takes_rebased: _Optional[bool] = ..., takes_proposals: _Optional[bool] = ...) -> None: ...
 
 class Draft(_message.Message):
     __slots__ = ("epoch", "start_position", "payload", "compressed", "more_follows", "branches", "before_opened")

@@ -51,7 +51,7 @@ class LocalVerifier:
              early_block=None) -> SessionTerms:
         self.session = VerifierSession(
             self.engine, prompt, params, max_new_tokens=max_new_tokens, max_draft_len=max_draft_len,
-            max_branches=self.max_branches,
+            max_branches=self.max_branches, propose=max_draft_len > 0,
         )
         self._pending.append(PendingBlock(0, len(prompt), []))  # the first position, answered as the service does
         made = early_block.result() if early_block is not None else None
@@ -60,7 +60,7 @@ class LocalVerifier:
             self.send(0, len(prompt) + 1, *made)
         return SessionTerms(max_draft_len, self.max_blocks_in_flight, answers_first_position=True,
                             max_branches=self.max_branches, kept_early_block=kept,
-                            row_tile=self.engine.rows_at_cost_of(1, params.reproducible) or 0)
+                            row_tile=self.engine.row_tile(params.reproducible))
 
     def send(self, epoch: int, start_position: int, block: DraftBlock, more_follows: bool) -> None:
         self._pending.append(PendingBlock(epoch, start_position, list(block.tokens), block.q, more_follows,

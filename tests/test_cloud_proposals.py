@@ -24,9 +24,10 @@ TEXT = "We have 3 dogs and 12 cats!"
 N = 80
 
 
-def _alone(engine, prompt, params, n, **kwargs):
-    """``n`` tokens of the cloud decoding alone (an empty block at a time): (tokens, session)."""
-    session = VerifierSession(engine, prompt, params, max_new_tokens=n, max_draft_len=8, **kwargs)
+def _alone(engine, prompt, params, n, propose=True):
+    """``n`` tokens of the cloud decoding alone (an empty block at a time), for an edge that takes the
+    cloud's proposals (``propose``) or not: (tokens, session)."""
+    session = VerifierSession(engine, prompt, params, max_new_tokens=n, max_draft_len=8, propose=propose)
     tokens = []
     while not session.done:
         tokens.extend(session.verify(session.epoch, len(prompt) + len(tokens), []).committed([]))
@@ -40,7 +41,7 @@ def test_the_cloud_s_own_proposals_ride_in_free_rows_and_change_no_token(tiny_en
     tile = tiny_engine.rows_at_cost_of(1, reproducible=True)
     assert tile > 1  # (rows that cost nothing: where the proposals go)
     got, session = _alone(tiny_engine, prompt, params, N)
-    want, plain = _alone(tiny_engine, prompt, params, N, rebase_stale=False)  # the control: no proposals
+    want, plain = _alone(tiny_engine, prompt, params, N, propose=False)  # the control: no proposals
     assert plain.stats.proposed == 0 and plain.forwards == len(want)  # the prefill, then a forward a token past the first
     assert got == want and len(got) == N
     assert 0 < session.stats.proposed_accepted <= session.stats.proposed
@@ -75,7 +76,7 @@ def test_an_edge_takes_the_cloud_s_proposals_over_grpc_token_identically(tiny_mo
     the target's, to the token limit."""
     params = SamplingParams(mode=Mode.COUPLED, temperature=0.9, seed=2, reproducible=True)
     prompt = tiny_prompt(tiny_engine, TEXT)
-    want, _ = _alone(tiny_engine, prompt, params, N, rebase_stale=False)
+    want, _ = _alone(tiny_engine, prompt, params, N, propose=False)
     drafter = tiny_drafter(tiny_models)
     try:
         with BackgroundServer(tiny_engine, ServerConfig(port=0, limits=ServiceLimits(session_ttl_s=30))) as server:
@@ -85,3 +86,18 @@ def test_an_edge_takes_the_cloud_s_proposals_over_grpc_token_identically(tiny_mo
         drafter.close()
     assert got.tokens == want
     assert got.stats.proposed_accepted > 0 and got.stats.rounds < N
+
+
+def test_an_edge_that_drafts_nothing_is_proposed_nothing(tiny_models, tiny_vocab, tiny_engine):
+    """An edge that opens with no drafts per block (target-only decoding over the split protocol) does
+    not ask for proposals (``Open.takes_proposals``): it would refuse drafts it never allowed."""
+    params = SamplingParams(mode=Mode.GREEDY, reproducible=True)
+    prompt = tiny_prompt(tiny_engine, TEXT)
+    want, _ = _alone(tiny_engine, prompt, params, N, propose=False)
+    drafter = tiny_drafter(tiny_models)
+    try:
+        with BackgroundServer(tiny_engine, ServerConfig(port=0, limits=ServiceLimits(session_ttl_s=30))) as server:
+            got = run_decode(drafter, link_for(server, tiny_vocab), prompt, params, max_new_tokens=N, draft_len=0)
+    finally:
+        drafter.close()
+    assert got.tokens == want and got.stats.proposed == 0

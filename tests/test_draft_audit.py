@@ -350,6 +350,9 @@ def test_bench_service_prices_the_audit_in_rejection_mode():
     report = run_service_bench(sessions=2, max_new_tokens=16, mode="rejection")
     assert report["mode"] == "rejection" and report["unaudited_ms_per_round"] > 0
     # (What the audit costs is the benchmark's number, not this test's: a loaded machine moves it.)
-    assert math.isfinite(report["audit_cost"]) and "draft audit" in format_service_report(report)
+    # The cost is the ratio of the audited run's time a round to the unaudited run's (both measured here).
+    audited = report["loopback_grpc_ms_per_round"] / report["unaudited_ms_per_round"] - 1
+    assert math.isfinite(report["audit_cost"]) and report["audit_cost"] == pytest.approx(audited)
+    assert "draft audit" in format_service_report(report)
     with pytest.raises(ValueError, match="coupled or rejection"):
         run_service_bench(mode="greedy")

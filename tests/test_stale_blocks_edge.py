@@ -242,3 +242,42 @@ def test_the_edge_refuses_a_stale_verdict_with_bad_rebased_drafts(tiny_vocab, li
         link.close()
     finally:
         server.stop(0)
+
+
+def test_the_edge_refuses_a_verdict_that_commits_past_its_token_limit(tiny_models, tiny_vocab):
+    """A cloud (a real gRPC server) whose verdict brings more tokens than the generation has left (rebased
+    ones, or the cloud's own proposals on an empty block, before its token) ends the generation with an
+    error that says so, before any of them is taken."""
+    from concurrent import futures
+
+    from helpers import tiny_drafter
+
+    from edge.verifier_protocol import ProtocolError
+
+    vocab_size, prompt = tiny_vocab[0], [1, 2, 3]
+
+    class Hostile(pb_grpc.VerifierServicer):
+        def Decode(self, request_iterator, context):
+            next(request_iterator)  # the Open
+            first = pb.Verdict(epoch=0, start_position=len(prompt), token=7, bonus=True)
+            yield pb.CloudFrame(opened=pb.Opened(resume_ticket=b"t" * 16, vocab_size=vocab_size, max_draft_len=8,
+                                                 max_blocks_in_flight=4, first_verdict=first))
+            next(request_iterator)  # a block
+            yield pb.CloudFrame(verdict=pb.Verdict(epoch=0, start_position=len(prompt) + 1, stale=True, bonus=True,
+                                                   rebased=[4, 5, 6, 7], rebased_verified=4, token=8))
+            context.abort(grpc.StatusCode.CANCELLED, "done")
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    pb_grpc.add_VerifierServicer_to_server(Hostile(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    drafter = tiny_drafter(tiny_models)
+    taken = []
+    try:
+        link = GrpcVerifier(VerifierEndpoint(f"127.0.0.1:{port}", vocab_size, tiny_vocab[1]), outage_budget_s=0.5)
+        with pytest.raises(ProtocolError, match="past the token limit"):
+            run_decode(drafter, link, prompt, GREEDY, max_new_tokens=4, draft_len=4, on_tokens=taken.extend)
+        assert taken == [7]  # the first token; nothing of the refused verdict
+    finally:
+        drafter.close()
+        server.stop(0)
