@@ -4,6 +4,7 @@ verdict that could not be true; the output stays target-only's."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections import Counter, deque
 
@@ -202,12 +203,37 @@ def test_stale_decode_guess_is_judged_by_the_chain_s_first_block():
     assert not drafting.continues([0, 0, 8], prompt_len) and not drafting.continues([0, 0, 3, 4], prompt_len)
 
 
+@contextlib.contextmanager
+def _hostile_cloud(vocab, prompt, verdict: dict):
+    """A real gRPC server that opens a session (the first token, 7, with the Opened), answers the next block
+    with a stale verdict of ``verdict``'s fields, then aborts; yields an edge's link to it."""
+    from concurrent import futures
+
+    class Hostile(pb_grpc.VerifierServicer):
+        def Decode(self, request_iterator, context):
+            next(request_iterator)  # the Open
+            first = pb.Verdict(epoch=0, start_position=len(prompt), token=7, bonus=True)
+            yield pb.CloudFrame(opened=pb.Opened(resume_ticket=b"t" * 16, vocab_size=vocab[0], max_draft_len=8,
+                                                 max_blocks_in_flight=4, first_verdict=first))
+            next(request_iterator)  # a block
+            yield pb.CloudFrame(verdict=pb.Verdict(epoch=0, start_position=len(prompt) + 1, stale=True, bonus=True,
+                                                   **verdict))
+            context.abort(grpc.StatusCode.CANCELLED, "done")
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    pb_grpc.add_VerifierServicer_to_server(Hostile(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield GrpcVerifier(VerifierEndpoint(f"127.0.0.1:{port}", *vocab), outage_budget_s=0.5)
+    finally:
+        server.stop(0)
+
+
 @pytest.mark.parametrize("lie", ["id-outside-the-vocabulary", "more-rebased-than-verified", "no-token-after-them"])
 def test_the_edge_refuses_a_stale_verdict_with_bad_rebased_drafts(tiny_vocab, lie):
     """A cloud (a real gRPC server here) whose stale verdict carries impossible rebased drafts ends the
     generation with an error that says so, before anything of it is taken."""
-    from concurrent import futures
-
     vocab_size = tiny_vocab[0]
     prompt = [1, 2, 3]
     bad = {
@@ -215,24 +241,7 @@ def test_the_edge_refuses_a_stale_verdict_with_bad_rebased_drafts(tiny_vocab, li
         "more-rebased-than-verified": dict(rebased=[1, 2], rebased_verified=1, token=1),
         "no-token-after-them": dict(rebased=[1], rebased_verified=1),
     }[lie]
-
-    class Hostile(pb_grpc.VerifierServicer):
-        def Decode(self, request_iterator, context):
-            next(request_iterator)  # the Open
-            first = pb.Verdict(epoch=0, start_position=len(prompt), token=7, bonus=True)
-            yield pb.CloudFrame(opened=pb.Opened(resume_ticket=b"t" * 16, vocab_size=vocab_size, max_draft_len=8,
-                                                 max_blocks_in_flight=4, first_verdict=first))
-            next(request_iterator)  # a block
-            yield pb.CloudFrame(verdict=pb.Verdict(epoch=0, start_position=len(prompt) + 1, stale=True, bonus=True,
-                                                   **bad))
-            context.abort(grpc.StatusCode.CANCELLED, "done")
-
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    pb_grpc.add_VerifierServicer_to_server(Hostile(), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
-        link = GrpcVerifier(VerifierEndpoint(f"127.0.0.1:{port}", vocab_size, tiny_vocab[1]), outage_budget_s=0.5)
+    with _hostile_cloud(tiny_vocab, prompt, bad) as link:
         link.open(prompt, GREEDY, max_new_tokens=16, max_draft_len=8)
         assert link.receive().token == 7
         link.send(0, len(prompt) + 1, DraftBlock([4, 5]), False)
@@ -240,44 +249,22 @@ def test_the_edge_refuses_a_stale_verdict_with_bad_rebased_drafts(tiny_vocab, li
             link.receive()
         assert len(link.block_log) == 1  # the first verdict's: nothing was taken from the refused one
         link.close()
-    finally:
-        server.stop(0)
 
 
 def test_the_edge_refuses_a_verdict_that_commits_past_its_token_limit(tiny_models, tiny_vocab):
     """A cloud (a real gRPC server) whose verdict brings more tokens than the generation has left (rebased
     ones, or the cloud's own proposals on an empty block, before its token) ends the generation with an
     error that says so, before any of them is taken."""
-    from concurrent import futures
-
     from helpers import tiny_drafter
 
     from edge.verifier_protocol import ProtocolError
 
-    vocab_size, prompt = tiny_vocab[0], [1, 2, 3]
-
-    class Hostile(pb_grpc.VerifierServicer):
-        def Decode(self, request_iterator, context):
-            next(request_iterator)  # the Open
-            first = pb.Verdict(epoch=0, start_position=len(prompt), token=7, bonus=True)
-            yield pb.CloudFrame(opened=pb.Opened(resume_ticket=b"t" * 16, vocab_size=vocab_size, max_draft_len=8,
-                                                 max_blocks_in_flight=4, first_verdict=first))
-            next(request_iterator)  # a block
-            yield pb.CloudFrame(verdict=pb.Verdict(epoch=0, start_position=len(prompt) + 1, stale=True, bonus=True,
-                                                   rebased=[4, 5, 6, 7], rebased_verified=4, token=8))
-            context.abort(grpc.StatusCode.CANCELLED, "done")
-
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    pb_grpc.add_VerifierServicer_to_server(Hostile(), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
+    prompt, taken = [1, 2, 3], []
     drafter = tiny_drafter(tiny_models)
-    taken = []
     try:
-        link = GrpcVerifier(VerifierEndpoint(f"127.0.0.1:{port}", vocab_size, tiny_vocab[1]), outage_budget_s=0.5)
-        with pytest.raises(ProtocolError, match="past the token limit"):
-            run_decode(drafter, link, prompt, GREEDY, max_new_tokens=4, draft_len=4, on_tokens=taken.extend)
+        with _hostile_cloud(tiny_vocab, prompt, dict(rebased=[4, 5, 6, 7], rebased_verified=4, token=8)) as link:
+            with pytest.raises(ProtocolError, match="past the token limit"):
+                run_decode(drafter, link, prompt, GREEDY, max_new_tokens=4, draft_len=4, on_tokens=taken.extend)
         assert taken == [7]  # the first token; nothing of the refused verdict
     finally:
         drafter.close()
-        server.stop(0)
