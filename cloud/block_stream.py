@@ -190,10 +190,11 @@ class BlockStream(ServicePart):
             verdicts = yield from session.verify_chain_steps(pending, stale_decode_deadline)
             if session.last_step_rows:
                 self.metrics.observe_step(rows=session.last_step_rows, seconds=session.last_step_s)
-                committed = sum(committed_by(v) for v in verdicts)
+                # The cloud's own proposals are neither the client's rows nor its tokens.
+                committed = sum(committed_by(v) for v in verdicts) - session.last_step_proposals_taken
                 ledger = self.scheduler.ledger
                 drafted_now, accepted_now = _verified_drafts(session)
-                rows = session.last_step_rows - session.last_step_proposed  # (the cloud's own proposals: its rows)
+                rows = session.last_step_rows - session.last_step_proposed
                 ledger.record(entry.owner, rows=rows, committed=committed,
                               drafted=drafted_now - drafted, accepted=accepted_now - accepted)
                 capped = ledger.capped(entry.owner)

@@ -295,7 +295,8 @@ class Handshake(ServicePart):
             try:
                 await self.scheduler.run(
                     lambda: entry.session.extend_steps(kept, turn.prompt, turn.params,
-                                                       max_new_tokens=turn.max_new_tokens, max_draft_len=max_draft_len),
+                                                       max_new_tokens=turn.max_new_tokens, max_draft_len=max_draft_len,
+                                                       propose=request.takes_proposals),
                     entry.session,
                 )
             except ValueError as exc:

@@ -58,7 +58,7 @@ from cloud.pending_block import (
 )
 from cloud.verify_torch import verify_block
 from shared import draft_audit
-from shared.lookup import lookup_continuation
+from shared.lookup import WINDOW, lookup_continuation
 from shared.params import Mode, SamplingParams
 from shared.sparse import SparseDist
 from shared.stats import DecodeStats, Ewma
@@ -134,6 +134,7 @@ class VerifierSession:
         # wall time, forward, verification and sampling included (the service's cost per step).
         self.last_step_rows = 0
         self.last_step_proposed = 0  # ... of them, rows of drafts the cloud proposed itself (no client's)
+        self.last_step_proposals_taken = 0  # ... and how many of those it committed
         self.last_step_s = 0.0
         self.one_token_s = Ewma()  # seconds a forward for the next token takes (a stale block's: with rebased drafts)
         self._deferred: torch.Tensor | None = None
@@ -162,10 +163,12 @@ class VerifierSession:
                   self.engine)
 
     def extend_steps(
-        self, keep: int, tokens: Sequence[int], params: SamplingParams, *, max_new_tokens: int, max_draft_len: int
+        self, keep: int, tokens: Sequence[int], params: SamplingParams, *, max_new_tokens: int, max_draft_len: int,
+        propose: bool = False,
     ) -> Steps:
         """A new turn on this session's cache: keep the first ``keep`` committed tokens, append
-        ``tokens``, and decode anew (``params``, ``max_new_tokens``, ``max_draft_len``).
+        ``tokens``, and decode anew (``params``, ``max_new_tokens``, ``max_draft_len``, ``propose``: as
+        the turn's Open asks).
 
         The cache keeps what it holds of the first ``keep`` tokens; the rest is
         prefilled (its last row answers the first position, as after ``__init__``).
@@ -184,6 +187,7 @@ class VerifierSession:
             raise
         self.tokens, self.prompt_len = full, len(full)
         self.params, self.max_new_tokens, self.max_draft_len = params, max_new_tokens, max_draft_len
+        self.propose = propose
         self.draft_limit = 0  # a new turn starts from the limit it asked for (the caller may lower it again)
         self.epoch, self.done, self.stop_reason = 0, False, StopReason.NONE
         self._spare = {}
@@ -232,7 +236,7 @@ class VerifierSession:
             raise BlockRejected("the session's last turn failed half-way; reopen it")
         if not pending:
             return []
-        self.last_step_rows = self.last_step_proposed = 0
+        self.last_step_rows = self.last_step_proposed = self.last_step_proposals_taken = 0
         front = pending[0]
         self._check(front)
         skip = self._overlap(front)
@@ -276,6 +280,7 @@ class VerifierSession:
             verdicts = [rebased_verdict(verdicts[0], front.epoch, chain[0].drafts)]
         elif not front.drafts:
             verdicts = [rebased_verdict(verdicts[0], front.epoch, chain[0].drafts, stale=False)]
+            self.last_step_proposals_taken = len(verdicts[0].rebased)
             self._spare = {}
         elif self.rebases:
             self._spare = past_correction(chain[len(verdicts) - 1], verdicts[-1])
@@ -348,7 +353,8 @@ class VerifierSession:
         free of a forward."""
         if not self.proposes or self._deferred is not None:
             return []
-        return lookup_continuation(self.tokens, min(self._free_drafts(), self.max_new_tokens - self.generated - 1))
+        room = min(self._free_drafts(), self.max_new_tokens - self.generated - 1)
+        return lookup_continuation(self.tokens, room, window=WINDOW)
 
     def _decodes_stale(self, pending: list[PendingBlock], deadline: float | None) -> bool:
         """Whether the stale block at the front of ``pending`` gets the next token: the service decodes

@@ -101,3 +101,32 @@ def test_an_edge_that_drafts_nothing_is_proposed_nothing(tiny_models, tiny_vocab
     finally:
         drafter.close()
     assert got.tokens == want and got.stats.proposed == 0
+
+
+def test_a_conversation_s_next_turn_asks_for_proposals_afresh(tiny_models, tiny_vocab, tiny_engine):
+    """A turn that drafts, then one that drafts nothing, on the same cloud session: the second turn's Open
+    says it takes no proposals, and the cloud stops proposing (else the edge would refuse the verdict)."""
+    from edge.conversation import Conversation
+    from edge.endpoint import VerifierEndpoint
+
+    params = SamplingParams(mode=Mode.GREEDY, reproducible=True)
+    conversation, history = Conversation(), tiny_prompt(tiny_engine, TEXT)
+    drafter = tiny_drafter(tiny_models, n_ctx=1024)
+    try:
+        with BackgroundServer(tiny_engine, ServerConfig(port=0, limits=ServiceLimits(session_ttl_s=30))) as server:
+            for draft_len in (4, 0):
+                verifier = conversation.verifier(VerifierEndpoint(server.address, *tiny_vocab))
+                result = run_decode(drafter, verifier, history, params, max_new_tokens=N, draft_len=draft_len,
+                                    controller=CloudAlone() if draft_len else None)
+                conversation.record(verifier, history, result.tokens)
+                want, _ = _alone(tiny_engine, history, params, N, propose=False)
+                assert result.tokens == want, draft_len
+                if draft_len:
+                    assert result.stats.proposed > 0  # (the first turn took proposals)
+                else:
+                    _, control = _alone(tiny_engine, history, params, N)  # a session that proposes does, here
+                    assert control.stats.proposed > 0 and result.stats.proposed == 0
+                history = [*history, *result.tokens, *tiny_prompt(tiny_engine, TEXT)[1:]]
+            assert len(server.server.servicer.table) == 1  # one session carried both turns
+    finally:
+        drafter.close()

@@ -252,9 +252,9 @@ def test_the_edge_refuses_a_stale_verdict_with_bad_rebased_drafts(tiny_vocab, li
 
 
 def test_the_edge_refuses_a_verdict_that_commits_past_its_token_limit(tiny_models, tiny_vocab):
-    """A cloud (a real gRPC server) whose verdict brings more tokens than the generation has left (rebased
-    ones, or the cloud's own proposals on an empty block, before its token) ends the generation with an
-    error that says so, before any of them is taken."""
+    """A cloud (a real gRPC server) whose verdict brings more tokens than the generation has left (here a
+    stale verdict's rebased ones; an empty block's proposals go through the same check) ends the
+    generation with an error that says so, before any of them is taken."""
     from helpers import tiny_drafter
 
     from edge.verifier_protocol import ProtocolError
