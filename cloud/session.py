@@ -98,8 +98,8 @@ class VerifierSession:
         decoded alone (False: it is answered empty, without a forward). ``rebase_stale``: that forward
         also verifies the drafts sent for the next positions past a correction (greedy and coupled).
         ``propose``: the edge takes the cloud's own proposals on an empty block's verdict
-        (``Open.takes_proposals``; ``proposes``). ``audit_drafts``: rejection mode refuses drafts not sampled from their q̃ (``shared.draft_audit``;
-        False only for tests' controls)."""
+        (``Open.takes_proposals``; ``proposes``). ``audit_drafts``: rejection mode refuses drafts not
+        sampled from their q̃ (``shared.draft_audit``; False only for tests' controls)."""
         _check_request(engine, prompt, max_new_tokens)
         self.engine = engine
         self.params = params

@@ -205,15 +205,15 @@ def observe_verdict(controller: Controller, *, early: bool, wrong_guess: bool, d
     ``drafted``: the block's drafts the verifier verified, of the ``held`` it held (0: empty);
     ``draft_s``: their drafting time; ``forward_rows``: the session's rows in the forward (a point of
     the row-cost curve); ``tokens``: what the verdict committed (an empty block's: the token, after
-    any the cloud proposed itself and accepted). The early block measures only its acceptance (its trip spans the prefill),
-    and nothing when it was drafted on a wrong guess of the first token; a hedged block's forward is
-    not the chain's (its branches' rows): it is a point of the curve, not of ``forward_s``."""
-    if not early:
-        controller.observe_forward(forward_rows, forward_s)
+    any the cloud proposed itself and accepted). The early block measures only its acceptance (its
+    trip spans the prefill), and nothing when it was drafted on a wrong guess of the first token; a
+    hedged block's forward is not the chain's (its branches' rows): it is a point of the curve, not
+    of ``forward_s``."""
     if early:
         if not wrong_guess:
             controller.observe_acceptance(drafted, accepted)
         return False
+    controller.observe_forward(forward_rows, forward_s)
     if drafted:
         controller.observe_block(drafted, accepted, trip_s, draft_s, cloud_s, 0.0 if hedged else forward_s)
         if hedged:
