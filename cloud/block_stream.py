@@ -10,7 +10,8 @@ past the session's draft length, more than ``max_blocks_in_flight`` blocks
 waiting, or an idle stream is an ``Abort`` of this stream alone (an idle one
 parks its session). A session another stream
 has resumed is never verified here. Every verify is observed once, in
-``ServiceMetrics`` and the recent-latency windows. It opens no session and
+``ServiceMetrics`` and the recent-latency windows; ``hints`` are what a new
+stream's headers tell the edge (``shared.wire.StreamHints``). It opens no session and
 writes nothing to the stream (``cloud.handshake``, ``cloud.servicer``).
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import statistics
 import time
 from collections import deque
 from dataclasses import replace
@@ -35,7 +37,7 @@ from protos import splitspec_pb2 as pb
 from shared import codec
 from shared.stats import RoundRecord
 from shared.verdict import Verdict
-from shared.wire import MAX_EARLY_DRAFTS, message_wire_bytes, verdict_to_proto
+from shared.wire import MAX_EARLY_DRAFTS, StreamHints, message_wire_bytes, verdict_to_proto
 
 __all__ = ["Answered", "BlockStream", "CLOSE", "EOF", "read_frame", "verdict_message"]
 
@@ -43,6 +45,7 @@ log = logging.getLogger(__name__)
 
 EOF = object()  # the edge hung up without a Close: the session stays resumable
 CLOSE = object()  # the edge sent Close
+_TOKEN_TIME_WINDOW = 32  # tokens decoded alone that ``BlockStream.hints`` takes the median of
 
 
 class Answered(NamedTuple):
@@ -107,6 +110,14 @@ class BlockStream(ServicePart):
         # The latest per-verify service times outside the forward, seconds (for benchmarks and debugging).
         self.recent_overheads_s: deque[float] = deque(maxlen=10_000)
         self.recent_latencies_s: deque[float] = deque(maxlen=1_000)  # block arrival -> verdict, per chain
+        # Forward seconds per token of the latest tokens decoded alone (empty blocks: Generate, a cloud stretch).
+        self.recent_token_s: deque[float] = deque(maxlen=_TOKEN_TIME_WINDOW)
+
+    def hints(self) -> StreamHints:
+        """What a new stream's headers say: the median of the recent seconds per token decoded alone (0:
+        none decoded yet), and the blocks a session may have in flight."""
+        token_s = statistics.median(self.recent_token_s) if self.recent_token_s else 0.0
+        return StreamHints(token_s, self.limits.max_blocks_in_flight)
 
     # -- frames in ---------------------------------------------------------
     async def read_frames(self, context, frames: asyncio.Queue) -> None:
@@ -238,6 +249,8 @@ class BlockStream(ServicePart):
             seconds = now - arrived
             out.append(Answered(verdict, seconds, forward_s, forward_rows))
             if i == 0:  # the chain shared one forward: its cost and overhead go to its first block
+                if forwards == 1 and not drafts and not verdict.stale and committed_by(verdict):  # decoded alone
+                    self.recent_token_s.append(forward_s / committed_by(verdict))
                 overhead = max(seconds - forward_s, 0.0)
                 self.recent_overheads_s.append(overhead)
                 self.recent_latencies_s.append(seconds)

@@ -97,8 +97,9 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         finished = False
         try:
             # Answer the headers now: an edge may open its stream ahead of the prompt
-            # (``GrpcVerifier.connect(stream=True)``); the Opened then travels without them.
-            await context.send_initial_metadata(())
+            # (``GrpcVerifier.connect(stream=True)``); the Opened then travels without them, and the edge
+            # times the round trip and reads the hints before its Open.
+            await context.send_initial_metadata(self.blocks.hints().to_metadata())
             first = await read_frame(context, self.limits.open_timeout_s)
             if first is grpc.aio.EOF:
                 return

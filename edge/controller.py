@@ -31,7 +31,7 @@ from shared.acceptance import pipelined_chain
 from shared.stats import Ewma
 
 __all__ = ["Controller", "Plan", "AcceptanceEstimate", "controller_for", "CLOUD_WINDOW", "SHRINK_STRENGTH",
-           "REPLAN_TOKENS", "SHADOW_EVERY"]
+           "REPLAN_TOKENS", "SHADOW_EVERY", "START_CHAIN_TOKENS"]
 
 CLOUD_WINDOW = 16  # empty blocks in flight while the cloud decodes alone (the verifier may allow fewer)
 REPLAN_TOKENS = 8  # within a cloud stretch or a chain, the decode loop asks for a plan again every this many tokens
@@ -49,6 +49,11 @@ _MIN_WINDOW = 2  # blocks in flight the controller chooses at least (it never go
 # measured runs, starting at the cap cost weak drafters 1-10% (docs/history.md).
 _START_DRAFT_LEN = 4
 _HEDGE_PROBE_BLOCKS = 8  # blocks measured without hedges, then with them, before hedging is weighed
+# A session starts with the cloud decoding alone where one round trip costs more of its tokens than a good
+# drafter's chain commits between corrections, 1 / (1 - α) at α 0.85 (the default drafter's measured rate):
+# every correction costs a drafting chain a round trip, and the cloud alone pays none, so no drafting start
+# keeps pace there (docs/pipelining.md, the start; a drafter that does is still found by the shadow proposals).
+START_CHAIN_TOKENS = 1 / (1 - 0.85)
 
 
 def controller_for(schedule: str, max_draft_len: int, window: int) -> Controller | None:
@@ -175,6 +180,20 @@ class Controller:
             estimate.value = value
         return controller
 
+    # -- the start -------------------------------------------------------
+    def start(self, round_trip_s: float, token_s: float) -> Plan | None:
+        """Before the Open, from a round trip measured with no cloud work in it and the cloud's hint of
+        its seconds per token decoding alone (0: not known): the cloud alone from the first token, where
+        a round trip and a token cost more tokens of the cloud's alone than ``START_CHAIN_TOKENS`` (then
+        both seed the estimates, and the plan is returned); else None, and the session starts
+        drafting as it would without them."""
+        if token_s <= 0 or round_trip_s <= 0 or (round_trip_s + token_s) / token_s < START_CHAIN_TOKENS:
+            return None
+        self.network_s.add(round_trip_s)
+        self.cloud_s_per_token.add(token_s)
+        self.draft_len = 0
+        return Plan(0, self.cloud_window, self.predict_cloud())
+
     # -- what the loop measured ------------------------------------------
     def observe_block(self, drafted: int, accepted: int, trip_s: float, draft_s: float, cloud_s: float = 0.0,
                       forward_s: float = 0.0) -> None:
@@ -250,13 +269,14 @@ class Controller:
         self._shadow_run = position + 1 if hit and position + 1 < self.max_draft_len else 0
         self.draft_s_per_token.add(draft_s)
 
-    def observe_cloud_token(self, trip_s: float, cloud_s: float, interval_s: float | None,
+    def observe_cloud_token(self, trip_s: float | None, cloud_s: float, interval_s: float | None,
                             forward_s: float = 0.0, tokens: int = 1) -> None:
         """A token the cloud decoded alone (``tokens`` > 1: after others it proposed itself and accepted
-        in the same forward): its trip, the cloud's time on it (queueing included), the forward's alone
-        (0: not reported) and, in a full pipeline, the time since the previous such verdict (the
-        stretch's real rate)."""
-        self.network_s.add(max(trip_s - cloud_s, 0.0))
+        in the same forward): its trip (None: not a measurement, as one sent behind the Open), the
+        cloud's time on it (queueing included), the forward's alone (0: not reported) and, in a full
+        pipeline, the time since the previous such verdict (the stretch's real rate)."""
+        if trip_s is not None:
+            self.network_s.add(max(trip_s - cloud_s, 0.0))
         _add_reported(self.one_token_s, forward_s)
         if interval_s is not None:
             self.cloud_s_per_token.add(interval_s / max(tokens, 1))

@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
-from edge.controller import Controller
+from edge.controller import Controller, Plan
 from edge.drafter import DraftBlock, Drafter, common_prefix_length
 from edge.early_block import EARLY_DRAFT_LEN, EarlyBlock
 from edge.hedging import BRANCH_LEN, hedge
@@ -104,7 +104,7 @@ class _InFlight:
     draft_s: float = 0.0  # drafting time of this block's drafts
     hedge_s: float = 0.0  # ... and of its hedge branches
     first: bool = False  # the first position, answered with the Open (not a measurement)
-    early: bool = False  # sent before the Opened: its trip spans the prefill (only its acceptance is a measurement)
+    early: bool = False  # sent before the Opened: its trip spans the prefill (not a measurement)
     void: bool = False  # drafted past a token the verifier did not commit: likely answered stale (any verdict is taken)
 
     @property
@@ -183,14 +183,17 @@ class _Decode:
     def run(self) -> GenerationResult:
         # While the prefill runs, the first block is drafted on a thread (lock-step keeps one block at a
         # time: none); the connection sends it if it is ready before the Opened (``edge.early_block``).
+        # Where the round trip is long for the cloud's pace, the cloud decodes alone from the start: empty
+        # blocks go right behind the Open instead (``head_start``).
         pipe, room = self.pipeline, self.max_new_tokens - 2  # the first token, then the correction or bonus
-        if pipe.draft_len > 0 and pipe.window >= 2 and room >= 1:
+        head_start = self._head_start()
+        if not head_start and pipe.draft_len > 0 and pipe.window >= 2 and room >= 1:
             draft_len = min(pipe.draft_len, room, EARLY_DRAFT_LEN)
             self.early = EarlyBlock(self.drafter, self.prompt, self.params, draft_len, room)
         else:
             self.drafter.begin(self.prompt, self.params)
         try:
-            self._open()
+            self._open(head_start)
             while not self._step():
                 pass
             self.stats.wall_s = time.perf_counter() - self.started  # tearing the session down is not generation time
@@ -212,12 +215,26 @@ class _Decode:
         self.stats.target_forwards = self.verifier.forwards
         return GenerationResult(self.generated, self.stop, self.stats, self.ttft)
 
-    def _open(self) -> None:
+    def _head_start(self) -> int:
+        """Empty blocks to send behind the Open: none, unless the controller starts the session with the
+        cloud alone on what the connection measured of the link (``Controller.start``); then a window of
+        them, within the verifier's hint of blocks in flight and the token limit."""
+        controller, hint = self.pipeline.controller, self.verifier.link_hint
+        if controller is None or hint is None or self.pipeline.draft_len == 0:
+            return 0
+        plan = controller.start(hint.round_trip_s, hint.token_s)
+        if plan is None:
+            return 0
+        log.debug("the cloud decodes alone from the start: %s", controller.describe(plan))
+        return max(min(plan.window, hint.max_blocks_in_flight or 1, self.max_new_tokens - 1), 0)
+
+    def _open(self, head_start: int) -> None:
         pipe, early = self.pipeline, self.early
         # A block after a correction carries a guess for each void block in flight: room for window - 1 more.
         max_draft_len = pipe.draft_len + pipe.window - 1 if pipe.draft_len else 0
+        opening = time.perf_counter()
         terms = self.verifier.open(self.prompt, self.params, self.max_new_tokens, max_draft_len,
-                                   early_block=early and early.future)
+                                   early_block=early and early.future, head_start=head_start)
         self._adopt(terms)
         if terms.answers_first_position:  # the first token comes right after the prefill
             self._expect_first_position()
@@ -225,6 +242,8 @@ class _Decode:
                 self.kept_early, self.early_guess = True, early.guess
                 pipe.sent(_InFlight(self.epoch, len(self.prompt) + 1, early.block, early.more_follows, early.sent_at,
                                     early.draft_s, early=True))
+            for i in range(terms.head_start):
+                pipe.sent(_InFlight(self.epoch, len(self.prompt) + 1 + i, DraftBlock([]), False, opening, early=True))
 
     def _expect_first_position(self) -> None:
         self.pipeline.sent(_InFlight(self.epoch, self.committed_end, DraftBlock([]), False, time.perf_counter(),
@@ -244,7 +263,10 @@ class _Decode:
             controller.set_row_tile(terms.row_tile)
             controller.window = min(controller.window, terms.max_blocks_in_flight)
             controller.cloud_window = min(controller.cloud_window, terms.max_blocks_in_flight)
-            pipe.window = controller.drafting_window  # its choice (two until it has measured): the first chain too
+            if controller.draft_len == 0:  # the cloud decodes alone (from the start, or when the link broke)
+                pipe.follow(Plan(0, controller.cloud_window, None))
+            else:
+                pipe.window = controller.drafting_window  # its choice (two until it has measured): the first chain too
         else:
             pipe.controller = None
 

@@ -82,18 +82,20 @@ class DecodeStream:
         )
         self._reader.start()
 
-    def wait_for_headers(self, timeout_s: float) -> bool:
-        """Whether the cloud answered the current call's headers (or ended it) within ``timeout_s``."""
+    def wait_for_headers(self, timeout_s: float) -> tuple | None:
+        """The cloud's answer to the current call's headers (its response metadata; empty when the call
+        ended instead), or None when none came within ``timeout_s``."""
         answered = threading.Event()
         call = self.call
+        headers: list = [()]
 
         def wait() -> None:  # (returns on the headers or when the call ends)
             with contextlib.suppress(grpc.RpcError):
-                call.initial_metadata()
+                headers[0] = tuple(call.initial_metadata() or ())
             answered.set()
 
         threading.Thread(target=wait, name="edge-stream-headers", daemon=True).start()
-        return answered.wait(timeout_s)
+        return headers[0] if answered.wait(timeout_s) else None
 
     def send(self, frame: pb.EdgeFrame) -> None:
         self._started = None  # the stream is in use

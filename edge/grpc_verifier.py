@@ -31,12 +31,19 @@ from edge.drafter import DraftBlock, common_prefix_length
 from edge.endpoint import VerifierEndpoint
 from edge.link_meter import LinkMeter, SentBlock
 from edge.report import Recovery
-from edge.verifier_protocol import LinkLost, Resumption, SessionTerms, VerifierError
+from edge.verifier_protocol import LinkHint, LinkLost, Resumption, SessionTerms, VerifierError
 from protos import splitspec_pb2 as pb
 from shared import codec
 from shared.params import SamplingParams
 from shared.verdict import StopReason, Verdict
-from shared.wire import message_wire_bytes, sampling_to_proto, session_id_of, stop_reason_from_proto, verdict_from_proto
+from shared.wire import (
+    StreamHints,
+    message_wire_bytes,
+    sampling_to_proto,
+    session_id_of,
+    stop_reason_from_proto,
+    verdict_from_proto,
+)
 
 __all__ = ["GrpcVerifier"]
 
@@ -114,6 +121,8 @@ class GrpcVerifier:
         self._early_lock = threading.Lock()
         self._early_sent: SentBlock | None = None  # the early block, once sent
         self._early_attempt: object | None = None  # the Open whose early block may still go (until its Opened)
+        self._head_start = 0  # while opening: empty blocks to send behind the Open (``open``)
+        self.link_hint: LinkHint | None = None  # measured by ``connect(stream=True)``
 
     # -- VerifierConnection ------------------------------------------------------
     def connect(self, *, stream: bool = False) -> None:
@@ -123,21 +132,30 @@ class GrpcVerifier:
         cloud to answer its headers, so that ``open`` sends the Open alone: gRPC writes a stream's
         headers apart from its first message, and on a thin link that extra segment delays the
         first token (about 10 ms at 50 kbit/s). A stream unused for ``STREAM_MAX_IDLE_S`` is
-        replaced on ``open`` (the cloud ends one that sends nothing for ``--open-timeout``)."""
+        replaced on ``open`` (the cloud ends one that sends nothing for ``--open-timeout``). The
+        headers' answer is timed, a round trip with no cloud work in it, and read for the cloud's
+        hints (``shared.wire.StreamHints``): ``link_hint``."""
         if not self._connected:
             wait_ready(self._channel, self.endpoint.address, self.endpoint.connect_timeout_s)
             self._connected = True
         if stream and not self._stream.is_fresh():
+            started = time.perf_counter()
             self._restart_call()
-            if not self._stream.wait_for_headers(STREAM_ANSWER_S):  # a verifier that answers them with its Opened
+            headers = self._stream.wait_for_headers(STREAM_ANSWER_S)
+            if headers is None:  # a verifier that answers them with its Opened
                 log.debug("the cloud did not answer the stream's headers within %.0f s; going on", STREAM_ANSWER_S)
+            elif headers:  # (empty: the call ended instead)
+                hints = StreamHints.from_metadata(headers)
+                self.link_hint = LinkHint(time.perf_counter() - started, hints.token_s, hints.max_blocks_in_flight)
+                log.debug("round trip %.0f ms before the Open; the cloud decodes alone at %.0f ms a token",
+                          self.link_hint.round_trip_s * 1e3, hints.token_s * 1e3)
 
     def open(self, prompt: Sequence[int], params: SamplingParams, max_new_tokens: int, max_draft_len: int,
-             early_block=None) -> SessionTerms:
+             early_block=None, head_start: int = 0) -> SessionTerms:
         self.connect()
         self._params, self._prompt_len = params, len(prompt)
         self._max_new_tokens, self._max_draft_len = max_new_tokens, max_draft_len
-        self._early_block = early_block
+        self._early_block, self._head_start = early_block, head_start
         started = time.perf_counter()
         try:
             if self._continue_from is not None:
@@ -148,7 +166,7 @@ class GrpcVerifier:
             self._lost_at = started
             terms = self.resume(prompt).terms
         finally:
-            self._early_block = None
+            self._early_block, self._head_start = None, 0
         self.open_s = time.perf_counter() - started
         if self._first_verdict is not None:
             self.first_token_cloud_s = self._first_verdict.server_us * 1e-6
@@ -304,6 +322,7 @@ class GrpcVerifier:
         self._stream.send(pb.EdgeFrame(open=self._open_message(committed, len(committed) - self._prompt_len)))
         self.prompt_tokens_sent += len(committed)
         self._send_early_block(len(committed) + 1)
+        head_start = self._send_head_start(len(committed) + 1)
         opened = self._opened()
         self._forwards_offset = self.forwards if reopening else 0
         self.forwards = self._forwards_offset + opened.forwards
@@ -313,7 +332,7 @@ class GrpcVerifier:
         )
         if self._first_verdict is not None:  # as if an empty block went up with the Open
             self._in_flight.appendleft(SentBlock(started, len(committed), 0, 0))
-        return Resumption(self._terms(opened, self._early_sent), epoch=0, missed=[], reopened=reopening)
+        return Resumption(self._terms(opened, self._early_sent, head_start), epoch=0, missed=[], reopened=reopening)
 
     def _open_message(self, tokens: Sequence[int], generated: int, **fields) -> pb.Open:
         """An Open carrying ``tokens`` as its prompt, ``generated`` tokens of the budget spent."""
@@ -346,6 +365,7 @@ class GrpcVerifier:
         self._stream.send(pb.EdgeFrame(open=self._open_message(prompt[keep:], 0, resume_ticket=ticket,
                                                                committed_length=keep, extend=True)))
         self._send_early_block(len(prompt) + 1)
+        head_start = self._send_head_start(len(prompt) + 1)
         try:
             opened = self._opened()
         except VerifierError as exc:
@@ -362,7 +382,7 @@ class GrpcVerifier:
         log.info("session %s continued: %d tokens kept, %d sent", self.session_id, keep, len(prompt) - keep)
         if self._first_verdict is not None:
             self._in_flight.appendleft(SentBlock(started, len(prompt), 0, 0))
-        return Resumption(self._terms(opened, self._early_sent), epoch=0, missed=[])
+        return Resumption(self._terms(opened, self._early_sent, head_start), epoch=0, missed=[])
 
     def _reattach(self, committed: Sequence[int]) -> Resumption:
         """Take our session over on the current stream; the cloud says what we missed, then answers
@@ -434,9 +454,18 @@ class GrpcVerifier:
 
         future.add_done_callback(ready)
 
-    def _terms(self, opened: pb.Opened, early: SentBlock | None = None) -> SessionTerms:
+    def _send_head_start(self, start_position: int) -> int:
+        """With the Open on its way: the caller's head start (``open``), that many empty blocks from
+        ``start_position`` at epoch 0, sent once (a retried Open goes without them); returns how many."""
+        count, self._head_start = self._head_start, 0
+        for i in range(count):
+            self.send(0, start_position + i, DraftBlock([]), False, before_opened=True)
+        return count
+
+    def _terms(self, opened: pb.Opened, early: SentBlock | None = None, head_start: int = 0) -> SessionTerms:
         """The session's terms; ``early``: a block sent before the Opened (the verifier drops it,
-        unanswered, when it exceeds the session's draft length)."""
+        unanswered, when it exceeds the session's draft length); ``head_start``: empty blocks sent
+        behind the Open (they stand where the Opened answers the first position)."""
         max_draft_len = min(self._max_draft_len, opened.max_draft_len)
         kept = early is not None and early.drafts <= max_draft_len and opened.HasField("first_verdict")
         if early is not None and not kept and early in self._in_flight:
@@ -449,6 +478,7 @@ class GrpcVerifier:
             max_branches=opened.max_branches,
             kept_early_block=kept,
             row_tile=opened.row_tile,
+            head_start=head_start if opened.HasField("first_verdict") else 0,
         )
 
     # -- the stream ----------------------------------------------------------

@@ -206,10 +206,10 @@ def observe_verdict(controller: Controller, *, early: bool, wrong_guess: bool, d
     ``draft_s``: their drafting time; ``forward_rows``: the session's rows in the forward (a point of
     the row-cost curve); ``tokens``: what the verdict committed (an empty block's: the token, after
     any the cloud proposed itself and accepted). The early block measures only its acceptance (its
-    trip spans the prefill), and nothing when it was drafted on a wrong guess of the first token; a
-    hedged block's forward is not the chain's (its branches' rows): it is a point of the curve, not
-    of ``forward_s``."""
-    if early:
+    trip spans the prefill), and nothing when it was drafted on a wrong guess of the first token; an
+    empty block sent before the Opened (a head start) measures all but its trip. A hedged block's
+    forward is not the chain's (its branches' rows): it is a point of the curve, not of ``forward_s``."""
+    if early and held:
         if not wrong_guess:
             controller.observe_acceptance(drafted, accepted)
         return False
@@ -221,5 +221,5 @@ def observe_verdict(controller: Controller, *, early: bool, wrong_guess: bool, d
         return False
     if held:
         return False  # every draft was already committed: nothing measured
-    controller.observe_cloud_token(trip_s, cloud_s, interval_s, forward_s, tokens=tokens)
+    controller.observe_cloud_token(None if early else trip_s, cloud_s, interval_s, forward_s, tokens=tokens)
     return True

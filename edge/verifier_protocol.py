@@ -18,7 +18,7 @@ from shared.params import SamplingParams
 from shared.stats import DecodeStats
 from shared.verdict import StopReason, Verdict
 
-__all__ = ["VerifierConnection", "SessionTerms", "Resumption", "GenerationResult", "ProtocolError", "VerifierError",
+__all__ = ["VerifierConnection", "LinkHint", "SessionTerms", "Resumption", "GenerationResult", "ProtocolError", "VerifierError",
            "LinkLost"]
 
 
@@ -45,6 +45,17 @@ class LinkLost(VerifierError):
 
 
 @dataclass(frozen=True)
+class LinkHint:
+    """What the edge knows of the link and the cloud before its Open (``VerifierConnection.link_hint``):
+    a measured round trip with no cloud work in it, the cloud's recent seconds per token decoding a
+    session alone and the blocks a session may have in flight (each 0: not known)."""
+
+    round_trip_s: float
+    token_s: float = 0.0
+    max_blocks_in_flight: int = 0
+
+
+@dataclass(frozen=True)
 class SessionTerms:
     """What the verifier allows a session (its ``Opened``)."""
 
@@ -54,6 +65,7 @@ class SessionTerms:
     max_branches: int = 0  # hedge branches a block may carry
     kept_early_block: bool = False  # the block drafted while the Open was in flight went out and fits these terms
     row_tile: int = 0  # rows the verifier's forwards cost alike (Opened.row_tile; 0: not said)
+    head_start: int = 0  # empty blocks sent behind the Open that stand, for the positions after the first
 
 
 @dataclass(frozen=True)
@@ -79,15 +91,19 @@ class VerifierConnection(Protocol):
     last_cloud_s: float  # the cloud's own time for the last verdict received (its server_us)
     last_forward_s: float  # ... of that, the forward that answered it (its forward_us; 0: none, or not said)
     last_forward_rows: int  # ... the session's rows in that forward (its forward_rows; 0: the same)
+    link_hint: LinkHint | None  # what is known of the link before the Open (None: nothing)
 
     def open(self, prompt: Sequence[int], params: SamplingParams, max_new_tokens: int, max_draft_len: int,
-             early_block: Future | None = None) -> SessionTerms:
+             early_block: Future | None = None, head_start: int = 0) -> SessionTerms:
         """Start a session for ``prompt``; returns what the verifier allows.
 
         ``early_block``: resolves (on another thread) to a (block, more_follows) for the position
         after the first, which the verifier answers unasked; it is sent if it is ready before the
         Opened arrives, and ``kept_early_block`` says whether it went and stands (it fits the
-        session's draft length: the verifier drops one that does not)."""
+        session's draft length: the verifier drops one that does not). ``head_start`` (instead):
+        this many empty blocks for the positions after the first, sent right behind the Open, so
+        the cloud decodes on alone from its prefill without waiting a round trip for them;
+        ``SessionTerms.head_start`` says how many went (none when the Open had to be sent again)."""
 
     def send(self, epoch: int, start_position: int, block: DraftBlock, more_follows: bool) -> None:
         """Queue one block for verification (returns at once)."""

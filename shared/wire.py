@@ -9,6 +9,8 @@
 - The epoch rule (``next_epoch``), applied by the edge and by the cloud.
 - ``server_us`` clamping, and conversions between the schema (``protos``)
   and the domain types, so a field means the same thing on both sides.
+- The hints a Decode stream's response headers carry (``StreamHints``), read
+  as untrusted.
 - Validation of an ``Open``/``GenerateRequest`` body: parsing treats its input
   as untrusted and raises ``ValueError`` with a message fit for an
   ``INVALID_ARGUMENT`` status; the servicer maps it once.
@@ -31,6 +33,7 @@ __all__ = [
     "HTTP2_FRAME_HEADER_BYTES",
     "MAX_MESSAGE_BYTES",
     "REPLICA_HEADER",
+    "StreamHints",
     "MAX_EARLY_DRAFTS",
     "CHANNEL_OPTIONS",
     "SERVER_OPTIONS",
@@ -60,6 +63,52 @@ _MAX_SERVER_US = 2**32 - 1  # a uint32 field
 # Request metadata naming the replica that holds a session (Opened.replica): a resume carries it,
 # so a proxy in front of several verifiers can route the stream back to its session.
 REPLICA_HEADER = "x-splitspec-replica"
+# Response headers a Decode stream is answered with at once, before any frame (``StreamHints``).
+TOKEN_TIME_HEADER = "x-splitspec-token-us"
+BLOCKS_HEADER = "x-splitspec-max-blocks"
+_MAX_HINTED_TOKEN_US = 60_000_000  # a minute a token: anything past it is not a hint worth taking
+_MAX_HINTED_BLOCKS = 1024
+
+
+@dataclass(frozen=True)
+class StreamHints:
+    """What a verifier tells a new Decode stream in its response headers, before the Open: so an
+    edge that opens its stream ahead of the prompt (``GrpcVerifier.connect(stream=True)``) can
+    choose how a session starts before sending it (``edge.controller.Controller.start``).
+
+    ``token_s``: the verifier's recent seconds per token for a session it decodes alone (0: not
+    known, as before it has decoded any); ``max_blocks_in_flight``: blocks a session may have sent and
+    not had answered (0: not said). Both are hints: the Opened's terms still rule."""
+
+    token_s: float = 0.0
+    max_blocks_in_flight: int = 0
+
+    def to_metadata(self) -> tuple[tuple[str, str], ...]:
+        out = []
+        if self.token_s > 0:
+            out.append((TOKEN_TIME_HEADER, str(max(round(self.token_s * 1e6), 1))))
+        if self.max_blocks_in_flight > 0:
+            out.append((BLOCKS_HEADER, str(self.max_blocks_in_flight)))
+        return tuple(out)
+
+    @classmethod
+    def from_metadata(cls, metadata: Sequence[tuple[str, str | bytes]] | None) -> StreamHints:
+        """The hints in ``metadata`` (untrusted): a value that is missing, not a decimal integer or out of
+        range reads as not said."""
+        values = dict(metadata or ())
+
+        def number(key: str, top: int) -> int:
+            value = values.get(key)
+            if isinstance(value, bytes):
+                value = value.decode("ascii", "replace")
+            if not isinstance(value, str) or not (value.isascii() and value.isdigit()) or len(value) > 12:
+                return 0
+            number = int(value)
+            return number if 0 < number <= top else 0
+
+        return cls(number(TOKEN_TIME_HEADER, _MAX_HINTED_TOKEN_US) * 1e-6, number(BLOCKS_HEADER, _MAX_HINTED_BLOCKS))
+
+
 # Drafts a block sent before the Opened may hold (Draft.before_opened): the edge cannot know the
 # verifier's limit yet; one within this but past the session's limit is dropped, not refused.
 MAX_EARLY_DRAFTS = 64  # (the edge sends at most edge.early_block.EARLY_DRAFT_LEN)

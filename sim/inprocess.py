@@ -17,6 +17,7 @@ from cloud.session import PendingBlock, VerifierSession
 from edge.controller import Controller
 from edge.decode_loop import GenerationResult, Resumption, SessionTerms, run_decode
 from edge.drafter import DraftBlock, Drafter
+from edge.verifier_protocol import LinkHint
 from shared.params import SamplingParams
 from shared.verdict import Verdict
 
@@ -32,8 +33,10 @@ class LocalVerifier:
     """
 
     def __init__(self, engine: TargetEngine, max_blocks_in_flight: int = ServiceLimits.max_blocks_in_flight,
-                 max_branches: int = ServiceLimits.max_branches) -> None:
+                 max_branches: int = ServiceLimits.max_branches, link_hint: LinkHint | None = None) -> None:
+        """``link_hint``: what the decode loop is told of the link before the Open (none is measured here)."""
         self.engine = engine
+        self.link_hint = link_hint
         self.max_blocks_in_flight = max_blocks_in_flight
         self.max_branches = max_branches
         self.session: VerifierSession | None = None
@@ -48,7 +51,7 @@ class LocalVerifier:
         return self.session.forwards if self.session is not None else 0
 
     def open(self, prompt: Sequence[int], params: SamplingParams, max_new_tokens: int, max_draft_len: int,
-             early_block=None) -> SessionTerms:
+             early_block=None, head_start: int = 0) -> SessionTerms:
         self.session = VerifierSession(
             self.engine, prompt, params, max_new_tokens=max_new_tokens, max_draft_len=max_draft_len,
             max_branches=self.max_branches, propose=max_draft_len > 0,
@@ -58,9 +61,11 @@ class LocalVerifier:
         kept = bool(made) and len(made[0].tokens) <= max_draft_len
         if kept:
             self.send(0, len(prompt) + 1, *made)
+        for i in range(head_start):
+            self.send(0, len(prompt) + 1 + i, DraftBlock([]), False)
         return SessionTerms(max_draft_len, self.max_blocks_in_flight, answers_first_position=True,
                             max_branches=self.max_branches, kept_early_block=kept,
-                            row_tile=self.engine.row_tile(params.reproducible))
+                            row_tile=self.engine.row_tile(params.reproducible), head_start=head_start)
 
     def send(self, epoch: int, start_position: int, block: DraftBlock, more_follows: bool) -> None:
         self._pending.append(PendingBlock(epoch, start_position, list(block.tokens), block.q, more_follows,

@@ -1,0 +1,132 @@
+"""The head start: where one round trip costs more of the cloud's tokens than a good drafter's chain
+commits, the session starts with the cloud decoding alone, its first window of empty blocks sent
+right behind the Open (``Controller.start``, ``run_decode``), as cloud-only's ``Generate`` streams
+without waiting for requests. What the edge knows before the Open comes from the stream's response
+headers (``shared.wire.StreamHints``), timed as a round trip. The output is the target's either way."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import tiny_drafter, tiny_prompt
+from test_service import link_for
+
+from cloud.limits import ServiceLimits
+from cloud.server import BackgroundServer, ServerConfig
+from edge.controller import START_CHAIN_TOKENS, Controller
+from edge.decode_loop import run_decode
+from edge.verifier_protocol import LinkHint
+from shared.params import Mode, SamplingParams
+from shared.wire import BLOCKS_HEADER, TOKEN_TIME_HEADER, StreamHints
+from sim.inprocess import LocalVerifier, generate
+
+N = 40
+TEXT = "It was the best of times"
+PARAMS = [SamplingParams(mode=Mode.GREEDY), SamplingParams(mode=Mode.COUPLED, temperature=0.8, seed=4)]
+SATELLITE = LinkHint(round_trip_s=0.6, token_s=0.09, max_blocks_in_flight=16)  # 7.7 tokens a round trip
+
+
+def test_stream_hints_round_trip_and_read_bad_values_as_not_said():
+    hints = StreamHints(token_s=0.0905, max_blocks_in_flight=16)
+    assert StreamHints.from_metadata(hints.to_metadata()) == StreamHints(0.0905, 16)
+    assert StreamHints().to_metadata() == ()  # nothing known: nothing said
+    assert StreamHints.from_metadata(None) == StreamHints()
+    for bad in ("-5", "0", "1e3", " 90", "٣", "9" * 13, "61000000", ""):
+        got = StreamHints.from_metadata(((TOKEN_TIME_HEADER, bad), (BLOCKS_HEADER, bad)))
+        assert got == StreamHints(), bad
+    assert StreamHints.from_metadata(((TOKEN_TIME_HEADER, b"90000"), ("other", "x"))).token_s == 0.09
+
+
+def test_the_controller_starts_with_the_cloud_alone_only_where_a_round_trip_outweighs_a_chain():
+    long = Controller(max_draft_len=8, window=4, cloud_window=16)
+    plan = long.start(round_trip_s=0.6, token_s=0.09)
+    assert plan is not None and plan.draft_len == 0 and plan.window == 16 and long.draft_len == 0
+    assert long.network_s.value == 0.6 and long.cloud_s_per_token.value == 0.09  # (measured: kept)
+    assert plan.predicted_tokens_per_s == pytest.approx(1 / 0.09)
+    # The boundary: a round trip and a token worth START_CHAIN_TOKENS of the cloud's.
+    token_s = 0.05
+    assert Controller(8, 4, 16).start((START_CHAIN_TOKENS - 1) * token_s * 1.01, token_s) is not None
+    for round_trip_s, token_s in (((START_CHAIN_TOKENS - 1) * 0.05 * 0.99, 0.05), (0.1, 0.09), (0.6, 0.0)):
+        short = Controller(8, 4, 16)
+        assert short.start(round_trip_s, token_s) is None, (round_trip_s, token_s)
+        assert short.draft_len == 4 and short.network_s.value is None  # as without a hint
+
+
+class Recording(LocalVerifier):
+    """Records each block sent as (start position, drafts), the head start's included."""
+
+    def __init__(self, engine, link_hint=None) -> None:
+        super().__init__(engine, link_hint=link_hint)
+        self.blocks: list[tuple[int, int]] = []
+
+    def send(self, epoch, start_position, block, more_follows):
+        super().send(epoch, start_position, block, more_follows)
+        self.blocks.append((start_position, len(block.tokens)))
+
+
+@pytest.mark.parametrize("params", PARAMS, ids=["greedy", "coupled"])
+def test_a_head_start_sends_empty_blocks_behind_the_open_and_changes_no_token(tiny_engine, drafters, params):
+    prompt = tiny_prompt(tiny_engine, TEXT)
+    want = generate(tiny_engine, drafters["drafter_f32"], prompt, params, max_new_tokens=N, draft_len=0).tokens
+    hint = LinkHint(0.6, 0.09, max_blocks_in_flight=6)
+    link = Recording(tiny_engine, hint)
+    got = run_decode(drafters["drafter_f32"], link, prompt, params, max_new_tokens=N, draft_len=4, window=4,
+                     controller=Controller(4, 4, 16))
+    assert got.tokens == want
+    # Six empty blocks (the verifier's hint) for the positions after the first, before any verdict was read.
+    assert link.blocks[:6] == [(len(prompt) + 1 + i, 0) for i in range(6)]
+    assert got.stats.rounds >= 6
+    # The control: the same session with no hint starts drafting (the early block).
+    control = Recording(tiny_engine)
+    again = run_decode(drafters["drafter_f32"], control, prompt, params, max_new_tokens=N, draft_len=4, window=4,
+                       controller=Controller(4, 4, 16))
+    assert again.tokens == want and control.blocks[0][1] > 0
+
+
+def test_a_head_start_keeps_to_the_token_limit(tiny_engine, drafters):
+    prompt = tiny_prompt(tiny_engine, TEXT)
+    link = Recording(tiny_engine, SATELLITE)
+    got = run_decode(drafters["drafter_f32"], link, prompt, PARAMS[0], max_new_tokens=3, draft_len=4, window=4,
+                     controller=Controller(4, 4, 16))
+    want = generate(tiny_engine, drafters["drafter_f32"], prompt, PARAMS[0], max_new_tokens=3, draft_len=0).tokens
+    assert got.tokens == want and len(link.blocks) == 2  # the first token with the Opened, two more
+
+
+def test_a_fixed_schedule_or_a_short_round_trip_gets_no_head_start(tiny_engine, drafters):
+    prompt = tiny_prompt(tiny_engine, TEXT)
+    fixed = Recording(tiny_engine, SATELLITE)  # no controller: the caller's schedule is the schedule
+    run_decode(drafters["drafter_f32"], fixed, prompt, PARAMS[0], max_new_tokens=N, draft_len=4, window=4)
+    near = Recording(tiny_engine, LinkHint(0.02, 0.09, 16))
+    run_decode(drafters["drafter_f32"], near, prompt, PARAMS[0], max_new_tokens=N, draft_len=4, window=4,
+               controller=Controller(4, 4, 16))
+    assert fixed.blocks[0][1] > 0 and near.blocks[0][1] > 0
+
+
+def test_the_stream_headers_say_the_cloud_s_pace_and_a_head_start_goes_over_grpc(tiny_models, tiny_vocab,
+                                                                                   tiny_engine):
+    """Over a real link: a fresh verifier hints nothing of its pace; once it has decoded alone its
+    headers say its seconds per token and its blocks in flight, and the edge times them. A head start
+    the hint allows goes behind the Open, and the tokens are the target's."""
+    drafter = tiny_drafter(tiny_models)
+    prompt = tiny_prompt(tiny_engine, TEXT)
+    limits = ServiceLimits(session_ttl_s=30, max_blocks_in_flight=5)
+    try:
+        with BackgroundServer(tiny_engine, ServerConfig(port=0, limits=limits)) as server:
+            fresh = link_for(server, tiny_vocab)
+            fresh.connect(stream=True)
+            assert fresh.link_hint is not None and fresh.link_hint.token_s == 0  # decoded nothing yet
+            assert fresh.link_hint.max_blocks_in_flight == 5 and fresh.link_hint.round_trip_s > 0
+            fresh.close()
+            for params in PARAMS:
+                want = run_decode(drafter, link_for(server, tiny_vocab), prompt, params, max_new_tokens=N,
+                                  draft_len=0).tokens
+                link = link_for(server, tiny_vocab)
+                link.connect(stream=True)
+                assert 0 < link.link_hint.token_s < 5
+                # Loopback is no satellite: the link is told one (what the edge knows is its input).
+                link.link_hint = LinkHint(0.6, 0.09, link.link_hint.max_blocks_in_flight)
+                got = run_decode(drafter, link, prompt, params, max_new_tokens=N, draft_len=4, window=4,
+                                 controller=Controller(4, 4, 16))
+                assert got.tokens == want
+                assert [b.drafts for b in list(link.block_log)[:6]] == [0] * 6  # the first position, five behind it
+    finally:
+        drafter.close()
