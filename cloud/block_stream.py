@@ -110,14 +110,15 @@ class BlockStream(ServicePart):
         # The latest per-verify service times outside the forward, seconds (for benchmarks and debugging).
         self.recent_overheads_s: deque[float] = deque(maxlen=10_000)
         self.recent_latencies_s: deque[float] = deque(maxlen=1_000)  # block arrival -> verdict, per chain
-        # Forward seconds per token of the latest tokens decoded alone (empty blocks: Generate, a cloud stretch).
-        self.recent_token_s: deque[float] = deque(maxlen=_TOKEN_TIME_WINDOW)
+        # Forward seconds per token of the latest tokens decoded alone (empty blocks: Generate, a cloud
+        # stretch), for sessions that are not reproducible and for those that are (their shapes differ).
+        self.recent_token_s = {False: deque(maxlen=_TOKEN_TIME_WINDOW), True: deque(maxlen=_TOKEN_TIME_WINDOW)}
 
     def hints(self) -> StreamHints:
-        """What a new stream's headers say: the median of the recent seconds per token decoded alone (0:
-        none decoded yet), and the blocks a session may have in flight."""
-        token_s = statistics.median(self.recent_token_s) if self.recent_token_s else 0.0
-        return StreamHints(token_s, self.limits.max_blocks_in_flight)
+        """What a new stream's headers say: the median of the recent seconds per token decoded alone, of
+        each kind of session (0: none decoded yet), and the blocks a session may have in flight."""
+        pace = {kind: statistics.median(times) if times else 0.0 for kind, times in self.recent_token_s.items()}
+        return StreamHints(pace[False], pace[True], self.limits.max_blocks_in_flight)
 
     # -- frames in ---------------------------------------------------------
     async def read_frames(self, context, frames: asyncio.Queue) -> None:
@@ -250,7 +251,7 @@ class BlockStream(ServicePart):
             out.append(Answered(verdict, seconds, forward_s, forward_rows))
             if i == 0:  # the chain shared one forward: its cost and overhead go to its first block
                 if forwards == 1 and not drafts and not verdict.stale and committed_by(verdict):  # decoded alone
-                    self.recent_token_s.append(forward_s / committed_by(verdict))
+                    self.recent_token_s[session.params.reproducible].append(forward_s / committed_by(verdict))
                 overhead = max(seconds - forward_s, 0.0)
                 self.recent_overheads_s.append(overhead)
                 self.recent_latencies_s.append(seconds)

@@ -222,11 +222,11 @@ class _Decode:
         controller, hint = self.pipeline.controller, self.verifier.link_hint
         if controller is None or hint is None or self.pipeline.draft_len == 0:
             return 0
-        plan = controller.start(hint.round_trip_s, hint.token_s)
+        plan = controller.start(hint.round_trip_s, hint.cloud.token_s_for(self.params.reproducible))
         if plan is None:
             return 0
         log.debug("the cloud decodes alone from the start: %s", controller.describe(plan))
-        return max(min(plan.window, hint.max_blocks_in_flight or 1, self.max_new_tokens - 1), 0)
+        return max(min(plan.window, hint.cloud.max_blocks_in_flight or 1, self.max_new_tokens - 1), 0)
 
     def _open(self, head_start: int) -> None:
         pipe, early = self.pipeline, self.early

@@ -145,10 +145,9 @@ class GrpcVerifier:
             if headers is None:  # a verifier that answers them with its Opened
                 log.debug("the cloud did not answer the stream's headers within %.0f s; going on", STREAM_ANSWER_S)
             elif headers:  # (empty: the call ended instead)
-                hints = StreamHints.from_metadata(headers)
-                self.link_hint = LinkHint(time.perf_counter() - started, hints.token_s, hints.max_blocks_in_flight)
-                log.debug("round trip %.0f ms before the Open; the cloud decodes alone at %.0f ms a token",
-                          self.link_hint.round_trip_s * 1e3, hints.token_s * 1e3)
+                self.link_hint = LinkHint(time.perf_counter() - started, StreamHints.from_metadata(headers))
+                log.debug("before the Open: round trip %.0f ms; %s", self.link_hint.round_trip_s * 1e3,
+                          self.link_hint.cloud)
 
     def open(self, prompt: Sequence[int], params: SamplingParams, max_new_tokens: int, max_draft_len: int,
              early_block=None, head_start: int = 0) -> SessionTerms:

@@ -17,6 +17,7 @@ from edge.drafter import DraftBlock
 from shared.params import SamplingParams
 from shared.stats import DecodeStats
 from shared.verdict import StopReason, Verdict
+from shared.wire import StreamHints
 
 __all__ = ["VerifierConnection", "LinkHint", "SessionTerms", "Resumption", "GenerationResult", "ProtocolError", "VerifierError",
            "LinkLost"]
@@ -47,12 +48,11 @@ class LinkLost(VerifierError):
 @dataclass(frozen=True)
 class LinkHint:
     """What the edge knows of the link and the cloud before its Open (``VerifierConnection.link_hint``):
-    a measured round trip with no cloud work in it, the cloud's recent seconds per token decoding a
-    session alone and the blocks a session may have in flight (each 0: not known)."""
+    a measured round trip with no cloud work in it, and what the cloud's stream headers said (its
+    pace decoding alone, its blocks in flight)."""
 
     round_trip_s: float
-    token_s: float = 0.0
-    max_blocks_in_flight: int = 0
+    cloud: StreamHints = StreamHints()
 
 
 @dataclass(frozen=True)

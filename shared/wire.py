@@ -65,6 +65,7 @@ _MAX_SERVER_US = 2**32 - 1  # a uint32 field
 REPLICA_HEADER = "x-splitspec-replica"
 # Response headers a Decode stream is answered with at once, before any frame (``StreamHints``).
 TOKEN_TIME_HEADER = "x-splitspec-token-us"
+TOKEN_TIME_REPRODUCIBLE_HEADER = "x-splitspec-token-us-reproducible"
 BLOCKS_HEADER = "x-splitspec-max-blocks"
 _MAX_HINTED_TOKEN_US = 60_000_000  # a minute a token: anything past it is not a hint worth taking
 _MAX_HINTED_BLOCKS = 1024
@@ -76,20 +77,23 @@ class StreamHints:
     edge that opens its stream ahead of the prompt (``GrpcVerifier.connect(stream=True)``) can
     choose how a session starts before sending it (``edge.controller.Controller.start``).
 
-    ``token_s``: the verifier's recent seconds per token for a session it decodes alone (0: not
-    known, as before it has decoded any); ``max_blocks_in_flight``: blocks a session may have sent and
-    not had answered (0: not said). Both are hints: the Opened's terms still rule."""
+    ``token_s``, ``token_s_reproducible``: the verifier's recent seconds per token for a session it
+    decodes alone, one that is not reproducible and one that is (their forwards' shapes differ;
+    0: not known, as before it has decoded any); ``max_blocks_in_flight``: blocks a session may have
+    sent and not had answered (0: not said). Hints only: the Opened's terms still rule."""
 
     token_s: float = 0.0
+    token_s_reproducible: float = 0.0
     max_blocks_in_flight: int = 0
 
+    def token_s_for(self, reproducible: bool) -> float:
+        return self.token_s_reproducible if reproducible else self.token_s
+
     def to_metadata(self) -> tuple[tuple[str, str], ...]:
-        out = []
-        if self.token_s > 0:
-            out.append((TOKEN_TIME_HEADER, str(max(round(self.token_s * 1e6), 1))))
-        if self.max_blocks_in_flight > 0:
-            out.append((BLOCKS_HEADER, str(self.max_blocks_in_flight)))
-        return tuple(out)
+        said = ((TOKEN_TIME_HEADER, round(self.token_s * 1e6)),
+                (TOKEN_TIME_REPRODUCIBLE_HEADER, round(self.token_s_reproducible * 1e6)),
+                (BLOCKS_HEADER, self.max_blocks_in_flight))
+        return tuple((key, str(value)) for key, value in said if value > 0)
 
     @classmethod
     def from_metadata(cls, metadata: Sequence[tuple[str, str | bytes]] | None) -> StreamHints:
@@ -106,7 +110,9 @@ class StreamHints:
             number = int(value)
             return number if 0 < number <= top else 0
 
-        return cls(number(TOKEN_TIME_HEADER, _MAX_HINTED_TOKEN_US) * 1e-6, number(BLOCKS_HEADER, _MAX_HINTED_BLOCKS))
+        return cls(number(TOKEN_TIME_HEADER, _MAX_HINTED_TOKEN_US) * 1e-6,
+                   number(TOKEN_TIME_REPRODUCIBLE_HEADER, _MAX_HINTED_TOKEN_US) * 1e-6,
+                   number(BLOCKS_HEADER, _MAX_HINTED_BLOCKS))
 
 
 # Drafts a block sent before the Opened may hold (Draft.before_opened): the edge cannot know the

@@ -6,6 +6,8 @@ headers (``shared.wire.StreamHints``), timed as a round trip. The output is the 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from helpers import tiny_drafter, tiny_prompt
 from test_service import link_for
@@ -16,22 +18,24 @@ from edge.controller import START_CHAIN_TOKENS, Controller
 from edge.decode_loop import run_decode
 from edge.verifier_protocol import LinkHint
 from shared.params import Mode, SamplingParams
-from shared.wire import BLOCKS_HEADER, TOKEN_TIME_HEADER, StreamHints
+from shared.wire import BLOCKS_HEADER, TOKEN_TIME_HEADER, TOKEN_TIME_REPRODUCIBLE_HEADER, StreamHints
 from sim.inprocess import LocalVerifier, generate
 
 N = 40
 TEXT = "It was the best of times"
 PARAMS = [SamplingParams(mode=Mode.GREEDY), SamplingParams(mode=Mode.COUPLED, temperature=0.8, seed=4)]
-SATELLITE = LinkHint(round_trip_s=0.6, token_s=0.09, max_blocks_in_flight=16)  # 7.7 tokens a round trip
+SATELLITE = LinkHint(round_trip_s=0.6, cloud=StreamHints(token_s=0.09, max_blocks_in_flight=16))  # 7.7 tokens a trip
 
 
 def test_stream_hints_round_trip_and_read_bad_values_as_not_said():
-    hints = StreamHints(token_s=0.0905, max_blocks_in_flight=16)
-    assert StreamHints.from_metadata(hints.to_metadata()) == StreamHints(0.0905, 16)
+    hints = StreamHints(token_s=0.0905, token_s_reproducible=0.131, max_blocks_in_flight=16)
+    assert StreamHints.from_metadata(hints.to_metadata()) == hints
+    assert hints.token_s_for(reproducible=True) == 0.131 and hints.token_s_for(reproducible=False) == 0.0905
     assert StreamHints().to_metadata() == ()  # nothing known: nothing said
     assert StreamHints.from_metadata(None) == StreamHints()
     for bad in ("-5", "0", "1e3", " 90", "٣", "9" * 13, "61000000", ""):
-        got = StreamHints.from_metadata(((TOKEN_TIME_HEADER, bad), (BLOCKS_HEADER, bad)))
+        got = StreamHints.from_metadata(((TOKEN_TIME_HEADER, bad), (TOKEN_TIME_REPRODUCIBLE_HEADER, bad),
+                                         (BLOCKS_HEADER, bad)))
         assert got == StreamHints(), bad
     assert StreamHints.from_metadata(((TOKEN_TIME_HEADER, b"90000"), ("other", "x"))).token_s == 0.09
 
@@ -67,7 +71,7 @@ class Recording(LocalVerifier):
 def test_a_head_start_sends_empty_blocks_behind_the_open_and_changes_no_token(tiny_engine, drafters, params):
     prompt = tiny_prompt(tiny_engine, TEXT)
     want = generate(tiny_engine, drafters["drafter_f32"], prompt, params, max_new_tokens=N, draft_len=0).tokens
-    hint = LinkHint(0.6, 0.09, max_blocks_in_flight=6)
+    hint = LinkHint(0.6, StreamHints(token_s=0.09, max_blocks_in_flight=6))
     link = Recording(tiny_engine, hint)
     got = run_decode(drafters["drafter_f32"], link, prompt, params, max_new_tokens=N, draft_len=4, window=4,
                      controller=Controller(4, 4, 16))
@@ -95,7 +99,7 @@ def test_a_fixed_schedule_or_a_short_round_trip_gets_no_head_start(tiny_engine, 
     prompt = tiny_prompt(tiny_engine, TEXT)
     fixed = Recording(tiny_engine, SATELLITE)  # no controller: the caller's schedule is the schedule
     run_decode(drafters["drafter_f32"], fixed, prompt, PARAMS[0], max_new_tokens=N, draft_len=4, window=4)
-    near = Recording(tiny_engine, LinkHint(0.02, 0.09, 16))
+    near = Recording(tiny_engine, LinkHint(0.02, StreamHints(0.09, 0.09, 16)))
     run_decode(drafters["drafter_f32"], near, prompt, PARAMS[0], max_new_tokens=N, draft_len=4, window=4,
                controller=Controller(4, 4, 16))
     assert fixed.blocks[0][1] > 0 and near.blocks[0][1] > 0
@@ -113,17 +117,17 @@ def test_the_stream_headers_say_the_cloud_s_pace_and_a_head_start_goes_over_grpc
         with BackgroundServer(tiny_engine, ServerConfig(port=0, limits=limits)) as server:
             fresh = link_for(server, tiny_vocab)
             fresh.connect(stream=True)
-            assert fresh.link_hint is not None and fresh.link_hint.token_s == 0  # decoded nothing yet
-            assert fresh.link_hint.max_blocks_in_flight == 5 and fresh.link_hint.round_trip_s > 0
+            assert fresh.link_hint is not None and fresh.link_hint.round_trip_s > 0
+            assert fresh.link_hint.cloud == StreamHints(max_blocks_in_flight=5)  # it has decoded nothing yet
             fresh.close()
-            for params in PARAMS:
+            for params in [*PARAMS, SamplingParams(mode=Mode.COUPLED, temperature=0.8, seed=4, reproducible=True)]:
                 want = run_decode(drafter, link_for(server, tiny_vocab), prompt, params, max_new_tokens=N,
                                   draft_len=0).tokens
                 link = link_for(server, tiny_vocab)
                 link.connect(stream=True)
-                assert 0 < link.link_hint.token_s < 5
+                assert 0 < link.link_hint.cloud.token_s_for(params.reproducible) < 5
                 # Loopback is no satellite: the link is told one (what the edge knows is its input).
-                link.link_hint = LinkHint(0.6, 0.09, link.link_hint.max_blocks_in_flight)
+                link.link_hint = LinkHint(0.6, replace(link.link_hint.cloud, token_s=0.09, token_s_reproducible=0.09))
                 got = run_decode(drafter, link, prompt, params, max_new_tokens=N, draft_len=4, window=4,
                                  controller=Controller(4, 4, 16))
                 assert got.tokens == want
