@@ -6,20 +6,27 @@ headers (``shared.wire.StreamHints``), timed as a round trip. The output is the 
 
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
 
 import pytest
 from helpers import tiny_drafter, tiny_prompt
+from test_edge_serve import _ControllersSeen
 from test_service import link_for
 
 from cloud.limits import ServiceLimits
 from cloud.server import BackgroundServer, ServerConfig
 from edge.controller import START_CHAIN_TOKENS, Controller
 from edge.decode_loop import run_decode
+from edge.endpoint import VerifierEndpoint
+from edge.grpc_verifier import GrpcVerifier
+from edge.serving import Job, ServeConfig
 from edge.verifier_protocol import LinkHint
 from shared.params import Mode, SamplingParams
 from shared.wire import BLOCKS_HEADER, TOKEN_TIME_HEADER, TOKEN_TIME_REPRODUCIBLE_HEADER, StreamHints
+from sim.experiment.processes import BackgroundLink
 from sim.inprocess import LocalVerifier, generate
+from sim.link.emulator import DirectionConfig, LinkConfig
 
 N = 40
 TEXT = "It was the best of times"
@@ -134,3 +141,57 @@ def test_the_stream_headers_say_the_cloud_s_pace_and_a_head_start_goes_over_grpc
                 assert [b.drafts for b in list(link.block_log)[:6]] == [0] * 6  # the first position, five behind it
     finally:
         drafter.close()
+
+
+def _long_link():
+    """A link whose round trip (0.3 s) is worth far more than ``START_CHAIN_TOKENS`` of the tiny target's."""
+    return LinkConfig(up=DirectionConfig(delay_s=0.15), down=DirectionConfig(delay_s=0.15))
+
+
+def test_on_a_long_link_edge_run_times_the_round_trip_and_starts_with_the_cloud_alone(tiny_models, tiny_vocab,
+                                                                                     tiny_engine):
+    """Over an emulated 0.3 s round trip, with nothing told: the stream's headers are timed, the session
+    starts with a window of empty blocks behind its Open, and the output is the target's alone."""
+    drafter = tiny_drafter(tiny_models)
+    prompt = tiny_prompt(tiny_engine, TEXT)
+    params = PARAMS[1]
+    try:
+        with BackgroundServer(tiny_engine, ServerConfig(port=0, limits=ServiceLimits(session_ttl_s=30))) as server, \
+                BackgroundLink(_long_link(), server.port) as link:
+            want = run_decode(drafter, link_for(server, tiny_vocab), prompt, params, max_new_tokens=N,
+                              draft_len=0).tokens  # (direct: it also has the cloud decode alone once)
+            far = GrpcVerifier(VerifierEndpoint(link.address, *tiny_vocab))
+            far.connect(stream=True)
+            assert far.link_hint.round_trip_s >= 0.29 and far.link_hint.cloud.token_s > 0
+            got = run_decode(drafter, far, prompt, params, max_new_tokens=N, draft_len=4, window=4,
+                             controller=Controller(4, 4, 16))
+    finally:
+        drafter.close()
+    assert got.tokens == want
+    assert [b.drafts for b in far.block_log[:17]] == [0] * 17  # the first position, sixteen behind it
+
+
+def test_edge_serve_starts_a_request_from_what_the_last_one_measured_of_the_link(tiny_models, tiny_engine):
+    """``edge serve`` opens its stream with the request, so its first session on a long link starts
+    drafting; the next starts from what that one measured (its round trip, and the cloud's pace its
+    stream's headers said), with the cloud alone. Both answer as the target alone would."""
+    drafter = tiny_drafter(tiny_models, "drafter_noisy")
+    config = dict(model_name="tiny", schedule="adaptive", draft_len=4)
+    try:
+        with BackgroundServer(tiny_engine, ServerConfig(port=0, limits=ServiceLimits(session_ttl_s=30))) as server, \
+                BackgroundLink(_long_link(), server.port) as link:
+            service = _ControllersSeen.for_drafter(drafter, ServeConfig(cloud=link.address, **config), "gemma")
+            prompt = service.text_prompt("The cat sat on the mat.")
+            # (direct: the cloud has decoded alone before, so its headers say its pace)
+            want = run_decode(drafter, link_for(server, (drafter.vocab.size, drafter.vocab.fingerprint)), prompt,
+                              PARAMS[0], max_new_tokens=12, draft_len=0).tokens
+            outs = [service.run(Job(prompt, PARAMS[0], 12), lambda text: None, threading.Event()).tokens
+                    for _ in range(2)]
+            service.close()
+    finally:
+        drafter.close()
+    assert outs == [want, want]
+    first, second = service.controllers
+    assert first.drafted_blocks > 0  # no round trip known yet: it started drafting
+    assert service.last_link.round_trip_s >= 0.29 and service.last_link.cloud.token_s > 0
+    assert second.drafted_blocks == 0 and second.draft_len == 0 and second.switches == 0  # the cloud alone

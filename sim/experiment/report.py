@@ -150,10 +150,11 @@ def _headline(result: dict) -> list[str]:
             f"so identity is measured, not promised): {sum(bool(r['identical_to_fastest']) for r in measured)} of "
             f"{len(measured)} runs token-identical to the fastest cloud-only."
         )
-    off = [r for r in [*runs, base]
-           if r.get("prediction_error") is not None and abs(r["prediction_error"]) > MODEL_TOLERANCE]
+    predicted = [r for r in [*runs, base] if r.get("prediction_error") is not None]
+    off = [r for r in predicted if abs(r["prediction_error"]) > MODEL_TOLERANCE]
     lines.append(
-        f"- Performance model, in sample: every prediction within {MODEL_TOLERANCE:.0%} of measured."
+        "- Performance model: no predictions (nothing to fit it on: see the model fit)." if not predicted
+        else f"- Performance model, in sample: every prediction within {MODEL_TOLERANCE:.0%} of measured."
         if not off
         else f"- Performance model, in sample: off by more than {MODEL_TOLERANCE:.0%} for: "
         + ", ".join(f"{_label(r)} ({r['prediction_error']:+.0%}, limited by {r.get('limited_by', '?')})" for r in off)
