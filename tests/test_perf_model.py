@@ -118,9 +118,10 @@ def test_pipelining_helps_when_the_round_trip_dominates_and_window_1_is_lockstep
 
 def test_the_adaptive_schedule_is_predicted_as_a_session_runs_its_controller():
     """A fresh controller each generation, learning from the simulated verdicts: never above the best
-    configuration (beyond the simulations' noise), a short generation paying for the first chains it
-    drafts on its priors. Where the cloud alone is fastest (cheap forwards, a 600 ms round trip) a long
-    generation ends near its pace whatever the drafter; where drafting pays, near the best."""
+    configuration (beyond the simulations' noise). Where the cloud alone is fastest (cheap forwards, a
+    600 ms round trip) a generation starts with it (the head start, ``Controller.start``), so a short one
+    pays for no chain drafted on priors, and a long one ends near its pace whatever the drafter; where
+    drafting pays, near the best."""
     from sim.perf.model import best_adaptive, predict_adaptive
 
     slow = NetworkModel(up_bps=50_000, down_bps=50_000, rtt_s=0.6)
@@ -129,7 +130,7 @@ def test_the_adaptive_schedule_is_predicted_as_a_session_runs_its_controller():
         short, long = predict_adaptive(t, slow, 8, 4, 64), predict_adaptive(t, slow, 8, 4, 1024)
         best = best_adaptive(t, slow, 8, 4, 1024)
         assert best.draft_len == 0
-        assert short.tokens_per_s < 0.8 * long.tokens_per_s and 0.9 * best.tokens_per_s < long.tokens_per_s
+        assert short.tokens_per_s > 0.85 * long.tokens_per_s and 0.9 * best.tokens_per_s < long.tokens_per_s
         assert long.tokens_per_s <= 1.02 * best.tokens_per_s
     fast = NetworkModel(up_bps=50_000, down_bps=50_000, rtt_s=0.1)
     t = _timings(alpha_per_position=[0.9], verify_fixed_s=0.3, draft_s_per_token=0.02)

@@ -9,8 +9,9 @@ verdict voids, re-plan points, shadows, what a verdict measures); this module
 adds only a clock and the costs (``BlockCosts``): drafting at ``draft_s`` a
 token, reading each verdict that arrives meanwhile (one that voids the block
 being drafted ends it, unsent), the link (``up_s``, RTT, ``down_s``), random
-acceptance by position (``alpha``), and the early block at the cloud when the
-first token leaves it. The verifier's side, on the same clock, is
+acceptance by position (``alpha``), and the early block (or a head start's
+empty blocks, where the session's controller starts with the cloud alone) at the
+cloud when the first token leaves it. The verifier's side, on the same clock, is
 ``sim.perf.verifier_sim``. ``simulate_adaptive`` closes the loop with a
 session's own ``edge.controller.Controller``, fresh each generation.
 
@@ -164,7 +165,14 @@ class _Generation:
     def run(self, tokens_wanted: int) -> SimulatedRun:
         costs, pipe, tally = self.costs, self.pipeline, self.tally
         early = min(costs.early_drafts, tokens_wanted - 1)
-        if early > 0 and pipe.window > 1:
+        control = pipe.controller
+        start = control.start(costs.rtt_s, costs.forward_s(1)) if control is not None else None
+        if start is not None:  # the head start (``edge.decode_loop``): empty blocks went behind the Open
+            pipe.follow(start)
+            for i in range(min(start.window, tokens_wanted)):
+                self.send(SimBlock(0, 0, 0, False, False, sent_at=-math.inf, at_cloud=-(costs.rtt_s / 2 + costs.down_s),
+                                   start_position=i, early=True))
+        elif early > 0 and pipe.window > 1:
             self.chain = 1
             block = SimBlock(self.chain, early, 0, True, more_follows=True, sent_at=-math.inf,
                            at_cloud=-(costs.rtt_s / 2 + costs.down_s), size=early, early=True)
