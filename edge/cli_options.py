@@ -50,7 +50,8 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> None:
                        help="lockstep: one block at a time; pipelined: draft the next block while earlier ones are "
                        "verified; adaptive: pipelined, choosing the draft length and blocks in flight from measured "
                        "acceptance, drafter speed and round trips, and letting the cloud decode alone when drafting "
-                       f"cannot pay (--draft-len and --window are then the caps; default {defaults.DEFAULT_SCHEDULE})")
+                       "cannot pay, from the first token on a round trip too long for any drafter "
+                       f"(--draft-len and --window are then the caps; default {defaults.DEFAULT_SCHEDULE})")
     group.add_argument("--window", type=positive_int, default=defaults.DEFAULT_WINDOW,
                        help=f"pipelined: blocks in flight at most; adaptive: the most it may choose (default "
                        f"{defaults.DEFAULT_WINDOW}; the cloud may allow fewer)")

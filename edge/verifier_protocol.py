@@ -19,8 +19,8 @@ from shared.stats import DecodeStats
 from shared.verdict import StopReason, Verdict
 from shared.wire import StreamHints
 
-__all__ = ["VerifierConnection", "LinkHint", "SessionTerms", "Resumption", "GenerationResult", "ProtocolError", "VerifierError",
-           "LinkLost"]
+__all__ = ["VerifierConnection", "LinkHint", "SessionTerms", "Resumption", "GenerationResult", "ProtocolError",
+           "VerifierError", "LinkLost"]
 
 
 class ProtocolError(RuntimeError):
