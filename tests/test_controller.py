@@ -533,3 +533,26 @@ def test_a_cloud_token_verdict_that_brought_the_cloud_s_own_proposals_prices_eac
     c = Controller(max_draft_len=4, window=2, cloud_window=16)
     c.observe_cloud_token(trip_s=0.3, cloud_s=0.1, interval_s=0.2, forward_s=0.1, tokens=2)
     assert c.cloud_s_per_token.value == pytest.approx(0.1) and c.one_token_s.value == pytest.approx(0.1)
+
+
+def test_a_session_s_first_chain_keeps_to_the_controller_s_start(tiny_models, tiny_engine):
+    """Until the controller has chosen on measurements, a session's blocks hold its start draft length
+    (``_START_DRAFT_LEN``), not the caller's cap: the block after the early one too (the performance
+    model starts the same way)."""
+    blocks = []
+
+    class Recording(LocalVerifier):
+        def send(self, epoch, start_position, block, more_follows):
+            super().send(epoch, start_position, block, more_follows)
+            blocks.append(len(block.tokens))
+
+    drafter = tiny_drafter(tiny_models, "drafter_noisy")
+    try:
+        prompt = tiny_prompt(tiny_engine, "It was the best of times")
+        controller = Controller(max_draft_len=8, window=4, cloud_window=16)
+        start = controller.draft_len
+        run_decode(drafter, Recording(tiny_engine), prompt, GREEDY_PARAMS, max_new_tokens=40, draft_len=8, window=4,
+                   controller=controller)
+    finally:
+        drafter.close()
+    assert start < 8 and blocks[:2] == [start, start]  # the early block, then the first chain's next
