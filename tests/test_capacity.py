@@ -207,7 +207,7 @@ def test_bench_serve_compares_the_split_with_the_fastest_cloud_only_on_the_same_
     from sim.bench.serve import format_serve_report, run_serve_bench
 
     report = run_serve_bench(scenario="lte", turns=2, max_tokens=8, repeats=1, target=tiny_models["target"],
-                             drafter=tiny_models["drafter_noisy"])
+                             drafter=tiny_models["drafter_noisy"], schedule="adaptive")
     c = report["cloud_only"]
     assert (c["fastest"]["shapes"], c["reproducible"]["shapes"], c["split_shapes"]) == ("free", "canonical", "canonical")
     assert c["fastest"]["tokens_per_s"] > 0 and c["reproducible"]["tokens_per_s"] > 0
@@ -216,5 +216,5 @@ def test_bench_serve_compares_the_split_with_the_fastest_cloud_only_on_the_same_
     assert c["direct_over_reproducible"] == pytest.approx(direct / c["reproducible"]["tokens_per_s"])
     assert all(t["identical"] for t in report["turns"]) and all(t["kept_tokens_per_s"] > 0 for t in report["turns"])
     text = format_serve_report(report)
-    assert report["lookup"] and "the drafter behind prompt lookup; kept arm median" in text
+    assert report["lookup"] and "the drafter behind prompt lookup, the adaptive schedule; kept arm median" in text
     assert f"vs {c['fastest']['tokens_per_s']:.2f} tok/s in free shapes, the fastest ({c['direct_over_fastest']:.2f}x)" in text

@@ -9,7 +9,9 @@ Three measurements in one run, on the same cloud cores, link and drafter:
   prompt tokens, prompt tokens uploaded, the Open's bytes against the packed
   size of the new tokens, time to first token, the kept arm's tokens/s; the
   replies must be identical; the drafter is behind prompt lookup (``lookup``,
-  as ``edge serve`` runs it) unless told otherwise;
+  as ``edge serve`` runs it) unless told otherwise, under ``edge serve``'s
+  schedule (``schedule``; under the adaptive one each request's controller
+  starts from the last one's);
 - the HTTP layer: one prompt streamed through the OpenAI server (uvicorn,
   server-sent events) against the same generation called directly:
   tokens/s and time to first token;
@@ -30,6 +32,8 @@ import statistics
 import threading
 import time
 from typing import Any
+
+from shared.params import DEFAULT_SCHEDULE
 
 __all__ = ["run_serve_bench", "format_serve_report", "QUESTIONS"]
 
@@ -53,7 +57,7 @@ QUESTIONS = [
 
 def run_serve_bench(*, scenario: str = "acespec-50k", turns: int = 10, max_tokens: int = 32, repeats: int = 3,
                     target: str | None = None, drafter: str | None = None, lookup: bool = True,
-                    progress=lambda line: None) -> dict[str, Any]:
+                    schedule: str | None = None, progress=lambda line: None) -> dict[str, Any]:
     import httpx
 
     from cloud.models import resolve_target
@@ -71,12 +75,14 @@ def run_serve_bench(*, scenario: str = "acespec-50k", turns: int = 10, max_token
     link_scenario = load_scenario(scenario)
     edge_cores, cloud_cores = core_split()
     greedy = SamplingParams(mode=Mode.GREEDY)
-    report: dict[str, Any] = {"scenario": link_scenario.name, "lookup": lookup, "turns": [], "http": {}}
+    schedule = schedule or DEFAULT_SCHEDULE
+    report: dict[str, Any] = {"scenario": link_scenario.name, "lookup": lookup, "schedule": schedule, "turns": [],
+                              "http": {}}
     draft = open_llama_drafter(drafter, n_threads=len(edge_cores) if edge_cores else 1, lookup=lookup)
     try:
         with CloudProcess(str(resolve_target(target)), cloud_cores, extra_args=["--shapes", SPLIT_SHAPES]) as cloud, \
                 BackgroundLink(link_scenario.link, cloud.port) as link:
-            config = ServeConfig(cloud=link.address, model_name=draft.model_name)
+            config = ServeConfig(cloud=link.address, model_name=draft.model_name, schedule=schedule)
             service = EdgeService.for_drafter(draft, config)
             service.run(Job(service.text_prompt("Hello"), greedy, 4), lambda text: None, threading.Event())  # warm up
             arms: dict[str, list[dict]] = {}
@@ -221,7 +227,8 @@ def format_serve_report(report: dict[str, Any]) -> str:
     lookup = "behind prompt lookup" if report.get("lookup") else "alone (no prompt lookup)"
     median = f"; kept arm median {statistics.median(speeds):.2f} tok/s over the turns" if speeds else ""
     return (f"conversation on {report['scenario']} (split both ways: kept session vs a fresh session per turn; the "
-            f"drafter {lookup}{median}):\n{table}\n\n{http}\n{yardstick}")
+            f"drafter {lookup}, the {report.get('schedule', DEFAULT_SCHEDULE)} schedule{median}):\n{table}\n\n"
+            f"{http}\n{yardstick}")
 
 
 def _times(ratio: float | None) -> str:

@@ -19,9 +19,11 @@ from shared.params import (
     DEFAULT_DRAFT_LEN,
     DEFAULT_DRAFT_TOP_K,
     DEFAULT_PROB_BITS,
+    DEFAULT_SCHEDULE,
     DEFAULT_TEMPERATURE,
     DEFAULT_TOP_K,
     DEFAULT_TOP_P,
+    SCHEDULES,
     Mode,
 )
 from sim.bench.split import DEFAULT_PROMPT as SPLIT_PROMPT  # a constant; the bench itself loads lazily
@@ -153,6 +155,9 @@ def _add_serve(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--lookup", action=argparse.BooleanOptionalAction, default=True,
                        help="the drafter behind prompt lookup, as `edge serve` runs it by default (--no-lookup: the "
                             "GGUF drafter alone; run both to see what lookup buys a conversation)")
+    serve.add_argument("--schedule", choices=SCHEDULES, default=DEFAULT_SCHEDULE,
+                       help="edge serve's --schedule (default %(default)s; adaptive: each request's controller starts "
+                            "from the last one's estimates)")
     serve.add_argument("--json", action="store_true", help="print the result as JSON")
     serve.set_defaults(func=run_serve)
 
@@ -338,7 +343,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
     report = run_serve_bench(scenario=args.scenario, turns=args.turns, max_tokens=args.max_tokens,
                              repeats=args.repeats, target=args.target, drafter=args.drafter, lookup=args.lookup,
-                             progress=lambda line: print(line, file=sys.stderr, flush=True))
+                             schedule=args.schedule, progress=lambda line: print(line, file=sys.stderr, flush=True))
     print(json.dumps(report) if args.json else format_serve_report(report))
     return 0
 
