@@ -24,7 +24,6 @@ only while it measurably pays. The rules and their reasons:
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 from edge.row_cost import RowCost
@@ -46,8 +45,8 @@ _WINDOW_TIE = 0.01  # windows predicted this close count as equally fast
 SHRINK_STRENGTH = 4.0  # pseudo-trials at the pooled rate that a position's acceptance estimate is shrunk by
 _CHANGE_TIE = 0.03  # another draft length must be predicted this much faster to be taken
 _MIN_WINDOW = 2  # blocks in flight the controller chooses at least (it never goes lock-step), and starts with
-# Drafts per block until the first verdicts say otherwise (the cap where lower): in the closed-loop model over
-# measured runs, starting at the cap cost weak drafters 1-10% (docs/history.md).
+# The draft length the first plan weighs others against (the cap where lower). The decode loop's first chain
+# holds the caller's cap until that plan (a first chain of this length was measured, no faster: docs/history.md).
 _START_DRAFT_LEN = 4
 _HEDGE_PROBE_BLOCKS = 8  # blocks measured without hedges, then with them, before hedging is weighed
 # A session starts with the cloud decoding alone where one round trip costs more of its tokens than a good
@@ -55,12 +54,6 @@ _HEDGE_PROBE_BLOCKS = 8  # blocks measured without hedges, then with them, befor
 # every correction costs a drafting chain a round trip, and the cloud alone pays none, so no drafting start
 # keeps pace there (docs/pipelining.md, the start; a drafter that does is still found by the shadow proposals).
 START_CHAIN_TOKENS = 1 / (1 - 0.85)
-
-
-# What a controller measured, which the next generation's may start from (``Controller.carry_from``).
-_ESTIMATES = ("acceptance", "draft_s_per_token", "network_s", "block_cloud_s", "forward_s", "forward_cost",
-              "one_token_s", "cloud_s_per_token", "stale_decoded", "stale_rebased", "hedge_gain", "hedge_s",
-              "drafted_blocks", "hedged_blocks")
 
 
 def controller_for(schedule: str, max_draft_len: int, window: int) -> Controller | None:
@@ -164,10 +157,9 @@ class Controller:
         self.hedged_blocks = 0  # ... of them hedged
         self.hedging = False  # the current choice (``hedge_width``)
         # The current choice. A session starts drafting (measured here: starting with the cloud decoding
-        # alone cost the self-drafting Gemma pair 1.47x instead of 2.2x cloud-only on acespec-50k), with
-        # blocks of _START_DRAFT_LEN and two in flight until the measurements say more pay (a drafter that
-        # turns out useless on a long link then costs fewer wasted drafts and blocks before the cloud
-        # takes over).
+        # alone cost the self-drafting Gemma pair 1.47x instead of 2.2x cloud-only on acespec-50k; ``start``
+        # says where a round trip outweighs any drafter), two blocks in flight, the first plan weighing draft
+        # lengths from _START_DRAFT_LEN, until the measurements say more pay.
         self.draft_len = min(max_draft_len, _START_DRAFT_LEN)
         self.chosen_window = min(_MIN_WINDOW, window)
         self.switches = 0
@@ -188,32 +180,18 @@ class Controller:
         return controller
 
     # -- the start -------------------------------------------------------
-    def carry_from(self, previous: Controller) -> None:
-        """Start from what ``previous``, the last generation's controller over the same drafter and
-        verifier, measured and chose (a conversation's next turn, ``edge serve``'s next request): its
-        estimates, its draft length or the cloud alone, its window and whether it hedged, within this
-        one's caps. Its counts of switches are this generation's own."""
-        for name in _ESTIMATES:
-            setattr(self, name, copy.deepcopy(getattr(previous, name)))
-        self.draft_len = min(previous.draft_len, self.max_draft_len)
-        self.chosen_window = previous.chosen_window
-        self.cloud_window = min(self.cloud_window, previous.cloud_window)
-        self.hedging = previous.hedging
-
-    def start(self, round_trip_s: float = 0.0, token_s: float = 0.0) -> Plan | None:
-        """Before the Open: the plan when the session starts with the cloud alone, else None (it starts
-        drafting). A controller that carries estimates (``carry_from``) chooses on them, from where the
-        last generation left off (``plan``). One that has measured nothing goes by a round trip
-        measured with no cloud work in it and the cloud's hint of its seconds per token decoding alone
-        (0: not known): the cloud alone where a round trip and a token cost more of its tokens than
-        ``START_CHAIN_TOKENS`` (both then seed the estimates)."""
-        if self.acceptance.samples:
-            self.plan()
-        elif token_s > 0 and round_trip_s > 0 and (round_trip_s + token_s) / token_s >= START_CHAIN_TOKENS:
-            self.network_s.add(round_trip_s)
-            self.cloud_s_per_token.add(token_s)
-            self.draft_len = 0
-        return Plan(0, self.cloud_window, self.predict_cloud()) if self.draft_len == 0 else None
+    def start(self, round_trip_s: float, token_s: float) -> Plan | None:
+        """Before the Open, from a round trip measured with no cloud work in it and the cloud's hint of
+        its seconds per token decoding alone (0: not known): the cloud alone from the first token, where
+        a round trip and a token cost more tokens of the cloud's alone than ``START_CHAIN_TOKENS`` (then
+        both seed the estimates, and the plan is returned); else None, and the session starts
+        drafting as it would without them."""
+        if token_s <= 0 or round_trip_s <= 0 or (round_trip_s + token_s) / token_s < START_CHAIN_TOKENS:
+            return None
+        self.network_s.add(round_trip_s)
+        self.cloud_s_per_token.add(token_s)
+        self.draft_len = 0
+        return Plan(0, self.cloud_window, self.predict_cloud())
 
     # -- what the loop measured ------------------------------------------
     def observe_block(self, drafted: int, accepted: int, trip_s: float, draft_s: float, cloud_s: float = 0.0,

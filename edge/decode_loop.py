@@ -217,19 +217,16 @@ class _Decode:
 
     def _head_start(self) -> int:
         """Empty blocks to send behind the Open: none, unless the controller starts the session with the
-        cloud alone (``Controller.start``: on what the connection measured of the link, or where the
-        last generation left off); then a window of them, within the verifier's hint of blocks in
-        flight and the token limit."""
+        cloud alone on what the connection measured of the link (``Controller.start``); then a window of
+        them, within the verifier's hint of blocks in flight and the token limit."""
         controller, hint = self.pipeline.controller, self.verifier.link_hint
-        if controller is None or self.pipeline.draft_len == 0:
+        if controller is None or hint is None or self.pipeline.draft_len == 0:
             return 0
-        plan = controller.start(hint.round_trip_s, hint.cloud.token_s_for(self.params.reproducible)) if hint \
-            else controller.start()
+        plan = controller.start(hint.round_trip_s, hint.cloud.token_s_for(self.params.reproducible))
         if plan is None:
             return 0
         log.debug("the cloud decodes alone from the start: %s", controller.describe(plan))
-        hinted_blocks = hint.cloud.max_blocks_in_flight if hint is not None else 0
-        return max(min(plan.window, hinted_blocks or plan.window, self.max_new_tokens - 1), 0)
+        return max(min(plan.window, hint.cloud.max_blocks_in_flight or 1, self.max_new_tokens - 1), 0)
 
     def _open(self, head_start: int) -> None:
         pipe, early = self.pipeline, self.early
@@ -266,10 +263,11 @@ class _Decode:
             controller.set_row_tile(terms.row_tile)
             controller.window = min(controller.window, terms.max_blocks_in_flight)
             controller.cloud_window = min(controller.cloud_window, terms.max_blocks_in_flight)
-            # Its choice, the first chain's too: the cloud alone, or blocks of its draft length (a start's until
-            # it has measured), so many in flight.
-            window = controller.cloud_window if controller.draft_len == 0 else controller.drafting_window
-            pipe.follow(Plan(controller.draft_len, window, None))
+            if controller.draft_len == 0:  # the cloud decodes alone (from the start, or when the link broke)
+                pipe.follow(Plan(0, controller.cloud_window, None))
+            else:  # its window (two until it has measured), the first chain's too; that chain's blocks hold the
+                # caller's cap until the first plan (measured against the controller's start length: docs/history.md)
+                pipe.window = controller.drafting_window
         else:
             pipe.controller = None
 

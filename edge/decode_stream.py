@@ -97,6 +97,15 @@ class DecodeStream:
         threading.Thread(target=wait, name="edge-stream-headers", daemon=True).start()
         return headers[0] if answered.wait(timeout_s) else None
 
+    def headers(self) -> tuple:
+        """The cloud's answer to the current call's headers: call only once a frame has come on it (they
+        precede it, so this does not wait); empty when there is none."""
+        if self.call is None:
+            return ()
+        with contextlib.suppress(grpc.RpcError):
+            return tuple(self.call.initial_metadata() or ())
+        return ()
+
     def send(self, frame: pb.EdgeFrame) -> None:
         self._started = None  # the stream is in use
         self._meter.count_up(frame)

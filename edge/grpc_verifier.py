@@ -122,7 +122,8 @@ class GrpcVerifier:
         self._early_sent: SentBlock | None = None  # the early block, once sent
         self._early_attempt: object | None = None  # the Open whose early block may still go (until its Opened)
         self._head_start = 0  # while opening: empty blocks to send behind the Open (``open``)
-        self.link_hint: LinkHint | None = None  # measured by ``connect(stream=True)``
+        self.link_hint: LinkHint | None = None  # measured by ``connect(stream=True)``, or the caller's
+        self._cloud_hints = StreamHints()  # what the session's stream headers said (``measured_link``)
 
     # -- VerifierConnection ------------------------------------------------------
     def connect(self, *, stream: bool = False) -> None:
@@ -300,6 +301,14 @@ class GrpcVerifier:
         session until its TTL); for soaks and tests. ``close`` afterwards only releases the channel."""
         self._stream.abandon()
 
+    def measured_link(self) -> LinkHint | None:
+        """What this session measured of the link, for the next session over it to start from (``edge
+        serve``, which opens its stream with the request): the median round trip of its verdicts, the
+        cloud's time taken out, and what its stream's headers said. None: no verdict was timed."""
+        if not self.meter.rtt_samples_s:
+            return None
+        return LinkHint(self.meter.rtt_ms * 1e-3, self._cloud_hints)
+
     def close(self) -> None:
         # After the final verdict, Close tells the cloud it arrived (until then the cloud keeps
         # the finished session, in case the link broke on it). Without it, the session stays
@@ -428,6 +437,7 @@ class GrpcVerifier:
         # The answer to the first position (Open.first_token), which ``receive`` returns first.
         self._first_verdict = opened.first_verdict if opened.HasField("first_verdict") else None
         self.replica = opened.replica
+        self._cloud_hints = StreamHints.from_metadata(self._stream.headers())
         if opened.vocab_size != self.endpoint.vocab_size:
             raise VerifierError(f"cloud vocabulary has {opened.vocab_size} tokens, ours {self.endpoint.vocab_size}")
         return opened

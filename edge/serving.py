@@ -25,6 +25,7 @@ from edge.drafter import common_prefix_length
 from edge.endpoint import VerifierEndpoint
 from edge.fallback import drafter_only_decode
 from edge.text_stream import StopMatcher, TextDeltas
+from edge.verifier_protocol import LinkHint
 from shared.params import DEFAULT_DRAFT_LEN, DEFAULT_SCHEDULE, DEFAULT_WINDOW, SamplingParams, window_for
 from shared.verdict import StopReason
 
@@ -133,7 +134,7 @@ class EdgeService:
         )
         self.fleet = fleet
         self.last_replica = ""  # the replica that served the last split generation
-        self.last_controller: Controller | None = None  # the last split generation's (the adaptive schedule)
+        self.last_link: LinkHint | None = None  # what the last split generation measured of the link
         self.stop_token_ids = stop_token_ids  # end-of-turn tokens: the reply ends there
         self.conversations: list[Conversation] = []  # most recently used last
         self.offline_since: float | None = None
@@ -194,6 +195,9 @@ class EdgeService:
         )
         emitter.on_cancel = lambda: setattr(verifier, "keep_session", False)  # the cloud ends the session
         params, draft_len = self._steered(job.params)
+        # The stream opens with the request (no round trip is timed before the Open): the last session's
+        # measurements stand in, so a long link's sessions start with the cloud alone (``Controller.start``).
+        verifier.link_hint = self.last_link
         try:
             verifier.connect()
             on_start(SPLIT)
@@ -209,7 +213,7 @@ class EdgeService:
             self._drop(conversation)
             if not exc.bad_input:  # the next request connects afresh, not after gRPC's reconnect backoff
                 self.close()
-                self.last_controller = None  # (it may come back another way)
+                self.last_link = None  # (it may come back another way)
             if exc.bad_input or emitter.kept:  # the split already answered part of it: no mixing
                 raise
             self.offline_since = time.monotonic()
@@ -220,7 +224,7 @@ class EdgeService:
             return self._fallback(job, emitter, emitted)
         self.offline_since = None
         self.last_replica = verifier.replica
-        self.last_controller = controller
+        self.last_link = verifier.measured_link() or self.last_link
         conversation.record(verifier, job.prompt, result.tokens)
         emitter.finish()
         outcome = self._outcome(job, result, emitter, emitted, SPLIT, verifier)
@@ -229,13 +233,9 @@ class EdgeService:
 
     def _schedule(self, draft_len: int) -> tuple[int, Controller | None]:
         """Blocks in flight (the cap, for the adaptive schedule) and, for the adaptive schedule, a
-        controller for one generation that starts from what the last one measured and chose
-        (``Controller.carry_from``): a request does not learn the drafter and the link afresh."""
+        fresh controller for one generation, as ``edge run`` has."""
         window = window_for(self.config.schedule, self.config.window)
-        controller = controller_for(self.config.schedule, draft_len, window)
-        if controller is not None and self.last_controller is not None:
-            controller.carry_from(self.last_controller)
-        return window, controller
+        return window, controller_for(self.config.schedule, draft_len, window)
 
     def _steered(self, params: SamplingParams) -> tuple[SamplingParams, int]:
         """The request's sampling and this generation's draft length, with the fleet's say:

@@ -9,6 +9,7 @@ from helpers import tiny_drafter, tiny_prompt
 
 from edge.controller import REPLAN_TOKENS, AcceptanceEstimate, Controller, controller_for
 from edge.decode_loop import run_decode
+from edge.early_block import EARLY_DRAFT_LEN
 from edge.ngram_drafter import NgramDrafter
 from shared.params import Mode, SamplingParams
 from shared.stats import Ewma
@@ -535,10 +536,10 @@ def test_a_cloud_token_verdict_that_brought_the_cloud_s_own_proposals_prices_eac
     assert c.cloud_s_per_token.value == pytest.approx(0.1) and c.one_token_s.value == pytest.approx(0.1)
 
 
-def test_a_session_s_first_chain_keeps_to_the_controller_s_start(tiny_models, tiny_engine):
-    """Until the controller has chosen on measurements, a session's blocks hold its start draft length
-    (``_START_DRAFT_LEN``), not the caller's cap: the block after the early one too (the performance
-    model starts the same way)."""
+def test_a_session_s_first_chain_drafts_at_the_cap_until_the_controller_has_chosen(tiny_models, tiny_engine):
+    """The early block holds ``EARLY_DRAFT_LEN`` drafts; the chain after it, the caller's cap, until the
+    controller's first plan (measured against its start length, 4: docs/history.md, the head start);
+    the performance model starts the same way."""
     blocks = []
 
     class Recording(LocalVerifier):
@@ -549,10 +550,8 @@ def test_a_session_s_first_chain_keeps_to_the_controller_s_start(tiny_models, ti
     drafter = tiny_drafter(tiny_models, "drafter_noisy")
     try:
         prompt = tiny_prompt(tiny_engine, "It was the best of times")
-        controller = Controller(max_draft_len=8, window=4, cloud_window=16)
-        start = controller.draft_len
         run_decode(drafter, Recording(tiny_engine), prompt, GREEDY_PARAMS, max_new_tokens=40, draft_len=8, window=4,
-                   controller=controller)
+                   controller=Controller(max_draft_len=8, window=4, cloud_window=16))
     finally:
         drafter.close()
-    assert start < 8 and blocks[:2] == [start, start]  # the early block, then the first chain's next
+    assert blocks[:2] == [EARLY_DRAFT_LEN, 8]

@@ -228,9 +228,8 @@ class _ControllersSeen(EdgeService):
 
 @pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
 def test_the_adaptive_schedule_s_controller_steers_each_request(cloud, drafter):
-    """Each served generation of the adaptive schedule is decoded under a controller of its own that starts
-    from the last one's estimates (it measured that generation's blocks on top), and answers as the target
-    alone would; the fixed schedules get none."""
+    """Each served generation of the adaptive schedule is decoded under a fresh controller (it measured
+    that generation's blocks), and answers as the target alone would; the fixed schedules get none."""
     params = SamplingParams(mode=Mode.COUPLED, temperature=0.9, seed=3)
     tokens = {}
     for schedule in ("adaptive", "pipelined", "lockstep"):
@@ -244,8 +243,7 @@ def test_the_adaptive_schedule_s_controller_steers_each_request(cloud, drafter):
         if schedule != "adaptive":
             assert seen == [None, None]
             continue
-        assert seen[0] is not seen[1]  # each generation its own, starting from what the last one measured:
-        assert seen[1].acceptance.samples > seen[0].acceptance.samples  # ... it measured more on top
+        assert seen[0] is not seen[1]  # what one generation measured is not the next's
         for controller in seen:
             assert controller.window == 3 and controller.max_draft_len == 4
             assert controller.acceptance.samples > 0  # it measured the generation's blocks

@@ -10,8 +10,7 @@ Three measurements in one run, on the same cloud cores, link and drafter:
   size of the new tokens, time to first token, the kept arm's tokens/s; the
   replies must be identical; the drafter is behind prompt lookup (``lookup``,
   as ``edge serve`` runs it) unless told otherwise, under ``edge serve``'s
-  schedule (``schedule``; under the adaptive one each request's controller
-  starts from the last one's);
+  ``schedule`` (default pipelined);
 - the HTTP layer: one prompt streamed through the OpenAI server (uvicorn,
   server-sent events) against the same generation called directly:
   tokens/s and time to first token;

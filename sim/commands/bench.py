@@ -156,8 +156,7 @@ def _add_serve(subparsers: argparse._SubParsersAction) -> None:
                        help="the drafter behind prompt lookup, as `edge serve` runs it by default (--no-lookup: the "
                             "GGUF drafter alone; run both to see what lookup buys a conversation)")
     serve.add_argument("--schedule", choices=SCHEDULES, default=DEFAULT_SCHEDULE,
-                       help="edge serve's --schedule (default %(default)s; adaptive: each request's controller starts "
-                            "from the last one's estimates)")
+                       help="edge serve's --schedule (default %(default)s)")
     serve.add_argument("--json", action="store_true", help="print the result as JSON")
     serve.set_defaults(func=run_serve)
 

@@ -50,9 +50,9 @@ def simulate_adaptive(costs: BlockCosts, controller: Callable[[], Controller], g
     each chain's draft length and window, again every ``REPLAN_TOKENS`` tokens of a chain, and when
     the cloud decodes alone (empty blocks, a window of them in flight, one forward of one row each,
     the drafter's shadow proposals accepted as the draft they stand for, costing the edge a draft each)."""
-    def start() -> tuple[int, int, Controller]:
+    def start() -> tuple[int, int, Controller]:  # (as the decode loop: the first chain at the cap, its window)
         session = controller()
-        return session.draft_len, session.drafting_window, session
+        return session.max_draft_len, session.drafting_window, session
 
     return _simulate(costs, start, generation_tokens, generations, seed)
 
