@@ -31,7 +31,7 @@ from shared.acceptance import pipelined_chain
 from shared.stats import Ewma
 
 __all__ = ["Controller", "Plan", "AcceptanceEstimate", "controller_for", "CLOUD_WINDOW", "SHRINK_STRENGTH",
-           "REPLAN_TOKENS", "SHADOW_EVERY", "START_CHAIN_TOKENS", "START_CHAIN_TOKENS_GREEDY"]
+           "REPLAN_TOKENS", "SHADOW_EVERY", "START_CHAIN_TOKENS"]
 
 CLOUD_WINDOW = 16  # empty blocks in flight while the cloud decodes alone (the verifier may allow fewer)
 REPLAN_TOKENS = 8  # within a cloud stretch or a chain, the decode loop asks for a plan again every this many tokens
@@ -50,12 +50,10 @@ _MIN_WINDOW = 2  # blocks in flight the controller chooses at least (it never go
 _START_DRAFT_LEN = 4
 _HEDGE_PROBE_BLOCKS = 8  # blocks measured without hedges, then with them, before hedging is weighed
 # A session starts with the cloud decoding alone where one round trip costs more of its tokens than a good
-# drafter's chain commits between corrections, 1 / (1 - α) at the default drafter's measured α: 0.85 sampling
-# (coupled, T 0.7), 0.96 greedy. Every correction costs a drafting chain a round trip, and the cloud alone
-# pays none, so no drafting start keeps pace there (docs/pipelining.md, the head start; a drafter that does is
-# still found by the shadow proposals, later).
+# drafter's chain commits between corrections, 1 / (1 - α) at α 0.85 (the default drafter's measured rate):
+# every correction costs a drafting chain a round trip, and the cloud alone pays none, so no drafting start
+# keeps pace there (docs/pipelining.md, the start; a drafter that does is still found by the shadow proposals).
 START_CHAIN_TOKENS = 1 / (1 - 0.85)
-START_CHAIN_TOKENS_GREEDY = 1 / (1 - 0.96)
 
 
 def controller_for(schedule: str, max_draft_len: int, window: int) -> Controller | None:
@@ -182,15 +180,13 @@ class Controller:
         return controller
 
     # -- the start -------------------------------------------------------
-    def start(self, round_trip_s: float, token_s: float, greedy: bool = False) -> Plan | None:
+    def start(self, round_trip_s: float, token_s: float) -> Plan | None:
         """Before the Open, from a round trip measured with no cloud work in it and the cloud's hint of
         its seconds per token decoding alone (0: not known): the cloud alone from the first token, where
-        a round trip and a token cost more tokens of the cloud's alone than a good drafter's chain
-        (``START_CHAIN_TOKENS``, ``START_CHAIN_TOKENS_GREEDY`` for a ``greedy`` session) (both then seed
-        the estimates, and the plan is returned); else None, and the session starts drafting as it
-        would without them."""
-        chain = START_CHAIN_TOKENS_GREEDY if greedy else START_CHAIN_TOKENS
-        if token_s <= 0 or round_trip_s <= 0 or (round_trip_s + token_s) / token_s < chain:
+        a round trip and a token cost more tokens of the cloud's alone than ``START_CHAIN_TOKENS`` (then
+        both seed the estimates, and the plan is returned); else None, and the session starts
+        drafting as it would without them."""
+        if token_s <= 0 or round_trip_s <= 0 or (round_trip_s + token_s) / token_s < START_CHAIN_TOKENS:
             return None
         self.network_s.add(round_trip_s)
         self.cloud_s_per_token.add(token_s)

@@ -222,8 +222,7 @@ class _Decode:
         controller, hint = self.pipeline.controller, self.verifier.link_hint
         if controller is None or hint is None or self.pipeline.draft_len == 0:
             return 0
-        plan = controller.start(hint.round_trip_s, hint.cloud.token_s_for(self.params.reproducible),
-                                greedy=self.params.is_greedy)
+        plan = controller.start(hint.round_trip_s, hint.cloud.token_s_for(self.params.reproducible))
         if plan is None:
             return 0
         log.debug("the cloud decodes alone from the start: %s", controller.describe(plan))
