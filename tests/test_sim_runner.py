@@ -102,7 +102,12 @@ def test_split_is_identical_to_cloud_only_and_cheaper(sim_result):
         assert run["hedge"] is None
         assert run["hedge_hit_rate"] is None or 0 <= run["hedge_hit_rate"] <= 1
         assert run["stale_decoded"] <= run["stale_blocks"] and 0 <= run["rebased_accepted"] <= run["rebased_verified"]
-        assert run["stale_blocks"] == 0 if run["schedule"] == "lockstep" else run["stale_blocks"] > 0
+        if run["schedule"] == "lockstep":
+            assert run["stale_blocks"] == 0
+        elif run["schedule"] == "pipelined":
+            assert run["stale_blocks"] > 0
+        # (adaptive: 100 ms is worth some 25 of the tiny target's tokens, so it starts with the cloud alone, the
+        # head start, and may never draft: no stale blocks to count on)
         assert run["predicted_tokens_per_s"] > 0 and run["prediction_error"] is not None
         # Beside an adaptive run's prediction (its controller's choice): the best configuration's.
         assert (run["predicted_best_tokens_per_s"] > 0) if run["schedule"] == "adaptive" else (
