@@ -250,8 +250,9 @@ class BlockStream(ServicePart):
             seconds = now - arrived
             out.append(Answered(verdict, seconds, forward_s, forward_rows))
             if i == 0:  # the chain shared one forward: its cost and overhead go to its first block
-                if forwards == 1 and not drafts and not verdict.stale and committed_by(verdict):  # decoded alone
-                    self.recent_token_s[session.params.reproducible].append(forward_s / committed_by(verdict))
+                tokens = committed_by(verdict)
+                if forwards == 1 and not drafts and not verdict.stale and tokens:  # decoded alone
+                    self.recent_token_s[session.params.reproducible].append(forward_s / tokens)
                 overhead = max(seconds - forward_s, 0.0)
                 self.recent_overheads_s.append(overhead)
                 self.recent_latencies_s.append(seconds)
