@@ -287,6 +287,7 @@ def _run_edge(args, drafter, prompt, params, controller, options, fleet) -> int:
 
 def run_serve(args: argparse.Namespace) -> int:
     import socket
+    import threading
 
     from edge.drafter_choice import open_llama_drafter
     from edge.serving import EdgeService, ServeConfig
@@ -317,6 +318,8 @@ def run_serve(args: argparse.Namespace) -> int:
             schedule=args.schedule, window=args.window, fallback=args.fallback,
         )
         service = EdgeService.for_drafter(drafter, config, args.chat_format, fleet)
+        if args.schedule == "adaptive":  # its controller starts from the link (``Controller.start``): measure it now
+            threading.Thread(target=service.measure_link, name="link-probe", daemon=True).start()
         try:
             serve_http(service, args.host, args.port, api_key=api_key, max_waiting=args.max_waiting)
         finally:

@@ -24,6 +24,7 @@ from edge.decode_loop import GenerationResult, VerifierError, run_decode
 from edge.drafter import common_prefix_length
 from edge.endpoint import VerifierEndpoint
 from edge.fallback import drafter_only_decode
+from edge.grpc_verifier import GrpcVerifier
 from edge.text_stream import StopMatcher, TextDeltas
 from edge.verifier_protocol import LinkHint
 from shared.params import DEFAULT_DRAFT_LEN, DEFAULT_SCHEDULE, DEFAULT_WINDOW, SamplingParams, window_for
@@ -196,7 +197,8 @@ class EdgeService:
         emitter.on_cancel = lambda: setattr(verifier, "keep_session", False)  # the cloud ends the session
         params, draft_len = self._steered(job.params)
         # The stream opens with the request (no round trip is timed before the Open): the last session's
-        # measurements stand in, so a long link's sessions start with the cloud alone (``Controller.start``).
+        # measurements stand in (before the first, ``measure_link``'s), so a long link's sessions start
+        # with the cloud alone (``Controller.start``).
         verifier.link_hint = self.last_link
         try:
             verifier.connect()
@@ -230,6 +232,40 @@ class EdgeService:
         outcome = self._outcome(job, result, emitter, emitted, SPLIT, verifier)
         self._report(outcome, result, params, draft_len, verifier)
         return outcome
+
+    def measure_link(self, *, give_up_after_s: float = 60.0, every_s: float = 2.0) -> LinkHint | None:
+        """Time a new stream's headers (a round trip with no cloud work in it) and read the cloud's hints,
+        as ``edge run`` does before its Open, so that the first request on a long link can already start
+        with the cloud alone (``Controller.start``). ``edge serve`` calls it once, beside the server.
+
+        Contract: over a channel of its own (it may run while a request does) and a stream that carries
+        no session. Tries every ``every_s`` while the cloud does not answer (it may still be loading),
+        for at most ``give_up_after_s``, and stops as soon as a request has measured the link. Keeps its
+        answer only where nothing was measured yet. Never raises; None: nothing measured."""
+        deadline = time.monotonic() + give_up_after_s
+        while self.last_link is None:
+            probe = None
+            try:
+                probe = GrpcVerifier(self.endpoint)
+                probe.connect(stream=True)
+                answered = True
+            except (VerifierError, ValueError) as exc:  # (ValueError: a token the endpoint will not send in clear)
+                log.debug("link probe: %s", exc)
+                answered = False
+            finally:
+                if probe is not None:
+                    probe.close()
+            if answered:  # (without a hint where its headers came only with an Opened: nothing to time)
+                if probe.link_hint is not None and self.last_link is None:
+                    self.last_link = probe.link_hint
+                    log.info("the link: round trip %.0f ms; %s", probe.link_hint.round_trip_s * 1e3,
+                             probe.link_hint.cloud)
+                return probe.link_hint
+            if time.monotonic() + every_s > deadline:
+                log.info("the link was not measured before the first request (the cloud did not answer)")
+                return None
+            time.sleep(every_s)
+        return self.last_link
 
     def _schedule(self, draft_len: int) -> tuple[int, Controller | None]:
         """Blocks in flight (the cap, for the adaptive schedule) and, for the adaptive schedule, a

@@ -6,6 +6,7 @@ headers (``shared.wire.StreamHints``), timed as a round trip. The output is the 
 
 from __future__ import annotations
 
+import socket
 import threading
 from dataclasses import replace
 
@@ -173,9 +174,11 @@ def test_on_a_long_link_edge_run_times_the_round_trip_and_starts_with_the_cloud_
 
 
 def test_edge_serve_starts_a_request_from_what_the_last_one_measured_of_the_link(tiny_models, tiny_engine):
-    """``edge serve`` opens its stream with the request, so its first session on a long link starts
-    drafting; the next starts from what that one measured (its round trip, and the cloud's pace its
-    stream's headers said), with the cloud alone. Both answer as the target alone would."""
+    """``edge serve`` opens its stream with the request: with nothing measured (no probe), its first
+    session on a long link starts drafting, and the next starts from what that one measured (its round
+    trip, and the cloud's pace its stream's headers said), with the cloud alone. A service that probed
+    the link first (``measure_link``, as ``edge serve`` does beside its server) starts its first
+    session with the cloud alone. All answer as the target alone would."""
     drafter = tiny_drafter(tiny_models, "drafter_noisy")
     config = dict(model_name="tiny", schedule="adaptive", draft_len=4)
     try:
@@ -189,10 +192,35 @@ def test_edge_serve_starts_a_request_from_what_the_last_one_measured_of_the_link
             outs = [service.run(Job(prompt, PARAMS[0], 12), lambda text: None, threading.Event()).tokens
                     for _ in range(2)]
             service.close()
+            probed = _ControllersSeen.for_drafter(drafter, ServeConfig(cloud=link.address, **config), "gemma")
+            hint = probed.measure_link()
+            outs.append(probed.run(Job(prompt, PARAMS[0], 12), lambda text: None, threading.Event()).tokens)
+            probed.close()
     finally:
         drafter.close()
-    assert outs == [want, want]
+    assert outs == [want, want, want]
     first, second = service.controllers
     assert first.drafted_blocks > 0  # no round trip known yet: it started drafting
     assert service.last_link.round_trip_s >= 0.29 and service.last_link.cloud.token_s > 0
     assert second.drafted_blocks == 0 and second.draft_len == 0 and second.switches == 0  # the cloud alone
+    assert hint.round_trip_s >= 0.29 and hint.cloud.token_s > 0
+    [probed_first] = probed.controllers
+    assert probed_first.drafted_blocks == 0 and probed_first.draft_len == 0  # the cloud alone from the first
+
+
+def test_a_link_probe_with_no_cloud_gives_up_and_says_nothing(tiny_models):
+    """``measure_link`` against an address nothing answers on: None after its time, nothing kept,
+    no exception (``edge serve`` goes on; its first request starts drafting)."""
+    drafter = tiny_drafter(tiny_models)
+    try:
+        with socket.socket() as unused:
+            unused.bind(("127.0.0.1", 0))
+            address = f"127.0.0.1:{unused.getsockname()[1]}"  # bound, not listening: connections are refused
+            service = _ControllersSeen.for_drafter(
+                drafter, ServeConfig(cloud=address, model_name="tiny", schedule="adaptive", connect_timeout_s=0.2),
+                "gemma")
+            assert service.measure_link(give_up_after_s=0.5, every_s=0.2) is None
+            service.close()
+    finally:
+        drafter.close()
+    assert service.last_link is None
