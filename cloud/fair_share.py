@@ -162,8 +162,12 @@ class ClientLedger:
         per_row = None if stats is None else stats.per_row.rate
         return 1.0 if per_row is None else min(1.0, max(self.floor, per_row))
 
-    def capped(self, client: str) -> bool:
+    def drafts_seen(self, client: str) -> int:
+        """How many of ``client``'s verified drafts its acceptance is read over (0: not recorded)."""
         stats = self.clients.get(client)
-        if stats is None or stats.acceptance.count < CAP_AFTER_DRAFTS:
+        return 0 if stats is None else int(stats.acceptance.count)
+
+    def capped(self, client: str) -> bool:
+        if self.drafts_seen(client) < CAP_AFTER_DRAFTS:
             return False
-        return stats.acceptance.rate < ACCEPTANCE_FLOOR
+        return self.clients[client].acceptance.rate < ACCEPTANCE_FLOOR

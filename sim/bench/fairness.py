@@ -5,7 +5,8 @@ token) replay a real drafter's blocks (recorded in process first, greedy, so
 the drafter's CPU time is not in the timed runs) through ``run_decode`` over
 ``GrpcVerifier``: alone, then beside ``attackers`` edges (their own tokens)
 that loop ``run_decode`` with random drafts at the verifier's largest draft
-length and window until the honest edges are done, on a fresh verifier as
+length and window (the honest round starts once the verifier has judged each
+of them: ``CAP_AFTER_DRAFTS`` drafts verified) until the honest edges are done, on a fresh verifier as
 shipped (fair share, caps) and on one that packs verifies oldest first with
 no cap (the rule before fair share: ``oldest_first``). Reports the honest
 tokens/s each way, the attackers' share of verify rows in forwards where
@@ -58,6 +59,7 @@ def run_fairness_bench(
         raise ValueError("need honest >= 1, attackers >= 0, max_new_tokens >= 1, draft_len >= 1")
 
     from cloud.engine import TargetEngine
+    from cloud.fair_share import CAP_AFTER_DRAFTS
     from cloud.limits import ServiceLimits
     from cloud.server import BackgroundServer, ServerConfig
     from edge.decode_loop import run_decode
@@ -125,6 +127,10 @@ def run_fairness_bench(
                 scheduler.fair = fair
                 stop = threading.Event()
 
+                def judged() -> bool:  # (on the engine thread, which alone reads the ledger)
+                    return all(scheduler.ledger.drafts_seen(f"token:attacker-{j}") >= CAP_AFTER_DRAFTS
+                               for j in range(attackers))
+
                 def attacker(j: int) -> None:
                     while not stop.is_set():  # a verifier per generation: ``run_decode`` closes its stream
                         verifier = connect(server, f"attacker-{j}")
@@ -138,7 +144,14 @@ def run_fairness_bench(
                 threads = [threading.Thread(target=attacker, args=(j,)) for j in range(attackers)]
                 for t in threads:
                     t.start()
-                time.sleep(0.5 if attackers else 0.0)  # the attackers' sessions are open and flooding
+                # The honest round starts once every attacker has flooded long enough to be judged (the
+                # ledger has seen CAP_AFTER_DRAFTS of its drafts): a fixed head start was too short on
+                # some machines, and the round then measured attackers the verifier had not yet weighed.
+                flooding_since = time.monotonic()
+                while not scheduler.submit(judged).result(timeout_s):
+                    if time.monotonic() - flooding_since > timeout_s:
+                        raise RuntimeError(f"the attackers were not judged within {timeout_s:.0f} s")
+                    time.sleep(0.05)
                 tok_s, got = honest_round(server)
                 rows, owed = dict(scheduler.stats.contended_rows), dict(scheduler.stats.contended_owed)
                 stop.set()
