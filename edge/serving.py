@@ -244,28 +244,29 @@ class EdgeService:
         answer only where nothing was measured yet. Never raises; None: nothing measured."""
         deadline = time.monotonic() + give_up_after_s
         while self.last_link is None:
-            probe = None
             try:
-                probe = GrpcVerifier(self.endpoint)
-                probe.connect(stream=True)
-                answered = True
+                hint = self._probe_link()
             except (VerifierError, ValueError) as exc:  # (ValueError: a token the endpoint will not send in clear)
                 log.debug("link probe: %s", exc)
-                answered = False
-            finally:
-                if probe is not None:
-                    probe.close()
-            if answered:  # (without a hint where its headers came only with an Opened: nothing to time)
-                if probe.link_hint is not None and self.last_link is None:
-                    self.last_link = probe.link_hint
-                    log.info("the link: round trip %.0f ms; %s", probe.link_hint.round_trip_s * 1e3,
-                             probe.link_hint.cloud)
-                return probe.link_hint
+            else:  # (no hint where the headers came only with an Opened: nothing to time)
+                if hint is not None and self.last_link is None:
+                    self.last_link = hint
+                    log.info("the link: round trip %.0f ms; %s", hint.round_trip_s * 1e3, hint.cloud)
+                return hint
             if time.monotonic() + every_s > deadline:
                 log.info("the link was not measured before the first request (the cloud did not answer)")
                 return None
             time.sleep(every_s)
         return self.last_link
+
+    def _probe_link(self) -> LinkHint | None:
+        """One stream's headers, timed, over a channel of its own; raises as ``GrpcVerifier.connect``."""
+        probe = GrpcVerifier(self.endpoint)
+        try:
+            probe.connect(stream=True)
+            return probe.link_hint
+        finally:
+            probe.close()
 
     def _schedule(self, draft_len: int) -> tuple[int, Controller | None]:
         """Blocks in flight (the cap, for the adaptive schedule) and, for the adaptive schedule, a

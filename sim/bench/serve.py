@@ -56,7 +56,7 @@ QUESTIONS = [
 
 def run_serve_bench(*, scenario: str = "acespec-50k", turns: int = 10, max_tokens: int = 32, repeats: int = 3,
                     target: str | None = None, drafter: str | None = None, lookup: bool = True,
-                    schedule: str | None = None, progress=lambda line: None) -> dict[str, Any]:
+                    schedule: str = DEFAULT_SCHEDULE, progress=lambda line: None) -> dict[str, Any]:
     import httpx
 
     from cloud.models import resolve_target
@@ -74,7 +74,6 @@ def run_serve_bench(*, scenario: str = "acespec-50k", turns: int = 10, max_token
     link_scenario = load_scenario(scenario)
     edge_cores, cloud_cores = core_split()
     greedy = SamplingParams(mode=Mode.GREEDY)
-    schedule = schedule or DEFAULT_SCHEDULE
     report: dict[str, Any] = {"scenario": link_scenario.name, "lookup": lookup, "schedule": schedule, "turns": [],
                               "http": {}}
     draft = open_llama_drafter(drafter, n_threads=len(edge_cores) if edge_cores else 1, lookup=lookup)
