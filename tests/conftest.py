@@ -65,14 +65,45 @@ def greedy_path(tiny_engine):
     return prompt, greedy_continuation(tiny_engine, prompt)
 
 
-@pytest.fixture()
-def verifier(tiny_engine):
-    """A real verifier gRPC server on a free loopback port, stopped after the test."""
+def _servers(tiny_engine):
+    """Yields ``start(limits, engine=None, **config)``, which returns a started ``BackgroundServer`` on a
+    free loopback port (the tiny target unless ``engine``; ``config``: the rest of ``ServerConfig``);
+    stops every one it started when resumed."""
     from cloud.limits import ServiceLimits
     from cloud.server import BackgroundServer, ServerConfig
 
-    with BackgroundServer(tiny_engine, ServerConfig(port=0, limits=ServiceLimits(max_draft_len=16, session_ttl_s=30))) as server:
-        yield server
+    started = []
+
+    def start(limits: ServiceLimits | None = None, *, engine=None, port: int = 0, **config):
+        server = BackgroundServer(engine or tiny_engine,
+                                  ServerConfig(port=port, limits=limits or ServiceLimits(), **config)).start()
+        started.append(server)
+        return server
+
+    yield start
+    for server in reversed(started):
+        server.stop()
+
+
+@pytest.fixture()
+def serve(tiny_engine):
+    """Real verifier gRPC servers on loopback, stopped after the test: ``serve(limits, engine=None,
+    **config)`` returns a started ``BackgroundServer``."""
+    yield from _servers(tiny_engine)
+
+
+@pytest.fixture(scope="module")
+def serve_module(tiny_engine):
+    """``serve`` for module-scoped fixtures: its servers are stopped after the module."""
+    yield from _servers(tiny_engine)
+
+
+@pytest.fixture()
+def verifier(serve):
+    """A real verifier gRPC server on a free loopback port, stopped after the test."""
+    from cloud.limits import ServiceLimits
+
+    return serve(ServiceLimits(max_draft_len=16, session_ttl_s=30))
 
 
 @pytest.fixture(scope="session")

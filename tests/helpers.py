@@ -1,15 +1,24 @@
 """Test helpers shared by several test files: exact distributions and distances, the tiny drafters,
-scripted drafters and the pipelining tests' prompts, sessions and counting controller."""
+scripted drafters and the pipelining tests' prompts, sessions and counting controller; links to a
+loopback verifier, an edge service that notes its controllers, a test certificate."""
 
 from __future__ import annotations
 
 import math
+import shutil
+import subprocess
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
+import pytest
 
 from edge.controller import Controller
+from edge.decode_loop import run_decode
+from edge.endpoint import VerifierEndpoint
+from edge.grpc_verifier import GrpcVerifier
+from edge.serving import EdgeService
 from shared.logits import process_logits
 from shared.params import Mode, SamplingParams
 
@@ -243,3 +252,43 @@ class ScriptedDrafter:
 
     def close(self) -> None:
         pass
+
+
+def link_for(server, vocab, **kwargs):
+    """A ``GrpcVerifier`` to ``server`` for the tiny models' ``vocab`` ((size, fingerprint))."""
+    size, fingerprint = vocab
+    return GrpcVerifier(VerifierEndpoint(server.address, size, fingerprint), **kwargs)
+
+
+def remote(server, vocab, drafter, prompt, params, draft_len, max_new_tokens=32, channel=None):
+    """``run_decode`` against ``server`` over a fresh link: (the result, the link)."""
+    link = link_for(server, vocab, channel=channel)
+    result = run_decode(drafter, link, prompt, params, max_new_tokens=max_new_tokens, draft_len=draft_len)
+    return result, link
+
+
+class ControllersSeen(EdgeService):
+    """The service, noting the controller each generation is given."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.controllers: list = []
+
+    def _schedule(self, draft_len):
+        window, controller = super()._schedule(draft_len)
+        self.controllers.append(controller)
+        return window, controller
+
+
+def make_certificate(folder: Path) -> tuple[bytes, bytes]:
+    """A self-signed certificate for localhost and 127.0.0.1: (cert PEM, key PEM)."""
+    if shutil.which("openssl") is None:
+        pytest.skip("the openssl command line is not installed; cannot make a test certificate")
+    folder.mkdir(parents=True, exist_ok=True)
+    key, cert = folder / "key.pem", folder / "cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+         "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+        check=True, capture_output=True, timeout=60,
+    )
+    return cert.read_bytes(), key.read_bytes()

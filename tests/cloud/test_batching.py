@@ -9,8 +9,7 @@ import time
 import grpc
 import pytest
 import torch
-from helpers import tiny_drafter, tiny_prompt
-from test_service import remote
+from helpers import remote, tiny_drafter, tiny_prompt
 
 from cloud.engine import ForwardItem, TargetEngine, run_alone, torch_threads
 from cloud.limits import ServiceLimits

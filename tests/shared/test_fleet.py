@@ -86,23 +86,23 @@ def test_a_late_subscriber_sees_retained_status_and_a_clean_stop_says_offline(br
     wait_for(lambda: _state(watch_once(broker.url, 0.5)["edges"], "late-test") == "offline", what="offline")
 
 
-def test_kill_9_of_an_edge_publishes_offline_through_its_will(broker, tiny_models, tiny_engine):
-    with BackgroundServer(tiny_engine, ServerConfig(port=0)) as cloud:
-        edge = subprocess.Popen(
-            [sys.executable, "-m", "edge.cli", "serve", "--cloud", cloud.address, "--drafter",
-             tiny_models["drafter_f32"], "--port", str(free_port()), "--mqtt", broker.url, "--edge-id", "doomed",
-             "--drafter-ctx", "512"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        )
-        try:
-            wait_for(lambda: _state(watch_once(broker.url, 0.3)["edges"], "doomed") == "online", timeout_s=60,
-                     what="the edge online")
-            os.kill(edge.pid, signal.SIGKILL)
-            edge.wait(10)
-            wait_for(lambda: _state(watch_once(broker.url, 0.3)["edges"], "doomed") == "offline", what="the will")
-        finally:
-            if edge.poll() is None:
-                edge.kill()
+def test_kill_9_of_an_edge_publishes_offline_through_its_will(broker, tiny_models, serve):
+    cloud = serve()
+    edge = subprocess.Popen(
+        [sys.executable, "-m", "edge.cli", "serve", "--cloud", cloud.address, "--drafter",
+         tiny_models["drafter_f32"], "--port", str(free_port()), "--mqtt", broker.url, "--edge-id", "doomed",
+         "--drafter-ctx", "512"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        wait_for(lambda: _state(watch_once(broker.url, 0.3)["edges"], "doomed") == "online", timeout_s=60,
+                 what="the edge online")
+        os.kill(edge.pid, signal.SIGKILL)
+        edge.wait(10)
+        wait_for(lambda: _state(watch_once(broker.url, 0.3)["edges"], "doomed") == "offline", what="the will")
+    finally:
+        if edge.poll() is None:
+            edge.kill()
 
 
 def test_a_command_is_applied_once_even_when_redelivered(broker):

@@ -31,7 +31,7 @@ from sim.perf.model import (
     protocol_bytes,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _timings(**over) -> Timings:

@@ -6,8 +6,7 @@ are verified like any draft, so the tokens are the target's alone; a verifier wh
 from __future__ import annotations
 
 import pytest
-from helpers import tiny_drafter, tiny_prompt
-from test_service import link_for
+from helpers import link_for, tiny_drafter, tiny_prompt
 
 from cloud.engine import TargetEngine
 from cloud.limits import ServiceLimits

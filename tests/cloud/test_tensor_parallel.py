@@ -12,8 +12,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from helpers import tiny_drafter, tiny_prompt
-from test_service import remote
+from helpers import remote, tiny_drafter, tiny_prompt
 
 from edge.cloud_only import cloud_only_generate
 from edge.endpoint import VerifierEndpoint

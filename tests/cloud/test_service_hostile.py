@@ -56,14 +56,13 @@ ALLOWED_ENDINGS = {grpc.StatusCode.OK, INVALID, PRECONDITION, grpc.StatusCode.NO
 
 
 @pytest.fixture(scope="module")
-def server(tiny_engine):
+def server(serve):
     """One verifier for the whole module, so the honest sessions span every hostile case.
 
     The shared ``verifier`` fixture's limits (D <= 16, TTL 30 s), module-scoped.
     """
     limits = ServiceLimits(max_draft_len=MAX_DRAFT_LEN, session_ttl_s=TTL_S)
-    with BackgroundServer(tiny_engine, ServerConfig(port=0, limits=limits)) as running:
-        yield running
+    return serve(limits)
 
 
 @pytest.fixture(scope="module")

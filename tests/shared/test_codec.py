@@ -19,7 +19,7 @@ from shared.codec import Encoded
 from shared.sparse import SparseDist, quantize, sample_sparse
 from sim.bench.wire import naive_draft_frame, run_wire_bench
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BIG_V = 262144
 
 

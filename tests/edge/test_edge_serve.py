@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 import uvicorn
-from helpers import tiny_drafter
+from helpers import ControllersSeen, tiny_drafter
 
 from cloud.limits import ServiceLimits
 from cloud.server import BackgroundServer, ServerConfig
@@ -29,9 +29,8 @@ CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": 
 
 
 @pytest.fixture(scope="module")
-def cloud(tiny_engine):
-    with BackgroundServer(tiny_engine, ServerConfig(port=0, limits=ServiceLimits(max_draft_len=16))) as running:
-        yield running
+def cloud(serve_module):
+    return serve_module(ServiceLimits(max_draft_len=16))
 
 
 @pytest.fixture(scope="module")
@@ -213,19 +212,6 @@ def test_past_the_waiting_room_a_request_gets_a_clear_429(cloud, drafter):
         http.close()
 
 
-class _ControllersSeen(EdgeService):
-    """The service, noting the controller each generation is given."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.controllers: list = []
-
-    def _schedule(self, draft_len):
-        window, controller = super()._schedule(draft_len)
-        self.controllers.append(controller)
-        return window, controller
-
-
 @pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
 def test_the_adaptive_schedule_s_controller_steers_each_request(cloud, drafter):
     """Each served generation of the adaptive schedule is decoded under a fresh controller (it measured
@@ -234,7 +220,7 @@ def test_the_adaptive_schedule_s_controller_steers_each_request(cloud, drafter):
     tokens = {}
     for schedule in ("adaptive", "pipelined", "lockstep"):
         config = ServeConfig(cloud=cloud.address, model_name="tiny", draft_len=4, schedule=schedule, window=3)
-        service = _ControllersSeen.for_drafter(drafter, config, "gemma")
+        service = ControllersSeen.for_drafter(drafter, config, "gemma")
         tokens[schedule] = [service.run(Job(service.text_prompt(text), params, 24), lambda text: None,
                                         threading.Event()).tokens for text in ("The cat sat", "Once upon a time")]
         service.close()

@@ -10,7 +10,16 @@ from collections import Counter
 
 import grpc
 import pytest
-from helpers import accepted_unchecked, exact_distribution, rejection_sampling, target_fit, tiny_drafter, tiny_prompt
+from helpers import (
+    accepted_unchecked,
+    exact_distribution,
+    link_for,
+    rejection_sampling,
+    remote,
+    target_fit,
+    tiny_drafter,
+    tiny_prompt,
+)
 
 from edge.decode_loop import run_decode
 from edge.endpoint import VerifierEndpoint
@@ -22,18 +31,6 @@ from shared import codec
 from shared.params import Mode, SamplingParams
 from shared.wire import sampling_to_proto
 from sim.inprocess import generate
-
-
-def link_for(server, vocab, **kwargs):
-    size, fingerprint = vocab
-    return GrpcVerifier(VerifierEndpoint(server.address, size, fingerprint), **kwargs)
-
-
-def remote(server, vocab, drafter, prompt, params, draft_len, max_new_tokens=32, channel=None):
-    link = link_for(server, vocab, channel=channel)
-    result = run_decode(drafter, link, prompt, params, max_new_tokens=max_new_tokens, draft_len=draft_len)
-    return result, link
-
 
 SAMPLINGS = [
     SamplingParams(mode=Mode.GREEDY),
@@ -303,30 +300,29 @@ def test_a_link_that_keeps_dropping_is_survived_or_fails_fast_when_told(tiny_mod
         drafter.close()
 
 
-def test_a_full_session_table_refuses_with_resource_exhausted(tiny_models, tiny_engine, tiny_vocab):
+def test_a_full_session_table_refuses_with_resource_exhausted(serve, tiny_models, tiny_engine, tiny_vocab):
     from cloud.limits import ServiceLimits
-    from cloud.server import BackgroundServer, ServerConfig
     from edge.verifier_protocol import VerifierError
 
     params = SamplingParams(mode=Mode.GREEDY)
     prompt = tiny_prompt(tiny_engine, "Hello")
-    with BackgroundServer(tiny_engine, ServerConfig(port=0, limits=ServiceLimits(max_sessions=1))) as server:
-        holder = link_for(server, tiny_vocab)
-        holder.open(prompt, params, 10, 4)  # holds the only slot
-        try:
-            refused = link_for(server, tiny_vocab)
-            with pytest.raises(VerifierError, match="RESOURCE_EXHAUSTED"):
-                refused.open(prompt, params, 10, 4)
-            refused.close()
-        finally:
-            holder.close()
-        # The slot is free again once the holder closed its session.
-        drafter = tiny_drafter(tiny_models)
-        try:
-            got, _ = remote(server, tiny_vocab, drafter, prompt, params, 4, max_new_tokens=8)
-        finally:
-            drafter.close()
-        assert len(got.tokens) == 8
+    server = serve(ServiceLimits(max_sessions=1))
+    holder = link_for(server, tiny_vocab)
+    holder.open(prompt, params, 10, 4)  # holds the only slot
+    try:
+        refused = link_for(server, tiny_vocab)
+        with pytest.raises(VerifierError, match="RESOURCE_EXHAUSTED"):
+            refused.open(prompt, params, 10, 4)
+        refused.close()
+    finally:
+        holder.close()
+    # The slot is free again once the holder closed its session.
+    drafter = tiny_drafter(tiny_models)
+    try:
+        got, _ = remote(server, tiny_vocab, drafter, prompt, params, 4, max_new_tokens=8)
+    finally:
+        drafter.close()
+    assert len(got.tokens) == 8
 
 
 def test_health_and_reflection_describe_the_service(verifier):

@@ -185,17 +185,15 @@ def endless(tiny_engine):
 
 
 @pytest.fixture(scope="module")
-def server(endless):
-    with BackgroundServer(endless, ServerConfig(port=0, limits=ServiceLimits(max_draft_len=16))) as running:
-        yield running
+def server(serve_module, endless):
+    return serve_module(ServiceLimits(max_draft_len=16), engine=endless)
 
 
 @pytest.fixture(scope="module")
-def unaudited(endless):
+def unaudited(serve_module, endless):
     """The control: the same verifier with the audit off."""
     limits = ServiceLimits(max_draft_len=16, audit_drafts=False)
-    with BackgroundServer(endless, ServerConfig(port=0, limits=limits)) as running:
-        yield running
+    return serve_module(limits, engine=endless)
 
 
 @pytest.fixture(scope="module")
@@ -306,7 +304,7 @@ def _open(address: str, frames: HostileFrames, params: SamplingParams, token: st
 REJECTION = SamplingParams(mode=Mode.REJECTION, temperature=1.0, seed=1)
 
 
-def test_an_open_for_a_mode_not_served_is_refused(tiny_engine, frames):
+def test_an_open_for_a_mode_not_served_is_refused(serve, tiny_engine, frames):
     limits = ServiceLimits(modes=("greedy", "coupled"))
     with BackgroundServer(tiny_engine, ServerConfig(port=0, limits=limits)) as running:
         code, details = _open(running.address, frames, REJECTION)
@@ -314,8 +312,8 @@ def test_an_open_for_a_mode_not_served_is_refused(tiny_engine, frames):
         assert _open(running.address, frames, SamplingParams(mode=Mode.COUPLED, seed=1))[0] == "opened"
         # temperature 0 is greedy in every mode, and greedy is served
         assert _open(running.address, frames, SamplingParams(mode=Mode.REJECTION, temperature=0.0))[0] == "opened"
-    with BackgroundServer(tiny_engine, ServerConfig(port=0)) as running:  # the control: all modes by default
-        assert _open(running.address, frames, REJECTION)[0] == "opened"
+    running = serve()  # the control: all modes by default
+    assert _open(running.address, frames, REJECTION)[0] == "opened"
 
 
 def test_rejection_mode_only_for_authenticated_clients(tiny_engine, frames):

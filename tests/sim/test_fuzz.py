@@ -17,7 +17,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cloud.limits import ServiceLimits
-from cloud.server import BackgroundServer, ServerConfig
 from edge.decode_loop import run_decode
 from edge.endpoint import VerifierEndpoint
 from edge.grpc_verifier import GrpcVerifier
@@ -91,10 +90,9 @@ def test_draft_payloads_with_q_round_trip(vocab, top_k, prob_bits, data):
 
 
 @pytest.fixture(scope="module")
-def server(tiny_engine):
+def server(serve):
     limits = ServiceLimits(max_draft_len=16, session_ttl_s=2.0, idle_timeout_s=1.0)
-    with BackgroundServer(tiny_engine, ServerConfig(port=0, limits=limits)) as running:
-        yield running
+    return serve(limits)
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,7 @@ import threading
 
 import pytest
 import torch
-from helpers import tiny_drafter, tiny_prompt
-from test_service import link_for
+from helpers import link_for, tiny_drafter, tiny_prompt
 
 from cloud.engine import ForwardItem, TargetEngine
 from cloud.limits import ServiceLimits

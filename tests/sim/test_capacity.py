@@ -19,7 +19,7 @@ from sim.perf.capacity import capacity_rows
 from sim.perf.hardware_profile import load_hardware
 from sim.perf.model import NetworkModel
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SPLITSPEC = [sys.executable, "-m", "sim.cli"]
 
 

@@ -28,7 +28,7 @@ from sim.link.emulator import (
 )
 from sim.link.scenario import list_scenarios, load_scenario
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SHIPPED = {"acespec-50k", "lte", "wan", "satellite"}
 
 

@@ -121,9 +121,8 @@ def test_rejection_mode_across_lost_links_still_samples_the_target(tiny_engine, 
 
 
 @pytest.fixture()
-def server(tiny_engine):
-    with BackgroundServer(tiny_engine, ServerConfig(port=0, limits=ServiceLimits(max_draft_len=16))) as running:
-        yield running
+def server(serve):
+    return serve(ServiceLimits(max_draft_len=16))
 
 
 @pytest.fixture()

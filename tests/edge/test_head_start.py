@@ -11,9 +11,7 @@ import threading
 from dataclasses import replace
 
 import pytest
-from helpers import tiny_drafter, tiny_prompt
-from test_edge_serve import _ControllersSeen
-from test_service import link_for
+from helpers import ControllersSeen, link_for, tiny_drafter, tiny_prompt
 
 from cloud.limits import ServiceLimits
 from cloud.server import BackgroundServer, ServerConfig
@@ -184,7 +182,7 @@ def test_edge_serve_starts_a_request_from_what_the_last_one_measured_of_the_link
     try:
         with BackgroundServer(tiny_engine, ServerConfig(port=0, limits=ServiceLimits(session_ttl_s=30))) as server, \
                 BackgroundLink(_long_link(), server.port) as link:
-            service = _ControllersSeen.for_drafter(drafter, ServeConfig(cloud=link.address, **config), "gemma")
+            service = ControllersSeen.for_drafter(drafter, ServeConfig(cloud=link.address, **config), "gemma")
             prompt = service.text_prompt("The cat sat on the mat.")
             # (direct: the cloud has decoded alone before, so its headers say its pace)
             want = run_decode(drafter, link_for(server, (drafter.vocab.size, drafter.vocab.fingerprint)), prompt,
@@ -192,7 +190,7 @@ def test_edge_serve_starts_a_request_from_what_the_last_one_measured_of_the_link
             outs = [service.run(Job(prompt, PARAMS[0], 12), lambda text: None, threading.Event()).tokens
                     for _ in range(2)]
             service.close()
-            probed = _ControllersSeen.for_drafter(drafter, ServeConfig(cloud=link.address, **config), "gemma")
+            probed = ControllersSeen.for_drafter(drafter, ServeConfig(cloud=link.address, **config), "gemma")
             hint = probed.measure_link()
             outs.append(probed.run(Job(prompt, PARAMS[0], 12), lambda text: None, threading.Event()).tokens)
             probed.close()
@@ -216,7 +214,7 @@ def test_a_link_probe_with_no_cloud_gives_up_and_says_nothing(tiny_models):
         with socket.socket() as unused:
             unused.bind(("127.0.0.1", 0))
             address = f"127.0.0.1:{unused.getsockname()[1]}"  # bound, not listening: connections are refused
-            service = _ControllersSeen.for_drafter(
+            service = ControllersSeen.for_drafter(
                 drafter, ServeConfig(cloud=address, model_name="tiny", schedule="adaptive", connect_timeout_s=0.2),
                 "gemma")
             assert service.measure_link(give_up_after_s=0.5, every_s=0.2) is None

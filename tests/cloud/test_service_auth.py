@@ -6,7 +6,6 @@ Real servers on loopback, real ``GrpcVerifier``s; the CLI runs as subprocesses.
 from __future__ import annotations
 
 import queue
-import shutil
 import signal
 import socket
 import subprocess
@@ -18,7 +17,7 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from helpers import tiny_drafter
+from helpers import make_certificate, tiny_drafter
 
 from cloud.server import SERVICE_NAME, BackgroundServer, ServerConfig
 from edge.decode_loop import run_decode
@@ -32,7 +31,7 @@ from shared.params import Mode, SamplingParams
 from shared.wire import sampling_to_proto
 from sim.inprocess import generate
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BOS = 1
 PROMPT_TEXT = "We have 3 dogs and 12 cats!"
 NEW_TOKENS = 24
@@ -71,9 +70,9 @@ def health_status(channel, service: str = "") -> int:
 
 
 @pytest.fixture(scope="module")
-def auth_server(tiny_engine):
-    with BackgroundServer(tiny_engine, ServerConfig(port=0, auth_token=TOKEN)) as server:
-        yield server
+def auth_server(serve):
+    server = serve(auth_token=TOKEN)
+    yield server
 
 
 @pytest.mark.parametrize("token", [None, "wrong", TOKEN + "x", TOKEN.upper()], ids=["none", "wrong", "longer", "case"])
@@ -153,30 +152,16 @@ def test_health_check_needs_no_token(auth_server):
 # ---------------------------------------------------------------- TLS
 
 
-def make_certificate(folder: Path) -> tuple[bytes, bytes]:
-    """A self-signed certificate for localhost and 127.0.0.1: (cert PEM, key PEM)."""
-    if shutil.which("openssl") is None:
-        pytest.skip("the openssl command line is not installed; cannot make a test certificate")
-    folder.mkdir(parents=True, exist_ok=True)
-    key, cert = folder / "key.pem", folder / "cert.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
-         "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
-        check=True, capture_output=True, timeout=60,
-    )
-    return cert.read_bytes(), key.read_bytes()
-
-
 @pytest.fixture(scope="module")
 def certificate(tmp_path_factory):
     return make_certificate(tmp_path_factory.mktemp("tls"))
 
 
 @pytest.fixture(scope="module")
-def tls_server(tiny_engine, certificate):
+def tls_server(serve, certificate):
     cert, key = certificate
-    with BackgroundServer(tiny_engine, ServerConfig(port=0, tls_cert=cert, tls_key=key)) as server:
-        yield server
+    server = serve(tls_cert=cert, tls_key=key)
+    yield server
 
 
 def test_token_travels_over_tls_as_call_credentials(tiny_engine, certificate, tiny_vocab, drafter, prompt, want):

@@ -17,8 +17,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from helpers import tiny_prompt
-from test_service_auth import make_certificate
+from helpers import make_certificate, tiny_prompt
 
 from cloud.limits import ServiceLimits
 from cloud.server import BackgroundServer, ServerConfig
@@ -65,10 +64,10 @@ def table_empties(server, within_s: float) -> bool:
 
 
 @pytest.fixture()
-def server(tiny_engine):
+def server(serve):
     limits = ServiceLimits(max_sessions=4, idle_timeout_s=1.0, session_ttl_s=30)
-    with BackgroundServer(tiny_engine, ServerConfig(port=0, limits=limits)) as made:
-        yield made
+    made = serve(limits)
+    yield made
 
 
 # ---------------------------------------------------------------- corrupt frames

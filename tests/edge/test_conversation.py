@@ -7,7 +7,6 @@ import pytest
 from helpers import tiny_drafter, tiny_prompt
 
 from cloud.limits import ServiceLimits
-from cloud.server import BackgroundServer, ServerConfig
 from edge.conversation import Conversation
 from edge.decode_loop import run_decode
 from edge.endpoint import VerifierEndpoint
@@ -26,9 +25,8 @@ def drafter(tiny_models):
 
 
 @pytest.fixture()
-def server(tiny_engine):
-    with BackgroundServer(tiny_engine, ServerConfig(port=0, limits=ServiceLimits(max_draft_len=16))) as running:
-        yield running
+def server(serve):
+    return serve(ServiceLimits(max_draft_len=16))
 
 
 def words(engine, text: str) -> list[int]:
@@ -82,20 +80,20 @@ def test_a_lost_session_is_reopened_on_the_whole_prompt(tiny_engine, drafter, se
     assert verifier.prompt_tokens_sent == len(history)
 
 
-def test_a_next_turn_names_its_replica_and_a_misrouted_one_is_counted(tiny_engine, drafter):
+def test_a_next_turn_names_its_replica_and_a_misrouted_one_is_counted(serve, tiny_engine, drafter):
     limits = ServiceLimits(max_draft_len=16)
-    with BackgroundServer(tiny_engine, ServerConfig(port=0, limits=limits, replica="r1")) as server:
-        metrics = server.server.servicer.metrics
-        conversation = Conversation()
-        history = tiny_prompt(tiny_engine, TURNS[0])
-        result, _ = run_turn(conversation, server, tiny_engine, drafter, history, PARAMS[0])
-        assert conversation.replica == "r1"
-        history = [*history, *result.tokens, *words(tiny_engine, TURNS[1])]
-        run_turn(conversation, server, tiny_engine, drafter, history, PARAMS[0])  # names r1: routed right
-        assert metrics.registry.get_sample_value("splitspec_misrouted_streams_total") == 0
-        conversation.replica = "r2"  # as if a proxy had sent a turn for r2 here
-        history = [*history, *words(tiny_engine, TURNS[2])]
-        result, verifier = run_turn(conversation, server, tiny_engine, drafter, history, PARAMS[0])
-        assert metrics.registry.get_sample_value("splitspec_misrouted_streams_total") == 1 and verifier.replica == "r1"
-        fresh = generate(tiny_engine, drafter, history, PARAMS[0], max_new_tokens=12, draft_len=0)
-        assert result.tokens == fresh.tokens
+    server = serve(limits, replica="r1")
+    metrics = server.server.servicer.metrics
+    conversation = Conversation()
+    history = tiny_prompt(tiny_engine, TURNS[0])
+    result, _ = run_turn(conversation, server, tiny_engine, drafter, history, PARAMS[0])
+    assert conversation.replica == "r1"
+    history = [*history, *result.tokens, *words(tiny_engine, TURNS[1])]
+    run_turn(conversation, server, tiny_engine, drafter, history, PARAMS[0])  # names r1: routed right
+    assert metrics.registry.get_sample_value("splitspec_misrouted_streams_total") == 0
+    conversation.replica = "r2"  # as if a proxy had sent a turn for r2 here
+    history = [*history, *words(tiny_engine, TURNS[2])]
+    result, verifier = run_turn(conversation, server, tiny_engine, drafter, history, PARAMS[0])
+    assert metrics.registry.get_sample_value("splitspec_misrouted_streams_total") == 1 and verifier.replica == "r1"
+    fresh = generate(tiny_engine, drafter, history, PARAMS[0], max_new_tokens=12, draft_len=0)
+    assert result.tokens == fresh.tokens
