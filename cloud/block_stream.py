@@ -30,7 +30,7 @@ import grpc
 from cloud.metrics import client_bucket
 from cloud.next_block import NextBlockClock
 from cloud.service_part import ServicePart
-from cloud.session import BlockRejected, ForgedDraft, PendingBlock, VerifierSession
+from cloud.session import BlockRejected, ForgedDraft, PendingBlock, StepResult, VerifierSession
 from cloud.session_table import SessionEntry
 from cloud.stream_end import Abort, parsed
 from protos import splitspec_pb2 as pb
@@ -56,12 +56,6 @@ class Answered(NamedTuple):
     seconds: float
     forward_s: float
     forward_rows: int = 0
-
-
-def committed_by(verdict: Verdict) -> int:
-    """Tokens ``verdict`` appends: accepted drafts, its token, rebased drafts and an adopted branch."""
-    return (verdict.accepted + (verdict.token is not None) + len(verdict.rebased)
-            + (1 + verdict.branch_accepted if verdict.branch else 0))
 
 
 def _verified_drafts(session: VerifierSession) -> tuple[int, int]:
@@ -156,23 +150,23 @@ class BlockStream(ServicePart):
                 draft.payload,
                 draft.compressed,
                 self.engine.vocab_size,
-                max_tokens=(max(MAX_EARLY_DRAFTS, session.max_draft_len) if draft.before_opened
-                            else session.draft_limit_for(draft.epoch)),
+                max_tokens=(max(MAX_EARLY_DRAFTS, session.draft_limit.opened) if draft.before_opened
+                            else session.draft_limit.for_epoch(draft.epoch)),
                 draft_top_k=params.draft_top_k if params.sends_q else None,
                 prob_bits=params.prob_bits if params.sends_q else None,
             )
             if stale:  # its ids are spare drafts for a stale block's forward; its branches, nothing
                 return PendingBlock(draft.epoch, draft.start_position, tokens.tolist(), more_follows=False)
-            if len(draft.branches) > session.max_branches:  # checked before decoding any of them
-                raise ValueError(f"{len(draft.branches)} branches, the limit is {session.max_branches}")
+            if len(draft.branches) > session.policy.max_branches:  # checked before decoding any of them
+                raise ValueError(f"{len(draft.branches)} branches, the limit is {session.policy.max_branches}")
             branches = tuple(
                 (branch.at, codec.decode_tokens(branch.payload, branch.compressed, self.engine.vocab_size,
-                                                max_tokens=session.max_draft_len).tolist())
+                                                max_tokens=session.draft_limit.opened).tolist())
                 for branch in draft.branches
             )
         except ValueError as exc:
             raise Abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad draft block: {exc}") from exc
-        if draft.before_opened and len(tokens) > session.max_draft_len:
+        if draft.before_opened and len(tokens) > session.draft_limit.opened:
             log.debug("session %s: dropped a %d-draft block sent before the Opened", entry.session_id, len(tokens))
             return None
         return PendingBlock(draft.epoch, draft.start_position, tokens.tolist(), q, draft.more_follows, branches)
@@ -199,58 +193,58 @@ class BlockStream(ServicePart):
 
         def observed():  # (on the engine thread, where the step ran: no later step can come between)
             drafted, accepted = _verified_drafts(session)
-            verdicts = yield from session.verify_chain_steps(pending, stale_decode_deadline)
-            if session.last_step_rows:
-                self.metrics.observe_step(rows=session.last_step_rows, seconds=session.last_step_s)
+            step = yield from session.verify_chain_steps(pending, stale_decode_deadline)
+            if step.rows:
+                self.metrics.observe_step(rows=step.rows, seconds=step.seconds)
                 # The cloud's own proposals are neither the client's rows nor its tokens.
-                committed = sum(committed_by(v) for v in verdicts) - session.last_step_proposals_taken
+                rows, committed = step.client_rows, step.client_tokens
                 ledger = self.scheduler.ledger
                 drafted_now, accepted_now = _verified_drafts(session)
-                rows = session.last_step_rows - session.last_step_proposed
                 ledger.record(entry.owner, rows=rows, committed=committed,
                               drafted=drafted_now - drafted, accepted=accepted_now - accepted)
                 capped = ledger.capped(entry.owner)
                 self.metrics.observe_client(entry.owner, rows=rows, committed=committed, capped=capped)
-                if capped and self.limits.capped_draft_len and session.cap(self.limits.capped_draft_len):
+                if capped and self.limits.capped_draft_len and session.penalise(self.limits.capped_draft_len):
                     log.info("session %s: its client (metrics bucket %s) has next to no drafts accepted: its blocks "
                              "are held to %d drafts", entry.session_id, client_bucket(entry.owner),
-                             session.draft_limit)
-            if session.draft_limit:  # every verdict says so (the edge obeys from the first it reads)
-                verdicts = [replace(v, draft_limit=session.draft_limit) for v in verdicts]
-            return verdicts
+                             session.draft_limit.lowered)
+            if session.draft_limit.lowered:  # every verdict says so (the edge obeys from the first it reads)
+                step = replace(step, verdicts=[replace(v, draft_limit=session.draft_limit.lowered)
+                                               for v in step.verdicts])
+            return step
 
         def verify_if_current():
             return observed() if entry.stream == stream else None
 
         forward_before, forwards_before = session.seq.forward_s, session.forwards
         try:
-            verdicts = await self.scheduler.run(verify_if_current, session, client=entry.owner)
+            step = await self.scheduler.run(verify_if_current, session, client=entry.owner)
         except BlockRejected as exc:
             if isinstance(exc, ForgedDraft):
                 self.metrics.forged_drafts.labels(check=exc.check).inc()
             raise Abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
-        if verdicts is None:
+        if step is None:
             raise Abort(grpc.StatusCode.ABORTED, "the session was resumed on another stream", park=True)
         self.table.touch(entry)
-        return self._observe(session, verdicts, received, forwards_before, forward_before)
+        return self._observe(session, step, received, forwards_before, forward_before)
 
-    def _observe(self, session: VerifierSession, verdicts: list[Verdict], received: deque[tuple[float, int, int]],
+    def _observe(self, session: VerifierSession, step: StepResult, received: deque[tuple[float, int, int]],
                  forwards_before: int, forward_before: float) -> list[Answered]:
         """The chain's verdicts as ``Answered``, each observed once; its forward counts for its first block."""
         now = time.perf_counter()
         out = []
         forwards = session.forwards - forwards_before
         forward_s = session.seq.forward_s - forward_before if forwards else 0.0
-        forward_rows = session.last_step_rows if forwards == 1 else 0  # (one point of the cost curve)
+        forward_rows = step.rows if forwards == 1 else 0  # (one point of the cost curve)
         overhead = 0.0
-        for i, verdict in enumerate(verdicts):
+        for i, verdict in enumerate(step.verdicts):
             arrived, start, drafts = received.popleft()
             # Verified drafts only: a stale block's were not, drafts before the verdict's start were committed.
             drafted = 0 if verdict.stale else max(drafts - (verdict.start_position - start), 0)
             seconds = now - arrived
             out.append(Answered(verdict, seconds, forward_s, forward_rows))
             if i == 0:  # the chain shared one forward: its cost and overhead go to its first block
-                tokens = committed_by(verdict)
+                tokens = verdict.committed_count
                 if forwards == 1 and not drafts and not verdict.stale and tokens:  # decoded alone
                     self.recent_token_s[session.params.reproducible].append(forward_s / tokens)
                 overhead = max(seconds - forward_s, 0.0)
@@ -260,7 +254,7 @@ class BlockStream(ServicePart):
                 RoundRecord(
                     drafted=drafted,
                     accepted=verdict.accepted,
-                    committed=committed_by(verdict),
+                    committed=verdict.committed_count,
                     forwards=forwards if i == 0 else 0,
                 ),
                 latency_s=seconds,

@@ -26,7 +26,7 @@ from typing import NamedTuple
 import grpc
 
 from cloud.service_part import ServicePart
-from cloud.session import VerifierSession
+from cloud.session import SessionPolicy, VerifierSession
 from cloud.session_table import SessionEntry, TableFull, owner_of
 from cloud.stream_end import Abort
 from protos import splitspec_pb2 as pb
@@ -154,9 +154,11 @@ class Handshake(ServicePart):
                 session = VerifierSession(
                     self.engine, prompt, params, max_new_tokens=max_new_tokens,
                     max_draft_len=min(max_draft_len, self.limits.capped_draft_len) if capped else max_draft_len,
-                    max_branches=self.max_branches, decode_stale=self.limits.decode_stale and not capped,
-                    rebase_stale=self.limits.rebase_stale and takes_rebased, propose=takes_proposals,
-                    prefill=False, audit_drafts=self.limits.audit_drafts,
+                    policy=SessionPolicy(
+                        max_branches=self.max_branches, decode_stale=self.limits.decode_stale and not capped,
+                        rebase_stale=self.limits.rebase_stale and takes_rebased, propose=takes_proposals,
+                        audit_drafts=self.limits.audit_drafts),
+                    prefill=False,
                 )
                 yield from session.prefill_steps()
                 return session
@@ -200,10 +202,10 @@ class Handshake(ServicePart):
         return pb.Opened(
             resume_ticket=entry.ticket,
             vocab_size=self.engine.vocab_size,
-            max_draft_len=session.current_draft_limit,
+            max_draft_len=session.draft_limit.current,
             forwards=session.forwards,
             max_blocks_in_flight=self.limits.max_blocks_in_flight,
-            max_branches=session.max_branches,
+            max_branches=session.policy.max_branches,
             replica=self.replica,
             row_tile=self.engine.row_tile(session.params.reproducible),
         )

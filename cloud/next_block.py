@@ -6,16 +6,18 @@ decodes alone (stale decodes). A forward cannot be stopped once started, so a st
 still run when that block arrives delays it. ``NextBlockClock`` measures, per
 stream, the gap from a correction's verdict leaving to the first block of the
 new epoch arriving (a moving average), and gives the deadline that
-``VerifierSession.verify_chain_steps`` weighs a stale decode against, and
-``stale_decode_overrun_pays`` says when a stale decode may run past it. Times are
-``time.perf_counter()`` seconds; the clock reads none itself.
+``decodes_stale`` weighs a stale decode against; ``stale_decode_overrun_pays``
+says when a stale decode may run past it. The verifier
+(``VerifierSession.verify_chain_steps``) and the performance model
+(``sim.perf.verifier_sim``) both decide by these. Times are seconds on the
+caller's clock; nothing here reads one.
 """
 
 from __future__ import annotations
 
 from shared.stats import Ewma
 
-__all__ = ["NextBlockClock", "stale_decode_overrun_pays"]
+__all__ = ["NextBlockClock", "decodes_stale", "stale_decode_overrun_pays"]
 
 
 class NextBlockClock:
@@ -31,8 +33,9 @@ class NextBlockClock:
         self._corrected_at, self._epoch = now, epoch
 
     def arrived(self, now: float, epoch: int) -> None:
-        """A block of ``epoch`` arrived at ``now``: the first of the new epoch is one gap sample."""
-        if self._corrected_at is not None and epoch == self._epoch:
+        """A block of ``epoch`` arrived at ``now``: the first of the new epoch (or a later one: the
+        verifier refuses those, the model's chains may skip) is one gap sample."""
+        if self._corrected_at is not None and epoch >= self._epoch:
             self.gap_s.add(max(now - self._corrected_at, 0.0))
             self._corrected_at = None
 
@@ -53,3 +56,18 @@ def stale_decode_overrun_pays(overrun_s: float, ahead_s: float, guess_odds: floa
     mode the token is sampled apart from the guess, which then seldom holds: a stale decode there must not
     overrun.)"""
     return (1.0 - guess_odds) * max(ahead_s, 0.0) > guess_odds * overrun_s
+
+
+def decodes_stale(*, enabled: bool, usable_behind: bool, now: float, forward_s: float, deadline: float | None,
+                  may_overrun: bool, guess_odds: float) -> bool:
+    """Whether the stale block at the front of a session's pending blocks gets the next token decoded
+    for it: the service decodes for stale blocks (``enabled``), no usable block waits behind it, and
+    the forward (``forward_s`` from ``now``) would be over by ``deadline`` (None: no deadline, or no
+    forward needed), or, where it ``may_overrun`` (greedy and coupled modes), its overrun pays
+    (``stale_decode_overrun_pays`` at ``guess_odds``)."""
+    if not enabled or usable_behind:
+        return False
+    if deadline is None:
+        return True
+    overrun = now + forward_s - deadline
+    return overrun <= 0 or (may_overrun and stale_decode_overrun_pays(overrun, deadline - now, guess_odds))

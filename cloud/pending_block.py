@@ -1,6 +1,7 @@
 """A draft block as the edge sent it, and what no honest edge sends.
 
-``PendingBlock`` is a block waiting for verification; ``check_block`` refuses
+``PendingBlock`` is a block waiting for verification; ``check_request`` refuses
+a prompt and token budget the target cannot take; ``check_block`` refuses
 one that breaks the protocol (an epoch ahead, a position outside the session's,
 too many drafts, malformed branches) with ``BlockRejected``; ``ForgedDraft`` is
 the refusal of rejection-mode drafts not sampled from their q̃. The helpers cut
@@ -10,13 +11,14 @@ Pure: no model, no I/O.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from shared.sparse import SparseDist
 from shared.verdict import Verdict
 
 __all__ = ["PendingBlock", "BlockRejected", "ForgedDraft", "MAX_BRANCH_LEN", "check_block", "past", "rebased_verdict",
-           "past_correction", "by_position"]
+           "past_correction", "by_position", "check_request"]
 
 # Tokens a hedge branch may hold: a guessed correction and a short continuation (the edge sends 3);
 # the bound keeps a block's tree within (1 + max_branches) * this many rows past its drafts.
@@ -106,3 +108,20 @@ def past_correction(block: PendingBlock, verdict: Verdict) -> dict[int, int]:
 def by_position(start: int, drafts: list[int]) -> dict[int, int]:
     """``drafts`` keyed by their absolute positions, the first at ``start``."""
     return dict(zip(range(start, start + len(drafts)), drafts))
+
+
+def check_request(vocab_size: int, max_positions: int | None, prompt: Sequence[int], max_new_tokens: int) -> None:
+    """Refuse (``ValueError``) a prompt and token budget a target of ``vocab_size`` tokens and
+    ``max_positions`` positions (None or 0: unbounded) cannot take."""
+    if not prompt:
+        raise ValueError("prompt must hold at least one token")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    bad = [t for t in prompt if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"prompt token {bad[0]} is outside the vocabulary of {vocab_size}")
+    if max_positions and len(prompt) + max_new_tokens > max_positions:
+        raise ValueError(
+            f"a prompt of {len(prompt)} tokens plus {max_new_tokens} new ones exceeds the target's context of "
+            f"{max_positions} positions"
+        )

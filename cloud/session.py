@@ -1,77 +1,72 @@
-"""One generation's verifier state: committed tokens, KV cache, epoch, counters.
+"""One generation's verifier state: committed tokens, KV cache, epoch, counters, and its verify step.
 
 Transport-agnostic: the gRPC servicer and the in-process decoder both drive a
-``VerifierSession``. Blocks arrive in chains: a block sent with
-``more_follows`` is continued by the next one, so when all its drafts are
-accepted no bonus is sampled; the distribution the bonus would come from is
-kept and checks the next block's first draft. A chain of pending blocks is
-verified in one target forward.
+``VerifierSession``. A chain of pending blocks (each sent with ``more_follows``
+continued by the next; no bonus is sampled inside a chain, its distribution
+checks the next block's first draft) is verified in one target forward.
 
-Every block gets exactly one verdict, in order. A block is *stale* when it is
-of an older epoch or does not continue the committed tokens: it is answered
-unverified, with a *stale decode* (the next token, decoded alone) when no
-usable block waits behind it and that forward would be over by the caller's
-``stale_decode_deadline`` or its overrun pays
-(``cloud.next_block.stale_decode_overrun_pays``); in greedy and coupled modes
-that forward also verifies *rebased* drafts where they lie (rejection mode
-decodes the token alone: a draft's q̃ holds only on its own path). An empty
-block (the cloud decoding alone) gets the next token, and in greedy and coupled
-modes that forward also verifies drafts the cloud *proposes* itself from the
-committed tokens (``shared.lookup``), as many as the forward holds for the cost
-of the token alone (none in free shapes on a CPU), for an edge that takes them
-(``Open.takes_proposals``); those accepted ride as the verdict's ``rebased``,
-before the token. A block whose
-first drafts guess tokens committed since is cut to the drafts past them.
-Blocks that break the protocol (an epoch ahead, a position outside the
-session's, too long, malformed branches, after the end) are refused with
-``BlockRejected``; the session never trusts the caller. In rejection mode so
-are drafts not sampled from the q̃ sent with them, and a run of drafts
-improbable under their own q̃ (``ForgedDraft``, ``shared.draft_audit``): the
-session is then over. Why and how: ``docs/pipelining.md``.
+Every block gets exactly one verdict, in order. A *stale* block (an older
+epoch, or drafts that do not continue the committed tokens) is answered
+unverified, or with a *stale decode* (the next token, decoded alone) when
+``cloud.next_block.decodes_stale`` says so; in greedy and coupled modes that
+forward also verifies *rebased* drafts where they lie. An empty block gets the
+next token, with the cloud's own *proposals* verified on the way for an edge
+that takes them (``cloud.spare_drafts``); accepted ones ride as the verdict's
+``rebased``. A block whose first drafts guess tokens committed since is cut to
+the drafts past them. A block that breaks the protocol is refused with
+``BlockRejected``; in rejection mode so are drafts not sampled from their q̃
+(``ForgedDraft``, ``cloud.audit_state``), which end the session. The session
+never trusts the caller. Why and how: ``docs/pipelining.md``.
+
+Rooms of their own: drafts per block (``cloud.draft_limit``), the audit
+(``cloud.audit_state``), spare drafts (``cloud.spare_drafts``), the stale-decode
+rule (``cloud.next_block``). A step's measurements come back in its
+``StepResult`` (``cloud.step_result``), never as fields left on the session.
 
 Work that needs the target comes in two forms: ``*_steps`` generators yield
 the ``ForwardItem`` they need and are sent its logits (the scheduler packs
-many sessions' items into one forward), and the plain methods run the same
-steps alone (``run_alone``).
+many sessions' items into one forward); the plain methods run them alone.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 import torch
 
+from cloud.audit_state import DraftAuditState
+from cloud.draft_limit import DraftLimit
 from cloud.engine import ForwardItem, Steps, TargetEngine, run_alone
-from cloud.next_block import stale_decode_overrun_pays
+from cloud.next_block import decodes_stale
 from cloud.pending_block import (
     MAX_BRANCH_LEN,
     BlockRejected,
     ForgedDraft,
     PendingBlock,
-    by_position,
     check_block,
+    check_request,
     past,
     past_correction,
     rebased_verdict,
 )
+from cloud.session_policy import SessionPolicy
+from cloud.spare_drafts import MAX_FREE_DRAFTS, SpareDrafts, free_drafts
+from cloud.step_result import StepResult
 from cloud.verify_torch import verify_block
-from shared import draft_audit
 from shared.lookup import WINDOW, lookup_continuation
 from shared.params import Mode, SamplingParams
 from shared.sparse import SparseDist
 from shared.stats import DecodeStats, Ewma
-from shared.verdict import StopReason, Verdict
+from shared.verdict import StopReason, Verdict, end_within, token_follows
 from shared.wire import committed_skip, next_epoch
 
-__all__ = ["VerifierSession", "BlockRejected", "ForgedDraft", "PendingBlock", "MAX_BRANCH_LEN", "MAX_FREE_DRAFTS"]
+__all__ = ["VerifierSession", "SessionPolicy", "BlockRejected", "ForgedDraft", "PendingBlock", "StepResult",
+           "MAX_BRANCH_LEN", "MAX_FREE_DRAFTS"]
 
-# Drafts a forward for the next token verifies beside it on an accelerator (rebased ones or the cloud's own
-# proposals), where a decode forward is memory-bound up to tens of rows, so a few more cost next to nothing;
-# the cap bounds what each session alone with the cloud adds to a packed forward (on a CPU the row tile
-# says how many are free).
-MAX_FREE_DRAFTS = 8
+DEFAULT_POLICY = SessionPolicy()  # what the service does by default beyond verifying
 
 
 class VerifierSession:
@@ -85,36 +80,18 @@ class VerifierSession:
         *,
         max_new_tokens: int,
         max_draft_len: int,
-        max_branches: int = 0,
-        decode_stale: bool = True,
-        rebase_stale: bool = True,
-        propose: bool = False,
+        policy: SessionPolicy = DEFAULT_POLICY,
         prefill: bool = True,
-        audit_drafts: bool = True,
     ) -> None:
         """``prefill``: read the prompt now; False leaves it to ``prefill_steps`` (the scheduler's way).
-        ``max_branches``: hedge branches a block may carry (greedy and coupled modes).
-        ``decode_stale``: a stale block with no usable block pending behind it gets the next token
-        decoded alone (False: it is answered empty, without a forward). ``rebase_stale``: that forward
-        also verifies the drafts sent for the next positions past a correction (greedy and coupled).
-        ``propose``: the edge takes the cloud's own proposals on an empty block's verdict
-        (``Open.takes_proposals``; ``proposes``). ``audit_drafts``: rejection mode refuses drafts not
-        sampled from their q̃ (``shared.draft_audit``; False only for tests' controls)."""
-        _check_request(engine, prompt, max_new_tokens)
+        ``policy``: what the service does beyond verifying (``SessionPolicy``)."""
+        check_request(engine.vocab_size, engine.max_positions, prompt, max_new_tokens)
         self.engine = engine
         self.params = params
         self.max_new_tokens = max_new_tokens
-        self.max_draft_len = max_draft_len
-        # Lowered by ``cap`` for blocks of epochs after ``draft_limit_epoch`` (0: not lowered).
-        self.draft_limit = 0
-        self.draft_limit_epoch = 0
-        self.max_branches = max_branches
-        self.decode_stale = decode_stale
-        self.rebase_stale = rebase_stale
-        self.propose = propose
-        self.audit_drafts = audit_drafts
-        self.surprise_cusum = 0.0  # the draft audit's CUSUM statistic, nats (rejection mode)
-        self.audited = 0  # drafts the audit has scored
+        self.draft_limit = DraftLimit(max_draft_len)  # lowered by ``penalise``
+        self.policy = policy
+        self.audit = DraftAuditState(policy.audit_drafts)  # rejection mode
         self.tokens = [int(t) for t in prompt]
         self.prompt_len = len(self.tokens)
         self.epoch = 0
@@ -130,18 +107,10 @@ class VerifierSession:
         # whole prompt and keeps its last row so: the first position is answered without another
         # forward (the first token can leave right after the prefill, as in cloud-only decoding).
         self.verify_s = 0.0  # wall time inside verify(), forward included
-        # The last verify step: the rows this session put in its forward (0: it ran none) and its
-        # wall time, forward, verification and sampling included (the service's cost per step).
-        self.last_step_rows = 0
-        self.last_step_proposed = 0  # ... of them, rows of drafts the cloud proposed itself (no client's)
-        self.last_step_proposals_taken = 0  # ... and how many of those it committed
-        self.last_step_s = 0.0
         self.one_token_s = Ewma()  # seconds a forward for the next token takes (a stale block's: with rebased drafts)
         self._deferred: torch.Tensor | None = None
         self._taken_branch: tuple[int, int] | None = None  # (position, tokens) of a branch to adopt into the cache
-        # Drafts the edge sent for positions past the committed tokens, drafted past a token the target
-        # did not pick (position -> id): what a stale block's forward verifies where they lie.
-        self._spare: dict[int, int] = {}
+        self._spare = SpareDrafts()  # what a stale block's forward verifies where they lie
         if prefill:
             run_alone(self.prefill_steps(), engine)
 
@@ -176,7 +145,7 @@ class VerifierSession:
         if not 1 <= keep <= len(self.tokens):
             raise ValueError(f"cannot keep {keep} tokens of a session that has {len(self.tokens)}")
         full = self.tokens[:keep] + [int(t) for t in tokens]
-        _check_request(self.engine, full, max_new_tokens)
+        check_request(self.engine.vocab_size, self.engine.max_positions, full, max_new_tokens)
         cached = min(keep, self.seq.length, len(full) - 1)  # at least the last token is fed again
         self.engine.crop(self.seq, cached)
         self.seq.slot.limit = len(full) + max_new_tokens + max_draft_len
@@ -186,11 +155,11 @@ class VerifierSession:
             self.broken = True  # the cache no longer matches the committed tokens: never verify on it again
             raise
         self.tokens, self.prompt_len = full, len(full)
-        self.params, self.max_new_tokens, self.max_draft_len = params, max_new_tokens, max_draft_len
-        self.propose = propose
-        self.draft_limit = 0  # a new turn starts from the limit it asked for (the caller may lower it again)
+        self.params, self.max_new_tokens = params, max_new_tokens
+        self.policy = replace(self.policy, propose=propose)
+        self.draft_limit.reopen(max_draft_len)  # a new turn starts from the limit it asked for
         self.epoch, self.done, self.stop_reason = 0, False, StopReason.NONE
-        self._spare = {}
+        self._spare.clear()
         self.stats.target_forwards = self.forwards
 
     @property
@@ -213,8 +182,8 @@ class VerifierSession:
         return self.verify_chain([block])[0]
 
     def verify_chain(self, pending: list[PendingBlock], stale_decode_deadline: float | None = None) -> list[Verdict]:
-        """``verify_chain_steps`` run alone."""
-        return run_alone(self.verify_chain_steps(pending, stale_decode_deadline), self.engine)
+        """The verdicts of ``verify_chain_steps`` run alone."""
+        return run_alone(self.verify_chain_steps(pending, stale_decode_deadline), self.engine).verdicts
 
     def verify_chain_steps(self, pending: list[PendingBlock], stale_decode_deadline: float | None = None) -> Steps:
         """Answer the front of ``pending`` and remove what was answered (at least one block).
@@ -228,28 +197,26 @@ class VerifierSession:
         no usable block is pending behind it and that forward would be over by
         ``stale_decode_deadline`` (``time.perf_counter()`` seconds; None: no deadline) or
         its overrun pays (``stale_decode_overrun_pays``), without one (and no forward)
-        otherwise.
+        otherwise. Returns the step's ``StepResult`` (at least one verdict).
         """
         if self.done:
             raise BlockRejected("session already finished")
         if self.broken:
             raise BlockRejected("the session's last turn failed half-way; reopen it")
         if not pending:
-            return []
-        self.last_step_rows = self.last_step_proposed = self.last_step_proposals_taken = 0
+            return StepResult()
         front = pending[0]
         self._check(front)
         skip = self._overlap(front)
         if skip is None:
             if self.rebases:
-                self._spare.update(by_position(front.start_position, front.drafts))
+                self._spare.add(front.start_position, front.drafts)
             if not self._decodes_stale(pending, stale_decode_deadline):
                 del pending[0]
-                return [Verdict(front.epoch, len(self.tokens), 0, None, False, False, stale=True)]
+                return StepResult([Verdict(front.epoch, len(self.tokens), 0, None, False, False, stale=True)])
             chain = [PendingBlock(self.epoch, len(self.tokens), self._rebased())]  # the next token, and drafts where they lie
         else:  # (an empty block: the cloud decodes alone, with what it proposes itself)
             chain = [past(front, skip) if front.drafts else PendingBlock(self.epoch, len(self.tokens), self._proposals())]
-            self.last_step_proposed = 0 if front.drafts else len(chain[0].drafts)
             position = chain[0].start_position + len(chain[0].drafts)
             for block in pending[1:]:
                 if not chain[-1].more_follows or block.epoch != self.epoch or block.start_position != position:
@@ -257,10 +224,15 @@ class VerifierSession:
                 self._check(block)
                 chain.append(block)
                 position += len(block.drafts)
-        scores = [self._check_sampled(block) for block in chain]  # before the forward: a forgery costs no work
+        try:  # before the forward: a forgery costs no work
+            scores = [self.audit.check_sampled(block, self.params.seed) for block in chain]
+        except ForgedDraft:
+            self.broken = True
+            raise
         started = time.perf_counter()
         drafts = [t for block in chain for t in block.drafts]
         branches = [(block.start_position + at, tokens) for block in chain for at, tokens in block.branches]
+        fed = self._rows_fed(drafts, branches)
         # [len(drafts) + 1, V]: one per drafted position, then one more; and each branch's rows
         rows, branch_rows = yield from self._distributions(drafts, branches)
         verdicts, offset, first_branch = [], 0, 0
@@ -274,101 +246,74 @@ class VerifierSession:
             first_branch += len(block.branches)
             if not verdict.is_deferred:
                 break
-        self._settle(rows[offset] if verdicts[-1].is_deferred else None)
+        self._crop_cache(rows[offset] if verdicts[-1].is_deferred else None)
         del pending[: len(verdicts)]
+        proposed = len(chain[0].drafts) if skip is not None and not front.drafts else 0
         if skip is None:
             verdicts = [rebased_verdict(verdicts[0], front.epoch, chain[0].drafts)]
         elif not front.drafts:
             verdicts = [rebased_verdict(verdicts[0], front.epoch, chain[0].drafts, stale=False)]
-            self.last_step_proposals_taken = len(verdicts[0].rebased)
-            self._spare = {}
+            self._spare.clear()
         elif self.rebases:
-            self._spare = past_correction(chain[len(verdicts) - 1], verdicts[-1])
+            self._spare.replace(past_correction(chain[len(verdicts) - 1], verdicts[-1]))
         elapsed = time.perf_counter() - started
         if (skip is None or not front.drafts) and self.forwards > self.stats.target_forwards:  # the next token, in a forward
             self.one_token_s.add(elapsed)
-        self.last_step_s = elapsed
         self.stats.target_forwards = self.forwards
         self.verify_s += elapsed
         self.stats.wall_s += elapsed
-        return verdicts
+        return StepResult(verdicts, rows=fed, proposed=proposed, proposals_taken=len(verdicts[0].rebased) if proposed else 0,
+                          seconds=elapsed)
 
-    def cap(self, limit: int) -> bool:
-        """The session's client has its drafts accepted next to never: hold its blocks of every later
-        epoch to ``limit`` drafts, guesses included (blocks of this epoch or an earlier one keep the old
-        limit: the edge drafted them before it could know), and answer its stale blocks without a
-        forward. Never raises a limit; True when this lowered it."""
-        self.decode_stale = False
-        if not 1 <= limit < self.current_draft_limit:
-            return False
-        self.draft_limit, self.draft_limit_epoch = limit, self.epoch
-        return True
-
-    @property
-    def current_draft_limit(self) -> int:
-        """Drafts per block the edge is held to from now on."""
-        return self.draft_limit or self.max_draft_len
-
-    def draft_limit_for(self, epoch: int) -> int:
-        """The most drafts a block of ``epoch`` may hold."""
-        return self.draft_limit if self.draft_limit and epoch > self.draft_limit_epoch else self.max_draft_len
+    def penalise(self, draft_limit: int) -> bool:
+        """Fair share's penalty: the session's client has its drafts accepted next to never. Hold its
+        blocks of every later epoch to ``draft_limit`` drafts, guesses included (``DraftLimit.lower``),
+        and answer its stale blocks without a forward. True when this lowered the limit."""
+        self.policy = replace(self.policy, decode_stale=False)
+        return self.draft_limit.lower(draft_limit, self.epoch)
 
     # -- internals ---------------------------------------------------------
     @property
     def rebases(self) -> bool:
         """Whether stale blocks' forwards verify spare drafts: greedy and coupled modes only (a
         draft's q̃ in rejection mode is the drafter's on the path it was drafted on)."""
-        return self.decode_stale and self.rebase_stale and self.params.mode is not Mode.REJECTION
+        return self.policy.decode_stale and self.policy.rebase_stale and self.params.mode is not Mode.REJECTION
 
     def _rebased(self) -> list[int]:
-        """The spare drafts from the next position on, as many as lie there in a row, at most
-        ``_free_drafts`` (what the forward holds for the cost of the token alone); none when a deferred
-        row makes the token free of a forward."""
-        self._spare = {p: t for p, t in self._spare.items() if p >= len(self.tokens)}
+        """The spare drafts from the next position on (``SpareDrafts.run_from``), as many as ride free;
+        none when a deferred row makes the token free of a forward."""
         if not self.rebases or self._deferred is not None:
             return []
-        most = self._free_drafts()
-        drafts = []
-        while len(drafts) < most and len(self.tokens) + len(drafts) in self._spare:
-            drafts.append(self._spare[len(self.tokens) + len(drafts)])
-        return drafts
+        return self._spare.run_from(len(self.tokens), self._free_drafts())
 
     def _free_drafts(self) -> int:
-        """Drafts a forward for the next token may verify for about its cost: what its rows are padded
-        to anyway on a CPU (``TargetEngine.rows_at_cost_of``), ``MAX_FREE_DRAFTS`` on an accelerator,
-        within the session's draft limit."""
-        free = self.engine.rows_at_cost_of(1, self.params.reproducible)
-        return min(self.current_draft_limit, MAX_FREE_DRAFTS if free is None else free - 1)
+        """Drafts a forward for the next token may verify for about its cost (``spare_drafts.free_drafts``)."""
+        return free_drafts(self.engine.rows_at_cost_of(1, self.params.reproducible), self.draft_limit.current)
 
     @property
     def proposes(self) -> bool:
         """Whether the forwards of the cloud decoding alone verify drafts it proposes itself: greedy and
         coupled modes (a proposal has no q̃), for an edge that takes them (``Open.takes_proposals``)."""
-        return self.propose and self.params.mode is not Mode.REJECTION
+        return self.policy.propose and self.params.mode is not Mode.REJECTION
 
     def _proposals(self) -> list[int]:
         """Drafts the cloud proposes for an empty block: what followed the latest earlier occurrence of
         the committed tokens' last few (``shared.lookup``), as many as ``_free_drafts`` and the token
-        limit leave room for (none in free shapes on a CPU); none when a deferred row makes the token
+        limit allow (none in free shapes on a CPU); none when a deferred row makes the token
         free of a forward."""
         if not self.proposes or self._deferred is not None:
             return []
-        room = min(self._free_drafts(), self.max_new_tokens - self.generated - 1)
-        return lookup_continuation(self.tokens, room, window=WINDOW)
+        most = min(self._free_drafts(), self.max_new_tokens - self.generated - 1)
+        return lookup_continuation(self.tokens, most, window=WINDOW)
 
     def _decodes_stale(self, pending: list[PendingBlock], deadline: float | None) -> bool:
-        """Whether the stale block at the front of ``pending`` gets the next token: the service decodes
-        for stale blocks, no usable block waits behind it, and the forward (none after a deferred
-        bonus) would be over by ``deadline``, or its overrun pays (``stale_decode_overrun_pays``)."""
-        if not self.decode_stale or any(self._overlap(block) is not None for block in pending[1:]):
-            return False
-        if deadline is None or self._deferred is not None:
-            return True
-        now = time.perf_counter()
-        overrun = now + (self.one_token_s.value or 0.0) - deadline
-        if overrun <= 0:
-            return True
-        return self.params.mode is not Mode.REJECTION and stale_decode_overrun_pays(overrun, deadline - now, self._guess_odds())
+        """Whether the stale block at the front of ``pending`` gets the next token
+        (``cloud.next_block.decodes_stale``; after a deferred bonus it needs no forward, so no deadline)."""
+        return decodes_stale(
+            enabled=self.policy.decode_stale, usable_behind=any(self._overlap(block) is not None for block in pending[1:]),
+            now=time.perf_counter(), forward_s=self.one_token_s.value or 0.0,
+            deadline=None if self._deferred is not None else deadline,
+            may_overrun=self.params.mode is not Mode.REJECTION, guess_odds=self._guess_odds())
 
     def _guess_odds(self) -> float:
         """How often a block's first draft is accepted: the odds that the edge's guess of the token a
@@ -380,32 +325,7 @@ class VerifierSession:
 
     def _check(self, block: PendingBlock) -> None:
         check_block(block, epoch=self.epoch, first=self.prompt_len, last=self.prompt_len + self.max_new_tokens,
-                    max_draft_len=self.draft_limit_for(block.epoch), max_branches=self.max_branches)
-
-    def _check_sampled(self, block: PendingBlock) -> np.ndarray | None:
-        """Refuse rejection-mode drafts that are not the token their q̃ yields under this session's DRAFT
-        noise (``draft_audit.audit_block``; the session is over); else their scores [n] (None: not audited)."""
-        if block.q is None or not self.audit_drafts or not block.drafts:
-            return None
-        audit = draft_audit.audit_block(block.drafts, block.q, self.params.seed, block.start_position)
-        if audit.unsampled is not None:
-            self.broken = True
-            raise ForgedDraft(f"{draft_audit.NOT_SAMPLED} (position {block.start_position + audit.unsampled})",
-                              "unsampled")
-        return audit.scores
-
-    def _audit_surprise(self, block: PendingBlock, scores: np.ndarray) -> None:
-        """Add the scores of the drafts verification examined (the block's first ones) to the session's
-        CUSUM; past the threshold the session is over (``draft_audit``)."""
-        self.surprise_cusum, crossed = draft_audit.cusum(self.surprise_cusum, scores)
-        self.audited += len(scores)
-        if crossed is not None:
-            self.broken = True
-            raise ForgedDraft(
-                f"{draft_audit.IMPROBABLE}: their surprise exceeds what the q̃ imply by {self.surprise_cusum:.1f} "
-                f"nats (limit {draft_audit.THRESHOLD:.1f}) at position {block.start_position + crossed}",
-                "improbable",
-            )
+                    max_draft_len=self.draft_limit.for_epoch(block.epoch), max_branches=self.policy.max_branches)
 
     def _overlap(self, block: PendingBlock) -> int | None:
         """How many of ``block``'s drafts the committed tokens already hold, when it is usable: of
@@ -416,6 +336,11 @@ class VerifierSession:
         if not block.drafts:
             return 0  # it asks for the next token, wherever the edge thought that was
         return committed_skip(block.start_position, block.drafts, self.tokens)
+
+    def _rows_fed(self, drafts: list[int], branches: list[tuple[int, list[int]]]) -> int:
+        """The rows ``_distributions`` puts in a forward for these drafts and branches (0: none)."""
+        fed = len(drafts) + (self._deferred is None)
+        return fed + sum(len(tokens) for _, tokens in branches) if fed else 0
 
     def _distributions(self, drafts: list[int], branches: list[tuple[int, list[int]]]) -> Steps:
         """Logits [len(drafts) + 1, V] for the positions len(tokens) .. len(tokens) + len(drafts),
@@ -429,7 +354,6 @@ class VerifierSession:
         parts = [] if self._deferred is None else [self._deferred[None]]
         branch_rows = []
         if feed:
-            self.last_step_rows = len(feed) + sum(len(tokens) for _, tokens in branches)
             out = yield self._item(feed, "all", branches)
             parts.append(out[: len(feed)])
             offset = len(feed)
@@ -443,7 +367,7 @@ class VerifierSession:
         """Verify one block against its rows [n+1, V] (and its branches' rows) and commit what it decides.
         ``rebased``: its drafts are a stale block's spare ones; ``proposed``: the cloud's own for an empty
         block (neither corrects a block of the edge's). ``surprise`` [n]: its drafts' audit scores
-        (rejection mode, ``_check_sampled``).
+        (rejection mode, ``DraftAuditState.check_sampled``).
 
         At a rejection whose correction is a branch's first token, the branch's
         later tokens are verified as drafts after it (its rows are the target's
@@ -453,9 +377,14 @@ class VerifierSession:
         drafts = block.drafts
         result = verify_block(self.params, drafts, logits, block.start_position, block.q)
         if surprise is not None:  # the drafts verification examined, before anything is committed
-            self._audit_surprise(block, surprise[: result.accepted + (not result.bonus)])
-        deferred = result.bonus and block.more_follows
-        committed = [*drafts[: result.accepted]] + ([] if deferred else [result.token])
+            try:
+                self.audit.add_surprise(block, surprise[: result.accepted + (not result.bonus)])
+            except ForgedDraft:
+                self.broken = True
+                raise
+        committed = [*drafts[: result.accepted]]
+        if token_follows(result.accepted, len(drafts), block.more_follows):
+            committed.append(result.token)
         taken = None  # (branch number, the verification of its continuation)
         for number, ((at, tokens), rows) in enumerate(zip(block.branches, branch_rows), start=1):
             if not result.bonus and at == result.accepted and tokens[0] == result.token:
@@ -464,14 +393,7 @@ class VerifierSession:
                 taken = (number, tail)
                 break
         # An EOS or the token limit may end the generation inside the block.
-        end = len(committed)
-        for i, token in enumerate(committed):
-            if token in self.engine.eos_token_ids:
-                end, self.stop_reason = i + 1, StopReason.EOS
-                break
-            if self.generated + i + 1 >= self.max_new_tokens:
-                end, self.stop_reason = i + 1, StopReason.LENGTH
-                break
+        end, self.stop_reason = end_within(committed, self.engine.eos_token_ids, self.max_new_tokens - self.generated)
         committed = committed[:end]
         accepted = min(result.accepted, end)
         branch = branch_accepted = 0
@@ -509,7 +431,7 @@ class VerifierSession:
         self.stats.record_round(len(drafts), accepted, len(committed))
         return verdict
 
-    def _settle(self, deferred_row: torch.Tensor | None) -> None:
+    def _crop_cache(self, deferred_row: torch.Tensor | None) -> None:
         """Cut the cache back to the committed state after a chain."""
         if self._taken_branch is not None:  # the cache holds the branch's tokens, all committed but the last
             position, count = self._taken_branch
@@ -524,18 +446,3 @@ class VerifierSession:
             self._deferred = None
             self.engine.crop(self.seq, len(self.tokens) - 1)  # everything but the new pending token
 
-
-def _check_request(engine: TargetEngine, prompt: Sequence[int], max_new_tokens: int) -> None:
-    """A prompt and token budget the target can take, else ``ValueError``."""
-    if not prompt:
-        raise ValueError("prompt must hold at least one token")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    bad = [t for t in prompt if not 0 <= t < engine.vocab_size]
-    if bad:
-        raise ValueError(f"prompt token {bad[0]} is outside the vocabulary of {engine.vocab_size}")
-    if engine.max_positions and len(prompt) + max_new_tokens > engine.max_positions:
-        raise ValueError(
-            f"a prompt of {len(prompt)} tokens plus {max_new_tokens} new ones exceeds the target's context of "
-            f"{engine.max_positions} positions"
-        )

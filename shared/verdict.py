@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-__all__ = ["StopReason", "Verdict"]
+__all__ = ["StopReason", "Verdict", "end_within", "token_follows"]
 
 
 class StopReason(str, enum.Enum):
@@ -71,6 +72,13 @@ class Verdict:
         """Every draft accepted and the bonus left to the next block (``Draft.more_follows``)."""
         return self.token is None and not self.done and not self.stale
 
+    @property
+    def committed_count(self) -> int:
+        """Tokens this verdict appends: accepted drafts, a taken branch's tokens, rebased drafts (or the
+        cloud's proposals) and its token (``committed`` lists them)."""
+        return (self.accepted + len(self.rebased) + (1 + self.branch_accepted if self.branch else 0)
+                + (self.token is not None))
+
     def committed(self, drafts, branches=()) -> list[int]:
         """The tokens this verdict appends to the sequence (``branches``: the block's, as
         (at, tokens) pairs, when it had any), the drafts from ``start_position`` on."""
@@ -82,3 +90,23 @@ class Verdict:
         if self.token is not None:
             out.append(int(self.token))
         return out
+
+
+def token_follows(accepted: int, drafts: int, more_follows: bool) -> bool:
+    """Whether verifying a block of ``drafts`` drafts of which ``accepted`` were accepted commits a token
+    after them: a correction, or a bonus unless the block was sent with ``more_follows`` (the bonus is
+    deferred to the next block, whose first draft is checked against its distribution). Before any end
+    (EOS, the token limit) cuts the block."""
+    return accepted < drafts or not more_follows
+
+
+def end_within(tokens: Sequence[int], eos_ids: Collection[int], room: int) -> tuple[int, StopReason]:
+    """How many of ``tokens`` (about to be committed, in order) a generation with ``room`` more tokens
+    allowed keeps, and why it ends there: at the first EOS (kept), else at the token limit, else
+    (``StopReason.NONE``) all of them."""
+    for i, token in enumerate(tokens):
+        if token in eos_ids:
+            return i + 1, StopReason.EOS
+        if i + 1 >= room:
+            return i + 1, StopReason.LENGTH
+    return len(tokens), StopReason.NONE

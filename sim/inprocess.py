@@ -11,9 +11,9 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
-from cloud.engine import TargetEngine
+from cloud.engine import TargetEngine, run_alone
 from cloud.limits import ServiceLimits
-from cloud.session import PendingBlock, VerifierSession
+from cloud.session import PendingBlock, SessionPolicy, VerifierSession
 from edge.controller import Controller
 from edge.decode_loop import GenerationResult, Resumption, SessionTerms, run_decode
 from edge.drafter import DraftBlock, Drafter
@@ -54,7 +54,7 @@ class LocalVerifier:
              early_block=None, head_start: int = 0) -> SessionTerms:
         self.session = VerifierSession(
             self.engine, prompt, params, max_new_tokens=max_new_tokens, max_draft_len=max_draft_len,
-            max_branches=self.max_branches, propose=max_draft_len > 0,
+            policy=SessionPolicy(max_branches=self.max_branches, propose=max_draft_len > 0),
         )
         self._pending.append(PendingBlock(0, len(prompt), []))  # the first position, answered as the service does
         made = early_block.result() if early_block is not None else None
@@ -77,9 +77,10 @@ class LocalVerifier:
             if not self._pending:
                 raise RuntimeError("receive() with no block awaiting a verdict")
             started, forwards = time.perf_counter(), self.session.forwards
-            self._verdicts.extend(self.session.verify_chain(self._pending))
+            step = run_alone(self.session.verify_chain_steps(self._pending), self.engine)
+            self._verdicts.extend(step.verdicts)
             self.last_cloud_s = self.last_forward_s = time.perf_counter() - started
-            self.last_forward_rows = self.session.last_step_rows if self.session.forwards == forwards + 1 else 0
+            self.last_forward_rows = step.rows if self.session.forwards == forwards + 1 else 0
         return self._verdicts.popleft()
 
     def ready(self) -> bool:
@@ -95,7 +96,7 @@ class LocalVerifier:
             raise ValueError(f"resume from {len(committed)} committed tokens; the session has {len(session.tokens)}")
         self._pending.clear()
         self._verdicts.clear()
-        terms = SessionTerms(session.max_draft_len, self.max_blocks_in_flight, max_branches=self.max_branches)
+        terms = SessionTerms(session.draft_limit.opened, self.max_blocks_in_flight, max_branches=self.max_branches)
         return Resumption(terms, session.epoch, session.tokens[len(committed) :], session.stop_reason)
 
     def close(self) -> None:

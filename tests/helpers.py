@@ -178,11 +178,13 @@ def tiny_drafter(tiny_models, name: str = "drafter_noisy", n_ctx: int = 512):
     return LlamaDrafter(tiny_models[name], n_ctx=n_ctx, n_threads=1, f32_kv_cache=True)
 
 
-def new_session(engine, prompt, max_new_tokens=64, params=GREEDY, **kwargs):
-    """A verifier session on ``engine`` (greedy by default) that takes blocks of up to 16 drafts."""
-    from cloud.session import VerifierSession
+def new_session(engine, prompt, max_new_tokens=64, params=GREEDY, **policy):
+    """A verifier session on ``engine`` (greedy by default) that takes blocks of up to 16 drafts;
+    ``policy``: ``SessionPolicy`` fields."""
+    from cloud.session import SessionPolicy, VerifierSession
 
-    return VerifierSession(engine, prompt, params, max_new_tokens=max_new_tokens, max_draft_len=16, **kwargs)
+    return VerifierSession(engine, prompt, params, max_new_tokens=max_new_tokens, max_draft_len=16,
+                           policy=SessionPolicy(**policy))
 
 
 class CountingController(Controller):

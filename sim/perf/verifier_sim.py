@@ -3,13 +3,15 @@
 It answers pending blocks in order, one forward at a time, as
 ``cloud.session.VerifierSession.verify_chain_steps`` does: a usable block with
 every later block of its chain already there in one forward (``forward_s`` of
-the rows: the drafts and one more), or a stale block, with a token decoded for it
-(``stale_decode_s``, after ``rebased_per_stale_decode`` rebased drafts on average) when no
-usable block waits behind it and the forward would be over before the edge's
-next block is due (``cloud.next_block``) or its overrun pays, else at once,
-empty. A correction makes the chain's later blocks stale; a chain's first block
-is usable unless a token decoded for a void block under its guesses was guessed
-wrong (``token_guessed``); an empty one always is (it asks for the next token).
+the rows: the drafts and one more), or a stale block, with a token decoded for
+it (``stale_decode_s``, after ``rebased_per_stale_decode`` rebased drafts on
+average) where the verifier's own rule says so
+(``cloud.next_block.decodes_stale`` against its ``NextBlockClock``; a chain
+stands for an epoch), else at once, empty. The tokens a verified block commits
+follow ``shared.verdict.token_follows``. A correction makes the chain's later
+blocks stale; a chain's first block is usable unless a token decoded for a
+void block under its guesses was guessed wrong (``token_guessed``); an empty
+one always is (it asks for the next token).
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ import math
 import random
 from collections import deque
 
-from cloud.next_block import stale_decode_overrun_pays
-from shared.stats import Ewma
+from cloud.next_block import NextBlockClock, decodes_stale
+from shared.verdict import token_follows
 from sim.perf.block_costs import BlockCosts, SimBlock
 
 __all__ = ["VerifierSim"]
@@ -34,8 +36,7 @@ class VerifierSim:
         self.chain, self.alive = 0, True  # the chain it verifies, until a correction ends it
         self.stale_decoded = 0  # tokens decoded for stale blocks since the last correction
         self.stale_decodes: list[SimBlock] = []  # ... the blocks they were decoded for
-        self.corrected_at: float | None = None  # a correction's verdict left; None once the next block came
-        self.gap_s = Ewma()  # from a correction's verdict to the next chain's first block
+        self.next_block = NextBlockClock()  # the verifier's: a chain stands for an epoch
 
     def answers_before(self, head: SimBlock, at: float) -> bool:
         """Whether ``head``, the oldest block in flight, has its verdict before ``at`` (it is answered
@@ -75,16 +76,14 @@ class VerifierSim:
         costs, pending = self.costs, self.pending
         start = max(self.free_at, pending[0].at_cloud)
         there = [b for b in pending if b.at_cloud <= start]
-        if self.corrected_at is not None:
-            came = next((b for b in there if b.chain > self.chain), None)
-            if came is not None:
-                self.gap_s.add(max(came.at_cloud - self.corrected_at, 0.0))
-                self.corrected_at = None
+        for block in there:
+            self.next_block.arrived(block.at_cloud, block.chain)
         head = pending.popleft()
         if not self._usable(head):
             head.stale = True
-            due = None if self.corrected_at is None or self.gap_s.value is None else self.corrected_at + self.gap_s.value
-            if not costs.decode_stale or any(self._usable(b) for b in there[1:]) or not self._stale_decode_in_time(start, due):
+            if not decodes_stale(enabled=costs.decode_stale, usable_behind=any(self._usable(b) for b in there[1:]),
+                                 now=start, forward_s=costs.stale_decode_s, deadline=self.next_block.deadline(),
+                                 may_overrun=costs.stale_decode_overruns, guess_odds=costs.alpha[0]):
                 head.done_at, head.verdict_at = start, start + costs.rtt_s / 2 + costs.down_s
                 return
             head.committed = self._stale_decode()
@@ -101,7 +100,7 @@ class VerifierSim:
             batch.append(pending.popleft())
         for i, block in enumerate(batch):
             block.accepted = 0 if block.guess_wrong else self._accepted(block.drafts)
-            block.committed = block.accepted if block.accepted == block.drafts and block.more_follows else block.accepted + 1
+            block.committed = block.accepted + token_follows(block.accepted, block.drafts, block.more_follows)
             if block.accepted < block.drafts:  # a correction: the chain's later blocks are stale
                 block.ends_chain, self.alive = True, False
                 pending.extendleft(reversed(batch[i + 1:]))
@@ -110,12 +109,8 @@ class VerifierSim:
         rows = sum(b.drafts for b in batch) + 1
         self._ran(start, costs.forward_s(rows), batch, rows)
         if not self.alive:
-            self.corrected_at, self.stale_decoded, self.stale_decodes = self.free_at, 0, []
-
-    def _stale_decode_in_time(self, start: float, due: float | None) -> bool:
-        """Whether a stale decode started at ``start`` ends by ``due`` (None: no deadline) or its overrun pays."""
-        overrun = start + self.costs.stale_decode_s - (math.inf if due is None else due)
-        return overrun <= 0 or (self.costs.stale_decode_overruns and stale_decode_overrun_pays(overrun, due - start, self.costs.alpha[0]))
+            self.next_block.corrected(self.free_at, self.chain + 1)
+            self.stale_decoded, self.stale_decodes = 0, []
 
     def _ran(self, start: float, seconds: float, answered: list[SimBlock], rows: int) -> None:
         self.free_at = start + seconds

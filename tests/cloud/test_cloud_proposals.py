@@ -11,7 +11,7 @@ from helpers import link_for, tiny_drafter, tiny_prompt
 from cloud.engine import TargetEngine
 from cloud.limits import ServiceLimits
 from cloud.server import BackgroundServer, ServerConfig
-from cloud.session import VerifierSession
+from cloud.session import SessionPolicy, VerifierSession
 from edge.controller import Controller, Plan
 from edge.decode_loop import run_decode
 from shared.params import Mode, SamplingParams
@@ -26,7 +26,8 @@ N = 80
 def _alone(engine, prompt, params, n, propose=True):
     """``n`` tokens of the cloud decoding alone (an empty block at a time), for an edge that takes the
     cloud's proposals (``propose``) or not: (tokens, session)."""
-    session = VerifierSession(engine, prompt, params, max_new_tokens=n, max_draft_len=8, propose=propose)
+    session = VerifierSession(engine, prompt, params, max_new_tokens=n, max_draft_len=8,
+                              policy=SessionPolicy(propose=propose))
     tokens = []
     while not session.done:
         tokens.extend(session.verify(session.epoch, len(prompt) + len(tokens), []).committed([]))

@@ -7,12 +7,12 @@ import json
 import threading
 
 import pytest
+from helpers import GREEDY
 
 from cloud.engine import ForwardItem
 from cloud.fair_share import CAP_AFTER_DRAFTS, WEIGHT_FLOOR, ClientLedger, allot_verifies, fair_shares
 from cloud.metrics import CLIENT_BUCKETS, ServiceMetrics, client_bucket
 from cloud.scheduler import Scheduler
-from tests.helpers import GREEDY
 
 
 def _rows(items, chosen):
@@ -136,13 +136,14 @@ def test_the_fairness_bench_reports_its_keys_and_attackers_get_no_more_than_thei
 
 
 def test_a_lowered_draft_limit_holds_only_blocks_of_later_epochs(tiny_engine, greedy_path):
+    from helpers import new_session
+
     from cloud.session import BlockRejected
-    from tests.helpers import new_session
 
     prompt, want = greedy_path
     session = new_session(tiny_engine, prompt)
-    assert session.cap(2) and session.current_draft_limit == 2 and not session.decode_stale
-    assert not session.cap(3) and session.draft_limit == 2  # a limit only comes down
+    assert session.penalise(2) and session.draft_limit.current == 2 and not session.policy.decode_stale
+    assert not session.penalise(3) and session.draft_limit.lowered == 2  # a limit only comes down
     start = len(prompt)
     verdict = session.verify(0, start, want[:4])  # drafted before the edge could know: the old limit holds
     assert verdict.accepted == 4 and session.epoch == 0

@@ -9,7 +9,7 @@ import torch
 from helpers import ScriptedDrafter, greedy_continuation, tiny_drafter, tiny_prompt
 
 from cloud.engine import ForwardItem
-from cloud.session import BlockRejected, PendingBlock, VerifierSession
+from cloud.session import BlockRejected, PendingBlock, SessionPolicy, VerifierSession
 from edge.decode_loop import run_decode
 from edge.drafter import DraftBlock, Speculation
 from edge.endpoint import VerifierEndpoint
@@ -72,7 +72,8 @@ def test_branch_rows_equal_the_same_tokens_decoded_on_their_path_alone(tiny_engi
 
 
 def _session(engine, prompt, max_new_tokens=64):
-    return VerifierSession(engine, prompt, GREEDY, max_new_tokens=max_new_tokens, max_draft_len=16, max_branches=4)
+    return VerifierSession(engine, prompt, GREEDY, max_new_tokens=max_new_tokens, max_draft_len=16,
+                           policy=SessionPolicy(max_branches=4))
 
 
 def test_a_hedge_hit_commits_past_the_correction(tiny_engine, greedy_path):

@@ -70,8 +70,8 @@ def health_status(channel, service: str = "") -> int:
 
 
 @pytest.fixture(scope="module")
-def auth_server(serve):
-    server = serve(auth_token=TOKEN)
+def auth_server(serve_module):
+    server = serve_module(auth_token=TOKEN)
     yield server
 
 
@@ -158,9 +158,9 @@ def certificate(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def tls_server(serve, certificate):
+def tls_server(serve_module, certificate):
     cert, key = certificate
-    server = serve(tls_cert=cert, tls_key=key)
+    server = serve_module(tls_cert=cert, tls_key=key)
     yield server
 
 

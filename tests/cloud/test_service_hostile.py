@@ -56,13 +56,13 @@ ALLOWED_ENDINGS = {grpc.StatusCode.OK, INVALID, PRECONDITION, grpc.StatusCode.NO
 
 
 @pytest.fixture(scope="module")
-def server(serve):
+def server(serve_module):
     """One verifier for the whole module, so the honest sessions span every hostile case.
 
     The shared ``verifier`` fixture's limits (D <= 16, TTL 30 s), module-scoped.
     """
     limits = ServiceLimits(max_draft_len=MAX_DRAFT_LEN, session_ttl_s=TTL_S)
-    return serve(limits)
+    return serve_module(limits)
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import pytest
 from helpers import GREEDY, TEXTS, new_session, tiny_prompt
 
 from cloud.next_block import NextBlockClock, stale_decode_overrun_pays
-from cloud.session import BlockRejected, PendingBlock, VerifierSession
+from cloud.session import BlockRejected, PendingBlock, SessionPolicy, VerifierSession
 from protos import splitspec_pb2 as pb
 from shared import codec
 from shared.params import Mode, SamplingParams
@@ -48,7 +48,8 @@ def test_rejection_voids_later_blocks_answered_by_cloud_tokens(tiny_engine, gree
     assert (verified.start_position, verified.accepted, verified.token) == (p + 4, 4, want[8])
     assert session.tokens[p:] == want[:9] and session.forwards == forwards + 1
     # A service that does not decode for stale blocks answers them empty, without a forward.
-    session = VerifierSession(tiny_engine, prompt, GREEDY, max_new_tokens=64, max_draft_len=16, decode_stale=False)
+    session = VerifierSession(tiny_engine, prompt, GREEDY, max_new_tokens=64, max_draft_len=16,
+                              policy=SessionPolicy(decode_stale=False))
     forwards = session.forwards
     (empty,) = session.verify_chain([PendingBlock(0, p + 8, want[8:10])])
     assert empty.stale and empty.token is None and session.forwards == forwards and session.tokens[p:] == []

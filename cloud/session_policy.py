@@ -1,0 +1,23 @@
+"""What the service does for a session beyond verifying its blocks: a frozen record.
+
+Set from ``ServiceLimits`` and the session's ``Open`` (``cloud.handshake``);
+a session replaces it, never edits it (a new turn's proposals, fair share's
+penalty).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["SessionPolicy"]
+
+
+@dataclass(frozen=True)
+class SessionPolicy:
+    """A session's terms beyond its drafts per block (``cloud.draft_limit``)."""
+
+    max_branches: int = 0  # hedge branches a block may carry (greedy and coupled modes)
+    decode_stale: bool = True  # a stale block with no usable block behind it gets the next token (False: answered empty)
+    rebase_stale: bool = True  # ... and that forward verifies the drafts sent past a correction (greedy, coupled)
+    propose: bool = False  # the edge takes the cloud's own proposals on an empty block's verdict (Open.takes_proposals)
+    audit_drafts: bool = True  # rejection mode refuses drafts not sampled from their q̃ (False: tests' controls only)

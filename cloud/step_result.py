@@ -1,0 +1,34 @@
+"""What one verify step answered and what it cost: the record a ``VerifierSession`` step returns.
+
+The caller (``cloud.block_stream``, ``sim.inprocess``) reads a step's rows and
+seconds from here, never from fields left on the session.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shared.verdict import Verdict
+
+__all__ = ["StepResult"]
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One verify step of one session (``VerifierSession.verify_chain_steps``)."""
+
+    verdicts: list[Verdict] = field(default_factory=list)  # [blocks answered], in order
+    rows: int = 0  # rows this session put in its forward (0: it ran none)
+    proposed: int = 0  # ... of them, drafts the cloud proposed itself (no client's)
+    proposals_taken: int = 0  # ... and how many of those it committed
+    seconds: float = 0.0  # the step's wall time: forward, verification and sampling
+
+    @property
+    def client_rows(self) -> int:
+        """The rows the client's own drafts cost (what its share is charged)."""
+        return self.rows - self.proposed
+
+    @property
+    def client_tokens(self) -> int:
+        """Tokens the step committed that the cloud's own proposals did not bring."""
+        return sum(verdict.committed_count for verdict in self.verdicts) - self.proposals_taken
