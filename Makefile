@@ -27,9 +27,10 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet -e ".[dev]"
 	@touch $@
 
+# Both cores (pytest-xdist): about 7 minutes of tests on 2 cores after setup.
 test: install
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2
 
 # The main job: real cloud and edge processes over an emulated 50 kbit/s, 100 ms link,
 # split decoding against cloud-only decoding (a few minutes on 2 cores after setup).

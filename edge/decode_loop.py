@@ -42,11 +42,20 @@ from edge.controller import Controller, Plan
 from edge.drafter import DraftBlock, Drafter, common_prefix_length
 from edge.early_block import EARLY_DRAFT_LEN, EarlyBlock
 from edge.hedging import BRANCH_LEN, hedge
-from edge.pipeline import Pipeline, first_live, more_follows, observe_verdict
+from edge.pipeline import (
+    LiveVerdict,
+    Pipeline,
+    StaleVerdict,
+    first_live,
+    more_follows,
+    observe_stale_verdict,
+    observe_verdict,
+)
 from edge.verifier_protocol import (
     GenerationResult,
     LinkLost,
     ProtocolError,
+    Received,
     Resumption,
     SessionTerms,
     VerifierConnection,
@@ -187,7 +196,7 @@ class _Decode:
         # blocks go right behind the Open instead (``head_start``).
         pipe, room = self.pipeline, self.max_new_tokens - 2  # the first token, then the correction or bonus
         head_start = self._head_start()
-        if not head_start and pipe.draft_len > 0 and pipe.window >= 2 and room >= 1:
+        if not head_start and pipe.takes_early_block(room):
             draft_len = min(pipe.draft_len, room, EARLY_DRAFT_LEN)
             self.early = EarlyBlock(self.drafter, self.prompt, self.params, draft_len, room)
         else:
@@ -219,13 +228,11 @@ class _Decode:
         """Empty blocks to send behind the Open: none, unless the controller starts the session with the
         cloud alone on what the connection measured of the link (``Controller.start``); then a window of
         them, within the verifier's hint of blocks in flight and the token limit."""
-        controller, hint = self.pipeline.controller, self.verifier.link_hint
-        if controller is None or hint is None or self.pipeline.draft_len == 0:
-            return 0
-        plan = controller.start(hint.round_trip_s, hint.cloud.token_s_for(self.params.reproducible))
+        pipe, hint = self.pipeline, self.verifier.link_hint
+        plan = None if hint is None else pipe.head_start(hint.round_trip_s, hint.cloud.token_s_for(self.params.reproducible))
         if plan is None:
             return 0
-        log.debug("the cloud decodes alone from the start: %s", controller.describe(plan))
+        log.debug("the cloud decodes alone from the start: %s", pipe.controller.describe(plan))
         return max(min(plan.window, hint.cloud.max_blocks_in_flight or 1, self.max_new_tokens - 1), 0)
 
     def _open(self, head_start: int) -> None:
@@ -310,10 +317,10 @@ class _Decode:
             log.debug("at %d tokens: %s", len(self.generated), self.pipeline.controller.describe(plan))
         self._draft_and_send()
         try:
-            verdict = self.verifier.receive()
+            received = self.verifier.receive()
         except LinkLost as lost:
             return self._resume(lost)
-        return self._take(verdict)
+        return self._take(received)
 
     def _draft_and_send(self) -> None:
         pipe, drafter, verifier = self.pipeline, self.drafter, self.verifier
@@ -363,9 +370,9 @@ class _Decode:
             self._expect_first_position()
         return False
 
-    def _take(self, verdict: Verdict) -> bool:
+    def _take(self, received: Received) -> bool:
         """Check and commit the verdict for the oldest block in flight; True when the generation is over."""
-        pipe, prompt_len = self.pipeline, len(self.prompt)
+        pipe, prompt_len, verdict = self.pipeline, len(self.prompt), received.verdict
         sent, committed_end = pipe.answered(), self.committed_end
         skip = verdict.start_position - sent.start_position  # drafts the verifier's own tokens already held
         drafts = sent.block.tokens[skip:] if skip >= 0 else []
@@ -376,18 +383,18 @@ class _Decode:
             raise ProtocolError(f"verdict commits {len(committed)} tokens with {len(self.generated)} of "
                                 f"{self.max_new_tokens} already committed: past the token limit")
         if verdict.stale:
-            self._record_stale(sent, verdict, committed_end, committed)
+            self._record_stale(sent, received, committed_end, committed)
         else:
             self._record_live(sent, verdict, skip, drafts, branches, committed)
         arrived = time.perf_counter()
         if pipe.controller is not None and not sent.first and not verdict.stale:
             # In a stretch the cloud decodes alone, the interval between its tokens is its real rate.
             interval = arrived - self.last_arrival if not drafts and pipe.since_plan > 0 else None
-            self._observe(sent, len(drafts), verdict, committed, interval)
+            self._observe(sent, len(drafts), received, committed, interval)
         self.last_arrival = arrived
         if sent.first and self.early_guess is not None:
             # The early block rests on a wrong guess: it is verified all the same, but nothing is chained on it.
-            pipe.hold = committed[:1] != [self.early_guess] and bool(len(pipe))
+            pipe.hold_if(committed[:1] != [self.early_guess])
             self.early_guess = None
         if verdict.draft_limit:
             self._hold_to(verdict.draft_limit)
@@ -409,8 +416,8 @@ class _Decode:
             raise ProtocolError(f"verifier did not stop at the token limit of {self.max_new_tokens}")
         return False
 
-    def _record_stale(self, sent: _InFlight, verdict: Verdict, committed_end: int, committed: list[int]) -> None:
-        controller = self.pipeline.controller
+    def _record_stale(self, sent: _InFlight, received: Received, committed_end: int, committed: list[int]) -> None:
+        verdict, trials = received.verdict, None
         self.stats.record_stale(len(committed), len(verdict.rebased), verdict.rebased_verified)
         guessed = _guesses(self.pipeline, self.drafting, committed_end, committed)
         if guessed is not None:
@@ -418,14 +425,12 @@ class _Decode:
             right = common_prefix_length(guesses, committed)
             if right < len(guesses) or len(guesses) == len(committed):  # (else right so far, not done)
                 self.stats.record_stale_decode_guess(right == len(committed))
-            if controller is not None and self.guesses_are_trials:  # the drafts a live block held there
-                controller.observe_acceptance(len(guesses), right, first=first_draft)
-        if controller is not None:
-            controller.observe_forward(self.verifier.last_forward_rows, self.verifier.last_forward_s)
-            controller.observe_stale(len(committed), len(verdict.rebased), self.verifier.last_forward_s,
-                                     trip_s=None if sent.early else time.perf_counter() - sent.sent_at,
-                                     cloud_s=self.verifier.last_cloud_s, drafted=len(sent.block.tokens),
-                                     draft_s=sent.draft_s)
+            if self.guesses_are_trials:  # the drafts a live block held there
+                trials = (first_draft, len(guesses), right)
+        if self.pipeline.controller is not None:
+            observe_stale_verdict(self.pipeline.controller, StaleVerdict(
+                len(committed), len(verdict.rebased), None if sent.early else time.perf_counter() - sent.sent_at,
+                received.timing, len(sent.block.tokens), sent.draft_s, guess_trials=trials))
 
     def _record_live(self, sent: _InFlight, verdict: Verdict, skip: int, drafts: list[int],
                      branches: tuple[tuple[int, list[int]], ...], committed: list[int]) -> None:
@@ -438,18 +443,16 @@ class _Decode:
             self.stats.record_proposals(verdict.rebased_verified, len(verdict.rebased))
         self.stats.record_round(len(drafts), verdict.accepted, len(committed))
 
-    def _observe(self, sent: _InFlight, drafted: int, verdict: Verdict, committed: list[int],
+    def _observe(self, sent: _InFlight, drafted: int, received: Received, committed: list[int],
                  interval_s: float | None) -> None:
         """Feed one verdict's measurements to the controller (before the drafter commits it); ``drafted``:
         the block's drafts the verifier verified."""
-        controller, verifier = self.pipeline.controller, self.verifier
+        controller, verdict = self.pipeline.controller, received.verdict
         draft_s = sent.draft_s * drafted / len(sent.block.tokens) if drafted else 0.0
-        cloud_token = observe_verdict(
-            controller, early=sent.early, wrong_guess=self.pipeline.hold, drafted=drafted, held=sent.size,
-            accepted=verdict.accepted, trip_s=time.perf_counter() - sent.sent_at, draft_s=draft_s,
-            cloud_s=verifier.last_cloud_s, forward_s=verifier.last_forward_s, forward_rows=verifier.last_forward_rows,
-            interval_s=interval_s, tokens=len(committed),
-            hedged=bool(sent.block.branches), gained=_branch_gain(verdict, committed), hedge_s=sent.hedge_s)
+        cloud_token = observe_verdict(controller, LiveVerdict(
+            drafted, sent.size, verdict.accepted, time.perf_counter() - sent.sent_at, draft_s, received.timing,
+            tokens=len(committed), interval_s=interval_s, early=sent.early, wrong_guess=self.pipeline.hold,
+            hedged=bool(sent.block.branches), gained=_branch_gain(verdict, committed), hedge_s=sent.hedge_s))
         if cloud_token and committed and self.pipeline.shadow_due():
             started = time.perf_counter()
             shadow = self.drafter.draft(1).tokens  # what the drafter would have proposed for this position

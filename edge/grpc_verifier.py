@@ -31,11 +31,11 @@ from edge.drafter import DraftBlock, common_prefix_length
 from edge.endpoint import VerifierEndpoint
 from edge.link_meter import LinkMeter, SentBlock
 from edge.report import Recovery
-from edge.verifier_protocol import LinkHint, LinkLost, Resumption, SessionTerms, VerifierError
+from edge.verifier_protocol import CloudTiming, LinkHint, LinkLost, Received, Resumption, SessionTerms, VerifierError
 from protos import splitspec_pb2 as pb
 from shared import codec
 from shared.params import SamplingParams
-from shared.verdict import StopReason, Verdict
+from shared.verdict import StopReason
 from shared.wire import (
     StreamHints,
     message_wire_bytes,
@@ -67,9 +67,6 @@ class GrpcVerifier:
     rtt_samples_s = _metered("rtt_samples_s")
     rtt_ms = _metered("rtt_ms")
     block_log = _metered("block_log")
-    last_cloud_s = _metered("last_cloud_s")
-    last_forward_s = _metered("last_forward_s")
-    last_forward_rows = _metered("last_forward_rows")
 
     def __init__(
         self,
@@ -253,7 +250,7 @@ class GrpcVerifier:
         )
         self._stream.send(frame)
 
-    def receive(self) -> Verdict:
+    def receive(self) -> Received:
         if self._first_verdict is not None:  # it came inside the Opened (its bytes were counted there)
             message, self._first_verdict = self._first_verdict, None
             return self._take_verdict(message, message.ByteSize() + 2)
@@ -263,10 +260,9 @@ class GrpcVerifier:
     def ready(self) -> bool:
         return self._first_verdict is not None or self._stream.has_frame()
 
-    def _take_verdict(self, message: pb.Verdict, down_bytes: int) -> Verdict:
+    def _take_verdict(self, message: pb.Verdict, down_bytes: int) -> Received:
         """Account for one verdict (``down_bytes``: what it cost the downlink) and decode it."""
         arrived = time.perf_counter()
-        self.meter.cloud_time(message)
         if message.done:  # the total rides on the final verdict only
             self.forwards = self._forwards_offset + message.forwards
         if not self._in_flight:
@@ -279,9 +275,10 @@ class GrpcVerifier:
         self._check_tokens(message)
         self.meter.verified(sent, message, down_bytes)
         try:
-            return verdict_from_proto(message)
+            verdict = verdict_from_proto(message)
         except ValueError as exc:
             raise VerifierError(f"malformed verdict from the cloud: {exc}") from exc
+        return Received(verdict, CloudTiming(message.server_us * 1e-6, message.forward_us * 1e-6, message.forward_rows))
 
     def _check_tokens(self, message: pb.Verdict) -> None:
         """Refuse a verdict's token ids before anything is taken from it: ids outside the vocabulary,

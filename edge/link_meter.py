@@ -35,9 +35,6 @@ class LinkMeter:
     open_bytes: int = 0  # framed bytes of the Opens among ``bytes_up`` (all of them: first, resumes, reopens)
     rtt_samples_s: list[float] = field(default_factory=list)  # [verdicts received]
     block_log: list[BlockTiming] = field(default_factory=list)  # [blocks verified]
-    last_cloud_s: float = 0.0  # the cloud's time on the last verdict (server_us)
-    last_forward_s: float = 0.0  # ... the forward's alone (forward_us; 0: none, or a cloud that does not say)
-    last_forward_rows: int = 0  # ... the session's rows in it (forward_rows; 0: the same)
 
     def count_up(self, frame: pb.EdgeFrame) -> None:
         size = message_wire_bytes(frame)
@@ -47,12 +44,6 @@ class LinkMeter:
 
     def count_down(self, frame: pb.CloudFrame) -> None:
         self.bytes_down += message_wire_bytes(frame)
-
-    def cloud_time(self, verdict: pb.Verdict) -> None:
-        """The cloud's own time on a verdict that arrived."""
-        self.last_cloud_s = verdict.server_us * 1e-6
-        self.last_forward_s = verdict.forward_us * 1e-6
-        self.last_forward_rows = verdict.forward_rows
 
     def round_trip(self, sent: SentBlock, verdict: pb.Verdict, arrived: float) -> None:
         """``sent``'s round trip, answered by ``verdict`` at perf_counter ``arrived``, net of the cloud's time."""

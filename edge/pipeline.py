@@ -16,7 +16,9 @@ defined in ``docs/glossary.md``). ``Pipeline`` says
   block guessed wrong void every block in flight;
 - where the controller chooses again (a new chain, every ``REPLAN_TOKENS``
   tokens of a chain or of a cloud stretch) and when a shadow proposal is due;
-- what each verdict measures for the controller (``observe_verdict``).
+- what each verdict measures for the controller (``observe_verdict``,
+  ``observe_stale_verdict``), how a session starts (``head_start``,
+  ``takes_early_block``) and the hold after a wrong guess of the first token.
 
 It is driven by ``edge.decode_loop`` (a real verifier, real drafts) and by the
 performance model's ``sim.perf.block_sim`` (a simulated clock and costs), so a
@@ -32,8 +34,10 @@ from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
 from edge.controller import REPLAN_TOKENS, SHADOW_EVERY, Controller, Plan
+from edge.verifier_protocol import CloudTiming
 
-__all__ = ["Flight", "NextBlock", "Pipeline", "observe_verdict", "may_follow", "more_follows", "first_live"]
+__all__ = ["Flight", "NextBlock", "Pipeline", "LiveVerdict", "StaleVerdict", "observe_verdict", "observe_stale_verdict",
+           "may_follow", "more_follows", "first_live"]
 
 
 class Flight(Protocol):
@@ -132,6 +136,25 @@ class Pipeline(Generic[F]):
                 self.follow(control.plan(drafting_only=True))
         return None
 
+    # -- how a session starts ------------------------------------------------
+    def head_start(self, round_trip_s: float, token_s: float) -> Plan | None:
+        """The controller's plan to start with the cloud alone from the first token (``Controller.start``,
+        on a round trip and the cloud's seconds a token alone), when the schedule drafts and it has one;
+        else None. Not followed yet: the caller follows it when it takes effect."""
+        if self.controller is None or self.draft_len == 0:
+            return None
+        return self.controller.start(round_trip_s, token_s)
+
+    def takes_early_block(self, room: int) -> bool:
+        """Whether the first block is drafted while the prompt is prefilled, ``room`` tokens left in the
+        limit past the first token and the correction (pipelined and drafting)."""
+        return self.draft_len > 0 and self.window >= 2 and room >= 1
+
+    def hold_if(self, wrong_guess: bool) -> None:
+        """The blocks in flight rest on the early block, drafted on a guess of the first token: when that
+        was wrong, send none until they drain (``hold``)."""
+        self.hold = wrong_guess and bool(self.in_flight)
+
     def shadow_due(self) -> bool:
         """In a cloud stretch: whether the drafter's would-be proposal for the token just decoded is
         measured (every token where the drafter is fast enough, else every ``SHADOW_EVERY``)."""
@@ -195,31 +218,74 @@ class Pipeline(Generic[F]):
         self.hold = False
 
 
-def observe_verdict(controller: Controller, *, early: bool, wrong_guess: bool, drafted: int, held: int,
-                    accepted: int, trip_s: float, draft_s: float, cloud_s: float, forward_s: float,
-                    interval_s: float | None, forward_rows: int = 0, tokens: int = 1, hedged: bool = False,
-                    gained: int = 0, hedge_s: float = 0.0) -> bool:
+@dataclass(frozen=True)
+class LiveVerdict:
+    """What a live verdict measured, for the controller (``observe_verdict``)."""
+
+    drafted: int  # the block's drafts the verifier verified (0: an empty block, or every draft already committed)
+    held: int  # drafts the block held (0: empty)
+    accepted: int
+    trip_s: float  # send to verdict
+    draft_s: float  # drafting time of the verified drafts
+    timing: CloudTiming  # what the cloud measured of it
+    tokens: int = 1  # tokens it committed (an empty block's: the token, after the cloud's proposals it accepted)
+    interval_s: float | None = None  # in a cloud stretch: since the last verdict (the cloud's real pace)
+    early: bool = False  # sent before the Opened (the early block, a head start's block): its trip spans the prefill
+    wrong_guess: bool = False  # the early block rests on a wrong guess of the first token
+    hedged: bool = False  # the block carried hedge branches
+    gained: int = 0  # ... tokens a taken branch committed past the correction
+    hedge_s: float = 0.0  # ... drafting time of its branches
+
+
+@dataclass(frozen=True)
+class StaleVerdict:
+    """What a stale verdict measured, for the controller (``observe_stale_verdict``)."""
+
+    committed: int  # tokens the cloud decoded for the block (0: answered empty)
+    rebased: int  # ... of them, drafts sent for those positions that it accepted where they lay
+    trip_s: float | None  # send to verdict (None: sent before the Opened, not a measurement)
+    timing: CloudTiming
+    drafted: int  # the void block's drafts, and their drafting time
+    draft_s: float
+    # A live chain's first block's drafts at those tokens as acceptance trials (greedy and coupled modes):
+    # (its draft index there, drafts compared, right in a row); None: none.
+    guess_trials: tuple[int, int, int] | None = None
+
+
+def observe_verdict(controller: Controller, seen: LiveVerdict) -> bool:
     """Feed ``controller`` what a live verdict measures; True when it answered a token the cloud decoded
     alone (a shadow proposal may be due: ``Pipeline.shadow_due``).
 
-    ``drafted``: the block's drafts the verifier verified, of the ``held`` it held (0: empty);
-    ``draft_s``: their drafting time; ``forward_rows``: the session's rows in the forward (a point of
-    the row-cost curve); ``tokens``: what the verdict committed (an empty block's: the token, after
-    any the cloud proposed itself and accepted). The early block measures only its acceptance (its
-    trip spans the prefill), and nothing when it was drafted on a wrong guess of the first token; an
-    empty block sent before the Opened (a head start) measures all but its trip. A hedged block's
-    forward is not the chain's (its branches' rows): it is a point of the curve, not of ``forward_s``."""
-    if early and held:
-        if not wrong_guess:
-            controller.observe_acceptance(drafted, accepted)
+    The early block measures only its acceptance (its trip spans the prefill), and nothing when it was
+    drafted on a wrong guess of the first token; an empty block sent before the Opened (a head start)
+    measures all but its trip. A hedged block's forward is not the chain's (its branches' rows): it is a
+    point of the row-cost curve, not of ``forward_s``."""
+    timing = seen.timing
+    if seen.early and seen.held:
+        if not seen.wrong_guess:
+            controller.observe_acceptance(seen.drafted, seen.accepted)
         return False
-    controller.observe_forward(forward_rows, forward_s)
-    if drafted:
-        controller.observe_block(drafted, accepted, trip_s, draft_s, cloud_s, 0.0 if hedged else forward_s)
-        if hedged:
-            controller.observe_hedge(gained, hedge_s)
+    controller.observe_forward(timing.forward_rows, timing.forward_s)
+    if seen.drafted:
+        controller.observe_block(seen.drafted, seen.accepted, seen.trip_s, seen.draft_s, timing.cloud_s,
+                                 0.0 if seen.hedged else timing.forward_s)
+        if seen.hedged:
+            controller.observe_hedge(seen.gained, seen.hedge_s)
         return False
-    if held:
+    if seen.held:
         return False  # every draft was already committed: nothing measured
-    controller.observe_cloud_token(None if early else trip_s, cloud_s, interval_s, forward_s, tokens=tokens)
+    controller.observe_cloud_token(None if seen.early else seen.trip_s, timing.cloud_s, seen.interval_s,
+                                   timing.forward_s, tokens=seen.tokens)
     return True
+
+
+def observe_stale_verdict(controller: Controller, seen: StaleVerdict) -> None:
+    """Feed ``controller`` what a stale verdict measures: the forward, what the cloud decoded for the void
+    block (so a drafter whose every chain goes stale is still measured), and the live chain's guesses
+    of those tokens as acceptance trials."""
+    if seen.guess_trials is not None:
+        first, trials, right = seen.guess_trials
+        controller.observe_acceptance(trials, right, first=first)
+    controller.observe_forward(seen.timing.forward_rows, seen.timing.forward_s)
+    controller.observe_stale(seen.committed, seen.rebased, seen.timing.forward_s, trip_s=seen.trip_s,
+                             cloud_s=seen.timing.cloud_s, drafted=seen.drafted, draft_s=seen.draft_s)

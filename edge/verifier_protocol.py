@@ -20,7 +20,7 @@ from shared.verdict import StopReason, Verdict
 from shared.wire import StreamHints
 
 __all__ = ["VerifierConnection", "LinkHint", "SessionTerms", "Resumption", "GenerationResult", "ProtocolError",
-           "VerifierError", "LinkLost"]
+           "VerifierError", "LinkLost", "CloudTiming", "Received"]
 
 
 class ProtocolError(RuntimeError):
@@ -56,6 +56,23 @@ class LinkHint:
 
 
 @dataclass(frozen=True)
+class CloudTiming:
+    """What the cloud measured of one verdict (its ``server_us``, ``forward_us``, ``forward_rows``)."""
+
+    cloud_s: float = 0.0  # the cloud's own time for the verdict
+    forward_s: float = 0.0  # ... of that, the forward that answered it (0: none, or not said)
+    forward_rows: int = 0  # the session's rows in that forward (0: the same, or more than one forward)
+
+
+@dataclass(frozen=True)
+class Received:
+    """A verdict as it arrived, with what the cloud measured of it (``VerifierConnection.receive``)."""
+
+    verdict: Verdict
+    timing: CloudTiming = CloudTiming()
+
+
+@dataclass(frozen=True)
 class SessionTerms:
     """What the verifier allows a session (its ``Opened``)."""
 
@@ -88,9 +105,6 @@ class VerifierConnection(Protocol):
     """
 
     forwards: int  # target forwards the verifier reports for this session, prefill included
-    last_cloud_s: float  # the cloud's own time for the last verdict received (its server_us)
-    last_forward_s: float  # ... of that, the forward that answered it (its forward_us; 0: none, or not said)
-    last_forward_rows: int  # ... the session's rows in that forward (its forward_rows; 0: the same)
     link_hint: LinkHint | None  # what is known of the link before the Open (None: nothing)
 
     def open(self, prompt: Sequence[int], params: SamplingParams, max_new_tokens: int, max_draft_len: int,
@@ -108,8 +122,8 @@ class VerifierConnection(Protocol):
     def send(self, epoch: int, start_position: int, block: DraftBlock, more_follows: bool) -> None:
         """Queue one block for verification (returns at once)."""
 
-    def receive(self) -> Verdict:
-        """The next verdict (blocks until it arrives); ``LinkLost`` when the stream broke."""
+    def receive(self) -> Received:
+        """The next verdict with its timing (blocks until it arrives); ``LinkLost`` when the stream broke."""
 
     def ready(self) -> bool:
         """Whether ``receive`` would return (or raise) without waiting: a verdict, or the news that

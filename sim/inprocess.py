@@ -17,9 +17,8 @@ from cloud.session import PendingBlock, SessionPolicy, VerifierSession
 from edge.controller import Controller
 from edge.decode_loop import GenerationResult, Resumption, SessionTerms, run_decode
 from edge.drafter import DraftBlock, Drafter
-from edge.verifier_protocol import LinkHint
+from edge.verifier_protocol import CloudTiming, LinkHint, Received
 from shared.params import SamplingParams
-from shared.verdict import Verdict
 
 __all__ = ["LocalVerifier", "generate"]
 
@@ -41,10 +40,7 @@ class LocalVerifier:
         self.max_branches = max_branches
         self.session: VerifierSession | None = None
         self._pending: list[PendingBlock] = []
-        self._verdicts: deque[Verdict] = deque()
-        self.last_cloud_s = 0.0  # the last chain's verify time
-        self.last_forward_s = 0.0  # ... the same: nothing waits here
-        self.last_forward_rows = 0  # the session's rows in the chain's forward (0: more than one ran)
+        self._verdicts: deque[Received] = deque()
 
     @property
     def forwards(self) -> int:
@@ -71,16 +67,16 @@ class LocalVerifier:
         self._pending.append(PendingBlock(epoch, start_position, list(block.tokens), block.q, more_follows,
                                           tuple(block.branches)))
 
-    def receive(self) -> Verdict:
+    def receive(self) -> Received:
         assert self.session is not None, "open() first"
         while not self._verdicts:
             if not self._pending:
                 raise RuntimeError("receive() with no block awaiting a verdict")
             started, forwards = time.perf_counter(), self.session.forwards
             step = run_alone(self.session.verify_chain_steps(self._pending), self.engine)
-            self._verdicts.extend(step.verdicts)
-            self.last_cloud_s = self.last_forward_s = time.perf_counter() - started
-            self.last_forward_rows = step.rows if self.session.forwards == forwards + 1 else 0
+            seconds = time.perf_counter() - started  # the chain's verify time: nothing waits here
+            timing = CloudTiming(seconds, seconds, step.rows if self.session.forwards == forwards + 1 else 0)
+            self._verdicts.extend(Received(verdict, timing) for verdict in step.verdicts)
         return self._verdicts.popleft()
 
     def ready(self) -> bool:

@@ -27,7 +27,16 @@ from collections.abc import Callable
 from dataclasses import fields, replace
 
 from edge.controller import Controller
-from edge.pipeline import Pipeline, first_live, more_follows, observe_verdict
+from edge.pipeline import (
+    LiveVerdict,
+    Pipeline,
+    StaleVerdict,
+    first_live,
+    more_follows,
+    observe_stale_verdict,
+    observe_verdict,
+)
+from edge.verifier_protocol import CloudTiming
 from sim.perf.block_costs import BlockCosts, SimBlock, SimulatedRun
 from sim.perf.verifier_sim import VerifierSim
 
@@ -87,21 +96,20 @@ class _Generation:
         a token decoded for a stale block, what it says of ``guesser``'s guess of it; the edge's seconds
         that took (a shadow proposal)."""
         control, costs = self.pipeline.controller, self.costs
+        timing = CloudTiming(block.done_at - block.at_cloud, block.forward_s, block.forward_rows)
         if block.stale:
             drafted = block.drafts + block.guesses
-            control.observe_forward(block.forward_rows, block.forward_s)
-            control.observe_stale(block.committed, max(block.committed - 1, 0), block.forward_s,
-                                  trip_s=None if block.early else block.verdict_at - block.sent_at,
-                                  cloud_s=block.done_at - block.at_cloud, drafted=drafted, draft_s=drafted * costs.draft_s)
+            trials = None
             if block.committed and guesser is not None and costs.guess_trials:
-                control.observe_acceptance(1, int(not block.mismatch), first=guesser.judged)
+                trials = (guesser.judged, 1, int(not block.mismatch))
                 guesser.judged += 1
+            observe_stale_verdict(control, StaleVerdict(
+                block.committed, max(block.committed - 1, 0), None if block.early else block.verdict_at - block.sent_at,
+                timing, drafted, drafted * costs.draft_s, guess_trials=trials))
             return 0.0
-        cloud_token = observe_verdict(
-            control, early=block.early, wrong_guess=block.guess_wrong, drafted=block.drafts, held=block.size,
-            accepted=block.accepted, trip_s=block.verdict_at - block.sent_at, draft_s=block.drafts * costs.draft_s,
-            cloud_s=block.done_at - block.at_cloud, forward_s=block.forward_s, forward_rows=block.forward_rows,
-            interval_s=interval_s)
+        cloud_token = observe_verdict(control, LiveVerdict(
+            block.drafts, block.size, block.accepted, block.verdict_at - block.sent_at, block.drafts * costs.draft_s,
+            timing, interval_s=interval_s, early=block.early, wrong_guess=block.guess_wrong))
         if cloud_token and self.pipeline.shadow_due():
             alpha = costs.alpha[min(control.shadow_position, len(costs.alpha) - 1)]
             control.observe_shadow(self.rng.random() < alpha, costs.draft_s)
@@ -165,19 +173,19 @@ class _Generation:
     def run(self, tokens_wanted: int) -> SimulatedRun:
         costs, pipe, tally = self.costs, self.pipeline, self.tally
         early = min(costs.early_drafts, tokens_wanted - 1)
-        control = pipe.controller
-        start = control.start(costs.rtt_s, costs.forward_s(1)) if control is not None else None
+        start = pipe.head_start(costs.rtt_s, costs.forward_s(1))
         if start is not None:  # the head start (``edge.decode_loop``): empty blocks went behind the Open
             pipe.follow(start)
             for i in range(min(start.window, tokens_wanted)):
                 self.send(SimBlock(0, 0, 0, False, False, sent_at=-math.inf, at_cloud=-(costs.rtt_s / 2 + costs.down_s),
                                    start_position=i, early=True))
-        elif early > 0 and pipe.window > 1:
+        elif early > 0 and pipe.takes_early_block(tokens_wanted - 1):
             self.chain = 1
             block = SimBlock(self.chain, early, 0, True, more_follows=True, sent_at=-math.inf,
                            at_cloud=-(costs.rtt_s / 2 + costs.down_s), size=early, early=True)
-            block.guess_wrong = pipe.hold = self.rng.random() >= costs.alpha[0]
+            block.guess_wrong = self.rng.random() >= costs.alpha[0]
             self.send(block)
+            pipe.hold_if(block.guess_wrong)
         while tally.tokens < tokens_wanted:
             pipe.replan()  # (``edge.decode_loop``'s choices, at the same points)
             if self.draft_and_send(tokens_wanted) and len(pipe) and tally.tokens < tokens_wanted:

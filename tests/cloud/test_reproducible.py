@@ -127,12 +127,13 @@ def test_the_verifier_says_its_row_tile_and_each_forward_s_rows(tiny_vocab, auto
                 terms = link.open(prompt, SamplingParams(mode=Mode.GREEDY, reproducible=reproducible),
                                   max_new_tokens=16, max_draft_len=4)
                 assert terms.row_tile == auto_engine.rows_at_cost_of(1, reproducible)
-                first = link.receive()  # the first position, with the Opened: no forward of its own
+                first = link.receive().verdict  # the first position, with the Opened: no forward of its own
                 drafts = [7, 8, 9]
                 link.send(first.epoch, len(prompt) + 1, DraftBlock(drafts), more_follows=False)
-                verdict = link.receive()
+                received = link.receive()
+                verdict, timing = received.verdict, received.timing
                 assert verdict.start_position == len(prompt) + 1 and not verdict.stale  # answered, verified
-                assert link.last_forward_rows == 1 + len(drafts) and link.last_forward_s > 0
+                assert timing.forward_rows == 1 + len(drafts) and timing.forward_s > 0
             finally:
                 link.close()
     assert auto_engine.rows_at_cost_of(1, True) > 1  # (the tile differs between the two sessions)

@@ -128,12 +128,15 @@ def test_rejection_mode_with_blocks_in_flight_samples_the_target(tiny_engine, dr
 def test_the_edge_refuses_a_verdict_that_does_not_fit_what_it_sent(tiny_engine, drafters, lie):
     class Lying(LocalVerifier):
         def receive(self):
-            verdict = super().receive()
+            received = super().receive()
+            verdict = received.verdict
             if verdict.accepted >= 2 and not verdict.stale:
                 if lie == "skips-an-uncommitted-draft":  # as if the block's first draft had been committed
-                    return replace(verdict, start_position=verdict.start_position + 1, accepted=verdict.accepted - 1)
-                return replace(verdict, stale=True)
-            return verdict
+                    verdict = replace(verdict, start_position=verdict.start_position + 1, accepted=verdict.accepted - 1)
+                else:
+                    verdict = replace(verdict, stale=True)
+                return replace(received, verdict=verdict)
+            return received
 
     prompt = tiny_prompt(tiny_engine, TEXTS[0])
     with pytest.raises(ProtocolError, match="does not answer the block"):

@@ -18,7 +18,7 @@ from cloud.server import BackgroundServer, ServerConfig
 from edge.decode_loop import LinkLost, run_decode
 from edge.endpoint import VerifierEndpoint
 from edge.grpc_verifier import GrpcVerifier
-from edge.verifier_protocol import VerifierError
+from edge.verifier_protocol import Received, VerifierError
 from protos import splitspec_pb2 as pb
 from protos import splitspec_pb2_grpc as pb_grpc
 from shared import codec
@@ -60,7 +60,7 @@ class LossyVerifier(LocalVerifier):
             return super().receive()
         if verify_first:
             while self._pending and not self.session.done:
-                self._verdicts.extend(self.session.verify_chain(self._pending))
+                self._verdicts.extend(map(Received, self.session.verify_chain(self._pending)))
         raise LinkLost(f"cut on receive {self.calls}")
 
     def resume(self, committed):

@@ -75,10 +75,10 @@ class _TimingsSeen(GrpcVerifier):
         super().__init__(*args, **kwargs)
         self.seen: list[tuple[Verdict, float, float]] = []
 
-    def receive(self) -> Verdict:
-        verdict = super().receive()
-        self.seen.append((verdict, self.last_cloud_s, self.last_forward_s))
-        return verdict
+    def receive(self):
+        received = super().receive()
+        self.seen.append((received.verdict, received.timing.cloud_s, received.timing.forward_s))
+        return received
 
 
 def test_rebased_drafts_only_for_an_edge_that_takes_them(tiny_engine, tiny_vocab, drafters):
@@ -243,7 +243,7 @@ def test_the_edge_refuses_a_stale_verdict_with_bad_rebased_drafts(tiny_vocab, li
     }[lie]
     with _hostile_cloud(tiny_vocab, prompt, bad) as link:
         link.open(prompt, GREEDY, max_new_tokens=16, max_draft_len=8)
-        assert link.receive().token == 7
+        assert link.receive().verdict.token == 7
         link.send(0, len(prompt) + 1, DraftBlock([4, 5]), False)
         with pytest.raises(VerifierError, match="malformed verdict"):
             link.receive()
