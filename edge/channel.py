@@ -1,20 +1,29 @@
 """Channels to the verifier, and what their errors mean.
 
 A bearer token travels as call credentials, only over TLS or to a loopback
-address: a token bound for a remote address in cleartext is refused. Knows
-nothing of sessions or streams.
+address: a token bound for a remote address in cleartext is refused. A link
+that broke is tried again with exponential backoff and jitter within an outage
+budget (``retry_while_lost``), gRPC's own reconnect backoff pacing the channel
+underneath. Knows nothing of sessions or streams.
 """
 
 from __future__ import annotations
 
+import logging
 import weakref
+from collections.abc import Callable
+from typing import TypeVar
 
 import grpc
+from tenacity import Retrying, before_sleep_log, retry_if_exception_type, stop_after_delay, wait_exponential_jitter
 
-from edge.verifier_protocol import VerifierError
+from edge.verifier_protocol import LinkLost, VerifierError
 from shared.wire import CHANNEL_OPTIONS, is_loopback
 
-__all__ = ["make_channel", "wait_ready", "describe_rpc_error", "BAD_INPUT_CODES"]
+__all__ = ["make_channel", "wait_ready", "describe_rpc_error", "retry_while_lost", "BAD_INPUT_CODES"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # Statuses that blame the request, not the link: retrying the same request cannot help.
 BAD_INPUT_CODES = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.OUT_OF_RANGE}
@@ -69,3 +78,21 @@ def describe_rpc_error(error: grpc.RpcError) -> str:
     code = error.code() if hasattr(error, "code") else None
     details = error.details() if hasattr(error, "details") else str(error)
     return f"{code.name if code else 'ERROR'}: {details}"
+
+
+def retry_while_lost(attempt: Callable[[], T], budget_s: float, what: str) -> tuple[T, int]:
+    """``attempt()`` again while it raises ``LinkLost``, spaced by exponential backoff with jitter, for at
+    most ``budget_s``: (its result, attempts made). Past the budget, ``VerifierError`` saying ``what``
+    could not be done and why."""
+    attempts = 0
+    retrying = Retrying(stop=stop_after_delay(budget_s), wait=wait_exponential_jitter(multiplier=0.05, max=2.0, jitter=0.05),
+                        retry=retry_if_exception_type(LinkLost), before_sleep=before_sleep_log(log, logging.WARNING),
+                        reraise=True)
+    try:
+        for trial in retrying:
+            with trial:
+                attempts += 1
+                result = attempt()
+    except LinkLost as exc:
+        raise VerifierError(f"{what} within the outage budget of {budget_s:g}s ({attempts} attempts): {exc}") from exc
+    return result, attempts

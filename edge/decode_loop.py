@@ -51,6 +51,7 @@ from edge.pipeline import (
     observe_stale_verdict,
     observe_verdict,
 )
+from edge.verdict_checks import check_answers
 from edge.verifier_protocol import (
     GenerationResult,
     LinkLost,
@@ -377,7 +378,7 @@ class _Decode:
         skip = verdict.start_position - sent.start_position  # drafts the verifier's own tokens already held
         drafts = sent.block.tokens[skip:] if skip >= 0 else []
         branches = tuple((at - skip, tokens) for at, tokens in sent.block.branches if at >= skip)
-        _check_answers(verdict, sent, skip, drafts, branches, self.generated, prompt_len)
+        check_answers(verdict, sent, skip, drafts, branches, self.generated, prompt_len)
         committed = verdict.committed(drafts, branches)
         if len(self.generated) + len(committed) > self.max_new_tokens:  # (checked before anything is taken)
             raise ProtocolError(f"verdict commits {len(committed)} tokens with {len(self.generated)} of "
@@ -459,48 +460,9 @@ class _Decode:
             controller.observe_shadow(shadow == committed[:1], time.perf_counter() - started)
 
 
-def _check_answers(verdict: Verdict, sent: _InFlight, skip: int, drafts: list[int],
-                   branches: tuple[tuple[int, list[int]], ...], generated: list[int], prompt_len: int) -> None:
-    """Raise ``ProtocolError`` unless ``verdict`` answers ``sent``, the oldest block in flight."""
-    committed_end = prompt_len + len(generated)
-    if (
-        verdict.epoch != sent.epoch
-        or verdict.start_position != committed_end
-        or (not verdict.stale and sent.block.tokens
-            and not _skips(sent, skip, generated[sent.start_position - prompt_len:]))
-        or (verdict.stale and (verdict.accepted or verdict.branch))
-        or (verdict.rebased and not verdict.stale and sent.block.tokens)  # (an empty block's: the cloud's proposals)
-        or verdict.accepted > len(drafts)
-        or (verdict.is_deferred and not sent.more_follows)
-        or not _answers_branch(verdict, branches)
-    ):
-        raise ProtocolError(
-            f"verdict for epoch {verdict.epoch} position {verdict.start_position} ({verdict.accepted} accepted) "
-            f"does not answer the block sent at epoch {sent.epoch} position {sent.start_position} "
-            f"with {len(generated)} tokens committed"
-        )
-
-
 def _branch_gain(verdict: Verdict, committed: list[int]) -> int:
     """Tokens a taken hedge branch committed past the correction (0: none taken)."""
     return len(committed) - verdict.accepted - 1 if verdict.branch else 0
-
-
-def _answers_branch(verdict: Verdict, branches: tuple[tuple[int, list[int]], ...]) -> bool:
-    """Whether a verdict's branch fields fit the block's ``branches`` (indexed from the verdict's
-    start): a branch it had, hung on the draft the verdict rejected, no more of it accepted than it held."""
-    if not verdict.branch:
-        return verdict.branch_accepted == 0
-    if verdict.branch > len(branches):
-        return False
-    at, tokens = branches[verdict.branch - 1]
-    return at == verdict.accepted and verdict.branch_accepted < len(tokens)
-
-
-def _skips(sent: _InFlight, skip: int, committed_since: list[int]) -> bool:
-    """Whether a verifier may skip the first ``skip`` drafts of ``sent``: the tokens committed
-    since its start position are exactly those drafts."""
-    return 0 <= skip <= len(sent.block.tokens) and sent.block.tokens[:skip] == committed_since
 
 
 def _guesses(in_flight: Iterable[_InFlight], drafting: _Drafting | None, position: int,

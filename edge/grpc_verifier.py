@@ -8,29 +8,29 @@ reports; the stream itself is ``edge.decode_stream``, the byte and RTT counts
 Resilience: a stream that breaks (or a cloud that stays silent past the
 verdict timeout) raises ``LinkLost``; ``resume`` then reattaches the session
 by its ticket on a new stream, or reopens it on the committed tokens when the
-cloud lost it (a restart, the TTL). Attempts are spaced by tenacity's
-exponential backoff with jitter, and gRPC's own reconnect backoff paces the
-channel underneath, until ``outage_budget_s`` runs out. Each recovery is
-recorded (``recoveries``).
+cloud lost it (a restart, the TTL), tried again within the outage budget
+(``edge.channel.retry_while_lost``). Each recovery is recorded (``recoveries``).
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import grpc
-from tenacity import Retrying, before_sleep_log, retry_if_exception_type, stop_after_delay, wait_exponential_jitter
 
-from edge.channel import wait_ready
+from edge.behind_the_open import BehindTheOpen
+from edge.channel import retry_while_lost, wait_ready
 from edge.decode_stream import STREAM_ANSWER_S, DecodeStream
 from edge.drafter import DraftBlock, common_prefix_length
 from edge.endpoint import VerifierEndpoint
 from edge.link_meter import LinkMeter, SentBlock
+from edge.opening import OpenRequest, open_message, session_terms
 from edge.report import Recovery
+from edge.verdict_checks import check_verdict_tokens
 from edge.verifier_protocol import CloudTiming, LinkHint, LinkLost, Received, Resumption, SessionTerms, VerifierError
 from protos import splitspec_pb2 as pb
 from shared import codec
@@ -39,7 +39,6 @@ from shared.verdict import StopReason
 from shared.wire import (
     StreamHints,
     message_wire_bytes,
-    sampling_to_proto,
     session_id_of,
     stop_reason_from_proto,
     verdict_from_proto,
@@ -58,6 +57,15 @@ def _metered(name: str) -> property:
     return property(lambda self: getattr(self.meter, name), doc=f"``LinkMeter.{name}`` of this session")
 
 
+@dataclass(frozen=True)
+class _Options:
+    """How long the connection waits, and which session it continues."""
+
+    verdict_timeout_s: float  # a verdict not come by then: the link is lost
+    outage_budget_s: float  # how long a broken link may take to come back (0: a cut ends the session)
+    continue_from: tuple[bytes, Sequence[int]] | None  # (ticket, every token it holds) of a session to extend
+
+
 class GrpcVerifier:
     """One generation session with a remote verifier. Use once: open, send/receive..., close."""
 
@@ -67,6 +75,8 @@ class GrpcVerifier:
     rtt_samples_s = _metered("rtt_samples_s")
     rtt_ms = _metered("rtt_ms")
     block_log = _metered("block_log")
+    open_s = _metered("open_s")
+    first_token_cloud_s = _metered("first_token_cloud_s")
 
     def __init__(
         self,
@@ -85,42 +95,39 @@ class GrpcVerifier:
         continues it) instead of ending it. ``continue_from``: (ticket, every token the session
         holds) of such a session: ``open`` extends it, sending only what the new prompt adds."""
         self.endpoint = endpoint
-        self.verdict_timeout_s = verdict_timeout_s
-        self.outage_budget_s = outage_budget_s
-        self.keep_session = keep_session
-        self._continue_from = continue_from
-        self.prompt_tokens_sent = 0  # prompt tokens this session's Opens uploaded
+        self.options = _Options(verdict_timeout_s, outage_budget_s, continue_from)
+        self.keep_session = keep_session  # (a request cancelled meanwhile ends it after all)
         self._owns_channel = channel is None
         self._channel = channel if channel is not None else endpoint.open_channel()
         self._connected = False
         self.meter = LinkMeter()
         self._stream = DecodeStream(self._channel, endpoint.address, self.meter)
-        self._params = SamplingParams()
-        self._prompt_len = 0
-        self._max_new_tokens = 0
-        self._max_draft_len = 0
+        self._request = OpenRequest()
         self.recoveries: list[Recovery] = []  # [broken streams recovered from]
         # Target forwards of this generation, prefill included: the cloud's count for the session
         # plus an offset (after a reopen, the lost session's as last reported; on a continued
         # conversation, minus the earlier turns').
         self.forwards = 0
         self._forwards_offset = 0
-        self.open_s = 0.0  # Open sent -> Opened received (prefill included)
-        self.first_token_cloud_s = 0.0  # the cloud's time to the first token, prefill included (0: not answered with the Opened)
-        self.session_id = ""
         self.resume_ticket = b""
         self.replica = ""  # the verifier replica serving the session (Opened)
         self._lost_at: float | None = None  # when the stream broke, until the first verdict after it
         # Blocks not yet answered, oldest first: each gets exactly one verdict, in order.
         self._in_flight: deque[SentBlock] = deque()
         self._first_verdict: pb.Verdict | None = None  # the Opened's answer to the first position, not yet received
-        self._early_block = None  # while opening: the caller's early block (``open``), a Future
-        self._early_lock = threading.Lock()
-        self._early_sent: SentBlock | None = None  # the early block, once sent
-        self._early_attempt: object | None = None  # the Open whose early block may still go (until its Opened)
-        self._head_start = 0  # while opening: empty blocks to send behind the Open (``open``)
+        self._behind_open = BehindTheOpen()  # the early block or head start ``open`` sends
         self.link_hint: LinkHint | None = None  # measured by ``connect(stream=True)``, or the caller's
         self._cloud_hints = StreamHints()  # what the session's stream headers said (``measured_link``)
+
+    @property
+    def session_id(self) -> str:
+        """The session's id in logs (from its ticket; empty before the Opened)."""
+        return session_id_of(self.resume_ticket) if self.resume_ticket else ""
+
+    @property
+    def prompt_tokens_sent(self) -> int:
+        """Prompt tokens this session's Opens uploaded."""
+        return self.meter.prompt_tokens
 
     # -- VerifierConnection ------------------------------------------------------
     def connect(self, *, stream: bool = False) -> None:
@@ -150,12 +157,11 @@ class GrpcVerifier:
     def open(self, prompt: Sequence[int], params: SamplingParams, max_new_tokens: int, max_draft_len: int,
              early_block=None, head_start: int = 0) -> SessionTerms:
         self.connect()
-        self._params, self._prompt_len = params, len(prompt)
-        self._max_new_tokens, self._max_draft_len = max_new_tokens, max_draft_len
-        self._early_block, self._head_start = early_block, head_start
+        self._request = OpenRequest(params, len(prompt), max_new_tokens, max_draft_len)
+        self._behind_open.arm(early_block, head_start)
         started = time.perf_counter()
         try:
-            if self._continue_from is not None:
+            if self.options.continue_from is not None:
                 terms = self._extend_session(prompt).terms
             else:
                 terms = self._open_session(prompt).terms
@@ -163,21 +169,18 @@ class GrpcVerifier:
             self._lost_at = started
             terms = self.resume(prompt).terms
         finally:
-            self._early_block, self._head_start = None, 0
-        self.open_s = time.perf_counter() - started
+            self._behind_open.arm(None, 0)
+        self.meter.open_s = time.perf_counter() - started
         if self._first_verdict is not None:
-            self.first_token_cloud_s = self._first_verdict.server_us * 1e-6
+            self.meter.first_token_cloud_s = self._first_verdict.server_us * 1e-6
         return terms
 
     def resume(self, committed: Sequence[int]) -> Resumption:
         if self._lost_at is None:
             self._lost_at = time.perf_counter()
-        lost_at, up_before, attempts = self._lost_at, self.meter.bytes_up, 0
-        cause = ""
+        lost_at, up_before = self._lost_at, self.meter.bytes_up
 
         def attempt() -> Resumption:
-            nonlocal attempts
-            attempts += 1
             self._restart_call()  # fails fast (UNAVAILABLE) while the channel cannot connect
             if self.resume_ticket:
                 try:
@@ -188,23 +191,8 @@ class GrpcVerifier:
                     self._restart_call()  # the cloud ended that stream
             return self._open_session(committed)
 
-        retrying = Retrying(
-            stop=stop_after_delay(self.outage_budget_s),
-            wait=wait_exponential_jitter(multiplier=0.05, max=2.0, jitter=0.05),
-            retry=retry_if_exception_type(LinkLost),
-            before_sleep=before_sleep_log(log, logging.WARNING),
-            reraise=True,
-        )
-        try:
-            for trial in retrying:
-                with trial:
-                    resumed = attempt()
-        except LinkLost as exc:
-            cause = str(exc)
-            raise VerifierError(
-                f"lost the cloud at {self.endpoint.address} and could not resume within the outage budget of "
-                f"{self.outage_budget_s:g}s ({attempts} attempts): {cause}"
-            ) from exc
+        resumed, attempts = retry_while_lost(attempt, self.options.outage_budget_s,
+                                             f"lost the cloud at {self.endpoint.address} and could not resume")
         reconnect_s = time.perf_counter() - lost_at
         self.recoveries.append(
             Recovery(
@@ -226,7 +214,12 @@ class GrpcVerifier:
 
     def send(self, epoch: int, start_position: int, block: DraftBlock, more_follows: bool, *,
              before_opened: bool = False) -> None:
-        params, vocab_size = self._params, self.endpoint.vocab_size
+        self._send(epoch, start_position, block, more_follows, before_opened=before_opened)
+
+    def _send(self, epoch: int, start_position: int, block: DraftBlock, more_follows: bool, *,
+              before_opened: bool = False) -> SentBlock:
+        """``send``; returns the block's record in flight."""
+        params, vocab_size = self._request.params, self.endpoint.vocab_size
         encoded = codec.encode_draft(
             block.tokens, vocab_size, block.q, draft_top_k=params.draft_top_k if block.q is not None else None
         )
@@ -245,10 +238,10 @@ class GrpcVerifier:
                 before_opened=before_opened,
             )
         )
-        self._in_flight.append(
-            SentBlock(time.perf_counter(), start_position, len(block.tokens), message_wire_bytes(frame))
-        )
+        sent = SentBlock(time.perf_counter(), start_position, len(block.tokens), message_wire_bytes(frame))
+        self._in_flight.append(sent)
         self._stream.send(frame)
+        return sent
 
     def receive(self) -> Received:
         if self._first_verdict is not None:  # it came inside the Opened (its bytes were counted there)
@@ -272,26 +265,13 @@ class GrpcVerifier:
             self.recoveries[-1].recover_s = arrived - self._lost_at
         self._lost_at = None
         self.meter.round_trip(sent, message, arrived)
-        self._check_tokens(message)
+        check_verdict_tokens(message, self.endpoint.vocab_size, self._request.max_draft_len)
         self.meter.verified(sent, message, down_bytes)
         try:
             verdict = verdict_from_proto(message)
         except ValueError as exc:
             raise VerifierError(f"malformed verdict from the cloud: {exc}") from exc
         return Received(verdict, CloudTiming(message.server_us * 1e-6, message.forward_us * 1e-6, message.forward_rows))
-
-    def _check_tokens(self, message: pb.Verdict) -> None:
-        """Refuse a verdict's token ids before anything is taken from it: ids outside the vocabulary,
-        more rebased drafts than it verified or than a block may hold, rebased drafts with neither a
-        token after them nor the end (whether it answers the block sent is the loop's question)."""
-        rebased, vocab_size = message.rebased, self.endpoint.vocab_size
-        if len(rebased) > message.rebased_verified or message.rebased_verified > self._max_draft_len:
-            raise VerifierError(f"malformed verdict from the cloud: {len(rebased)} rebased drafts of "
-                                f"{message.rebased_verified} verified, at most {self._max_draft_len}")
-        if rebased and not message.HasField("token") and not message.done:
-            raise VerifierError("malformed verdict from the cloud: rebased drafts with no token after them")
-        if any(token >= vocab_size for token in rebased) or message.token >= vocab_size:
-            raise VerifierError(f"malformed verdict from the cloud: a token id outside the vocabulary of {vocab_size}")
 
     def abandon(self) -> None:
         """Drop the stream now without a Close, as an edge that vanished would (the cloud parks the
@@ -324,10 +304,9 @@ class GrpcVerifier:
             self._restart_call()
         reopening = bool(self.resume_ticket)
         started = time.perf_counter()
-        self._stream.send(pb.EdgeFrame(open=self._open_message(committed, len(committed) - self._prompt_len)))
-        self.prompt_tokens_sent += len(committed)
-        self._send_early_block(len(committed) + 1)
-        head_start = self._send_head_start(len(committed) + 1)
+        self._stream.send(pb.EdgeFrame(open=self._open_message(committed, len(committed) - self._request.prompt_len)))
+        self.meter.prompt_tokens += len(committed)
+        head_start = self._send_behind_open(len(committed) + 1)
         opened = self._opened()
         self._forwards_offset = self.forwards if reopening else 0
         self.forwards = self._forwards_offset + opened.forwards
@@ -337,30 +316,18 @@ class GrpcVerifier:
         )
         if self._first_verdict is not None:  # as if an empty block went up with the Open
             self._in_flight.appendleft(SentBlock(started, len(committed), 0, 0))
-        return Resumption(self._terms(opened, self._early_sent, head_start), epoch=0, missed=[], reopened=reopening)
+        return Resumption(self._terms(opened, self._behind_open.early_sent, head_start), epoch=0, missed=[],
+                          reopened=reopening)
 
     def _open_message(self, tokens: Sequence[int], generated: int, **fields) -> pb.Open:
-        """An Open carrying ``tokens`` as its prompt, ``generated`` tokens of the budget spent."""
-        encoded = codec.encode_tokens(tokens, self.endpoint.vocab_size)
-        return pb.Open(
-            vocab_fingerprint=self.endpoint.fingerprint,
-            vocab_size=self.endpoint.vocab_size,
-            sampling=sampling_to_proto(self._params),
-            prompt=encoded.data,
-            prompt_compressed=encoded.compressed,
-            max_new_tokens=self._max_new_tokens - generated,
-            max_draft_len=self._max_draft_len,
-            first_token=True,
-            takes_rebased=True,
-            takes_proposals=self._max_draft_len > 0,
-            **fields,
-        )
+        """``edge.opening.open_message`` for this session."""
+        return open_message(self.endpoint, self._request, tokens, generated, **fields)
 
     def _extend_session(self, prompt: Sequence[int]) -> Resumption:
         """Continue the conversation's session: keep the longest prefix it shares with ``prompt``
         (at least the last prompt token is sent), append the rest. A session the cloud no longer
         has is opened anew on the whole prompt."""
-        ticket, held = self._continue_from
+        ticket, held = self.options.continue_from
         keep = common_prefix_length(held, prompt[:-1])
         if keep == 0:  # nothing shared: a new session
             return self._open_session(prompt)
@@ -369,8 +336,7 @@ class GrpcVerifier:
         started = time.perf_counter()
         self._stream.send(pb.EdgeFrame(open=self._open_message(prompt[keep:], 0, resume_ticket=ticket,
                                                                committed_length=keep, extend=True)))
-        self._send_early_block(len(prompt) + 1)
-        head_start = self._send_head_start(len(prompt) + 1)
+        head_start = self._send_behind_open(len(prompt) + 1)
         try:
             opened = self._opened()
         except VerifierError as exc:
@@ -380,14 +346,14 @@ class GrpcVerifier:
                 self._restart_call()
                 return self._open_session(prompt)
             raise
-        self.prompt_tokens_sent += len(prompt) - keep
+        self.meter.prompt_tokens += len(prompt) - keep
         # The session's count spans every turn; this turn's starts with the prefill just run.
         self._forwards_offset = 1 - opened.forwards
         self.forwards = 1
         log.info("session %s continued: %d tokens kept, %d sent", self.session_id, keep, len(prompt) - keep)
         if self._first_verdict is not None:
             self._in_flight.appendleft(SentBlock(started, len(prompt), 0, 0))
-        return Resumption(self._terms(opened, self._early_sent, head_start), epoch=0, missed=[])
+        return Resumption(self._terms(opened, self._behind_open.early_sent, head_start), epoch=0, missed=[])
 
     def _reattach(self, committed: Sequence[int]) -> Resumption:
         """Take our session over on the current stream; the cloud says what we missed, then answers
@@ -397,7 +363,7 @@ class GrpcVerifier:
                                                     first_token=True)))
         try:
             # No prefill, but the first verdict may need a forward, queued behind other sessions'.
-            opened = self._opened(timeout_s=self.verdict_timeout_s)
+            opened = self._opened(timeout_s=self.options.verdict_timeout_s)
         except VerifierError as exc:
             if isinstance(exc.__cause__, grpc.RpcError) and exc.__cause__.code() == grpc.StatusCode.NOT_FOUND:
                 raise _SessionGone() from exc
@@ -405,7 +371,7 @@ class GrpcVerifier:
         try:
             missed = codec.decode_tokens(
                 opened.committed_tail, opened.committed_tail_compressed, self.endpoint.vocab_size,
-                max_tokens=self._max_new_tokens,
+                max_tokens=self._request.max_new_tokens,
             ).tolist()
         except ValueError as exc:
             raise VerifierError(f"malformed resume answer from the cloud: {exc}") from exc
@@ -428,9 +394,8 @@ class GrpcVerifier:
         try:
             opened = self._receive("opened", timeout_s).opened
         finally:
-            with self._early_lock:  # an early block not sent by now stays unsent (on any stream)
-                self._early_attempt = None
-        self.session_id, self.resume_ticket = session_id_of(opened.resume_ticket), opened.resume_ticket
+            self._behind_open.opened()  # an early block not sent by now stays unsent (on any stream)
+        self.resume_ticket = opened.resume_ticket
         # The answer to the first position (Open.first_token), which ``receive`` returns first.
         self._first_verdict = opened.first_verdict if opened.HasField("first_verdict") else None
         self.replica = opened.replica
@@ -439,53 +404,19 @@ class GrpcVerifier:
             raise VerifierError(f"cloud vocabulary has {opened.vocab_size} tokens, ours {self.endpoint.vocab_size}")
         return opened
 
-    def _send_early_block(self, start_position: int) -> None:
-        """With the Open on its way: the caller's early block (``open``) goes out for
-        ``start_position`` at epoch 0 as soon as it is drafted, if that is before the Opened
-        arrives (``_opened`` says whether it went)."""
-        future, self._early_block = self._early_block, None  # once: a retried Open goes without one
-        attempt = object()
-        with self._early_lock:
-            self._early_sent, self._early_attempt = None, attempt if future is not None else None
-        if future is None:
-            return
-
-        def ready(done) -> None:  # on the drafting thread (or here, when it is done already)
-            made = None if done.cancelled() or done.exception() else done.result()
-            with self._early_lock:
-                if made and self._early_attempt is attempt:  # (this Open's, and its Opened not come yet)
-                    block, more_follows = made
-                    self.send(0, start_position, block, more_follows, before_opened=True)
-                    self._early_sent = self._in_flight[-1]  # (nothing else is sent before the Opened)
-
-        future.add_done_callback(ready)
-
-    def _send_head_start(self, start_position: int) -> int:
-        """With the Open on its way: the caller's head start (``open``), that many empty blocks from
-        ``start_position`` at epoch 0, sent once (a retried Open goes without them); returns how many."""
-        count, self._head_start = self._head_start, 0
-        for i in range(count):
-            self.send(0, start_position + i, DraftBlock([]), False, before_opened=True)
-        return count
+    def _send_behind_open(self, start_position: int) -> int:
+        """With an Open on its way: the early block or head start ``open`` was given, for the positions
+        from ``start_position`` (``edge.behind_the_open``); returns how many head-start blocks went."""
+        self._behind_open.send_early_block(start_position, self._send)
+        return self._behind_open.send_head_start(start_position, self._send)
 
     def _terms(self, opened: pb.Opened, early: SentBlock | None = None, head_start: int = 0) -> SessionTerms:
-        """The session's terms; ``early``: a block sent before the Opened (the verifier drops it,
-        unanswered, when it exceeds the session's draft length); ``head_start``: empty blocks sent
-        behind the Open (they stand where the Opened answers the first position)."""
-        max_draft_len = min(self._max_draft_len, opened.max_draft_len)
-        kept = early is not None and early.drafts <= max_draft_len and opened.HasField("first_verdict")
-        if early is not None and not kept and early in self._in_flight:
+        """The session's terms (``edge.opening.session_terms``); ``early``: a block sent before the Opened,
+        which is no longer in flight when it does not stand (the verifier drops it unanswered)."""
+        terms = session_terms(opened, self._request, None if early is None else early.drafts, head_start)
+        if early is not None and not terms.kept_early_block and early in self._in_flight:
             self._in_flight.remove(early)
-        # A verifier that predates pipelining sends no window: it takes one block at a time.
-        return SessionTerms(
-            max_draft_len,
-            max(opened.max_blocks_in_flight, 1),
-            answers_first_position=opened.HasField("first_verdict"),
-            max_branches=opened.max_branches,
-            kept_early_block=kept,
-            row_tile=opened.row_tile,
-            head_start=head_start if opened.HasField("first_verdict") else 0,
-        )
+        return terms
 
     # -- the stream ----------------------------------------------------------
     def _restart_call(self) -> None:
@@ -496,7 +427,7 @@ class GrpcVerifier:
 
     def _receive(self, kind: str, timeout_s: float | None = None) -> pb.CloudFrame:
         try:
-            return self._stream.receive(kind, timeout_s or self.verdict_timeout_s)
+            return self._stream.receive(kind, timeout_s or self.options.verdict_timeout_s)
         except LinkLost as error:
             raise self._lost(error) from error.__cause__
 
@@ -504,6 +435,6 @@ class GrpcVerifier:
         """``error`` when the session may be resumed; a final error when the budget is 0."""
         if self._lost_at is None:
             self._lost_at = time.perf_counter()
-        if self.outage_budget_s <= 0:
+        if self.options.outage_budget_s <= 0:
             return VerifierError(f"{error} (resuming is off: --outage-budget 0)")
         return error

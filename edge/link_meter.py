@@ -33,6 +33,9 @@ class LinkMeter:
     bytes_up: int = 0
     bytes_down: int = 0
     open_bytes: int = 0  # framed bytes of the Opens among ``bytes_up`` (all of them: first, resumes, reopens)
+    prompt_tokens: int = 0  # prompt tokens the Opens uploaded
+    open_s: float = 0.0  # the first Open sent -> its Opened received (prefill included)
+    first_token_cloud_s: float = 0.0  # the cloud's time to the first token, prefill included (0: not with the Opened)
     rtt_samples_s: list[float] = field(default_factory=list)  # [verdicts received]
     block_log: list[BlockTiming] = field(default_factory=list)  # [blocks verified]
 

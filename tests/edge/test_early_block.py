@@ -57,15 +57,16 @@ def test_the_first_block_leaves_before_the_opened(tiny_engine, tiny_models, tiny
     sent: list = []
 
     class Watching(GrpcVerifier):
-        def send(self, epoch, start_position, block, more_follows, *, before_opened=False):
+        def _send(self, epoch, start_position, block, more_follows, *, before_opened=False):
             sent.append((before_opened, start_position, len(block.tokens)))
-            return super().send(epoch, start_position, block, more_follows, before_opened=before_opened)
+            return super()._send(epoch, start_position, block, more_follows, before_opened=before_opened)
 
-        def _send_early_block(self, start_position):  # over loopback the Opened could beat the drafting
-            super()._send_early_block(start_position)
+        def _send_behind_open(self, start_position):  # over loopback the Opened could beat the drafting
+            head_start = super()._send_behind_open(start_position)
             deadline = time.monotonic() + 10
-            while self._early_sent is None and time.monotonic() < deadline:
+            while self._behind_open.early_sent is None and time.monotonic() < deadline:
                 time.sleep(0.001)
+            return head_start
 
     chained = 0
     try:

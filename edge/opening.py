@@ -1,0 +1,70 @@
+"""What an Open asks and what its Opened grants: the edge's side of opening a session, pure.
+
+``OpenRequest`` is what the decode loop asked the connection for;
+``open_message`` the Open frame that carries it (a first Open, a reopen on
+the committed tokens, a conversation's next turn); ``session_terms`` what
+the Opened allows. No I/O: ``edge.grpc_verifier`` sends and receives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from edge.endpoint import VerifierEndpoint
+from edge.verifier_protocol import SessionTerms
+from protos import splitspec_pb2 as pb
+from shared import codec
+from shared.params import SamplingParams
+from shared.wire import sampling_to_proto
+
+__all__ = ["OpenRequest", "open_message", "session_terms"]
+
+
+@dataclass(frozen=True)
+class OpenRequest:
+    """What a session was opened for (``VerifierConnection.open``)."""
+
+    params: SamplingParams = SamplingParams()
+    prompt_len: int = 0
+    max_new_tokens: int = 0
+    max_draft_len: int = 0  # drafts per block the edge asks for (the verifier may grant fewer)
+
+
+def open_message(endpoint: VerifierEndpoint, request: OpenRequest, tokens: Sequence[int], generated: int,
+                 **fields) -> pb.Open:
+    """An Open for ``request`` carrying ``tokens`` as its prompt, ``generated`` tokens of the budget
+    spent (``fields``: a ticket, a committed length, ``extend``)."""
+    encoded = codec.encode_tokens(tokens, endpoint.vocab_size)
+    return pb.Open(
+        vocab_fingerprint=endpoint.fingerprint,
+        vocab_size=endpoint.vocab_size,
+        sampling=sampling_to_proto(request.params),
+        prompt=encoded.data,
+        prompt_compressed=encoded.compressed,
+        max_new_tokens=request.max_new_tokens - generated,
+        max_draft_len=request.max_draft_len,
+        first_token=True,
+        takes_rebased=True,
+        takes_proposals=request.max_draft_len > 0,
+        **fields,
+    )
+
+
+def session_terms(opened: pb.Opened, request: OpenRequest, early_drafts: int | None = None,
+                  head_start: int = 0) -> SessionTerms:
+    """The session's terms. ``early_drafts``: the drafts of a block sent before the Opened (None: none
+    went); it stands only within the session's draft length (the verifier drops a longer one,
+    unanswered) and where the Opened answers the first position, as do the ``head_start`` empty blocks
+    sent behind the Open."""
+    max_draft_len = min(request.max_draft_len, opened.max_draft_len)
+    answers_first = opened.HasField("first_verdict")
+    return SessionTerms(
+        max_draft_len,
+        max(opened.max_blocks_in_flight, 1),  # a verifier that predates pipelining sends no window: one at a time
+        answers_first_position=answers_first,
+        max_branches=opened.max_branches,
+        kept_early_block=early_drafts is not None and early_drafts <= max_draft_len and answers_first,
+        row_tile=opened.row_tile,
+        head_start=head_start if answers_first else 0,
+    )
