@@ -17,8 +17,8 @@ length is changed only when predicted ``_CHANGE_TIE`` faster, and drafting and
 the cloud alone swap only on ``hysteresis`` and enough acceptance samples;
 the window is never above the cap nor below ``_MIN_WINDOW`` where the cap
 allows (never lock-step), the draft length never above the cap or the cloud's
-load hint. Hedging is tried after ``_HEDGE_PROBE_BLOCKS`` plain blocks and kept
-only while it measurably pays. The rules and their reasons:
+load hint. Whether to hedge is ``edge.hedge_choice``'s (tried, then kept only
+while it measurably pays). The rules and their reasons:
 ``docs/pipelining.md``; how the constants were tuned: ``docs/history.md``.
 """
 
@@ -26,7 +26,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from edge.hedge_choice import HedgeChoice
 from edge.row_cost import RowCost
+from edge.verifier_protocol import SessionTerms
 from shared.acceptance import pipelined_chain
 from shared.stats import Ewma
 
@@ -48,7 +50,6 @@ _MIN_WINDOW = 2  # blocks in flight the controller chooses at least (it never go
 # The draft length the first plan weighs others against (the cap where lower). The decode loop's first chain
 # holds the caller's cap until that plan (a first chain of this length was measured, no faster: docs/history.md).
 _START_DRAFT_LEN = 4
-_HEDGE_PROBE_BLOCKS = 8  # blocks measured without hedges, then with them, before hedging is weighed
 # A session starts with the cloud decoding alone where one round trip costs more of its tokens than a good
 # drafter's chain commits between corrections, 1 / (1 - α) at α 0.85 (the default drafter's measured rate):
 # every correction costs a drafting chain a round trip, and the cloud alone pays none, so no drafting start
@@ -148,14 +149,8 @@ class Controller:
         self.cloud_s_per_token = Ewma()  # seconds per token while the cloud decodes alone
         self.stale_decoded = Ewma(value=1.0)  # share of stale blocks answered with a token
         self.stale_rebased = Ewma(value=0.0)  # ... the rebased drafts accepted before it, per such block
-        # Hedge branches: the width the caller allows (0: none) and their tokens, and what hedged blocks measured.
-        self.hedge_cap = 0
-        self.branch_len = 0
-        self.hedge_gain = Ewma()  # tokens a hedged block's taken branch committed past its correction (0: none taken)
-        self.hedge_s = Ewma()  # the edge's time drafting a block's branches
+        self.hedge = HedgeChoice()  # hedge branches: the width allowed (``HedgeChoice.allow``) and the choice
         self.drafted_blocks = 0  # drafted blocks observed
-        self.hedged_blocks = 0  # ... of them hedged
-        self.hedging = False  # the current choice (``hedge_width``)
         # The current choice. A session starts drafting (measured here: starting with the cloud decoding
         # alone cost the self-drafting Gemma pair 1.47x instead of 2.2x cloud-only on acespec-50k; ``start``
         # says where a round trip outweighs any drafter), two blocks in flight, the first plan weighing draft
@@ -212,9 +207,7 @@ class Controller:
         """A hedged block's verdict (after ``observe_block``, given no forward): ``gained`` tokens its taken
         branch committed past the correction (0: none taken), ``hedge_s`` spent drafting its branches.
         (What its branch rows cost the forward is the row-cost curve's: ``observe_forward``.)"""
-        self.hedged_blocks += 1
-        self.hedge_gain.add(gained)
-        self.hedge_s.add(hedge_s)
+        self.hedge.observe(gained, hedge_s)
 
     def observe_forward(self, rows: int, seconds: float) -> None:
         """A forward that answered a verdict: ``seconds`` alone, holding ``rows`` of the session's rows
@@ -289,7 +282,7 @@ class Controller:
     @property
     def hedge_width(self) -> int:
         """Hedge branches for the next block: the caller's width while hedging (and drafting), else 0."""
-        return self.hedge_cap if self.hedging and self.draft_len else 0
+        return self.hedge.width(self.draft_len > 0)
 
     @property
     def drafting_window(self) -> int:
@@ -300,6 +293,32 @@ class Controller:
         """The cloud's load hint: no more than this many drafts per block."""
         self.max_draft_len = max(1, min(self.max_draft_len, max_draft_len))
         self.draft_len = min(self.draft_len, self.max_draft_len)
+
+    # -- the verifier's terms (``edge.schedule.Schedule``) ---------------------
+    def adopt(self, terms: SessionTerms, draft_len_cap: int, hedge_cap: int, branch_len: int) -> Plan:
+        """Fit to the verifier's ``terms``: drafts per block, hedge branches (whether to hedge stays this
+        controller's choice), the row tile, blocks in flight. The plan to follow now: the cloud alone
+        where it decides so (from the start, or when the link broke), else drafting in its window, the
+        first chain's blocks holding the caller's cap until the first plan (a first chain of the start
+        length was measured no faster: docs/history.md)."""
+        draft_len = min(draft_len_cap, terms.max_draft_len)
+        self.cap(draft_len)
+        self.hedge.allow(min(hedge_cap, terms.max_branches), branch_len)
+        self.set_row_tile(terms.row_tile)
+        self.window = min(self.window, terms.max_blocks_in_flight)
+        self.cloud_window = min(self.cloud_window, terms.max_blocks_in_flight)
+        if self.draft_len == 0:
+            return Plan(0, self.cloud_window, None)
+        return Plan(draft_len, self.drafting_window, None)
+
+    def lower_draft_limit(self, limit: int, branch_len: int) -> None:
+        """The verifier lowered the drafts per block (guesses included): plan within ``limit``."""
+        self.cap(limit)
+        self.hedge.allow(self.hedge.cap, branch_len)
+
+    def shadow_due(self, since_plan: int) -> bool:
+        """In a cloud stretch: every token where the drafter is fast enough, else every ``SHADOW_EVERY``."""
+        return self.shadows_every_token() or since_plan % SHADOW_EVERY == 0
 
     # -- the choice ------------------------------------------------------
     def predict_drafting(self, draft_len: int, window: int | None = None) -> float | None:
@@ -343,9 +362,7 @@ class Controller:
                 f"one token {ms(self.one_token_s)}, "
                 f"block at the cloud {ms(self.block_cloud_s)}, network {ms(self.network_s)}, "
                 f"drafting {ms(self.draft_s_per_token)}/token, cloud alone {ms(self.cloud_s_per_token)}/token"
-                + (f"; hedge {self.hedge_width} of {self.hedge_cap} (a hedged block gains "
-                   f"{self.hedge_gain.value or 0.0:.2f} tokens for {self.hedge_extra_s() * 1e3:.0f} ms, "
-                   f"{self.hedged_blocks} measured)" if self.hedge_cap else ""))
+                + self.hedge.describe(self.hedge_width, self.hedge_extra_s()))
 
     def plan(self, drafting_only: bool = False) -> Plan:
         """The choice for the next chain (call when nothing live is in flight: a chain just ended).
@@ -387,27 +404,13 @@ class Controller:
         if self.draft_len:
             self.chosen_window = chosen[self.draft_len][1]
         window = self.cloud_window if self.draft_len == 0 else self.drafting_window
-        self._choose_hedging(known.get(self.draft_len))
+        self.hedge.choose(known.get(self.draft_len), self.forward_cost, self.draft_len, self.hysteresis,
+                          self.drafted_blocks)
         return Plan(self.draft_len, window, known.get(self.draft_len))
 
-    def _choose_hedging(self, rate: float | None) -> None:
-        """Hedge or not (at ``hedge_cap``): off until ``_HEDGE_PROBE_BLOCKS`` unhedged blocks were measured,
-        then on until as many hedged ones were, then on while a hedged block's gain in tokens beats its
-        extra seconds at ``rate`` (tokens/s predicted for the plan) by the hysteresis margin."""
-        if not self.hedge_cap or self.drafted_blocks - self.hedged_blocks < _HEDGE_PROBE_BLOCKS:
-            self.hedging = False
-        elif self.hedged_blocks < _HEDGE_PROBE_BLOCKS:
-            self.hedging = True
-        elif rate is not None:
-            margin = 1 + self.hysteresis
-            worth = self.hedge_extra_s() * rate * (1 / margin if self.hedging else margin)
-            self.hedging = self.hedge_gain.value > worth
-
     def hedge_extra_s(self) -> float:
-        """Seconds a hedged block adds: its branches' drafting, and what their rows add to the block's
-        forward on the row-cost curve (nothing where the tile holds them, or the cloud reports no rows)."""
-        rows = self.forward_cost.extra(self.draft_len + 1, self.hedge_cap * self.branch_len)
-        return (self.hedge_s.value or 0.0) + (rows or 0.0)
+        """Seconds a hedged block adds at the current draft length (``HedgeChoice.extra_s``)."""
+        return self.hedge.extra_s(self.forward_cost, self.draft_len)
 
     def _best_window(self, draft_len: int, windows: list[int]) -> tuple[float | None, int]:
         """(predicted tokens/s, window) for ``draft_len``: the best of ``windows``, the largest of those

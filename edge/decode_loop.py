@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
-from edge.controller import Controller, Plan
+from edge.controller import Controller
 from edge.drafter import DraftBlock, Drafter, common_prefix_length
 from edge.early_block import EARLY_DRAFT_LEN, EarlyBlock
 from edge.hedging import BRANCH_LEN, hedge
@@ -51,6 +51,7 @@ from edge.pipeline import (
     observe_stale_verdict,
     observe_verdict,
 )
+from edge.schedule import FixedSchedule
 from edge.verdict_checks import check_answers
 from edge.verifier_protocol import (
     GenerationResult,
@@ -156,17 +157,18 @@ def run_decode(
         raise ValueError(f"draft length must be >= 0, got {draft_len}")
     if window < 1:
         raise ValueError(f"window must be >= 1, got {window}")
-    return _Decode(drafter, verifier, prompt, params, max_new_tokens, draft_len, window, controller, hedge_width,
-                   on_tokens).run()
+    schedule = controller if controller is not None else FixedSchedule(draft_len, window)
+    return _Decode(drafter, verifier, prompt, params, Pipeline(draft_len, window, schedule, draft_limit=draft_len),
+                   max_new_tokens, hedge_width, on_tokens).run()
 
 
 class _Decode:
     """One ``run_decode`` call: the generation's state around its ``edge.pipeline.Pipeline``."""
 
     def __init__(self, drafter: Drafter, verifier: VerifierConnection, prompt: Sequence[int],
-                 params: SamplingParams, max_new_tokens: int, draft_len: int, window: int,
-                 controller: Controller | None, hedge_width: int,
+                 params: SamplingParams, pipeline: Pipeline[_InFlight], max_new_tokens: int, hedge_width: int,
                  on_tokens: Callable[[list[int]], bool | None] | None) -> None:
+        """``pipeline``: empty, under the caller's schedule (its draft length and window are the caps)."""
         self.drafter, self.verifier, self.params, self.on_tokens = drafter, verifier, params, on_tokens
         self.prompt = [int(t) for t in prompt]
         self.max_new_tokens = max_new_tokens
@@ -174,9 +176,10 @@ class _Decode:
         self.stats = DecodeStats()
         self.generated: list[int] = []
         self.epoch, self.ttft, self.stop = 0, 0.0, StopReason.NONE
-        self.cap = draft_len  # the caller's draft length; a resumed session may allow a different one
-        self.branches_cap = self.hedge_width = hedge_width  # (rejection mode's blocks carry q̃: ``hedge`` skips them)
-        self.pipeline: Pipeline[_InFlight] = Pipeline(draft_len, window, controller, draft_limit=draft_len)
+        # The caller's caps: drafts per block and hedge branches (a resumed session may allow other terms;
+        # rejection mode's blocks carry q̃: ``hedge`` skips them).
+        self.caps = (pipeline.draft_len, hedge_width)
+        self.pipeline = pipeline
         self.drafting: _Drafting | None = None  # the block being drafted, when drafting stopped to read a verdict
         self.early: EarlyBlock | None = None
         self.kept_early = False
@@ -233,7 +236,7 @@ class _Decode:
         plan = None if hint is None else pipe.head_start(hint.round_trip_s, hint.cloud.token_s_for(self.params.reproducible))
         if plan is None:
             return 0
-        log.debug("the cloud decodes alone from the start: %s", pipe.controller.describe(plan))
+        log.debug("the cloud decodes alone from the start: %s", pipe.schedule.describe(plan))
         return max(min(plan.window, hint.cloud.max_blocks_in_flight or 1, self.max_new_tokens - 1), 0)
 
     def _open(self, head_start: int) -> None:
@@ -258,26 +261,13 @@ class _Decode:
                                      first=True))
 
     def _adopt(self, terms: SessionTerms) -> None:
-        """Fit the schedule to what the verifier allows."""
-        pipe = self.pipeline
-        pipe.draft_len, pipe.draft_limit = min(self.cap, terms.max_draft_len), terms.max_draft_len
-        self.hedge_width = min(self.branches_cap, terms.max_branches)
-        pipe.window = min(pipe.window, terms.max_blocks_in_flight) if pipe.draft_len else 1
-        controller = pipe.controller
-        if controller is not None and pipe.draft_len:
-            controller.cap(pipe.draft_len)
-            controller.hedge_cap = self.hedge_width  # whether to hedge is its choice
-            controller.branch_len = self.branch_len
-            controller.set_row_tile(terms.row_tile)
-            controller.window = min(controller.window, terms.max_blocks_in_flight)
-            controller.cloud_window = min(controller.cloud_window, terms.max_blocks_in_flight)
-            if controller.draft_len == 0:  # the cloud decodes alone (from the start, or when the link broke)
-                pipe.follow(Plan(0, controller.cloud_window, None))
-            else:  # its window (two until it has measured), the first chain's too; that chain's blocks hold the
-                # caller's cap until the first plan (measured against the controller's start length: docs/history.md)
-                pipe.window = controller.drafting_window
-        else:
-            pipe.controller = None
+        """Fit the schedule to what the verifier allows (``Schedule.adopt``); with nothing to draft, the
+        cloud decodes alone, one block at a time."""
+        pipe, (draft_len_cap, hedge_cap) = self.pipeline, self.caps
+        pipe.draft_limit = terms.max_draft_len
+        if min(draft_len_cap, terms.max_draft_len) == 0:
+            pipe.schedule = FixedSchedule(0, 1)
+        pipe.follow(pipe.schedule.adopt(terms, draft_len_cap, hedge_cap, self.branch_len))
 
     @property
     def branch_len(self) -> int:
@@ -292,9 +282,7 @@ class _Decode:
             return
         log.info("the verifier holds this session's blocks to %d drafts", draft_limit)
         pipe.draft_limit, pipe.draft_len = draft_limit, min(pipe.draft_len, draft_limit)
-        if pipe.controller is not None:
-            pipe.controller.cap(draft_limit)
-            pipe.controller.branch_len = self.branch_len
+        pipe.schedule.lower_draft_limit(draft_limit, self.branch_len)
 
     def _settle_early(self) -> None:
         """Before the drafter is touched: the early block's thread is done, and forgotten unless it stands."""
@@ -314,8 +302,8 @@ class _Decode:
     def _step(self) -> bool:
         """Draft and send what may go, then take one verdict; True when the generation is over."""
         plan = self.pipeline.replan(drafting=self.drafting is not None)
-        if plan is not None:
-            log.debug("at %d tokens: %s", len(self.generated), self.pipeline.controller.describe(plan))
+        if plan is not None and log.isEnabledFor(logging.DEBUG) and self.pipeline.schedule.describe(plan):
+            log.debug("at %d tokens: %s", len(self.generated), self.pipeline.schedule.describe(plan))
         self._draft_and_send()
         try:
             received = self.verifier.receive()
@@ -341,7 +329,7 @@ class _Decode:
                 if len(drafting.block.tokens) < drafting.drafts and verifier.ready():
                     break
             block, drafted_at = drafting.block, time.perf_counter()
-            width = pipe.controller.hedge_width if pipe.controller is not None else self.hedge_width
+            width = pipe.schedule.hedge_width
             if width:
                 block = hedge(drafter, block, width, self.branch_len,
                               committed=max(self.committed_end - drafting.start, 0))
@@ -388,7 +376,7 @@ class _Decode:
         else:
             self._record_live(sent, verdict, skip, drafts, branches, committed)
         arrived = time.perf_counter()
-        if pipe.controller is not None and not sent.first and not verdict.stale:
+        if not sent.first and not verdict.stale:
             # In a stretch the cloud decodes alone, the interval between its tokens is its real rate.
             interval = arrived - self.last_arrival if not drafts and pipe.since_plan > 0 else None
             self._observe(sent, len(drafts), received, committed, interval)
@@ -428,10 +416,9 @@ class _Decode:
                 self.stats.record_stale_decode_guess(right == len(committed))
             if self.guesses_are_trials:  # the drafts a live block held there
                 trials = (first_draft, len(guesses), right)
-        if self.pipeline.controller is not None:
-            observe_stale_verdict(self.pipeline.controller, StaleVerdict(
-                len(committed), len(verdict.rebased), None if sent.early else time.perf_counter() - sent.sent_at,
-                received.timing, len(sent.block.tokens), sent.draft_s, guess_trials=trials))
+        observe_stale_verdict(self.pipeline.schedule, StaleVerdict(
+            len(committed), len(verdict.rebased), None if sent.early else time.perf_counter() - sent.sent_at,
+            received.timing, len(sent.block.tokens), sent.draft_s, guess_trials=trials))
 
     def _record_live(self, sent: _InFlight, verdict: Verdict, skip: int, drafts: list[int],
                      branches: tuple[tuple[int, list[int]], ...], committed: list[int]) -> None:
@@ -446,18 +433,18 @@ class _Decode:
 
     def _observe(self, sent: _InFlight, drafted: int, received: Received, committed: list[int],
                  interval_s: float | None) -> None:
-        """Feed one verdict's measurements to the controller (before the drafter commits it); ``drafted``:
+        """Feed one verdict's measurements to the schedule (before the drafter commits it); ``drafted``:
         the block's drafts the verifier verified."""
-        controller, verdict = self.pipeline.controller, received.verdict
+        schedule, verdict = self.pipeline.schedule, received.verdict
         draft_s = sent.draft_s * drafted / len(sent.block.tokens) if drafted else 0.0
-        cloud_token = observe_verdict(controller, LiveVerdict(
+        cloud_token = observe_verdict(schedule, LiveVerdict(
             drafted, sent.size, verdict.accepted, time.perf_counter() - sent.sent_at, draft_s, received.timing,
             tokens=len(committed), interval_s=interval_s, early=sent.early, wrong_guess=self.pipeline.hold,
             hedged=bool(sent.block.branches), gained=_branch_gain(verdict, committed), hedge_s=sent.hedge_s))
         if cloud_token and committed and self.pipeline.shadow_due():
             started = time.perf_counter()
             shadow = self.drafter.draft(1).tokens  # what the drafter would have proposed for this position
-            controller.observe_shadow(shadow == committed[:1], time.perf_counter() - started)
+            schedule.observe_shadow(shadow == committed[:1], time.perf_counter() - started)
 
 
 def _branch_gain(verdict: Verdict, committed: list[int]) -> int:

@@ -14,9 +14,9 @@ defined in ``docs/glossary.md``). ``Pipeline`` says
 - what a verdict voids: a correction, a stale verdict for a block the edge
   counted on, or a token decoded for a stale block that the live chain's first
   block guessed wrong void every block in flight;
-- where the controller chooses again (a new chain, every ``REPLAN_TOKENS``
+- where the schedule chooses again (a new chain, every ``REPLAN_TOKENS``
   tokens of a chain or of a cloud stretch) and when a shadow proposal is due;
-- what each verdict measures for the controller (``observe_verdict``,
+- what each verdict measures for the schedule (``observe_verdict``,
   ``observe_stale_verdict``), how a session starts (``head_start``,
   ``takes_early_block``) and the hold after a wrong guess of the first token.
 
@@ -33,7 +33,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
-from edge.controller import REPLAN_TOKENS, SHADOW_EVERY, Controller, Plan
+from edge.controller import REPLAN_TOKENS, Plan
+from edge.schedule import Schedule
 from edge.verifier_protocol import CloudTiming
 
 __all__ = ["Flight", "NextBlock", "Pipeline", "LiveVerdict", "StaleVerdict", "observe_verdict", "observe_stale_verdict",
@@ -92,18 +93,18 @@ def first_live(in_flight: Iterable[F]) -> F | None:
 class Pipeline(Generic[F]):
     """The blocks in flight of one session, oldest first, and the schedule they are sent under.
 
-    ``draft_len`` and ``window`` are the schedule (a fixed one, or the ``controller``'s choice at the
-    re-plan points); ``draft_limit`` caps a block's drafts, guesses included (the verifier's limit).
+    ``draft_len`` and ``window`` are what the ``schedule`` (``edge.schedule``: fixed, or the
+    controller) chose, followed at the re-plan points; ``draft_limit`` caps a block's drafts, guesses
+    included (the verifier's limit).
     """
 
-    def __init__(self, draft_len: int, window: int, controller: Controller | None = None,
-                 draft_limit: int | None = None) -> None:
+    def __init__(self, draft_len: int, window: int, schedule: Schedule, draft_limit: int | None = None) -> None:
         self.in_flight: deque[F] = deque()
-        self.draft_len, self.window, self.controller = draft_len, window, controller
+        self.draft_len, self.window, self.schedule = draft_len, window, schedule
         self.draft_limit = draft_limit
         self.hold = False  # blocks in flight rest on a wrong guess of the first token: send none until they drain
         self.leaving_cloud = False  # a switch from a cloud stretch to drafting waits for the empty blocks to drain
-        self.since_plan = 0  # tokens committed since the controller last chose
+        self.since_plan = 0  # tokens committed since the schedule last chose
 
     def __iter__(self) -> Iterator[F]:
         return iter(self.in_flight)
@@ -116,13 +117,11 @@ class Pipeline(Generic[F]):
         self.draft_len, self.window = plan.draft_len, plan.window
 
     def replan(self, drafting: bool = False) -> Plan | None:
-        """Let the controller choose again where the decode loop asks it: when a new chain starts (every
+        """Let the schedule choose again where the decode loop asks it: when a new chain starts (every
         block in flight void, none being drafted), and every ``REPLAN_TOKENS`` tokens of a chain (drafting
         only) or of a cloud stretch (there a switch to drafting waits for the pipeline to drain). Returns
-        the plan a new chain follows (None: no new chain, or no controller)."""
-        control = self.controller
-        if control is None:
-            return None
+        the plan a new chain follows (None: no new chain)."""
+        control = self.schedule
         if not drafting and all(f.void for f in self.in_flight):
             plan = control.plan()
             self.follow(plan)
@@ -138,12 +137,10 @@ class Pipeline(Generic[F]):
 
     # -- how a session starts ------------------------------------------------
     def head_start(self, round_trip_s: float, token_s: float) -> Plan | None:
-        """The controller's plan to start with the cloud alone from the first token (``Controller.start``,
-        on a round trip and the cloud's seconds a token alone), when the schedule drafts and it has one;
-        else None. Not followed yet: the caller follows it when it takes effect."""
-        if self.controller is None or self.draft_len == 0:
-            return None
-        return self.controller.start(round_trip_s, token_s)
+        """The schedule's plan to start with the cloud alone from the first token (``Controller.start``,
+        on a round trip and the cloud's seconds a token alone), when it drafts and has one; else None.
+        Not followed yet: the caller follows it when it takes effect."""
+        return self.schedule.start(round_trip_s, token_s) if self.draft_len else None
 
     def takes_early_block(self, room: int) -> bool:
         """Whether the first block is drafted while the prompt is prefilled, ``room`` tokens left in the
@@ -157,9 +154,8 @@ class Pipeline(Generic[F]):
 
     def shadow_due(self) -> bool:
         """In a cloud stretch: whether the drafter's would-be proposal for the token just decoded is
-        measured (every token where the drafter is fast enough, else every ``SHADOW_EVERY``)."""
-        control = self.controller
-        return control is not None and (control.shadows_every_token() or self.since_plan % SHADOW_EVERY == 0)
+        measured (``Schedule.shadow_due``)."""
+        return self.schedule.shadow_due(self.since_plan)
 
     # -- sending -----------------------------------------------------------
     def may_send(self) -> bool:
@@ -220,7 +216,7 @@ class Pipeline(Generic[F]):
 
 @dataclass(frozen=True)
 class LiveVerdict:
-    """What a live verdict measured, for the controller (``observe_verdict``)."""
+    """What a live verdict measured, for the schedule (``observe_verdict``)."""
 
     drafted: int  # the block's drafts the verifier verified (0: an empty block, or every draft already committed)
     held: int  # drafts the block held (0: empty)
@@ -239,7 +235,7 @@ class LiveVerdict:
 
 @dataclass(frozen=True)
 class StaleVerdict:
-    """What a stale verdict measured, for the controller (``observe_stale_verdict``)."""
+    """What a stale verdict measured, for the schedule (``observe_stale_verdict``)."""
 
     committed: int  # tokens the cloud decoded for the block (0: answered empty)
     rebased: int  # ... of them, drafts sent for those positions that it accepted where they lay
@@ -252,8 +248,8 @@ class StaleVerdict:
     guess_trials: tuple[int, int, int] | None = None
 
 
-def observe_verdict(controller: Controller, seen: LiveVerdict) -> bool:
-    """Feed ``controller`` what a live verdict measures; True when it answered a token the cloud decoded
+def observe_verdict(schedule: Schedule, seen: LiveVerdict) -> bool:
+    """Feed ``schedule`` what a live verdict measures; True when it answered a token the cloud decoded
     alone (a shadow proposal may be due: ``Pipeline.shadow_due``).
 
     The early block measures only its acceptance (its trip spans the prefill), and nothing when it was
@@ -263,29 +259,29 @@ def observe_verdict(controller: Controller, seen: LiveVerdict) -> bool:
     timing = seen.timing
     if seen.early and seen.held:
         if not seen.wrong_guess:
-            controller.observe_acceptance(seen.drafted, seen.accepted)
+            schedule.observe_acceptance(seen.drafted, seen.accepted)
         return False
-    controller.observe_forward(timing.forward_rows, timing.forward_s)
+    schedule.observe_forward(timing.forward_rows, timing.forward_s)
     if seen.drafted:
-        controller.observe_block(seen.drafted, seen.accepted, seen.trip_s, seen.draft_s, timing.cloud_s,
+        schedule.observe_block(seen.drafted, seen.accepted, seen.trip_s, seen.draft_s, timing.cloud_s,
                                  0.0 if seen.hedged else timing.forward_s)
         if seen.hedged:
-            controller.observe_hedge(seen.gained, seen.hedge_s)
+            schedule.observe_hedge(seen.gained, seen.hedge_s)
         return False
     if seen.held:
         return False  # every draft was already committed: nothing measured
-    controller.observe_cloud_token(None if seen.early else seen.trip_s, timing.cloud_s, seen.interval_s,
+    schedule.observe_cloud_token(None if seen.early else seen.trip_s, timing.cloud_s, seen.interval_s,
                                    timing.forward_s, tokens=seen.tokens)
     return True
 
 
-def observe_stale_verdict(controller: Controller, seen: StaleVerdict) -> None:
-    """Feed ``controller`` what a stale verdict measures: the forward, what the cloud decoded for the void
+def observe_stale_verdict(schedule: Schedule, seen: StaleVerdict) -> None:
+    """Feed ``schedule`` what a stale verdict measures: the forward, what the cloud decoded for the void
     block (so a drafter whose every chain goes stale is still measured), and the live chain's guesses
     of those tokens as acceptance trials."""
     if seen.guess_trials is not None:
         first, trials, right = seen.guess_trials
-        controller.observe_acceptance(trials, right, first=first)
-    controller.observe_forward(seen.timing.forward_rows, seen.timing.forward_s)
-    controller.observe_stale(seen.committed, seen.rebased, seen.timing.forward_s, trip_s=seen.trip_s,
+        schedule.observe_acceptance(trials, right, first=first)
+    schedule.observe_forward(seen.timing.forward_rows, seen.timing.forward_s)
+    schedule.observe_stale(seen.committed, seen.rebased, seen.timing.forward_s, trip_s=seen.trip_s,
                              cloud_s=seen.timing.cloud_s, drafted=seen.drafted, draft_s=seen.draft_s)

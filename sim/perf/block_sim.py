@@ -36,6 +36,7 @@ from edge.pipeline import (
     observe_stale_verdict,
     observe_verdict,
 )
+from edge.schedule import FixedSchedule, Schedule
 from edge.verifier_protocol import CloudTiming
 from sim.perf.block_costs import BlockCosts, SimBlock, SimulatedRun
 from sim.perf.verifier_sim import VerifierSim
@@ -49,7 +50,8 @@ def simulate_pipelined(costs: BlockCosts, draft_len: int, window: int, generatio
     drafts, ``window`` in flight at most."""
     if draft_len < 1 or window < 1:
         raise ValueError("need draft_len >= 1 and window >= 1")
-    return _simulate(costs, lambda: (draft_len, window, None), generation_tokens, generations, seed)
+    return _simulate(costs, lambda: (draft_len, window, FixedSchedule(draft_len, window)), generation_tokens,
+                     generations, seed)
 
 
 def simulate_adaptive(costs: BlockCosts, controller: Callable[[], Controller], generation_tokens: int,
@@ -66,7 +68,7 @@ def simulate_adaptive(costs: BlockCosts, controller: Callable[[], Controller], g
     return _simulate(costs, start, generation_tokens, generations, seed)
 
 
-def _simulate(costs: BlockCosts, schedule: Callable[[], tuple[int, int, Controller | None]], generation_tokens: int,
+def _simulate(costs: BlockCosts, schedule: Callable[[], tuple[int, int, Schedule]], generation_tokens: int,
               generations: int, seed: int) -> SimulatedRun:
     if generation_tokens < 2 or generations < 1:
         raise ValueError("need generation_tokens >= 2 and generations >= 1")
@@ -80,12 +82,12 @@ def _simulate(costs: BlockCosts, schedule: Callable[[], tuple[int, int, Controll
 
 class _Generation:
     """One generation: the edge's loop (``run``, an ``edge.pipeline.Pipeline`` on a simulated clock) and
-    the cloud's (``_Cloud``); ``controller`` (None: a fixed schedule) chooses as the decode loop lets it."""
+    the cloud's (``VerifierSim``); ``schedule`` (fixed, or a controller) chooses as the decode loop lets it."""
 
-    def __init__(self, costs: BlockCosts, draft_len: int, window: int, controller: Controller | None,
+    def __init__(self, costs: BlockCosts, draft_len: int, window: int, schedule: Schedule,
                  rng: random.Random) -> None:
         self.costs, self.rng = costs, rng
-        self.pipeline: Pipeline[SimBlock] = Pipeline(draft_len, window, controller)
+        self.pipeline: Pipeline[SimBlock] = Pipeline(draft_len, window, schedule)
         self.pending: deque[SimBlock] = deque()  # sent, not yet answered by the cloud
         self.cloud = VerifierSim(costs, rng, self.pending)
         self.tally = SimulatedRun()
@@ -95,7 +97,7 @@ class _Generation:
         """Feed the controller what ``block``'s verdict measures (as ``edge.decode_loop`` does), and for
         a token decoded for a stale block, what it says of ``guesser``'s guess of it; the edge's seconds
         that took (a shadow proposal)."""
-        control, costs = self.pipeline.controller, self.costs
+        control, costs = self.pipeline.schedule, self.costs
         timing = CloudTiming(block.done_at - block.at_cloud, block.forward_s, block.forward_rows)
         if block.stale:
             drafted = block.drafts + block.guesses
@@ -131,12 +133,11 @@ class _Generation:
         while block.verdict_at == math.inf:
             self.cloud.step()
         self.now = max(self.now, block.verdict_at)
-        if pipe.controller is not None:
-            interval = self.now - self.last_read if block.empty and pipe.since_plan > 0 else None
-            self.last_read = self.now
-            guesser = first_live(pipe)
-            guesser = guesser if guesser is not None and guesser.opens_chain and guesser.guesses > guesser.judged else None
-            self.now += self.observe(block, interval, guesser)
+        interval = self.now - self.last_read if block.empty and pipe.since_plan > 0 else None
+        self.last_read = self.now
+        guesser = first_live(pipe)
+        guesser = guesser if guesser is not None and guesser.opens_chain and guesser.guesses > guesser.judged else None
+        self.now += self.observe(block, interval, guesser)
         tally.verdicts, tally.stale, tally.tokens = tally.verdicts + 1, tally.stale + block.stale, \
             tally.tokens + block.committed
         if block.opens_chain and block.guesses:

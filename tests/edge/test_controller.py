@@ -250,14 +250,14 @@ def test_hedges_are_tried_after_plain_blocks_and_kept_only_where_their_gain_beat
     against its extra seconds (branch drafting, a longer forward) at the predicted rate."""
     def measured(gained: int, hedge_s: float, hedged_forward_s: float) -> Controller:
         c = Controller(max_draft_len=4, window=2, cloud_window=16)
-        c.hedge_cap, c.branch_len = 2, 3
+        c.hedge.allow(2, 3)
         widths = []
         for _ in range(16):
             c.plan()
             widths.append(c.hedge_width)
             c.observe_block(drafted=4, accepted=3, trip_s=0.2, draft_s=0.02, cloud_s=0.05,
                             forward_s=0.0 if c.hedge_width else 0.05)
-            c.observe_forward(5 + c.hedge_width * c.branch_len, hedged_forward_s if c.hedge_width else 0.05)
+            c.observe_forward(5 + c.hedge_width * c.hedge.branch_len, hedged_forward_s if c.hedge_width else 0.05)
             if c.hedge_width:
                 c.observe_hedge(gained, hedge_s)
         assert widths == [0] * 8 + [2] * 8
@@ -265,7 +265,7 @@ def test_hedges_are_tried_after_plain_blocks_and_kept_only_where_their_gain_beat
 
     cheap = measured(gained=1, hedge_s=0.001, hedged_forward_s=0.052)  # a GPU: rows nearly free, a fast drafter
     rate = cheap.predict_drafting(cheap.draft_len, cheap.drafting_window)
-    assert cheap.hedge_gain.value > rate * cheap.hedge_extra_s()
+    assert cheap.hedge.gain.value > rate * cheap.hedge_extra_s()
     plan = cheap.plan()
     assert cheap.hedge_width == 2 and "hedge 2 of 2" in cheap.describe(plan)
     costly = measured(gained=1, hedge_s=0.04, hedged_forward_s=0.09)  # this CPU: rows and drafts cost
@@ -328,10 +328,10 @@ def test_adaptive_decoding_tries_hedges_then_drops_those_that_gain_nothing(tiny_
         got = generate(tiny_engine, drafter, prompt, params, max_new_tokens=120, draft_len=4, window=3,
                        controller=controller, hedge_width=1)
         assert got.tokens == want.tokens and got.stop_reason == want.stop_reason
-        assert controller.hedge_cap == 1 and 8 <= controller.hedged_blocks <= 8 + 3
-        assert controller.drafted_blocks - controller.hedged_blocks > 8  # the plain ones before, and after
-        assert controller.hedge_gain.value == 0.0 and not controller.hedging
-        assert got.stats.hedges_sent >= controller.hedged_blocks and got.stats.hedges_taken == 0
+        assert controller.hedge.cap == 1 and 8 <= controller.hedge.hedged <= 8 + 3
+        assert controller.drafted_blocks - controller.hedge.hedged > 8  # the plain ones before, and after
+        assert controller.hedge.gain.value == 0.0 and not controller.hedge.on
+        assert got.stats.hedges_sent >= controller.hedge.hedged and got.stats.hedges_taken == 0
     finally:
         drafter.close()
 

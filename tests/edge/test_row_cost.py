@@ -59,13 +59,13 @@ def test_the_controller_drafts_longer_blocks_where_rows_are_free_and_not_where_t
 def test_hedge_branches_are_kept_where_the_tile_holds_their_rows_and_dropped_where_they_cost():
     def hedged(tile: int, hedged_forward_s: float) -> Controller:
         c = Controller(max_draft_len=4, window=2, cloud_window=16)
-        c.hedge_cap, c.branch_len = 2, 3
+        c.hedge.allow(2, 3)
         c.set_row_tile(tile)
         for _ in range(16):
             c.plan()
             c.observe_block(drafted=4, accepted=3, trip_s=0.2, draft_s=0.02, cloud_s=0.05,
                             forward_s=0.0 if c.hedge_width else 0.05)
-            c.observe_forward(5 + c.hedge_width * c.branch_len, hedged_forward_s if c.hedge_width else 0.05)
+            c.observe_forward(5 + c.hedge_width * c.hedge.branch_len, hedged_forward_s if c.hedge_width else 0.05)
             if c.hedge_width:
                 c.observe_hedge(gained=1, hedge_s=0.01)
         c.plan()
