@@ -96,7 +96,7 @@ def find_circle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def is_cli_module(path: Path) -> bool:
-    return path.name in CLI_NAMES or path.parent in CLI_FOLDERS or path in CLI_SCRIPTS
+    return path.name in CLI_NAMES or any(path.is_relative_to(folder) for folder in CLI_FOLDERS) or path in CLI_SCRIPTS
 
 
 def test_packages_import_only_what_the_design_allows():

@@ -22,9 +22,9 @@ test batch invariance under load; the free-shapes runs' identity is luck, and
 reported as such. The reference pass's own rate is the lone *reproducible*
 cloud-only (canonical shapes), reported beside the fastest.
 
-Contract. ``run_capacity_bench(...)`` returns the report dict (the JSON of
+Contract. ``run_capacity_bench(CapacityBench(...))`` returns the report dict (the JSON of
 ``--json``); ``format_capacity_report`` renders it. No argparse, no printing
-but ``progress``; flags are in ``sim.commands.bench``.
+but ``progress``; flags are in ``sim.commands.bench.capacity``.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from edge.drafter import DraftBlock, ModelFreeDrafter, Speculation, one_hot_block
@@ -44,7 +44,7 @@ from shared.stats import percentile
 from sim.experiment.runner import DEFAULT_PROMPTS
 
 __all__ = [
-    "BenchSession", "ReplayDrafter", "RecordingDrafter", "bench_models", "capacity_at_slo", "cloud_only_session", "compared_shapes",
+    "BenchSession", "CapacityBench", "ReplayDrafter", "RecordingDrafter", "bench_models", "capacity_at_slo", "cloud_only_session", "compared_shapes",
     "edges_off", "first_core", "format_capacity_report", "record_drafts", "run_capacity_bench", "session_params", "split_session",
 ]
 
@@ -139,126 +139,146 @@ def capacity_at_slo(runs: list[dict[str, Any]], slo: float) -> dict[str, int]:
     return out
 
 
-def run_capacity_bench(
-    *,
-    sessions: Sequence[int] = (1, 2, 4, 8, 16),
-    mode: str = "coupled",
-    slo: float | None = None,
-    slo_fraction: float = 0.5,
-    max_new_tokens: int = 32,
-    draft_len: int = 8,
-    temperature: float = 0.8,
-    compare_unbatched: bool = False,
-    compare_free_shapes: bool = False,
-    target: str | None = None,
-    drafter: str | None = None,
-    tiny: bool = False,
-    scenario: str | None = None,
-    cloud_cores: set[int] | None = None,
-    cloud_args: Sequence[str] = (),
-    progress: Callable[[str], None] = lambda line: None,
-) -> dict[str, Any]:
-    """The capacity report (see the module docstring). ``tiny``: generated tiny models (tests).
-    ``slo``: tokens/s per session (p50) for capacity; None: ``slo_fraction`` of the fastest lone
-    cloud-only rate, measured first.
-    ``compare_unbatched``: also run every N with the verifiers serving one forward at a time;
-    ``compare_free_shapes``: also run each side in its other shapes (the split in free shapes,
-    cloud-only in canonical), to see what invariance costs each.
-    ``scenario``: each edge reaches the verifier through its own emulated link of that scenario.
-    ``cloud_cores``: where the verifiers run (default: the first core; an empty set: unpinned,
-    e.g. on a GPU machine); ``cloud_args``: more ``splitspec-cloud serve`` flags (--device,
-    --dtype; the bench sets --shapes). ValueError on bad arguments."""
-    if not sessions or min(sessions) < 1:
-        raise ValueError("--sessions needs counts >= 1")
-    if mode not in TOKEN_IDENTICAL_MODES:
-        raise ValueError(f"mode {mode!r}: capacity compares outputs token for token, so greedy or coupled")
-    if mode == "greedy":
-        temperature = 0.0
-    if max_new_tokens < 1 or draft_len < 1:
-        raise ValueError("max_new_tokens and draft_len must be >= 1")
-    if slo is not None and slo <= 0:
-        raise ValueError("--slo must be > 0 tokens/s")
-    if slo is None and not 0 < slo_fraction <= 1:
-        raise ValueError("--slo-fraction must be in (0, 1]")
-    if "--shapes" in cloud_args:
-        raise ValueError("the bench sets each verifier's --shapes itself")
+@dataclass(frozen=True)
+class CapacityBench:
+    """What ``run_capacity_bench`` runs (``splitspec bench capacity``'s flags)."""
+
+    sessions: Sequence[int] = (1, 2, 4, 8, 16)  # concurrent session counts
+    mode: str = "coupled"  # the split's mode (greedy or coupled; cloud-only samples alike)
+    slo: float | None = None  # tokens/s per session (p50) for capacity; None: slo_fraction of the lone rate
+    slo_fraction: float = 0.5
+    max_new_tokens: int = 32
+    draft_len: int = 8
+    temperature: float = 0.8  # coupled mode's (greedy: 0)
+    compare_unbatched: bool = False  # also every N with the verifiers serving one forward at a time
+    compare_free_shapes: bool = False  # also each side in its other shapes (what invariance costs each)
+    target: str | None = None
+    drafter: str | None = None
+    tiny: bool = False  # generated tiny models (tests)
+    scenario: str | None = None  # each edge through its own emulated link of this scenario
+    cloud_cores: frozenset[int] | None = None  # the verifiers' cores (None: the first core; empty: unpinned)
+    cloud_args: Sequence[str] = ()  # more ``splitspec-cloud serve`` flags (--device, --dtype; not --shapes)
+
+    def checked(self) -> CapacityBench:
+        """These arguments, or ``ValueError`` naming the flag that is wrong (greedy: temperature 0)."""
+        if not self.sessions or min(self.sessions) < 1:
+            raise ValueError("--sessions needs counts >= 1")
+        if self.mode not in TOKEN_IDENTICAL_MODES:
+            raise ValueError(f"mode {self.mode!r}: capacity compares outputs token for token, so greedy or coupled")
+        if self.max_new_tokens < 1 or self.draft_len < 1:
+            raise ValueError("max_new_tokens and draft_len must be >= 1")
+        if self.slo is not None and self.slo <= 0:
+            raise ValueError("--slo must be > 0 tokens/s")
+        if self.slo is None and not 0 < self.slo_fraction <= 1:
+            raise ValueError("--slo-fraction must be in (0, 1]")
+        if "--shapes" in self.cloud_args:
+            raise ValueError("the bench sets each verifier's --shapes itself")
+        return replace(self, temperature=0.0) if self.mode == "greedy" else self
+
+
+def run_capacity_bench(bench: CapacityBench, progress: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
+    """The capacity report (see the module docstring); ``ValueError`` on bad arguments."""
+    bench = bench.checked()
     with tempfile.TemporaryDirectory(prefix="splitspec-capacity-") as tmp, ExitStack() as stack:
-        target, drafter = bench_models(target, drafter, tiny, tmp)
+        target, drafter = bench_models(bench.target, bench.drafter, bench.tiny, tmp)
         from edge.drafter_choice import open_llama_drafter
-        from sim.experiment.processes import CloudProcess
 
         real = open_llama_drafter(drafter, n_threads=1)
         stack.callback(real.close)
-        vocab = (real.vocab.size, real.vocab.fingerprint)
-        work = [BenchSession(real.vocab.tokenize(PROMPTS[i % len(PROMPTS)]), seed=i) for i in range(max(sessions))]
-        cores = (cloud_cores or None) if cloud_cores is not None else first_core()
+        cores = (set(bench.cloud_cores) or None) if bench.cloud_cores is not None else first_core()
         stack.enter_context(edges_off(cores))
-        recordings: dict[str, dict] = {}
-        measured: list[tuple[dict[str, Any], list]] = []  # (run, each session's tokens): identity once the reference is in
-
-        def verifier(shapes: str, batching: bool, within: ExitStack) -> tuple[Any, list[str]]:
-            """A verifier process in ``shapes`` on ``cores``, warmed up; (it, one address per session)."""
-            extra = ["--max-draft-len", str(draft_len), "--max-sessions", str(max(64, 2 * max(sessions))),
-                     "--max-sessions-per-client", str(max(64, 2 * max(sessions))), "--shapes", shapes, *cloud_args]
-            cloud = within.enter_context(CloudProcess(target, cores, extra_args=extra + ([] if batching else ["--no-batching"])))
-            addresses = _links(scenario, cloud.port, max(sessions), within) or [f"127.0.0.1:{cloud.port}"] * max(sessions)
-            cloud_only_session(addresses[0], work[0], vocab, WARM_UP_TOKENS, temperature)
-            return cloud, addresses
-
-        def measure(cloud, addresses: list[str], kinds: Sequence[str], batching: bool, shapes: str) -> None:
-            for n in sessions:
-                for kind in kinds:
-                    progress(f"{'batched' if batching else 'one forward at a time'}, {shapes} shapes: {n} sessions, {kind}")
-                    run, outputs = _measure(cloud, addresses, work[:n], vocab, kind, recordings.get(kind),
-                                            max_new_tokens, draft_len, temperature, batching)
-                    measured.append(({**run, "shapes": shapes}, outputs))
-
-        lone = work[:LONE_SESSIONS]
+        run = _CapacityRun(bench, target, real, cores, progress)
+        lone = run.work[:LONE_SESSIONS]
         with ExitStack() as fastest:
-            free_cloud, free_addresses = verifier(FASTEST_SHAPES, True, fastest)
+            free_cloud, free_addresses = run.verifier(FASTEST_SHAPES, True, fastest)
             progress(f"the fastest cloud-only alone: {FASTEST_SHAPES} shapes, {len(lone)} sessions one at a time")
-            fastest_lone = statistics.median(
-                _rate(cloud_only_session(free_addresses[0], s, vocab, max_new_tokens, temperature)) for s in lone)
-            chosen = slo if slo is not None else slo_fraction * fastest_lone
+            fastest_lone = statistics.median(_rate(run.cloud_only(free_addresses[0], s)) for s in lone)
+            chosen = bench.slo if bench.slo is not None else bench.slo_fraction * fastest_lone
             progress(f"fastest lone cloud-only {fastest_lone:.2f} tokens/s; SLO {chosen:.3g} tokens/s per session")
-            measure(free_cloud, free_addresses, [CLOUD_ONLY], True, FASTEST_SHAPES)
+            run.measure(free_cloud, free_addresses, [CLOUD_ONLY], True, FASTEST_SHAPES)
             with ExitStack() as canonical:
-                cloud, addresses = verifier(SPLIT_SHAPES, True, canonical)
-                progress(f"reference: {len(work)} sessions decoded alone, cloud-only, {SPLIT_SHAPES} shapes")
-                timed = [cloud_only_session(addresses[0], s, vocab, max_new_tokens, temperature) for s in work]
+                cloud, addresses = run.verifier(SPLIT_SHAPES, True, canonical)
+                progress(f"reference: {len(run.work)} sessions decoded alone, cloud-only, {SPLIT_SHAPES} shapes")
+                timed = [run.cloud_only(addresses[0], s) for s in run.work]
                 reference = [t[0] for t in timed]
                 reproducible_lone = statistics.median(_rate(t) for t in timed[:len(lone)])
-                progress(f"recording the real drafter's blocks ({mode}, D={draft_len})")
-                recordings[mode], alpha = record_drafts(real, addresses[0], work, vocab, max_new_tokens, draft_len,
-                                                        temperature)
-                measure(cloud, addresses, [mode, *[CLOUD_ONLY] * compare_free_shapes], True, SPLIT_SHAPES)
-            if compare_free_shapes:
-                measure(free_cloud, free_addresses, [mode], True, FASTEST_SHAPES)
-        if compare_unbatched:
-            for shapes, kind in ((FASTEST_SHAPES, CLOUD_ONLY), (SPLIT_SHAPES, mode)):
+                progress(f"recording the real drafter's blocks ({bench.mode}, D={bench.draft_len})")
+                run.recordings[bench.mode], alpha = record_drafts(real, addresses[0], run.work, run.vocab,
+                                                                  bench.max_new_tokens, bench.draft_len,
+                                                                  bench.temperature)
+                run.measure(cloud, addresses, [bench.mode, *[CLOUD_ONLY] * bench.compare_free_shapes], True,
+                            SPLIT_SHAPES)
+            if bench.compare_free_shapes:
+                run.measure(free_cloud, free_addresses, [bench.mode], True, FASTEST_SHAPES)
+        if bench.compare_unbatched:
+            for shapes, kind in ((FASTEST_SHAPES, CLOUD_ONLY), (SPLIT_SHAPES, bench.mode)):
                 with ExitStack() as per_cloud:
-                    measure(*verifier(shapes, False, per_cloud), [kind], False, shapes)
-    for run, outputs in measured:
-        run["identical"] = not run["errors"] and all(o is not None and o == reference[i] for i, o in enumerate(outputs))
-    runs = sorted((run for run, _ in measured),
-                  key=lambda r: (not r["batching"], r["sessions"], r["mode"] != CLOUD_ONLY, r["shapes"]))
+                    run.measure(*run.verifier(shapes, False, per_cloud), [kind], False, shapes)
+    runs = run.judged(reference)
     return {
         "slo_tokens_per_s": chosen,
-        "slo_fraction": None if slo is not None else slo_fraction,  # None: the SLO was given (--slo)
+        "slo_fraction": None if bench.slo is not None else bench.slo_fraction,  # None: the SLO was given (--slo)
         "fastest_cloud_only_alone": {"shapes": FASTEST_SHAPES, "tokens_per_s": fastest_lone, "sessions": len(lone)},
         "reproducible_cloud_only_alone": {"shapes": SPLIT_SHAPES, "tokens_per_s": reproducible_lone,
                                           "sessions": len(lone)},
-        "compared_shapes": {CLOUD_ONLY: compared_shapes(CLOUD_ONLY), mode: compared_shapes(mode)},
+        "compared_shapes": {CLOUD_ONLY: compared_shapes(CLOUD_ONLY), bench.mode: compared_shapes(bench.mode)},
         "capacity_at_slo": capacity_at_slo(runs, chosen),
         "drafter": "recorded real drafts replayed (llama.cpp, lock-step, fixed D)",
-        "acceptance": {mode: alpha},
-        "draft_len": draft_len,
-        "max_new_tokens": max_new_tokens,
+        "acceptance": {bench.mode: alpha},
+        "draft_len": bench.draft_len,
+        "max_new_tokens": bench.max_new_tokens,
         "verifier_cores": sorted(cores) if cores else None,
-        "verifier_flags": list(cloud_args),
-        "scenario": scenario,
+        "verifier_flags": list(bench.cloud_args),
+        "scenario": bench.scenario,
         "runs": runs,
     }
+
+
+class _CapacityRun:
+    """One capacity run's sessions, verifiers and measurements."""
+
+    def __init__(self, bench: CapacityBench, target: str, real, cores: set[int] | None,
+                 progress: Callable[[str], None]) -> None:
+        self.bench, self.target, self.cores, self.progress = bench, target, cores, progress
+        self.vocab = (real.vocab.size, real.vocab.fingerprint)
+        self.work = [BenchSession(real.vocab.tokenize(PROMPTS[i % len(PROMPTS)]), seed=i)
+                     for i in range(max(bench.sessions))]
+        self.recordings: dict[str, dict] = {}  # mode -> the real drafter's blocks by prefix
+        self.measured: list[tuple[dict[str, Any], list]] = []  # (run, each session's tokens)
+
+    def cloud_only(self, address: str, session: BenchSession, max_new_tokens: int | None = None):
+        return cloud_only_session(address, session, self.vocab, max_new_tokens or self.bench.max_new_tokens,
+                                  self.bench.temperature)
+
+    def verifier(self, shapes: str, batching: bool, within: ExitStack) -> tuple[Any, list[str]]:
+        """A verifier process in ``shapes`` on the cores, warmed up; (it, one address per session)."""
+        from sim.experiment.processes import CloudProcess
+
+        most = max(self.bench.sessions)
+        extra = ["--max-draft-len", str(self.bench.draft_len), "--max-sessions", str(max(64, 2 * most)),
+                 "--max-sessions-per-client", str(max(64, 2 * most)), "--shapes", shapes, *self.bench.cloud_args]
+        cloud = within.enter_context(CloudProcess(self.target, self.cores,
+                                                  extra_args=extra + ([] if batching else ["--no-batching"])))
+        addresses = _links(self.bench.scenario, cloud.port, most, within) or [f"127.0.0.1:{cloud.port}"] * most
+        self.cloud_only(addresses[0], self.work[0], WARM_UP_TOKENS)
+        return cloud, addresses
+
+    def measure(self, cloud, addresses: list[str], kinds: Sequence[str], batching: bool, shapes: str) -> None:
+        """Every session count, each of ``kinds`` (cloud-only or the split's mode)."""
+        for n in self.bench.sessions:
+            for kind in kinds:
+                self.progress(f"{'batched' if batching else 'one forward at a time'}, {shapes} shapes: {n} sessions, "
+                              f"{kind}")
+                run, outputs = _measure(cloud, addresses, self, self.work[:n], kind, batching)
+                self.measured.append(({**run, "shapes": shapes}, outputs))
+
+    def judged(self, reference: list) -> list[dict[str, Any]]:
+        """The runs, each marked identical or not to target-only (``reference``), in report order."""
+        for run, outputs in self.measured:
+            run["identical"] = not run["errors"] and all(o is not None and o == reference[i]
+                                                         for i, o in enumerate(outputs))
+        return sorted((run for run, _ in self.measured),
+                      key=lambda r: (not r["batching"], r["sessions"], r["mode"] != CLOUD_ONLY, r["shapes"]))
 
 
 def bench_models(target: str | None, drafter: str | None, tiny: bool, tmp: str) -> tuple[str, str | None]:
@@ -364,10 +384,12 @@ def _rate(session_result) -> float:
     return len(tokens) / (ended - started)
 
 
-def _measure(cloud, addresses, work, vocab, mode, blocks, max_new_tokens, draft_len, temperature,
-             batching) -> tuple[dict[str, Any], list]:
+def _measure(cloud, addresses: list[str], run: _CapacityRun, work: list[BenchSession], mode: str,
+             batching: bool) -> tuple[dict[str, Any], list]:
     """N = len(work) sessions at once: the run's entry of the report (all but ``identical``, which the
     caller sets against the reference) and each session's tokens (None where it failed)."""
+    vocab, blocks, bench = run.vocab, run.recordings.get(mode), run.bench
+    max_new_tokens, draft_len, temperature = bench.max_new_tokens, bench.draft_len, bench.temperature
     metrics = ("splitspec_engine_forwards_total", "splitspec_engine_rows_total", "splitspec_engine_busy_seconds_total",
                "splitspec_engine_sequences_sum", "splitspec_engine_sequences_count")
     before = {name: cloud.metric(name) for name in metrics}

@@ -1,13 +1,7 @@
-"""Hostile traffic for the verifier: frame generators, and the soak run of ``splitspec bench fuzz``.
+"""Hostile traffic for the verifier: the soak run of ``splitspec bench fuzz``.
 
-``HostileFrames`` makes what an attacker or a broken client sends on a
-``Decode`` stream: valid Opens with fields set to edge-case values, drafts
-with random payloads, ids, positions and epochs, zstd bombs, payloads over
-the codec's limit, messages over gRPC's limit, bytes that are not protobuf at
-all, and valid frames with bits flipped; and forged rejection-mode drafts:
-well-formed blocks whose tokens were not sampled from their q̃, garbage at the
-largest D, and (``ForgingDrafter``) q̃ shaped around the noise the forger
-knows, so its token is the draw at a tiny weight. ``run_soak`` sends at least a given
+The frames come from ``sim.bench.hostile_frames`` (``HostileFrames``,
+``ForgingDrafter``). ``run_soak`` sends at least a given
 number of such frames on concurrent streams (some opened and abandoned, some
 opened and left silent) while an honest edge keeps decoding, and reports what
 the service did: how each stream ended, hangs, the honest output, the
@@ -27,25 +21,21 @@ from dataclasses import asdict, dataclass, field
 from typing import NamedTuple
 
 import grpc
-import numpy as np
-from google.protobuf.message import DecodeError
 
-from edge.drafter import DraftBlock, ModelFreeDrafter
+from edge.endpoint import VerifierEndpoint
 from protos import splitspec_pb2 as pb
-from shared import codec
-from shared.sparse import SparseDist, draft_noise, quantize, sampled_indices
-from shared.wire import CHANNEL_OPTIONS, MAX_MESSAGE_BYTES, sampling_to_proto
+from shared.wire import CHANNEL_OPTIONS, MAX_MESSAGE_BYTES
+from sim.bench.hostile_frames import CLOSE, ForgingDrafter, HostileFrames
 from sim.experiment.processes import process_rss_mb
 
 __all__ = [
-    "HostileFrames", "SoakReport", "run_soak", "send_raw_stream", "DECODE_METHOD", "ALLOWED_ENDINGS",
-    "ForgingDrafter", "shaped_q", "neutral_q", "send_forged_stream", "run_shaped_forgery", "ShapedOutcome",
+    "FuzzPlan", "SoakReport", "run_soak", "send_raw_stream", "DECODE_METHOD", "ALLOWED_ENDINGS",
+    "send_forged_stream", "run_shaped_forgery", "ShapedOutcome",
     "GENERATE_METHOD", "hostile_generate_request", "send_raw_generate", "fuzz_generate",
 ]
 
 DECODE_METHOD = "/splitspec.v1.Verifier/Decode"
 GENERATE_METHOD = "/splitspec.v1.Verifier/Generate"
-CLOSE = pb.EdgeFrame(close=pb.Close())
 # How a hostile stream may end: refused, or served (OK: it closed a session that survived its frames).
 # DEADLINE_EXCEEDED: a stream left silent past the idle timeout; CANCELLED: one we abandoned.
 # RESOURCE_EXHAUSTED: a full table or client share, or a message over gRPC's size limit.
@@ -58,278 +48,7 @@ ALLOWED_ENDINGS = frozenset({
     grpc.StatusCode.DEADLINE_EXCEEDED,
     grpc.StatusCode.CANCELLED,
 })
-_WEIRD_UINT32 = [0, 1, 4, 64, 1024, 1025, 2**31, 2**32 - 1]
-_WEIRD_FLOATS = [0.0, -0.0, -1.0, 1e-310, 1e-30, 1e-6, 1e30, float("inf"), float("nan")]
 
-
-# -- forged drafts: rejection-mode blocks whose tokens were not sampled from their q̃ -------------------
-
-
-def shaped_q(want: int, r: int, prob_bits: int, top_k: int, others: list[int]) -> SparseDist:
-    """A q̃ shaped around the known DRAFT noise ``r``: ``want`` is what the drafter's sampling rule draws
-    (``shared.sparse.sampled_indices``), at the smallest weight a valid wire q̃ allows (weights
-    non-increasing, support <= ``top_k``), the rest spread on ``others`` (distinct ids, ``want`` not
-    among them, at least ``top_k - 1``) as flat as it goes, so the q̃ looks as likely as it can.
-
-    The sample is the token whose cumulative interval holds r; weights fall along the support, so
-    ``want`` at weight w either follows heavier tokens that fill [0, r) (w >= (2^b - r)/(top_k - 1)
-    for the rest to fit behind it) or comes first (w > r, w >= 2^b/top_k).
-    """
-    total = 1 << prob_bits
-    if top_k == 1:
-        return SparseDist(np.array([want]), np.array([total]), prob_bits)
-    after = -(-(total - r) // (top_k - 1))  # want at [r, r + w): heavier tokens before it fill [0, r)
-    first = max(r + 1, -(-total // top_k))  # want at [0, w)
-    weight, start = (after, r) if 1 <= after <= r and after < first else (first, 0)
-    tail = total - start - weight
-    least_tail = -(-tail // weight)  # tokens behind want, each <= w
-    heads = min(start // weight, top_k - 1 - least_tail) if start else 0
-    tails = min(tail, top_k - 1 - heads)
-    head_weights = _split(start, heads)
-    tail_weights = _split(tail, tails)
-    support = [*others[:heads], want, *others[heads : heads + tails]]
-    return SparseDist(np.array(support), np.array([*head_weights, weight, *tail_weights]), prob_bits)
-
-
-def neutral_q(want: int, r: int, prob_bits: int, top_k: int, others: list[int]) -> SparseDist | None:
-    """A uniform q̃ over ``top_k`` tokens with ``want`` where ``r`` falls (a forgery no test on q̃ alone
-    can see: the draw is exactly as likely as an honest one); None when ``top_k`` does not divide 2^b."""
-    total = 1 << prob_bits
-    if total % top_k:
-        return None
-    support = list(others[: top_k - 1])
-    support.insert(r // (total // top_k), want)
-    return SparseDist(np.array(support), np.full(top_k, total // top_k), prob_bits)
-
-
-def _split(total: int, parts: int) -> list[int]:
-    """``total`` in ``parts`` near-equal positive integers, largest first."""
-    if not parts:
-        return []
-    base, extra = divmod(total, parts)
-    return [base + 1] * extra + [base] * (parts - extra)
-
-
-class ForgingDrafter(ModelFreeDrafter):
-    """A hostile rejection-mode edge behind the ``Drafter`` lifecycle: at every position it drafts
-    ``want(position)`` with a q̃ shaped around the session's DRAFT noise (it knows the seed).
-
-    ``strategy``: ``"shaped"`` gives the token the smallest weight the wire allows at each position
-    (``shaped_q``); ``"tail"`` gives it weight <= 2^-8 where the wire allows that and a uniform q̃
-    (``neutral_q``) elsewhere. ``weights[position]``: the weight (a fraction) it last drafted there.
-    """
-
-    def __init__(self, vocab_size: int, want, strategy: str = "shaped", seed: int = 0) -> None:
-        if strategy not in ("shaped", "tail"):
-            raise ValueError(f"unknown forging strategy {strategy!r}")
-        super().__init__(vocab_size)
-        self.want, self.strategy = want, strategy
-        self.rng = random.Random(seed)
-        self.weights: dict[int, float] = {}
-
-    def propose_block(self, n: int) -> DraftBlock:
-        params = self._params
-        start = len(self._spec.tokens)
-        tokens, q = [], []
-        for position in range(start, start + n):
-            want = int(self.want(position))
-            others = self.rng.sample([t for t in range(self.vocab_size) if t != want], params.draft_top_k)
-            r = int(draft_noise(params.seed, position, params.prob_bits))
-            dist = shaped_q(want, r, params.prob_bits, params.draft_top_k, others)
-            if self.strategy == "tail" and dist.prob(want) > 2.0**-8:
-                dist = neutral_q(want, r, params.prob_bits, params.draft_top_k, others) or dist
-            tokens.append(want)
-            q.append(dist)
-            self.weights[position] = dist.prob(want)
-        return DraftBlock(tokens, q)
-
-    def low_weight_positions(self, start: int, stop: int) -> int:
-        """Positions in [start, stop) where it drafted its token at weight <= 2^-8."""
-        return sum(1 for position, w in self.weights.items() if start <= position < stop and w <= 2.0**-8)
-
-
-class HostileFrames:
-    """Random hostile frames for a verifier with vocabulary ``vocab_size`` / ``fingerprint``.
-
-    ``prompt`` is a valid prompt (Opens start from it); ``max_draft_len`` the
-    server's block limit. Everything comes from ``rng``: the same seed gives
-    the same frames.
-    """
-
-    def __init__(self, vocab_size: int, fingerprint: bytes, prompt: list[int], max_draft_len: int,
-                 rng: random.Random) -> None:
-        self.V, self.fingerprint, self.prompt = vocab_size, fingerprint, list(prompt)
-        self.max_draft_len, self.rng = max_draft_len, rng
-
-    @property
-    def P(self) -> int:
-        return len(self.prompt)
-
-    def valid_open(self, prompt: list[int] | None = None, **fields) -> pb.EdgeFrame:
-        """A valid greedy Open for ``prompt`` (default: ours); ``fields`` override any Open field."""
-        from shared.params import Mode, SamplingParams
-
-        encoded = codec.encode_tokens(self.prompt if prompt is None else prompt, self.V)
-        message = dict(vocab_size=self.V, vocab_fingerprint=self.fingerprint,
-                       sampling=sampling_to_proto(SamplingParams(mode=Mode.GREEDY)),
-                       prompt=encoded.data, prompt_compressed=encoded.compressed, max_new_tokens=40)
-        message.update(fields)
-        return pb.EdgeFrame(open=pb.Open(**message))
-
-    def random_open(self) -> pb.EdgeFrame:
-        """A valid Open with none, one or a few fields set to random or edge-case values."""
-        rng = self.rng
-        frame = self.valid_open(self.prompt[: rng.randrange(1, self.P + 1)], max_new_tokens=rng.choice([1, 3, 40]))
-        s = frame.open.sampling
-        s.CopyFrom(pb.Sampling(mode=rng.choice([pb.MODE_GREEDY, pb.MODE_COUPLED, pb.MODE_REJECTION]),
-                               temperature=rng.choice([0.0, 0.7, 1.0]), seed=rng.randrange(2**64)))
-        mutations = [
-            lambda o: setattr(s, "mode", rng.choice([0, 4, rng.randrange(2**31)])),
-            lambda o: setattr(s, "temperature", rng.choice(_WEIRD_FLOATS)),
-            lambda o: setattr(s, "top_k", rng.choice([1, 5, self.V, 2**32 - 1])),
-            lambda o: setattr(s, "top_p", rng.choice([1e-9, 0.5, 1.5, float("nan"), -1.0])),
-            lambda o: setattr(s, "draft_top_k", rng.choice(_WEIRD_UINT32)),
-            lambda o: setattr(s, "prob_bits", rng.choice([1, 16, 17, 31, 2**32 - 1])),
-            lambda o: setattr(o, "vocab_fingerprint", rng.randbytes(rng.choice([0, 16, 40]))),
-            lambda o: setattr(o, "vocab_size", rng.choice(_WEIRD_UINT32)),
-            lambda o: setattr(o, "prompt", rng.randbytes(rng.randrange(0, 48))),
-            lambda o: setattr(o, "prompt_compressed", True),
-            lambda o: setattr(o, "max_new_tokens", rng.choice([0, 4096, 4097, 2**32 - 1])),
-            lambda o: setattr(o, "max_draft_len", rng.choice(_WEIRD_UINT32)),
-            lambda o: setattr(o, "resume_ticket", rng.randbytes(rng.choice([1, 16]))),
-            lambda o: setattr(o, "committed_length", rng.choice([0, 2**64 - 1])),
-            lambda o: setattr(o, "extend", True),
-        ]
-        for mutate in rng.sample(mutations, rng.choice([0, 0, 1, 1, 2, 3])):
-            mutate(frame.open)
-        return frame
-
-    def random_draft(self) -> pb.EdgeFrame:
-        """A draft with random ids (in or out of the vocabulary), payload bytes, position and epoch."""
-        rng = self.rng
-        pick = rng.random()
-        if pick < 0.4:
-            n = rng.choice([0, 1, 3, self.max_draft_len, self.max_draft_len + 1])
-            encoded = codec.encode_tokens([rng.randrange(self.V) for _ in range(n)], self.V)
-            payload, compressed = encoded.data, encoded.compressed
-        elif pick < 0.5:  # ids past the vocabulary: pack them at a wider width than token_bits(V)
-            wide = codec.encode_tokens([rng.randrange(self.V, 2 * self.V) for _ in range(3)], 2 * self.V)
-            payload, compressed = wide.data, wide.compressed
-        elif pick < 0.6:
-            payload, compressed = self.zstd_bomb(), True
-        elif pick < 0.65:
-            payload, compressed = bytes(codec.MAX_PAYLOAD_BYTES + rng.randrange(1, 64)), False
-        else:
-            payload, compressed = rng.randbytes(rng.randrange(0, 64)), rng.random() < 0.5
-        return pb.EdgeFrame(draft=pb.Draft(
-            epoch=rng.choice([0, 0, 0, 1, 2, 2**64 - 1]),
-            start_position=rng.choice([self.P] * 3 + [0, self.P + 1, self.P + 40, 2**64 - 1]),
-            payload=payload,
-            compressed=compressed,
-            more_follows=rng.random() < 0.2,
-        ))
-
-    def zstd_bomb(self) -> bytes:
-        """A small zstd frame that expands far past the codec's limit."""
-        return codec._compressor().compress(bytes(self.rng.choice([1 << 20, 16 << 20])))
-
-    def random_frame(self) -> pb.EdgeFrame:
-        """Any frame: random bytes where they parse, an Open, a draft, an empty frame or a Close."""
-        rng = self.rng
-        if rng.random() < 0.2:
-            try:
-                return pb.EdgeFrame.FromString(rng.randbytes(rng.randrange(1, 40)))
-            except DecodeError:
-                pass
-        pick = rng.random()
-        if pick < 0.15:
-            return self.random_open()
-        if pick < 0.85:
-            return self.random_draft()
-        return pb.EdgeFrame() if pick < 0.9 else CLOSE
-
-    def mutated(self, frame: pb.EdgeFrame) -> bytes:
-        """``frame`` serialized, then bits flipped, truncated or extended."""
-        rng = self.rng
-        data = bytearray(frame.SerializeToString())
-        pick = rng.random()
-        if pick < 0.5 and data:
-            for _ in range(rng.randrange(1, 4)):
-                data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
-        elif pick < 0.75 and data:
-            del data[rng.randrange(len(data)):]
-        else:
-            data += rng.randbytes(rng.randrange(1, 16))
-        return bytes(data)
-
-    def rejection_open(self, seed: int, *, draft_top_k: int = 16, prob_bits: int = 8) -> pb.EdgeFrame:
-        """A valid rejection-mode Open (temperature 1) with ``seed``: the noise a forger knows."""
-        from shared.params import Mode, SamplingParams
-
-        params = SamplingParams(mode=Mode.REJECTION, temperature=1.0, seed=seed, draft_top_k=draft_top_k,
-                                prob_bits=prob_bits)
-        return self.valid_open(sampling=sampling_to_proto(params))
-
-    def forged_draft(self, start: int, seed: int, n: int, *, garbage: bool = False, draft_top_k: int = 16,
-                     prob_bits: int = 8) -> pb.EdgeFrame:
-        """A well-formed rejection-mode block of ``n`` drafts from ``start`` whose tokens were not sampled
-        from their q̃: honest-looking q̃ (a quantized random distribution) with another token of the
-        support than the one the DRAFT noise draws (``garbage``: random tokens of the support, at
-        least one of them not the draw)."""
-        rng = self.rng
-        q = []
-        for _ in range(n):
-            ids = np.array(rng.sample(range(self.V), min(self.V, draft_top_k)))
-            q.append(quantize(np.random.default_rng(rng.randrange(2**32)).dirichlet(np.ones(ids.size)), draft_top_k,
-                              prob_bits, ids=ids))
-        drawn = [int(dist.support[i]) for dist, i in zip(q, sampled_indices(q, seed, start))]
-        forged = set(range(n)) if not garbage else {rng.randrange(n)}
-        tokens = []
-        for i, (dist, token) in enumerate(zip(q, drawn)):
-            choices = [int(t) for t in dist.support if int(t) != token] or [token]
-            tokens.append(rng.choice(choices) if i in forged else int(rng.choice(dist.support.tolist())))
-        encoded = codec.encode_draft(tokens, self.V, q, draft_top_k=draft_top_k)
-        return pb.EdgeFrame(draft=pb.Draft(epoch=0, start_position=start, payload=encoded.data,
-                                           compressed=encoded.compressed))
-
-    def forged_stream(self) -> tuple[list[bytes], int]:
-        """A rejection-mode Open, then one to three forged blocks chained from the first position (naive
-        forgeries, or garbage at the largest D): (messages, blocks)."""
-        rng = self.rng
-        seed = rng.randrange(2**63)
-        messages = [self.rejection_open(seed).SerializeToString()]
-        start, blocks = self.P, rng.randrange(1, 4)
-        for _ in range(blocks):
-            garbage = rng.random() < 0.5
-            n = self.max_draft_len if garbage else rng.randrange(1, self.max_draft_len + 1)
-            frame = self.forged_draft(start, seed, n, garbage=garbage)
-            frame.draft.more_follows = True
-            messages.append(frame.SerializeToString())
-            start += n
-        return messages, blocks
-
-    def stream(self) -> tuple[list[bytes], str]:
-        """One hostile stream: its messages (serialized) and how it ends: ``close`` (Close, then
-        half-close), ``half-close``, ``abandon`` (cancelled after its frames) or ``silent``
-        (a valid Open, then nothing until the server gives up on it)."""
-        rng = self.rng
-        ending = rng.choices(["close", "half-close", "abandon", "silent"], weights=[60, 20, 15, 5])[0]
-        if ending == "silent":
-            return [self.valid_open().SerializeToString()], ending
-        messages = [self.random_open().SerializeToString()] if rng.random() < 0.7 else []
-        for _ in range(rng.randrange(1, 6)):
-            pick = rng.random()
-            if pick < 0.1:
-                messages.append(rng.randbytes(rng.randrange(1, 64)))  # not protobuf at all
-            elif pick < 0.25:
-                messages.append(self.mutated(rng.choice([self.valid_open(), self.random_draft()])))
-            elif pick < 0.27:
-                messages.append(bytes(MAX_MESSAGE_BYTES + 1))  # over gRPC's message limit
-            else:
-                messages.append(self.random_frame().SerializeToString())
-        if ending == "close":
-            messages.append(CLOSE.SerializeToString())
-        return messages, ending
 
 
 @dataclass
@@ -428,23 +147,21 @@ class ShapedOutcome(NamedTuple):
     message: str
 
 
-def run_shaped_forgery(address: str, vocab_size: int, fingerprint: bytes, prompt: list[int], *, seed: int,
-                       strategy: str = "shaped", draft_top_k: int = 16, max_new_tokens: int = 400,
-                       draft_len: int = 4) -> ShapedOutcome:
+def run_shaped_forgery(endpoint: VerifierEndpoint, prompt: list[int], *, seed: int, strategy: str = "shaped",
+                       draft_top_k: int = 16, max_new_tokens: int = 400, draft_len: int = 4) -> ShapedOutcome:
     """A rejection-mode session driven by a ``ForgingDrafter`` (``strategy``) through the real edge
-    loop, until the service ends it or it finishes."""
+    loop to ``endpoint``, until the service ends it or it finishes."""
     from edge.decode_loop import run_decode
-    from edge.endpoint import VerifierEndpoint
     from edge.grpc_verifier import GrpcVerifier
     from edge.verifier_protocol import VerifierError
     from shared.params import Mode, SamplingParams
 
     params = SamplingParams(mode=Mode.REJECTION, temperature=1.0, seed=seed, draft_top_k=draft_top_k, prob_bits=8)
     # The token it wants at each position: an id away from the special ones (an EOS would end it first).
+    vocab_size = endpoint.vocab_size
     drafter = ForgingDrafter(vocab_size, lambda position: 3 + (position * 7919 + seed) % (vocab_size - 3),
                              strategy, seed)
-    verifier = GrpcVerifier(VerifierEndpoint(address, vocab_size, fingerprint), verdict_timeout_s=30,
-                            outage_budget_s=0)
+    verifier = GrpcVerifier(endpoint, verdict_timeout_s=30, outage_budget_s=0)
     try:
         result = run_decode(drafter, verifier, prompt, params, max_new_tokens=max_new_tokens, draft_len=draft_len)
     except VerifierError as error:
@@ -457,29 +174,25 @@ def run_shaped_forgery(address: str, vocab_size: int, fingerprint: bytes, prompt
     return ShapedOutcome(stop - len(prompt), drafter.low_weight_positions(len(prompt), stop), False, "")
 
 
-def run_soak(
-    address: str,
-    factory: HostileFrames,
-    *,
-    frames: int,
-    honest: Callable[[], bool],
-    server_pid: int | None = None,
-    sessions_left: Callable[[], int] | None = None,
-    attackers: int = 8,
-    workers: int = 8,
-    deadline_s: float = 30.0,
-    progress: Callable[[str], None] = lambda line: None,
-    forged: int = 0,
-    shaped: int = 0,
-    generate_calls: int = 0,
-) -> SoakReport:
-    """Send at least ``frames`` hostile messages on concurrent streams from ``attackers`` identities
-    (bearer tokens), while ``honest()`` runs generations (True: output as expected; it raises
-    ``TableFull``-like ``RuntimeError``s it could not get past) on a thread.
+@dataclass(frozen=True)
+class FuzzPlan:
+    """What ``run_soak`` sends."""
 
-    Then, the honest edge still decoding, ``forged`` streams of forged rejection-mode blocks
-    (``send_forged_stream``) and ``shaped`` shaped-forgery sessions (``run_shaped_forgery``, the
-    strategies in turn), and ``generate_calls`` hostile Generate requests (``fuzz_generate``).
+    frames: int  # hostile messages, at least, on concurrent streams
+    attackers: int = 8  # identities (bearer tokens) they come from
+    workers: int = 8  # streams going at once
+    deadline_s: float = 30.0  # per stream
+    forged: int = 0  # then: streams of forged rejection-mode blocks (``send_forged_stream``)
+    shaped: int = 0  # ... shaped-forgery sessions (``run_shaped_forgery``, the strategies in turn)
+    generate_calls: int = 0  # ... and hostile Generate requests (``fuzz_generate``)
+
+
+def run_soak(address: str, factory: HostileFrames, plan: FuzzPlan, *, honest: Callable[[], bool],
+             server_pid: int | None = None, sessions_left: Callable[[], int] | None = None,
+             progress: Callable[[str], None] = lambda line: None) -> SoakReport:
+    """Send what ``plan`` says while ``honest()`` runs generations (True: output as expected; it raises
+    ``TableFull``-like ``RuntimeError``s it could not get past) on a thread: first the hostile streams,
+    then, the honest edge still decoding, the forgeries and the hostile Generate requests.
 
     ``server_pid``: the service's process, for RSS and liveness. ``sessions_left``: called after
     everything ended, the sessions the service still holds (after its TTL: leaks).
@@ -488,6 +201,37 @@ def run_soak(
     if server_pid:
         report.rss_before_mb = report.rss_peak_mb = process_rss_mb(server_pid)
     stop = threading.Event()
+    threads = _watchers(report, honest, server_pid, stop)
+    started = time.monotonic()
+    endings: Counter = Counter()
+    with grpc.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+        _flood(channel, factory, plan, report, endings, progress)
+        if plan.forged or plan.shaped:
+            progress(f"{plan.forged} forged streams, {plan.shaped} shaped forgeries")
+            _forge(channel, address, factory, report, plan.forged, plan.shaped, plan.deadline_s)
+        if plan.generate_calls:
+            progress(f"{plan.generate_calls} hostile Generate requests")
+            fuzz_generate(channel, factory, report, requests=plan.generate_calls, workers=plan.workers,
+                          deadline_s=plan.deadline_s)
+    stop.set()
+    for thread in threads:
+        thread.join(120)
+    report.elapsed_s = time.monotonic() - started
+    report.endings = dict(endings)
+    if server_pid:
+        try:
+            report.rss_after_mb = process_rss_mb(server_pid)
+        except FileNotFoundError:
+            report.server_alive = False
+    if sessions_left is not None and report.server_alive:
+        report.sessions_left = sessions_left()
+    return report
+
+
+def _watchers(report: SoakReport, honest: Callable[[], bool], server_pid: int | None,
+              stop: threading.Event) -> list[threading.Thread]:
+    """Started: the honest edge's loop (at least one session, then until ``stop``; a refusal is timed as
+    a lockout and tried again) and, with ``server_pid``, the service's peak RSS."""
     lockout = {"since": None}
 
     def honest_loop() -> None:
@@ -515,23 +259,27 @@ def run_soak(
         threads.append(threading.Thread(target=watch_memory, name="soak-rss", daemon=True))
     for thread in threads:
         thread.start()
-    started = time.monotonic()
-    endings: Counter = Counter()
+    return threads
+
+
+def _flood(channel: grpc.Channel, factory: HostileFrames, plan: FuzzPlan, report: SoakReport, endings: Counter,
+           progress: Callable[[str], None]) -> None:
+    """At least ``plan.frames`` hostile messages, ``plan.workers`` streams at a time; each ending counted."""
 
     def collect(done) -> None:
         for future in done:
             _count_ending(report, endings, *future.result())
 
-    with grpc.insecure_channel(address, options=CHANNEL_OPTIONS) as channel, ThreadPoolExecutor(workers) as pool:
+    with ThreadPoolExecutor(plan.workers) as pool:
         pending: set = set()
         next_progress = 1000
-        while report.frames < frames:
+        while report.frames < plan.frames:
             messages, ending = factory.stream()
             report.frames += len(messages)
             report.streams += 1
-            owner = f"attacker-{factory.rng.randrange(attackers)}"
-            pending.add(pool.submit(send_raw_stream, channel, messages, ending, owner, deadline_s))
-            if len(pending) >= workers:  # keep ``workers`` streams going; silent ones hold only their own
+            owner = f"attacker-{factory.rng.randrange(plan.attackers)}"
+            pending.add(pool.submit(send_raw_stream, channel, messages, ending, owner, plan.deadline_s))
+            if len(pending) >= plan.workers:  # keep ``workers`` streams going; silent ones hold only their own
                 done, pending = wait(pending, return_when=FIRST_COMPLETED)
                 collect(done)
             if report.frames >= next_progress:
@@ -539,25 +287,6 @@ def run_soak(
                 progress(f"{report.frames} frames on {report.streams} streams; honest sessions "
                          f"{report.honest_sessions}")
         collect(wait(pending).done)
-        if forged or shaped:
-            progress(f"{forged} forged streams, {shaped} shaped forgeries")
-            _forge(channel, address, factory, report, forged, shaped, deadline_s)
-        if generate_calls:
-            progress(f"{generate_calls} hostile Generate requests")
-            fuzz_generate(channel, factory, report, requests=generate_calls, workers=workers, deadline_s=deadline_s)
-    stop.set()
-    for thread in threads:
-        thread.join(120)
-    report.elapsed_s = time.monotonic() - started
-    report.endings = dict(endings)
-    if server_pid:
-        try:
-            report.rss_after_mb = process_rss_mb(server_pid)
-        except FileNotFoundError:
-            report.server_alive = False
-    if sessions_left is not None and report.server_alive:
-        report.sessions_left = sessions_left()
-    return report
 
 
 def _forge(channel: grpc.Channel, address: str, factory: HostileFrames, report: SoakReport, forged: int,
@@ -575,7 +304,7 @@ def _forge(channel: grpc.Channel, address: str, factory: HostileFrames, report: 
     worst: dict[str, int] = {}
     for i in range(shaped):
         strategy = ("shaped", "tail")[i % 2]
-        outcome = run_shaped_forgery(address, factory.V, factory.fingerprint, factory.prompt,
+        outcome = run_shaped_forgery(VerifierEndpoint(address, factory.V, factory.fingerprint), factory.prompt,
                                      seed=factory.rng.randrange(2**63), strategy=strategy)
         report.shaped_sessions += 1
         report.shaped_ended += outcome.ended
@@ -633,9 +362,10 @@ def soak_tiny_service(frames: int, *, seed: int = 0, workers: int = 8, session_t
                     honest()  # opening a session reaps the expired ones; its end updates the gauge
                     return int(cloud.metric("splitspec_sessions_active"))
 
-                return run_soak(address, factory, frames=frames, honest=honest, server_pid=cloud.proc.pid,
-                                sessions_left=sessions_left, workers=workers, progress=progress, forged=forged,
-                                shaped=shaped, generate_calls=frames // 10 if generate_calls is None else generate_calls)
+                plan = FuzzPlan(frames, workers=workers, forged=forged, shaped=shaped,
+                                generate_calls=frames // 10 if generate_calls is None else generate_calls)
+                return run_soak(address, factory, plan, honest=honest, server_pid=cloud.proc.pid,
+                                sessions_left=sessions_left, progress=progress)
         finally:
             drafter.close()
 

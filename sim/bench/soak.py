@@ -10,7 +10,7 @@ target-only, verdict latency p50/p99 per minute, the verifier's RSS over time
 (and its growth after warm-up), and the sessions still in the table once the
 TTL has passed (leaked slots). ``plot`` writes RSS and latency over time.
 
-Contract. ``run_soak_bench(...)`` returns the report dict; no argparse, no printing but ``progress``.
+Contract. ``run_soak_bench(SoakBench(...))`` returns the report dict; no argparse, no printing but ``progress``.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,7 @@ from sim.bench.capacity import (
     session_params,
 )
 
-__all__ = ["run_soak_bench", "plot_soak"]
+__all__ = ["SoakBench", "run_soak_bench", "plot_soak"]
 
 _ABANDON_EVERY = 10  # one session in this many is dropped mid-stream
 _CLOUD_ONLY_EVERY = 4  # one session in this many is cloud-only
@@ -47,142 +48,180 @@ class _Vanish(Exception):
     """Raised from a session's token callback to drop it mid-stream."""
 
 
-def run_soak_bench(
-    *,
-    minutes: float,
-    sessions: int = 32,
-    temperature: float = 0.8,
-    max_new_tokens: int = 32,
-    draft_len: int = 8,
-    target: str | None = None,
-    drafter: str | None = None,
-    tiny: bool = False,
-    seed: int = 0,
-    session_ttl_s: float = 10.0,
-    cloud_cores: set[int] | None = None,
-    cloud_args: Sequence[str] = (),
-    progress: Callable[[str], None] = lambda line: None,
-) -> dict[str, Any]:
-    """The soak report (module docstring); ``session_ttl_s``: the verifier's TTL for parked sessions
-    (abandoned ones must be gone this long after the end); ``cloud_cores`` and ``cloud_args`` as in
-    ``run_capacity_bench``."""
-    if minutes <= 0 or sessions < 1:
+@dataclass(frozen=True)
+class SoakBench:
+    """What ``run_soak_bench`` runs (``splitspec bench capacity --soak``'s flags)."""
+
+    minutes: float
+    sessions: int = 32  # workers, each opening, decoding and closing sessions in turn
+    temperature: float = 0.8  # 0: greedy
+    max_new_tokens: int = 32
+    draft_len: int = 8
+    target: str | None = None
+    drafter: str | None = None
+    tiny: bool = False
+    seed: int = 0
+    session_ttl_s: float = 10.0  # the verifier's TTL for parked sessions: abandoned ones must be gone after it
+    cloud_cores: frozenset[int] | None = None  # as ``CapacityBench``'s
+    cloud_args: Sequence[str] = ()
+
+    @property
+    def mode(self) -> str:
+        return "greedy" if self.temperature == 0 else "coupled"
+
+
+@dataclass
+class _Tally:
+    """What the workers and the watcher saw."""
+
+    counts: dict[str, int] = field(default_factory=lambda: {"completed": 0, "abandoned": 0, "cloud_only": 0,
+                                                             "different": 0})
+    errors: list[str] = field(default_factory=list)
+    latencies: list[tuple[float, float]] = field(default_factory=list)  # (seconds since start, verdict latency)
+    rss: list[tuple[float, float]] = field(default_factory=list)  # (seconds since start, the verifier's MiB)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def run_soak_bench(bench: SoakBench, progress: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
+    """The soak report (module docstring); ValueError on bad arguments."""
+    if bench.minutes <= 0 or bench.sessions < 1:
         raise ValueError("--soak needs minutes > 0 and --sessions >= 1")
-    from edge.decode_loop import run_decode
     from edge.drafter_choice import open_llama_drafter
-    from edge.endpoint import VerifierEndpoint
-    from edge.grpc_verifier import GrpcVerifier
-    from sim.experiment.processes import CloudProcess, process_rss_mb
+    from sim.experiment.processes import CloudProcess
 
     with tempfile.TemporaryDirectory(prefix="splitspec-soak-") as tmp:
-        target, drafter = bench_models(target, drafter, tiny, tmp)
+        target, drafter = bench_models(bench.target, bench.drafter, bench.tiny, tmp)
         real = open_llama_drafter(drafter, n_threads=1)
-        vocab = (real.vocab.size, real.vocab.fingerprint)
-        work = [BenchSession(real.vocab.tokenize(PROMPTS[i % len(PROMPTS)]), seed=i) for i in range(len(PROMPTS))]
-        extra = ["--session-ttl", str(session_ttl_s), "--max-sessions", str(2 * sessions + 8),
-                 "--max-sessions-per-client", str(2 * sessions + 8), "--max-draft-len", str(draft_len), *cloud_args]
-        cores = (cloud_cores or None) if cloud_cores is not None else first_core()
+        sessions = 2 * bench.sessions + 8
+        extra = ["--session-ttl", str(bench.session_ttl_s), "--max-sessions", str(sessions),
+                 "--max-sessions-per-client", str(sessions), "--max-draft-len", str(bench.draft_len), *bench.cloud_args]
+        cores = (set(bench.cloud_cores) or None) if bench.cloud_cores is not None else first_core()
         with edges_off(cores), CloudProcess(target, cores, extra_args=extra) as cloud:
-            address = f"127.0.0.1:{cloud.port}"
             progress("reference outputs and recorded drafts")
-            reference = [cloud_only_session(address, s, vocab, max_new_tokens, temperature)[0] for s in work]
-            blocks, alpha = record_drafts(real, address, work, vocab, max_new_tokens, draft_len, temperature)
-            real.close()
-            started = time.monotonic()
-            deadline = started + 60 * minutes
-            lock = threading.Lock()
-            counts = {"completed": 0, "abandoned": 0, "cloud_only": 0, "different": 0}
-            errors: list[str] = []
-            latencies: list[tuple[float, float]] = []  # (seconds since start, verdict latency)
-            rss: list[tuple[float, float]] = []
-
-            def worker(index: int) -> None:
-                rng = random.Random(seed * 1000 + index)
-                while time.monotonic() < deadline:
-                    number = rng.randrange(len(work))
-                    session = work[number]
-                    try:
-                        if rng.randrange(_CLOUD_ONLY_EVERY) == 0:
-                            tokens = cloud_only_session(address, session, vocab, max_new_tokens, temperature)[0]
-                            with lock:
-                                counts["cloud_only"] += 1
-                                counts["different"] += tokens != reference[number]
-                            continue
-                        link = GrpcVerifier(VerifierEndpoint(address, *vocab), outage_budget_s=0)
-                        vanish_at = (rng.randrange(1, max_new_tokens)
-                                     if max_new_tokens > 1 and rng.randrange(_ABANDON_EVERY) == 0 else None)
-                        made: list[int] = []
-
-                        def on_tokens(new, link=link, made=made, vanish_at=vanish_at):
-                            made.extend(new)
-                            if vanish_at is not None and len(made) >= vanish_at:
-                                link.abandon()
-                                raise _Vanish
-
-                        begun = time.monotonic() - started
-                        try:
-                            result = run_decode(ReplayDrafter(blocks, vocab[0]), link, session.prompt,
-                                                session_params(session.seed, temperature),
-                                                max_new_tokens=max_new_tokens, draft_len=draft_len, on_tokens=on_tokens)
-                        except _Vanish:
-                            with lock:
-                                counts["abandoned"] += 1
-                            continue
-                        round_s = [rtt + block.cloud_s for rtt, block in zip(link.rtt_samples_s, link.block_log)]
-                        stamps = [begun + sum(round_s[: i + 1]) for i in range(len(round_s))]  # about when each came
-                        with lock:
-                            counts["completed"] += 1
-                            counts["different"] += result.tokens != reference[number]
-                            latencies.extend(zip(stamps, round_s))
-                    except Exception as exc:  # noqa: BLE001 - every failure is counted, the worker goes on
-                        with lock:
-                            errors.append(f"{type(exc).__name__}: {exc}")
-
-            def watch() -> None:
-                while time.monotonic() < deadline + 1:
-                    rss.append((time.monotonic() - started, process_rss_mb(cloud.proc.pid)))
-                    time.sleep(2.0)
-
-            threads = [threading.Thread(target=worker, args=(i,)) for i in range(sessions)]
-            threads.append(threading.Thread(target=watch))
-            for t in threads:
-                t.start()
-            next_line = started + 30
-            while any(t.is_alive() for t in threads):
-                threads[-1].join(timeout=5)
-                if time.monotonic() >= next_line:
-                    next_line += 30
-                    progress(f"{(time.monotonic() - started) / 60:.1f} min: {counts}, {len(errors)} errors, "
-                             f"RSS {rss[-1][1]:.0f} MiB" if rss else "")
-                if not threads[-1].is_alive():
-                    for t in threads:
-                        t.join()
-            progress(f"waiting {session_ttl_s + 5:.0f} s for abandoned sessions to expire")
-            time.sleep(session_ttl_s + 5)
+            run = _SoakRun(bench, real, f"127.0.0.1:{cloud.port}")
+            run.go(cloud.proc.pid, progress)
+            progress(f"waiting {bench.session_ttl_s + 5:.0f} s for abandoned sessions to expire")
+            time.sleep(bench.session_ttl_s + 5)
             leaked = int(cloud.metric("splitspec_sessions_active"))
-    return _report(minutes, sessions, "greedy" if temperature == 0 else "coupled", alpha, counts, errors, latencies, rss, leaked)
+    return _report(bench, run.alpha, run.tally, leaked)
 
 
-def _report(minutes, sessions, mode, alpha, counts, errors, latencies, rss, leaked) -> dict[str, Any]:
+class _SoakRun:
+    """The soak's sessions, their reference outputs and recorded drafts, and its workers."""
+
+    def __init__(self, bench: SoakBench, real, address: str) -> None:
+        self.bench, self.address = bench, address
+        self.vocab = (real.vocab.size, real.vocab.fingerprint)
+        self.work = [BenchSession(real.vocab.tokenize(PROMPTS[i % len(PROMPTS)]), seed=i) for i in range(len(PROMPTS))]
+        self.reference = [cloud_only_session(address, s, self.vocab, bench.max_new_tokens, bench.temperature)[0]
+                          for s in self.work]
+        self.blocks, self.alpha = record_drafts(real, address, self.work, self.vocab, bench.max_new_tokens,
+                                                bench.draft_len, bench.temperature)
+        real.close()
+        self.tally = _Tally()
+        self.started = self.deadline = 0.0
+
+    def go(self, cloud_pid: int, progress: Callable[[str], None]) -> None:
+        """Every worker and the RSS watcher until the deadline, a progress line every 30 s."""
+        tally = self.tally
+        self.started = time.monotonic()
+        self.deadline = self.started + 60 * self.bench.minutes
+        threads = [threading.Thread(target=self.worker, args=(i,)) for i in range(self.bench.sessions)]
+        threads.append(threading.Thread(target=self.watch, args=(cloud_pid,)))
+        for t in threads:
+            t.start()
+        next_line = self.started + 30
+        while any(t.is_alive() for t in threads):
+            threads[-1].join(timeout=5)
+            if time.monotonic() >= next_line:
+                next_line += 30
+                progress(f"{(time.monotonic() - self.started) / 60:.1f} min: {tally.counts}, {len(tally.errors)} "
+                         f"errors, RSS {tally.rss[-1][1]:.0f} MiB" if tally.rss else "")
+            if not threads[-1].is_alive():
+                for t in threads:
+                    t.join()
+
+    def watch(self, cloud_pid: int) -> None:
+        from sim.experiment.processes import process_rss_mb
+
+        while time.monotonic() < self.deadline + 1:
+            self.tally.rss.append((time.monotonic() - self.started, process_rss_mb(cloud_pid)))
+            time.sleep(2.0)
+
+    def worker(self, index: int) -> None:
+        """Sessions until the deadline: one in ``_CLOUD_ONLY_EVERY`` cloud-only, one in ``_ABANDON_EVERY``
+        abandoned mid-stream; every failure is counted and the worker goes on."""
+        rng, tally = random.Random(self.bench.seed * 1000 + index), self.tally
+        while time.monotonic() < self.deadline:
+            number = rng.randrange(len(self.work))
+            try:
+                if rng.randrange(_CLOUD_ONLY_EVERY) == 0:
+                    tokens = cloud_only_session(self.address, self.work[number], self.vocab, self.bench.max_new_tokens,
+                                                self.bench.temperature)[0]
+                    with tally.lock:
+                        tally.counts["cloud_only"] += 1
+                        tally.counts["different"] += tokens != self.reference[number]
+                    continue
+                self._split(number, rng)
+            except Exception as exc:  # noqa: BLE001 - every failure is counted, the worker goes on
+                with tally.lock:
+                    tally.errors.append(f"{type(exc).__name__}: {exc}")
+
+    def _split(self, number: int, rng: random.Random) -> None:
+        """One split session of work item ``number``, perhaps abandoned mid-stream (an edge that vanished)."""
+        from edge.decode_loop import run_decode
+        from edge.endpoint import VerifierEndpoint
+        from edge.grpc_verifier import GrpcVerifier
+
+        bench, tally, session = self.bench, self.tally, self.work[number]
+        link = GrpcVerifier(VerifierEndpoint(self.address, *self.vocab), outage_budget_s=0)
+        vanish_at = (rng.randrange(1, bench.max_new_tokens)
+                     if bench.max_new_tokens > 1 and rng.randrange(_ABANDON_EVERY) == 0 else None)
+        made: list[int] = []
+
+        def on_tokens(new):
+            made.extend(new)
+            if vanish_at is not None and len(made) >= vanish_at:
+                link.abandon()
+                raise _Vanish
+
+        begun = time.monotonic() - self.started
+        try:
+            result = run_decode(ReplayDrafter(self.blocks, self.vocab[0]), link, session.prompt,
+                                session_params(session.seed, bench.temperature), max_new_tokens=bench.max_new_tokens,
+                                draft_len=bench.draft_len, on_tokens=on_tokens)
+        except _Vanish:
+            with tally.lock:
+                tally.counts["abandoned"] += 1
+            return
+        round_s = [rtt + block.cloud_s for rtt, block in zip(link.rtt_samples_s, link.block_log)]
+        stamps = [begun + sum(round_s[: i + 1]) for i in range(len(round_s))]  # about when each came
+        with tally.lock:
+            tally.counts["completed"] += 1
+            tally.counts["different"] += result.tokens != self.reference[number]
+            tally.latencies.extend(zip(stamps, round_s))
+
+
+def _report(bench: SoakBench, alpha: float, tally: _Tally, leaked: int) -> dict[str, Any]:
     per_minute = []
-    for minute in range(int(minutes + 0.999)):
-        window = [s for t, s in latencies if minute * 60 <= t < (minute + 1) * 60]
+    for minute in range(int(bench.minutes + 0.999)):
+        window = [s for t, s in tally.latencies if minute * 60 <= t < (minute + 1) * 60]
         if window:
             per_minute.append({"minute": minute + 1, "rounds": len(window),
                                "verdict_latency_p50_s": statistics.median(window),
                                "verdict_latency_p99_s": percentile(window, 0.99)})
-    warm = [m for t, m in rss if t >= min(60.0, 0.2 * 60 * minutes)]
+    warm = [m for t, m in tally.rss if t >= min(60.0, 0.2 * 60 * bench.minutes)]
     growth = (warm[-1] - warm[0]) / warm[0] if len(warm) > 1 and warm[0] else 0.0
     return {
-        "minutes": minutes,
-        "sessions": sessions,
-        "mode": mode,
+        "minutes": bench.minutes,
+        "sessions": bench.sessions,
+        "mode": bench.mode,
         "acceptance": alpha,
-        **counts,
-        "errors": len(errors),
-        "error_samples": errors[:5],
+        **tally.counts,
+        "errors": len(tally.errors),
+        "error_samples": tally.errors[:5],
         "verdict_latency": per_minute,
-        "rss_mb": [[round(t, 1), round(m, 1)] for t, m in rss],
+        "rss_mb": [[round(t, 1), round(m, 1)] for t, m in tally.rss],
         "rss_growth_after_warmup": growth,
         "leaked_sessions": leaked,
     }

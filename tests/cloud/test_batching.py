@@ -18,7 +18,8 @@ from cloud.server import BackgroundServer, ServerConfig
 from cloud.slot_attention import RowPadding
 from protos import splitspec_pb2 as pb
 from shared.params import Mode, SamplingParams
-from sim.bench.fuzz import HostileFrames, send_raw_stream
+from sim.bench.fuzz import send_raw_stream
+from sim.bench.hostile_frames import HostileFrames
 from sim.bench.invariance import chunked_beside_mates, one_at_a_time
 from sim.inprocess import generate
 

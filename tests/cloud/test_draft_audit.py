@@ -31,7 +31,8 @@ from shared import draft_audit
 from shared.params import Mode, SamplingParams
 from shared.sparse import SparseDist, draft_noise, quantize, sampled_indices
 from shared.wire import sampling_to_proto
-from sim.bench.fuzz import HostileFrames, neutral_q, run_shaped_forgery, send_forged_stream, shaped_q
+from sim.bench.fuzz import run_shaped_forgery, send_forged_stream
+from sim.bench.hostile_frames import HostileFrames, neutral_q, shaped_q
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION
@@ -242,11 +243,11 @@ def test_a_shaped_forgery_at_weight_2_8_is_ended_within_32_positions(server, una
     audit it runs to its length."""
     bound = draft_audit.positions_to_alarm(16 / 256)
     for seed in range(2):
-        outcome = run_shaped_forgery(server.address, *tiny_vocab, prompt, seed=seed, strategy="tail",
+        outcome = run_shaped_forgery(VerifierEndpoint(server.address, *tiny_vocab), prompt, seed=seed, strategy="tail",
                                      max_new_tokens=600)
         assert outcome.ended and draft_audit.IMPROBABLE in outcome.message, outcome
         assert 1 <= outcome.low_weight <= bound <= 32, outcome
-    control = run_shaped_forgery(unaudited.address, *tiny_vocab, prompt, seed=0, strategy="tail",
+    control = run_shaped_forgery(VerifierEndpoint(unaudited.address, *tiny_vocab), prompt, seed=0, strategy="tail",
                                  max_new_tokens=400)
     assert not control.ended and control.positions == 400 and control.low_weight > 2 * bound, control
 
@@ -254,7 +255,7 @@ def test_a_shaped_forgery_at_weight_2_8_is_ended_within_32_positions(server, una
 def test_a_forgery_shaped_at_every_position_is_ended(server, tiny_vocab, prompt):
     """Every draft is the forger's token, at the smallest weight the wire allows there."""
     for seed in range(2):
-        outcome = run_shaped_forgery(server.address, *tiny_vocab, prompt, seed=seed, strategy="shaped",
+        outcome = run_shaped_forgery(VerifierEndpoint(server.address, *tiny_vocab), prompt, seed=seed, strategy="shaped",
                                      max_new_tokens=300)
         assert outcome.ended and draft_audit.IMPROBABLE in outcome.message and outcome.positions <= 100, outcome
 

@@ -36,7 +36,7 @@ from shared import codec
 from shared.params import Mode, SamplingParams
 from shared.sparse import SparseDist
 from shared.wire import sampling_to_proto
-from sim.bench.fuzz import HostileFrames
+from sim.bench.hostile_frames import HostileFrames
 from sim.inprocess import generate
 
 BOS = 1

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.bench.capacity import ReplayDrafter, capacity_at_slo, format_capacity_report, run_capacity_bench
+from sim.bench.capacity import CapacityBench, ReplayDrafter, capacity_at_slo, format_capacity_report, run_capacity_bench
 from sim.link.scenario import load_scenario
 from sim.perf.capacity import capacity_at_slo as modelled_capacity_at_slo
 from sim.perf.capacity import capacity_rows
@@ -91,7 +91,7 @@ def test_capacity_slo_flags_default_to_a_fraction_of_the_lone_rate_and_bad_ones_
         parser.parse_args(["capacity", "--slo-fraction", "0"])
     for kwargs in ({"slo_fraction": 1.5}, {"slo": -1.0}, {"cloud_args": ["--shapes", "free"]}):
         with pytest.raises(ValueError):
-            run_capacity_bench(tiny=True, **kwargs)
+            run_capacity_bench(CapacityBench(tiny=True, **kwargs))
 
 
 def test_capacity_report_says_which_slo_it_used():
@@ -175,11 +175,12 @@ def test_bench_invariance_reports_the_row_tile_the_engine_chose(monkeypatch):
 
 
 def test_bench_split_compares_every_run_with_the_fastest_cloud_only_and_labels_both(tiny_models):
-    from sim.bench.split import format_split_report, run_split_bench
+    from sim.bench.split import SplitBench, format_split_report, run_split_bench
 
     seen = []
-    result = run_split_bench(target=tiny_models["target"], drafter=tiny_models["drafter_noisy"], prompt="hello there",
-                             max_new_tokens=12, modes=["greedy", "coupled"], draft_lens=[3], on_row=seen.append)
+    result = run_split_bench(SplitBench(target=tiny_models["target"], drafter=tiny_models["drafter_noisy"],
+                                        prompt="hello there", max_new_tokens=12, modes=["greedy", "coupled"],
+                                        draft_lens=[3]), on_row=seen.append)
     rows = result["runs"]
     assert seen == rows
     assert [(r["mode"], r["draft_len"], r["shapes"]) for r in rows] == [

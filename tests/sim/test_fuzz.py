@@ -24,7 +24,8 @@ from protos import splitspec_pb2 as pb
 from shared import codec, draft_audit
 from shared.params import Mode, SamplingParams
 from shared.sparse import quantize
-from sim.bench.fuzz import ALLOWED_ENDINGS, HostileFrames, SoakReport, fuzz_generate, run_soak, send_raw_stream
+from sim.bench.fuzz import ALLOWED_ENDINGS, FuzzPlan, SoakReport, fuzz_generate, run_soak, send_raw_stream
+from sim.bench.hostile_frames import HostileFrames
 from sim.inprocess import generate
 
 GREEDY = SamplingParams(mode=Mode.GREEDY)
@@ -178,8 +179,8 @@ def test_a_short_soak_leaves_the_honest_edge_and_the_table_intact(server, tiny_e
             time.sleep(0.1)
 
     try:
-        report = run_soak(server.address, frames, frames=400, honest=honest, sessions_left=sessions_left, workers=4,
-                          deadline_s=20, forged=6, shaped=2)
+        report = run_soak(server.address, frames, FuzzPlan(400, workers=4, deadline_s=20, forged=6, shaped=2),
+                          honest=honest, sessions_left=sessions_left)
     finally:
         drafter.close()
     assert report.frames >= 400 and not report.unexpected and not report.hangs, report
