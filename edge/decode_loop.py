@@ -35,18 +35,17 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Sequence
 
 from edge.controller import Controller
 from edge.drafter import DraftBlock, Drafter, common_prefix_length
 from edge.early_block import EARLY_DRAFT_LEN, EarlyBlock
 from edge.hedging import BRANCH_LEN, hedge
+from edge.in_flight import Drafting, InFlight, branch_gain, first_live_continues, guesses_of
 from edge.pipeline import (
     LiveVerdict,
     Pipeline,
     StaleVerdict,
-    first_live,
     more_follows,
     observe_stale_verdict,
     observe_verdict,
@@ -66,7 +65,7 @@ from edge.verifier_protocol import (
 from shared.params import Mode, SamplingParams
 from shared.stats import DecodeStats
 from shared.verdict import StopReason, Verdict
-from shared.wire import committed_skip, next_epoch
+from shared.wire import next_epoch
 
 __all__ = [
     "VerifierConnection",
@@ -80,52 +79,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class _Drafting:
-    """A block being drafted. Drafting stops when a verdict arrives, so that one that voids the
-    block ends it at once; otherwise drafting goes on after the verdict is read."""
-
-    start: int  # the position of its first draft
-    drafts: int  # the drafts it is to hold
-    room: int  # tokens the limit leaves from ``start``, the correction or bonus aside
-    block: DraftBlock = field(default_factory=lambda: DraftBlock([]))  # drafted so far
-    draft_s: float = 0.0  # ... in this many seconds
-
-    def grown(self, more: DraftBlock, seconds: float) -> _Drafting:
-        return replace(self, block=self.block.then(more), draft_s=self.draft_s + seconds)
-
-    def continues(self, generated: list[int], prompt_len: int) -> bool:
-        """Whether the tokens committed from ``start`` on (``generated`` from ``prompt_len``) are
-        drafts of this block (a chain's first block guessed them), or there are none."""
-        committed = generated[self.start - prompt_len:]
-        return committed == self.block.tokens[:len(committed)]
-
-
-@dataclass
-class _InFlight:
-    """A block sent and not yet answered (an ``edge.pipeline.Flight``)."""
-
-    epoch: int
-    start_position: int
-    block: DraftBlock
-    more_follows: bool
-    sent_at: float = 0.0  # perf_counter at send
-    draft_s: float = 0.0  # drafting time of this block's drafts
-    hedge_s: float = 0.0  # ... and of its hedge branches
-    first: bool = False  # the first position, answered with the Open (not a measurement)
-    early: bool = False  # sent before the Opened: its trip spans the prefill (not a measurement)
-    void: bool = False  # drafted past a token the verifier did not commit: likely answered stale (any verdict is taken)
-
-    @property
-    def size(self) -> int:
-        return len(self.block.tokens)
-
-    @property
-    def end(self) -> int:
-        """The position after the last one this block asks about (an empty block asks for one token)."""
-        return self.start_position + max(len(self.block.tokens), 1)
 
 
 def run_decode(
@@ -166,7 +119,7 @@ class _Decode:
     """One ``run_decode`` call: the generation's state around its ``edge.pipeline.Pipeline``."""
 
     def __init__(self, drafter: Drafter, verifier: VerifierConnection, prompt: Sequence[int],
-                 params: SamplingParams, pipeline: Pipeline[_InFlight], max_new_tokens: int, hedge_width: int,
+                 params: SamplingParams, pipeline: Pipeline[InFlight], max_new_tokens: int, hedge_width: int,
                  on_tokens: Callable[[list[int]], bool | None] | None) -> None:
         """``pipeline``: empty, under the caller's schedule (its draft length and window are the caps)."""
         self.drafter, self.verifier, self.params, self.on_tokens = drafter, verifier, params, on_tokens
@@ -180,7 +133,7 @@ class _Decode:
         # rejection mode's blocks carry q̃: ``hedge`` skips them).
         self.caps = (pipeline.draft_len, hedge_width)
         self.pipeline = pipeline
-        self.drafting: _Drafting | None = None  # the block being drafted, when drafting stopped to read a verdict
+        self.drafting: Drafting | None = None  # the block being drafted, when drafting stopped to read a verdict
         self.early: EarlyBlock | None = None
         self.kept_early = False
         self.early_guess: int | None = None  # the first token the kept early block was drafted on, until read
@@ -251,13 +204,13 @@ class _Decode:
             self._expect_first_position()
             if early is not None and terms.kept_early_block:
                 self.kept_early, self.early_guess = True, early.guess
-                pipe.sent(_InFlight(self.epoch, len(self.prompt) + 1, early.block, early.more_follows, early.sent_at,
+                pipe.sent(InFlight(self.epoch, len(self.prompt) + 1, early.block, early.more_follows, early.sent_at,
                                     early.draft_s, early=True))
             for i in range(terms.head_start):
-                pipe.sent(_InFlight(self.epoch, len(self.prompt) + 1 + i, DraftBlock([]), False, opening, early=True))
+                pipe.sent(InFlight(self.epoch, len(self.prompt) + 1 + i, DraftBlock([]), False, opening, early=True))
 
     def _expect_first_position(self) -> None:
-        self.pipeline.sent(_InFlight(self.epoch, self.committed_end, DraftBlock([]), False, time.perf_counter(),
+        self.pipeline.sent(InFlight(self.epoch, self.committed_end, DraftBlock([]), False, time.perf_counter(),
                                      first=True))
 
     def _adopt(self, terms: SessionTerms) -> None:
@@ -319,7 +272,7 @@ class _Decode:
                 if nxt is None:
                     break
                 self._settle_early()
-                self.drafting = _Drafting(nxt.start_position, nxt.drafts, nxt.room)
+                self.drafting = Drafting(nxt.start_position, nxt.drafts, nxt.room)
             drafting = self.drafting
             if len(drafting.block.tokens) < drafting.drafts:
                 # A verdict that arrives meanwhile is read first: it may void this block.
@@ -336,7 +289,7 @@ class _Decode:
             sent_at = time.perf_counter()
             follows = more_follows(len(block.tokens), drafting.room, pipe.window)
             verifier.send(self.epoch, drafting.start, block, follows)
-            pipe.sent(_InFlight(self.epoch, drafting.start, block, follows, sent_at, drafting.draft_s,
+            pipe.sent(InFlight(self.epoch, drafting.start, block, follows, sent_at, drafting.draft_s,
                                 sent_at - drafted_at))
             self.drafting = None
 
@@ -388,7 +341,7 @@ class _Decode:
         if verdict.draft_limit:
             self._hold_to(verdict.draft_limit)
         halt = self._commit(committed)
-        chain_broken = bool(verdict.stale and committed) and not _first_live_continues(pipe, self.generated,
+        chain_broken = bool(verdict.stale and committed) and not first_live_continues(pipe, self.generated,
                                                                                          prompt_len)
         voids = pipe.settle(sent, len(committed), correction=verdict.is_correction, stale=verdict.stale,
                             chain_broken=chain_broken)
@@ -405,10 +358,10 @@ class _Decode:
             raise ProtocolError(f"verifier did not stop at the token limit of {self.max_new_tokens}")
         return False
 
-    def _record_stale(self, sent: _InFlight, received: Received, committed_end: int, committed: list[int]) -> None:
+    def _record_stale(self, sent: InFlight, received: Received, committed_end: int, committed: list[int]) -> None:
         verdict, trials = received.verdict, None
         self.stats.record_stale(len(committed), len(verdict.rebased), verdict.rebased_verified)
-        guessed = _guesses(self.pipeline, self.drafting, committed_end, committed)
+        guessed = guesses_of(self.pipeline, self.drafting, committed_end, committed)
         if guessed is not None:
             first_draft, guesses = guessed
             right = common_prefix_length(guesses, committed)
@@ -420,18 +373,18 @@ class _Decode:
             len(committed), len(verdict.rebased), None if sent.early else time.perf_counter() - sent.sent_at,
             received.timing, len(sent.block.tokens), sent.draft_s, guess_trials=trials))
 
-    def _record_live(self, sent: _InFlight, verdict: Verdict, skip: int, drafts: list[int],
+    def _record_live(self, sent: InFlight, verdict: Verdict, skip: int, drafts: list[int],
                      branches: tuple[tuple[int, list[int]], ...], committed: list[int]) -> None:
         guesses = sent.block.runner_up[skip:] if sent.block.runner_up else None
         if verdict.is_correction and guesses and guesses[verdict.accepted] is not None:
             self.stats.record_correction_guess(committed[verdict.accepted] == guesses[verdict.accepted])
         if branches:
-            self.stats.record_hedges(len(branches), verdict.branch > 0, _branch_gain(verdict, committed))
+            self.stats.record_hedges(len(branches), verdict.branch > 0, branch_gain(verdict, committed))
         if not sent.block.tokens and verdict.rebased_verified:  # the cloud decoding alone, its proposals on the way
             self.stats.record_proposals(verdict.rebased_verified, len(verdict.rebased))
         self.stats.record_round(len(drafts), verdict.accepted, len(committed))
 
-    def _observe(self, sent: _InFlight, drafted: int, received: Received, committed: list[int],
+    def _observe(self, sent: InFlight, drafted: int, received: Received, committed: list[int],
                  interval_s: float | None) -> None:
         """Feed one verdict's measurements to the schedule (before the drafter commits it); ``drafted``:
         the block's drafts the verifier verified."""
@@ -440,39 +393,10 @@ class _Decode:
         cloud_token = observe_verdict(schedule, LiveVerdict(
             drafted, sent.size, verdict.accepted, time.perf_counter() - sent.sent_at, draft_s, received.timing,
             tokens=len(committed), interval_s=interval_s, early=sent.early, wrong_guess=self.pipeline.hold,
-            hedged=bool(sent.block.branches), gained=_branch_gain(verdict, committed), hedge_s=sent.hedge_s))
+            hedged=bool(sent.block.branches), gained=branch_gain(verdict, committed), hedge_s=sent.hedge_s))
         if cloud_token and committed and self.pipeline.shadow_due():
             started = time.perf_counter()
             shadow = self.drafter.draft(1).tokens  # what the drafter would have proposed for this position
             schedule.observe_shadow(shadow == committed[:1], time.perf_counter() - started)
 
 
-def _branch_gain(verdict: Verdict, committed: list[int]) -> int:
-    """Tokens a taken hedge branch committed past the correction (0: none taken)."""
-    return len(committed) - verdict.accepted - 1 if verdict.branch else 0
-
-
-def _guesses(in_flight: Iterable[_InFlight], drafting: _Drafting | None, position: int,
-             tokens: list[int]) -> tuple[int, list[int]] | None:
-    """What a chain's first block (the first live one in flight, else the one being drafted) guessed of
-    ``tokens``, decoded for a stale block from ``position`` on: (its draft index at ``position``, its
-    drafts there, as many as it has of ``tokens``' length). None: there is no such block, or it has
-    drafted none there. Those drafts are still its own (it is live): each is a trial of its index, as
-    a verdict's would be."""
-    live = first_live(in_flight)
-    if live is not None:
-        start, drafts = live.start_position, live.block.tokens
-    elif drafting is not None:
-        start, drafts = drafting.start, drafting.block.tokens
-    else:
-        return None
-    guesses = drafts[position - start:][:len(tokens)] if position >= start else []
-    return (position - start, guesses) if guesses else None
-
-
-def _first_live_continues(in_flight: Iterable[_InFlight], generated: list[int], prompt_len: int) -> bool:
-    """Whether the first live block in flight with drafts still continues the committed tokens
-    (``generated``, from position ``prompt_len``) as the verifier checks it (``committed_skip``).
-    True when there is none."""
-    live = first_live(in_flight)
-    return live is None or committed_skip(live.start_position, live.block.tokens, generated, prompt_len) is not None

@@ -110,7 +110,7 @@ class _FairnessRun:
         from cloud.engine import TargetEngine
         from edge.llama_drafter import LlamaDrafter
         from shared.params import Mode, SamplingParams
-        from sim.bench.capacity import RecordingDrafter
+        from sim.bench.bench_sessions import RecordingDrafter
         from sim.fixtures.tiny_models import write_tiny_models
         from sim.inprocess import generate
 
@@ -151,7 +151,7 @@ class _FairnessRun:
     def honest_round(self, server) -> tuple[float, list[list[int]]]:
         """Every honest edge at once, replaying its recorded blocks: (their tokens/s together, outputs)."""
         from edge.decode_loop import run_decode
-        from sim.bench.capacity import ReplayDrafter
+        from sim.bench.bench_sessions import ReplayDrafter
 
         bench, got = self.bench, [None] * self.bench.honest
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from shared.stats import percentile
-from sim.bench.capacity import (
+from sim.bench.bench_sessions import (
     PROMPTS,
     BenchSession,
     ReplayDrafter,

@@ -171,32 +171,32 @@ def _recorded(method, calls: list):
 
 def test_edge_voids_its_chain_when_first_live_block_is_unusable():
     """The edge voids its chain when stale tokens leave its first live block unusable."""
-    from edge.decode_loop import _first_live_continues, _InFlight
+    from edge.in_flight import InFlight, first_live_continues
 
     prompt_len, generated = 10, [1, 2, 3]  # positions 10, 11, 12 committed; the next is 13
-    block = _InFlight(1, 12, DraftBlock([3, 4, 5]), True)  # guesses 3 for position 12, then drafts 4, 5
-    void = _InFlight(0, 20, DraftBlock([9, 9]), False, void=True)
-    assert _first_live_continues(deque([void, block]), generated, prompt_len)
-    assert _first_live_continues(deque([block]), [*generated, 4], prompt_len)  # a right guess: 5 still to verify
-    assert not _first_live_continues(deque([block]), [*generated, 7], prompt_len)  # a wrong one
-    assert not _first_live_continues(deque([block]), [*generated, 4, 5], prompt_len)  # every draft committed
-    assert not _first_live_continues(deque([_InFlight(1, 14, DraftBlock([6]), True)]), generated, prompt_len)  # past
-    assert _first_live_continues(deque([void, _InFlight(1, 13, DraftBlock([]), False)]), generated, prompt_len)
+    block = InFlight(1, 12, DraftBlock([3, 4, 5]), True)  # guesses 3 for position 12, then drafts 4, 5
+    void = InFlight(0, 20, DraftBlock([9, 9]), False, void=True)
+    assert first_live_continues(deque([void, block]), generated, prompt_len)
+    assert first_live_continues(deque([block]), [*generated, 4], prompt_len)  # a right guess: 5 still to verify
+    assert not first_live_continues(deque([block]), [*generated, 7], prompt_len)  # a wrong one
+    assert not first_live_continues(deque([block]), [*generated, 4, 5], prompt_len)  # every draft committed
+    assert not first_live_continues(deque([InFlight(1, 14, DraftBlock([6]), True)]), generated, prompt_len)  # past
+    assert first_live_continues(deque([void, InFlight(1, 13, DraftBlock([]), False)]), generated, prompt_len)
 
 
 def test_stale_decode_guess_is_judged_by_the_chain_s_first_block():
     """A stale-decode guess is judged by the chain's first block, in flight or being drafted."""
-    from edge.decode_loop import _Drafting, _guesses, _InFlight
+    from edge.in_flight import Drafting, InFlight, guesses_of
 
-    void = _InFlight(0, 20, DraftBlock([9, 9]), False, void=True)
-    first = _InFlight(1, 12, DraftBlock([3, 4, 5]), True)  # drafted from position 12: guesses 3, then 4, 5
-    assert _guesses(deque([void, first]), None, 12, [3]) == (0, [3])
-    assert _guesses(deque([void, first]), None, 12, [3, 7]) == (0, [3, 4])  # a rebased draft, then a token
-    assert _guesses(deque([void, first]), None, 13, [4]) == (1, [4])  # its second draft
-    drafting = _Drafting(12, 6, 20, DraftBlock([3]))  # drafted one guess so far
-    assert _guesses(deque([void]), drafting, 12, [8, 4]) == (0, [3])
-    assert _guesses(deque([void]), _Drafting(12, 6, 20), 12, [3]) is None  # nothing drafted yet
-    assert _guesses(deque([void]), None, 12, [3]) is None  # no chain drafted after the correction
+    void = InFlight(0, 20, DraftBlock([9, 9]), False, void=True)
+    first = InFlight(1, 12, DraftBlock([3, 4, 5]), True)  # drafted from position 12: guesses 3, then 4, 5
+    assert guesses_of(deque([void, first]), None, 12, [3]) == (0, [3])
+    assert guesses_of(deque([void, first]), None, 12, [3, 7]) == (0, [3, 4])  # a rebased draft, then a token
+    assert guesses_of(deque([void, first]), None, 13, [4]) == (1, [4])  # its second draft
+    drafting = Drafting(12, 6, 20, DraftBlock([3]))  # drafted one guess so far
+    assert guesses_of(deque([void]), drafting, 12, [8, 4]) == (0, [3])
+    assert guesses_of(deque([void]), Drafting(12, 6, 20), 12, [3]) is None  # nothing drafted yet
+    assert guesses_of(deque([void]), None, 12, [3]) is None  # no chain drafted after the correction
     # The block being drafted goes on while the committed tokens from its start are its drafts.
     prompt_len = 10
     assert drafting.continues([0, 0], prompt_len) and drafting.continues([0, 0, 3], prompt_len)

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from sim.bench.capacity import CapacityBench, ReplayDrafter, capacity_at_slo, format_capacity_report, run_capacity_bench
+from sim.bench.bench_sessions import ReplayDrafter
+from sim.bench.capacity import CapacityBench, capacity_at_slo, format_capacity_report, run_capacity_bench
 from sim.link.scenario import load_scenario
 from sim.perf.capacity import capacity_at_slo as modelled_capacity_at_slo
 from sim.perf.capacity import capacity_rows
