@@ -23,17 +23,25 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import Literal
 
 import torch
 
 from cloud import slot_attention
-from cloud.row_products import PackedLinear, pack_linears, unpack_linears
-from cloud.slot_attention import ROW_TILE, RowLayout, RowPadding, SlotKV
+from cloud.invariance.padding import RowPaddedHead, RowPadding
+from cloud.invariance.probe import (
+    ROW_TILES,
+    NotRowInvariant,
+    Product,
+    attention_products,
+    invariant_row_padding,
+    linear_products,
+)
+from cloud.invariance.products import pack_linears, unpack_linears
+from cloud.slot_attention import RowLayout, SlotKV
 from shared.vocab import vocab_fingerprint
 
 __all__ = ["TargetEngine", "NotRowInvariant", "CachedSequence", "ForwardItem", "Steps", "check_forward_items", "run_alone",
@@ -105,41 +113,6 @@ def run_alone(steps: Steps, engine: TargetEngine):
         return done.value
 
 
-class RowPaddedHead(torch.nn.Module):
-    """The output projection, its rows padded as the module docstring of ``cloud.slot_attention`` needs.
-
-    CPU BLAS takes other kernels for 1-3 row products: measured here on
-    Gemma's 262144 x 640 head (one thread), 1 row 44 ms, 2 rows 91 ms,
-    3 rows 137 ms, 4 rows 77 ms. Products of 2-3 rows are padded to 4 zero
-    rows (faster) unless the head runs on oneDNN (``cloud.row_products``,
-    2 rows 61 ms); in canonical mode every product is padded as ``padding``
-    says (bit-identical to the same row in any bigger batch, see
-    ``cloud.slot_attention``). The padding's outputs are dropped.
-    """
-
-    def __init__(self, head: torch.nn.Module) -> None:
-        super().__init__()
-        self.head = head
-
-    @property
-    def weight(self) -> torch.Tensor:
-        return self.head.weight
-
-    def padded_rows(self, rows: int, padding: RowPadding | None = None) -> int:
-        """The rows a product of ``rows`` rows runs on (``padding``: canonical shapes'; None: free)."""
-        if padding:
-            return padding(rows)
-        return ROW_TILE if 1 < rows < ROW_TILE and not isinstance(self.head, PackedLinear) else rows
-
-    def forward(self, hidden: torch.Tensor, padding: RowPadding | None = None) -> torch.Tensor:
-        rows = hidden.shape[-2]
-        padded = self.padded_rows(rows, padding)
-        if padded == rows:
-            return self.head(hidden)
-        pad = hidden.new_zeros(*hidden.shape[:-2], padded - rows, hidden.shape[-1])
-        return self.head(torch.cat([hidden, pad], dim=-2))[..., :rows, :]
-
-
 def pick_device(device: str | None) -> torch.device:
     """``device`` as a torch device (None: cuda when present, else cpu); ``ValueError`` for a name
     torch does not know or an accelerator this machine lacks."""
@@ -171,79 +144,6 @@ def torch_threads(threads: int | None):
 
 
 SHAPES = ("auto", "canonical", "free")  # every forward padded by need, always, or never
-_ROW_TILES = (2, ROW_TILE, 8, 16)  # tiles tried, the smallest (cheapest) first
-
-
-class Product(NamedTuple):
-    """A product canonical shapes run: ``run(rows [m, columns]) -> [m, n]`` on rows like ``like``'s."""
-
-    columns: int
-    like: torch.Tensor  # its device and dtype are the rows'
-    run: Callable[[torch.Tensor], torch.Tensor]
-
-
-def linear_products(model: torch.nn.Module) -> list[Product]:
-    """One canonical product per distinct linear layer shape and path of ``model`` (``F.linear``, or
-    oneDNN's for a ``cloud.row_products.PackedLinear``), the output head included."""
-    def local(weight: torch.Tensor) -> torch.Tensor:  # a tensor-parallel shard is a DTensor
-        return weight.to_local() if hasattr(weight, "to_local") else weight
-
-    products: dict[tuple, Product] = {}
-    for m in model.modules():
-        if isinstance(m, PackedLinear):
-            products.setdefault(("onednn", *m.weight.shape), Product(m.in_features, m.weight, m.padded_product))
-        elif isinstance(m, torch.nn.Linear):
-            weight = local(m.weight)
-            products.setdefault(tuple(weight.shape),
-                                Product(weight.shape[1], weight, partial(torch.nn.functional.linear, weight=weight)))
-    return list(products.values())
-
-
-def attention_products(model: torch.nn.Module) -> list[Product]:
-    """Canonical attention's products (``cloud.slot_attention``) at a few key buckets: scores (rows of
-    queries times keys) and the weighted values (rows of weights times values)."""
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    kv = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    weight = next(model.parameters())
-    gen = torch.Generator().manual_seed(1)
-
-    def per_kv_head(rows: torch.Tensor, other: torch.Tensor) -> torch.Tensor:  # [m, c] x [KV, c, n] -> [m, KV * n]
-        return torch.matmul(rows.unsqueeze(0).repeat(kv, 1, 1), other).transpose(0, 1).reshape(rows.shape[0], -1)
-
-    products: list[Product] = []
-    for length in (slot_attention.KEY_BUCKET, 2 * slot_attention.KEY_BUCKET, 8 * slot_attention.KEY_BUCKET):
-        keys, values = (torch.randn(kv, length, dim, generator=gen).to(weight.device, weight.dtype) for _ in range(2))
-        products += [Product(dim, keys, partial(per_kv_head, other=keys.transpose(-1, -2))),
-                     Product(length, values, partial(per_kv_head, other=values))]
-    return products
-
-
-def invariant_row_padding(products: Sequence[Product], max_rows: int = 64) -> RowPadding | None:
-    """The row padding under which ``products`` give each row the same bits for any row count and
-    order (with torch's current thread count): the first of ``_ROW_TILES`` for which at least a tile
-    of rows, else multiples of it, holds; else None. Checked on random rows, up to ``max_rows`` rows
-    (more than any tile, so every padded count is compared)."""
-    gen = torch.Generator().manual_seed(0)
-    with slot_attention.using_layout(RowLayout([], [], RowPadding(multiple=False))):  # (PackedLinear's canonical path)
-        checks = []
-        for columns, like, product in products:
-            rows = torch.randn(max_rows, columns, generator=gen).to(like.device, like.dtype)
-            full = product(rows)
-            if not torch.equal(product(rows.flip(0)).flip(0), full):
-                return None
-            checks.append((rows, product, full))
-        for padding in (RowPadding(multiple, tile) for tile in _ROW_TILES for multiple in (False, True)):
-            counts = sorted({padding(m) for m in (1, 2, 3, 5, 6, 7, 9, 13, 17, 31, 33, 47, 63) if m < max_rows} - {max_rows})
-            if all(torch.equal(product(rows[:m]), full[:m]) for rows, product, full in checks for m in counts):
-                return padding
-    return None
-
-
-class NotRowInvariant(ValueError):
-    """Canonical shapes asked of a device whose products no row padding makes batch-invariant."""
-
-
 class TargetEngine:
     """Loads a Hugging Face folder (or a GGUF file, dequantized by transformers).
 
@@ -298,7 +198,7 @@ class TargetEngine:
         self.padding: RowPadding | None = None  # canonical shapes' rows (the linear layers' products)
         self.attention_padding: RowPadding | None = None  # canonical attention's products, when not ``padding``
         self.threads: int | None = None  # the products' thread count, where invariance needs one of its own
-        # The linear layers' path: "onednn" (``cloud.row_products``: canonical products, and free ones of
+        # The linear layers' path: "onednn" (``cloud.invariance.products``: canonical products, and free ones of
         # several rows), or "blas" (F.linear).
         self.products = "onednn" if self.device.type == "cpu" and pack_linears(self.model) else "blas"
         if canonical and self.products == "onednn":
@@ -315,7 +215,7 @@ class TargetEngine:
             if shapes == "canonical":  # every forward is promised batch-invariant logits: refuse, do not pretend
                 raise NotRowInvariant(
                     f"canonical shapes refused: this device's matrix products are not row-invariant under any row "
-                    f"padding tried (at least or a multiple of {', '.join(map(str, _ROW_TILES))} rows"
+                    f"padding tried (at least or a multiple of {', '.join(map(str, ROW_TILES))} rows"
                     f"{', and on one thread' if self.device.type == 'cpu' else ''}), so a session's logits would "
                     "depend on its batch-mates; use --shapes auto (reproducible sessions are then refused) or free")
             log.warning("this device's matrix products are not row-invariant under any padding tried: reproducible "

@@ -23,11 +23,11 @@ token, position and the keys before it, never on how rows are grouped:
   is the CPU's and the product path's: for MKL 4 rows on an AMD EPYC, 16 on
   an Intel Xeon with AVX-512, whose kernels differ below 16 rows (measured
   on Gemma's 640 x 2048 products, one thread); the linear layers run on
-  oneDNN where it holds at fewer (``cloud.row_products``: 2 on that Xeon),
+  oneDNN where it holds at fewer (``cloud.invariance.products``: 2 on that Xeon),
   and this module's own products then keep theirs
   (``RowLayout.attention_padding``). The engine picks the paddings by
   checking the property on its device at load
-  (``cloud.engine.invariant_row_padding``).
+  (``cloud.invariance.probe.invariant_row_padding``).
 
 Free mode (``canonical=False``) attends each sequence over exactly its keys
 with SDPA: what the cost of invariance is measured against.
@@ -48,11 +48,11 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from cloud.invariance.padding import KEY_BUCKET, ROW_TILE, RowPadding, bucket, pad_rows
+
 __all__ = ["ATTENTION_NAME", "KEY_BUCKET", "ROW_TILE", "RowLayout", "RowPadding", "SlotKV", "current_layout", "register"]
 
 ATTENTION_NAME = "splitspec_slots"
-KEY_BUCKET = 64  # keys a row attends over are padded to a multiple of this
-ROW_TILE = 4  # products run on at least (or a multiple of) this many rows, or a tile the CPU needs (``RowPadding``)
 
 _local = threading.local()
 
@@ -82,9 +82,9 @@ class SlotKV:
         current = self.keys[layer]
         if current is not None and current.shape[1] >= needed:
             return
-        capacity = max(_bucket(needed), 2 * (current.shape[1] if current is not None else 0))
+        capacity = max(bucket(needed), 2 * (current.shape[1] if current is not None else 0))
         if self.limit is not None:  # doubling never allocates past what the sequence may need
-            capacity = max(_bucket(needed), min(capacity, _bucket(self.limit)))
+            capacity = max(bucket(needed), min(capacity, bucket(self.limit)))
         keys = like.new_zeros(like.shape[0], capacity, like.shape[2])
         values = like.new_zeros(like.shape[0], capacity, like.shape[2])
         if current is not None:
@@ -94,26 +94,12 @@ class SlotKV:
 
 
 @dataclass(frozen=True)
-class RowPadding:
-    """How many rows a product of ``rows`` runs on in canonical mode: at least ``tile``, and a
-    multiple of it when ``multiple`` (several threads split products by rows)."""
-
-    multiple: bool
-    tile: int = ROW_TILE
-
-    def __call__(self, rows: int) -> int:
-        if self.multiple:
-            return max(-(-rows // self.tile), 1) * self.tile
-        return max(rows, self.tile)
-
-
-@dataclass(frozen=True)
 class RowLayout:
     """Which rows of a packed forward belong to which slot: ``spans[i]`` = (first row, rows, first
     position) for ``slots[i]``; rows past the last span are padding (no slot, output zeros).
     ``padding``: canonical mode's row padding; None is free mode. ``attention_padding``: the
     attention products' own, where their product path needs another tile than the linear layers'
-    (``cloud.row_products``)."""
+    (``cloud.invariance.products``)."""
 
     slots: list[SlotKV]
     spans: list[tuple[int, int, int]]
@@ -141,16 +127,6 @@ class using_layout:
         _local.layout = None
 
 
-def _bucket(n: int) -> int:
-    return -(-n // KEY_BUCKET) * KEY_BUCKET
-
-
-def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
-    """``x`` [..., m, d] with zero rows appended up to ``rows``."""
-    missing = rows - x.shape[-2]
-    return x if missing <= 0 else torch.cat([x, x.new_zeros(*x.shape[:-2], missing, x.shape[-1])], dim=-2)
-
-
 def _mask(positions: torch.Tensor, length: int, window: int | None, padded_rows: int) -> torch.Tensor:
     """Which of ``length`` keys each row at ``positions`` [r] may see: causal, within the sliding
     window; padding rows up to ``padded_rows`` see key 0 (their output is dropped). [padded_rows, L]."""
@@ -167,7 +143,7 @@ def _attend_canonical(q, keys, values, allowed, scaling, softcap):
     """Rows of one slot that share a key bucket: q [KV, r, d] ((head, query) pairs), keys and
     values [KV, L, d] (the bucket), ``allowed`` [r', L] from ``_mask``; returns [KV, r, d]."""
     rows = q.shape[1]
-    q = _pad_rows(q, allowed.shape[0])
+    q = pad_rows(q, allowed.shape[0])
     scores = torch.matmul(q, keys.transpose(-1, -2)) * scaling  # [KV, r', L]
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
@@ -229,7 +205,7 @@ def _attend_span(layout: RowLayout, index: int, slot: SlotKV, layer: int, q: tor
         out[:] = result.transpose(0, 1)
         return
     # Canonical: group rows by their key bucket; fold the heads sharing a KV head into the rows.
-    buckets = [_bucket(int(p) + 1) for p in positions.tolist()]
+    buckets = [bucket(int(p) + 1) for p in positions.tolist()]
     start = 0
     while start < rows:
         stop = start

@@ -1,6 +1,6 @@
 """``splitspec bench products``: which product path keeps a row's bits at the smallest row tile?
 
-Canonical shapes (``cloud.engine.invariant_row_padding``) pad every product's rows to a tile at
+Canonical shapes (``cloud.invariance.probe.invariant_row_padding``) pad every product's rows to a tile at
 which the CPU's kernels give each row the same bits whatever its batch-mates. This probe checks
 other ways to compute ``x @ W.T`` for that property and times them on Gemma 3 270M's shapes:
 BLAS GEMM with either operand order (``linear``, ``matmul``, ``mm``, ``addmm``, ``x_wt``,

@@ -12,10 +12,10 @@ import torch
 from helpers import remote, tiny_drafter, tiny_prompt
 
 from cloud.engine import ForwardItem, TargetEngine, run_alone, torch_threads
+from cloud.invariance.padding import RowPadding
 from cloud.limits import ServiceLimits
 from cloud.scheduler import Scheduler
 from cloud.server import BackgroundServer, ServerConfig
-from cloud.slot_attention import RowPadding
 from protos import splitspec_pb2 as pb
 from shared.params import Mode, SamplingParams
 from sim.bench.fuzz import send_raw_stream

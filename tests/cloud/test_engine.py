@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from cloud.engine import RowPaddedHead
+from cloud.invariance.padding import RowPaddedHead
 
 
 def test_row_padded_head_matches_the_plain_head():

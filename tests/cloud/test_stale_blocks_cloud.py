@@ -72,7 +72,7 @@ def test_stale_forward_verifies_drafts_past_the_correction(tiny_engine, greedy_p
     assert correction.is_correction and session.epoch == 1 and len(pending) == 2
     forwards = session.forwards
     # As many drafts as cost no more than the token alone: on a CPU, the rows its products are padded to
-    # (the CPU's tile: 2 to 16 rows, ``cloud.engine.invariant_row_padding``); held at 4 here.
+    # (the CPU's tile: 2 to 16 rows, ``cloud.invariance.probe.invariant_row_padding``); held at 4 here.
     assert tiny_engine.rows_at_cost_of(1) == tiny_engine.padding.tile >= 2
     monkeypatch.setattr(tiny_engine, "rows_at_cost_of", lambda rows, reproducible=False: 4)
     (first,) = session.verify_chain(pending)  # drafts from p + 3: want[3], want[4], other (, want[6], want[7])

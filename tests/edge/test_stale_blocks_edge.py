@@ -141,7 +141,7 @@ def test_always_stale_drafter_is_measured_by_stale_verdicts(tiny_engine, tiny_vo
     are first drafts' trials: the controller sees drafting fail and weighs the cloud alone against it.
     The output stays target-only's."""
     # The rows a stale forward holds for the cost of one are the CPU's product tile (2 to 16 rows,
-    # ``cloud.engine.invariant_row_padding``): held at 16 here, so how many chains go stale before the
+    # ``cloud.invariance.probe.invariant_row_padding``): held at 16 here, so how many chains go stale before the
     # controller leaves drafting does not depend on the machine.
     monkeypatch.setattr(tiny_engine, "rows_at_cost_of", lambda rows, reproducible=False: 16)
     prompt = tiny_prompt(tiny_engine, TEXTS[0])

@@ -167,7 +167,7 @@ def test_the_gpu_check_script_runs_its_cpu_variant():
 
 def test_bench_invariance_reports_the_row_tile_the_engine_chose(monkeypatch):
     import cloud.engine
-    from cloud.slot_attention import RowPadding
+    from cloud.invariance.padding import RowPadding
     from sim.bench.invariance import run_invariance_check
 
     monkeypatch.setattr(cloud.engine, "invariant_row_padding", lambda model, max_rows=64: RowPadding(True, tile=16))

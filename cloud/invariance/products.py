@@ -44,6 +44,8 @@ def onednn_available(model: torch.nn.Module) -> bool:
 class PackedLinear(torch.nn.Linear):
     """An ``nn.Linear`` whose canonical-shape products run on oneDNN (the module docstring)."""
 
+    onednn = True  # (``RowPaddedHead`` pads no 2-3 row product of it in free shapes: oneDNN is fast there)
+
     def __init__(self, linear: torch.nn.Linear) -> None:
         torch.nn.Module.__init__(self)
         self.in_features, self.out_features = linear.in_features, linear.out_features

@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cloud.engine import attention_products, invariant_row_padding, linear_products
-from cloud.row_products import PackedLinear, onednn_available, pack_linears, unpack_linears
-from cloud.slot_attention import RowLayout, RowPadding, using_layout
+from cloud.invariance.padding import RowPadding
+from cloud.invariance.probe import attention_products, invariant_row_padding, linear_products
+from cloud.invariance.products import PackedLinear, onednn_available, pack_linears, unpack_linears
+from cloud.slot_attention import RowLayout, using_layout
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch has no oneDNN")
 
