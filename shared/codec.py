@@ -19,7 +19,7 @@ Promises:
   raises ``ValueError`` with a message that says what was wrong; no other
   exception escapes on arbitrary bytes.
 
-The codec knows payload bits only; framing sizes and message caps are the
+Bit-level packing is ``shared.bits``'s. The codec knows payload bits only; framing sizes and message caps are the
 wire contract's (``shared.wire``).
 """
 
@@ -31,6 +31,17 @@ from dataclasses import dataclass
 import numpy as np
 import zstandard
 
+from shared.bits import (
+    ID_GOLOMB_ORDER,
+    BitReader,
+    golomb_bits,
+    golomb_fields,
+    pack_bits,
+    pack_fields,
+    read_golomb,
+    token_bits,
+    unpack_bits,
+)
 from shared.sparse import MAX_PROB_BITS, SparseDist
 
 __all__ = [
@@ -52,7 +63,6 @@ __all__ = [
 MAX_PAYLOAD_BYTES = 1 << 20  # largest payload accepted on the wire, compressed or not
 MAX_DECODED_BYTES = 8 << 20  # hard ceiling on decompressed size, whatever max_tokens says
 MAX_DRAFT_TOP_K = 1024  # largest q̃ support a session may configure
-MAX_VOCAB_SIZE = 1 << 31  # ids must fit a uint32 field on the wire
 ZSTD_LEVEL = 3
 
 _MIN_WINDOW_LOG = 10  # zstd's smallest window, 1 KiB
@@ -67,108 +77,6 @@ class Encoded:
 
 
 # ---------------------------------------------------------------- bit packing
-
-
-def token_bits(vocab_size: int) -> int:
-    """Bits per packed token id: ``max(8, ceil(log2 V))``.
-
-    The 8-bit floor keeps the token count derivable from the byte length.
-    """
-    _check_vocab(vocab_size)
-    return max(8, (int(vocab_size) - 1).bit_length())
-
-
-def pack_bits(values: np.ndarray, bits: int) -> bytes:
-    """Pack non-negative integers [n] at ``bits`` bits each, MSB-first, zero-padded."""
-    if not 1 <= bits <= 63:
-        raise ValueError(f"bits must be in [1, 63], got {bits}")
-    v = np.asarray(values)
-    if v.ndim != 1:
-        raise ValueError(f"values must be 1-D, got shape {v.shape}")
-    if v.size == 0:
-        return b""
-    if not np.issubdtype(v.dtype, np.integer):
-        raise ValueError(f"values must be integers, got {v.dtype}")
-    v = v.astype(np.int64)
-    if int(v.min()) < 0 or int(v.max()) >> bits:
-        raise ValueError(f"values must be in [0, 2**{bits})")
-    shifts = np.arange(bits - 1, -1, -1, dtype=np.int64)
-    matrix = ((v[:, None] >> shifts) & 1).astype(np.uint8)  # [n, bits]
-    return np.packbits(matrix.reshape(-1)).tobytes()
-
-
-def unpack_bits(data: bytes, bits: int, count: int) -> np.ndarray:
-    """Inverse of ``pack_bits``: [count] int64. The length and padding must be exact."""
-    if not 1 <= bits <= 63:
-        raise ValueError(f"bits must be in [1, 63], got {bits}")
-    if count < 0:
-        raise ValueError(f"count must be >= 0, got {count}")
-    need = (count * bits + 7) // 8
-    if len(data) < need:
-        raise ValueError(f"truncated payload: {len(data)} bytes, {count} values need {need}")
-    if len(data) > need:
-        raise ValueError(f"payload has {len(data) - need} trailing bytes")
-    stream = np.unpackbits(np.frombuffer(data, dtype=np.uint8))
-    if stream[count * bits :].any():
-        raise ValueError("trailing bits are not zero")
-    return _bits_to_int(stream[: count * bits].reshape(count, bits))
-
-
-def _bits_to_int(matrix: np.ndarray) -> np.ndarray:
-    """Rows of MSB-first bits [n, w] to int64 [n]."""
-    weights = np.left_shift(np.int64(1), np.arange(matrix.shape[1] - 1, -1, -1, dtype=np.int64))
-    return matrix.astype(np.int64) @ weights
-
-
-def _pack_fields(values: np.ndarray, widths: np.ndarray) -> bytes:
-    """Pack fields of varying widths (0 allowed) back to back, MSB-first, zero-padded."""
-    values = np.asarray(values, dtype=np.int64)
-    widths = np.asarray(widths, dtype=np.int64)
-    if values.size == 0 or int(widths.max()) == 0:
-        return b""
-    maxw = int(widths.max())
-    shifts = np.arange(maxw - 1, -1, -1, dtype=np.int64)
-    matrix = ((values[:, None] >> shifts) & 1).astype(np.uint8)  # [m, maxw], right-aligned
-    keep = shifts[None, :] < widths[:, None]  # each row's low `width` bits
-    return np.packbits(matrix[keep]).tobytes()
-
-
-class _BitReader:
-    """Reads MSB-first fields from a byte string; a short read is a ValueError."""
-
-    def __init__(self, data: bytes) -> None:
-        self.bits = np.unpackbits(np.frombuffer(data, dtype=np.uint8))
-        self.pos = 0
-
-    @property
-    def left(self) -> int:
-        return self.bits.size - self.pos
-
-    def read(self, width: int) -> int:
-        return int(self.read_many(1, width)[0]) if width else 0
-
-    def read_many(self, count: int, width: int) -> np.ndarray:
-        end = self.pos + count * width
-        if end > self.bits.size:
-            raise ValueError("truncated payload")
-        chunk = self.bits[self.pos : end].reshape(count, width)
-        self.pos = end
-        return _bits_to_int(chunk)
-
-    def read_zeros(self, limit: int) -> int:
-        """Count the 0 bits before the next 1 and consume both; ValueError past ``limit`` zeros."""
-        window = self.bits[self.pos : self.pos + limit + 1]
-        ones = np.flatnonzero(window)
-        if ones.size == 0:
-            raise ValueError("truncated payload" if window.size <= limit else "exp-Golomb prefix too long")
-        self.pos += int(ones[0]) + 1
-        return int(ones[0])
-
-    def check_padding(self) -> None:
-        if self.left >= 8:
-            raise ValueError(f"payload has {self.left // 8} trailing bytes")
-        if self.bits[self.pos :].any():
-            raise ValueError("trailing bits are not zero")
 
 
 # ---------------------------------------------------------------- zstd
@@ -248,11 +156,6 @@ def _cap(max_tokens: int, bits_per_token: int) -> int:
 # ---------------------------------------------------------------- tokens
 
 
-def _check_vocab(vocab_size: int) -> None:
-    if not 1 <= int(vocab_size) <= MAX_VOCAB_SIZE:
-        raise ValueError(f"vocab size must be in [1, {MAX_VOCAB_SIZE}], got {vocab_size}")
-
-
 def _as_tokens(tokens, vocab_size: int) -> np.ndarray:
     t = np.asarray(tokens)
     if t.size == 0:
@@ -322,35 +225,6 @@ def _check_rejection_params(vocab_size: int, draft_top_k: int, prob_bits: int | 
         raise ValueError(f"prob_bits must be in [1, {MAX_PROB_BITS}], got {prob_bits}")
 
 
-# Support ids in rejection records may be exp-Golomb coded with this order:
-# tokenizer vocabularies put frequent pieces at low ids, so a drafter's likely
-# tokens cost ~14 bits instead of 18 for V = 262144 (measured on Gemma 3).
-ID_GOLOMB_ORDER = 10
-
-
-def _golomb_bits(ids: np.ndarray, order: int = ID_GOLOMB_ORDER) -> np.ndarray:
-    """Exp-Golomb code length of each id: 2 * bitlen(id + 2**order) - order - 1."""
-    y = np.asarray(ids, dtype=np.int64) + (1 << order)
-    return 2 * (np.floor(np.log2(y)).astype(np.int64) + 1) - order - 1
-
-
-def _golomb_fields(ids: np.ndarray, order: int = ID_GOLOMB_ORDER) -> tuple[np.ndarray, np.ndarray]:
-    """(values, widths) of each id's code: a run of zeros, then id + 2**order in full."""
-    y = np.asarray(ids, dtype=np.int64) + (1 << order)
-    length = np.floor(np.log2(y)).astype(np.int64) + 1
-    values = np.stack([np.zeros_like(y), y], axis=1).reshape(-1)
-    widths = np.stack([length - order - 1, length], axis=1).reshape(-1)
-    return values, widths
-
-
-def _read_golomb(reader: _BitReader, count: int, id_bits: int, order: int = ID_GOLOMB_ORDER) -> np.ndarray:
-    out = np.empty(count, dtype=np.int64)
-    for i in range(count):
-        zeros = reader.read_zeros(max(id_bits - order, 0))
-        out[i] = ((1 << (zeros + order)) | reader.read(zeros + order)) - (1 << order)
-    return out
-
-
 def draft_record_bits(vocab_size: int, draft_top_k: int, prob_bits: int) -> int:
     """Largest record of one drafted token in rejection mode, in bits (for the size cap)."""
     k, b = draft_top_k, token_bits(vocab_size)
@@ -400,7 +274,7 @@ def encode_draft(
     _check_rejection_params(vocab_size, draft_top_k, prob_bits)
     b = token_bits(vocab_size)
     all_ids = np.concatenate([dist.support for dist in q])
-    golomb = int(_golomb_bits(all_ids).sum()) < all_ids.size * b
+    golomb = int(golomb_bits(all_ids).sum()) < all_ids.size * b
     values: list[np.ndarray] = [np.array([int(golomb)])]
     widths: list[np.ndarray] = [np.array([1])]
     for i, (token, dist) in enumerate(zip(t.tolist(), q)):
@@ -428,10 +302,10 @@ def encode_draft(
             w_vals.append(w - lo)  # lo <= w <= hi holds for any valid ordered q̃
             w_widths.append(_width(hi - lo + 1))
             remaining, previous = remaining - w, w
-        id_values, id_widths = _golomb_fields(support) if golomb else (support, np.full(n, b))
+        id_values, id_widths = golomb_fields(support) if golomb else (support, np.full(n, b))
         values += [np.array(head), id_values, np.array(w_vals, dtype=np.int64)]
         widths += [np.array(head_w), id_widths, np.array(w_widths, dtype=np.int64)]
-    raw = _pack_fields(np.concatenate(values), np.concatenate(widths))
+    raw = pack_fields(np.concatenate(values), np.concatenate(widths))
     return _maybe_compress(raw)
 
 
@@ -455,7 +329,7 @@ def decode_draft(
     b = token_bits(vocab_size)
     cap = _cap(max_tokens, draft_record_bits(vocab_size, draft_top_k, prob_bits))
     raw = _read_payload(data, compressed, cap, "draft payload", max_tokens)
-    reader = _BitReader(raw)
+    reader = BitReader(raw)
     tokens: list[int] = []
     q: list[SparseDist] = []
     total = 1 << prob_bits
@@ -474,7 +348,7 @@ def decode_draft(
         index = reader.read(_width(n))
         if index >= n:
             raise ValueError(f"drafted token index {index} outside its q̃ support of {n}")
-        support = _read_golomb(reader, n, b) if golomb else reader.read_many(n, b)
+        support = read_golomb(reader, n, b) if golomb else reader.read_many(n, b)
         _check_ids(support, vocab_size)
         if np.unique(support).size != n:
             raise ValueError(f"q̃ at offset {offset} has repeated support ids")

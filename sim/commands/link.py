@@ -65,7 +65,7 @@ def config_from_args(args: argparse.Namespace):
     """LinkConfig from the shared flags; ValueError on bad values."""
     import dataclasses
 
-    from sim.link.emulator import LinkConfig, parse_duration, parse_rate
+    from sim.link.config import LinkConfig, parse_duration, parse_rate
     from sim.link.scenario import load_scenario
 
     cfg = load_scenario(args.scenario).link if args.scenario else LinkConfig()

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from edge.report import EdgeReport
 from shared.loop_thread import LoopThread
-from sim.link.emulator import LinkConfig, LinkEmulator
+from sim.link.config import LinkConfig
+from sim.link.emulator import LinkEmulator
 
 __all__ = ["core_split", "pinned_env", "side_command", "CloudProcess", "BrokerProcess", "run_edge_process", "BackgroundLink", "process_cpu_s", "unlabelled",
            "process_rss_mb"]

@@ -26,7 +26,8 @@ import asyncio
 import statistics
 from typing import Any
 
-from sim.link.emulator import LinkConfig, LinkEmulator
+from sim.link.config import LinkConfig
+from sim.link.emulator import LinkEmulator
 
 __all__ = ["link_check", "format_link_check"]
 

@@ -29,7 +29,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from sim.link.emulator import DirectionConfig, LinkConfig, parse_duration, parse_rate
+from sim.link.config import DirectionConfig, LinkConfig, parse_duration, parse_rate
 from sim.package_data import list_shipped, load_toml
 
 __all__ = ["Scenario", "list_scenarios", "load_scenario", "scenario_from_dict"]

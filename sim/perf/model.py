@@ -80,7 +80,7 @@ class NetworkModel:
 
     @classmethod
     def from_link_config(cls, cfg: Any) -> NetworkModel:
-        """From a `sim.link.emulator.LinkConfig` (segment size and overhead taken from the up direction)."""
+        """From a `sim.link.config.LinkConfig` (segment size and overhead taken from the up direction)."""
         return cls(
             up_bps=cfg.up.rate_bps,
             down_bps=cfg.down.rate_bps,

@@ -277,7 +277,7 @@ def test_a_link_that_keeps_dropping_is_survived_or_fails_fast_when_told(tiny_mod
     from edge.verifier_protocol import VerifierError
     from sim.experiment.processes import BackgroundLink
     from sim.inprocess import generate
-    from sim.link.emulator import LinkConfig
+    from sim.link.config import LinkConfig
 
     drafter = tiny_drafter(tiny_models)
     params = SamplingParams(mode=Mode.GREEDY)

@@ -241,7 +241,7 @@ def test_requests_share_one_connection_to_the_cloud(cloud, drafter):
     """Each request's session goes over the connection the first one opened (no TCP, TLS and
     HTTP/2 setup per request); after ``close`` the next request connects anew."""
     from sim.experiment.processes import BackgroundLink
-    from sim.link.emulator import LinkConfig
+    from sim.link.config import LinkConfig
 
     with BackgroundLink(LinkConfig(), cloud.port) as link:
         service = make_service(drafter, link.address)

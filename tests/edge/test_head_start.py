@@ -25,7 +25,7 @@ from shared.params import Mode, SamplingParams
 from shared.wire import BLOCKS_HEADER, TOKEN_TIME_HEADER, TOKEN_TIME_REPRODUCIBLE_HEADER, StreamHints
 from sim.experiment.processes import BackgroundLink
 from sim.inprocess import LocalVerifier, generate
-from sim.link.emulator import DirectionConfig, LinkConfig
+from sim.link.config import DirectionConfig, LinkConfig
 
 N = 40
 TEXT = "It was the best of times"

@@ -27,7 +27,7 @@ from shared.verdict import StopReason
 from shared.wire import sampling_to_proto
 from sim.experiment.processes import BackgroundLink
 from sim.inprocess import LocalVerifier, generate
-from sim.link.emulator import LinkConfig
+from sim.link.config import LinkConfig
 
 TEXT = "The cat sat on the mat."
 MODES = [SamplingParams(mode=Mode.GREEDY), SamplingParams(mode=Mode.COUPLED, temperature=0.9, seed=3)]

@@ -15,6 +15,7 @@ import pytest
 
 from protos import splitspec_pb2 as pb
 from shared import codec, wire
+from shared.bits import pack_fields
 from shared.codec import Encoded
 from shared.sparse import SparseDist, quantize, sample_sparse
 from sim.bench.wire import naive_draft_frame, run_wire_bench
@@ -255,7 +256,7 @@ def _rejection_record(n_minus_1, index, ids, weight_fields, k_width=2, b=9):
     index_width = math.ceil(math.log2(n_minus_1 + 1)) if n_minus_1 else 0
     values = [0, n_minus_1, index, *ids, *[v for v, _ in weight_fields]]
     widths = [1, k_width, index_width, *[b] * len(ids), *[w for _, w in weight_fields]]
-    return codec._pack_fields(np.array(values), np.array(widths))
+    return pack_fields(np.array(values), np.array(widths))
 
 
 def test_low_ids_are_exp_golomb_coded_and_round_trip():

@@ -18,14 +18,8 @@ import pytest
 
 from sim.commands.link import add_link_commands
 from sim.link.check import link_check
-from sim.link.emulator import (
-    DirectionConfig,
-    LinkConfig,
-    LinkEmulator,
-    parse_duration,
-    parse_rate,
-    schedule_segment,
-)
+from sim.link.config import DirectionConfig, LinkConfig, parse_duration, parse_rate, schedule_segment
+from sim.link.emulator import LinkEmulator
 from sim.link.scenario import list_scenarios, load_scenario
 
 REPO = Path(__file__).resolve().parents[2]

@@ -15,7 +15,7 @@ from edge.drafter import DrafterStats
 from edge.report import SPLIT, EdgeReport
 from shared.acceptance import chain_expectation, stale_expectation
 from shared.stats import DecodeStats
-from sim.link.emulator import DirectionConfig, LinkConfig
+from sim.link.config import DirectionConfig, LinkConfig
 from sim.link.scenario import list_scenarios, load_scenario
 from sim.perf.fit import timings_from_reports
 from sim.perf.hardware_profile import list_hardware, load_hardware
