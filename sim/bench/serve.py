@@ -20,7 +20,7 @@ Three measurements in one run, on the same cloud cores, link and drafter:
   canonical shapes (batch-invariant: the reproducible cloud-only); the
   direct split's tokens/s over each.
 
-Contract: ``run_serve_bench(...)`` returns the report dict and
+Contract: ``run_serve_bench(ServeBench(...))`` returns the report dict and
 ``format_serve_report`` renders it; flags live in ``sim.commands.bench``.
 """
 
@@ -30,11 +30,12 @@ import json
 import statistics
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from shared.params import DEFAULT_SCHEDULE
 
-__all__ = ["run_serve_bench", "format_serve_report", "QUESTIONS"]
+__all__ = ["ServeBench", "run_serve_bench", "format_serve_report", "QUESTIONS"]
 
 FASTEST_SHAPES = "free"  # the fastest cloud-only
 SPLIT_SHAPES = "canonical"  # batch-invariant: the split's cloud (set, not left to the default), and the reproducible cloud-only
@@ -54,9 +55,23 @@ QUESTIONS = [
 ]
 
 
-def run_serve_bench(*, scenario: str = "acespec-50k", turns: int = 10, max_tokens: int = 32, repeats: int = 3,
-                    target: str | None = None, drafter: str | None = None, lookup: bool = True,
-                    schedule: str = DEFAULT_SCHEDULE, progress=lambda line: None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ServeBench:
+    """What ``run_serve_bench`` runs (``splitspec bench serve``'s flags)."""
+
+    scenario: str = "acespec-50k"  # the link between the edge and the cloud process
+    turns: int = 10  # user turns of the conversation, at most len(QUESTIONS)
+    max_tokens: int = 32  # reply tokens per turn
+    repeats: int = 3  # HTTP against direct
+    target: str | None = None  # None: the default Gemma 3 270M pair
+    drafter: str | None = None
+    lookup: bool = True  # the drafter behind prompt lookup, as ``edge serve`` runs it by default
+    schedule: str = DEFAULT_SCHEDULE  # edge serve's --schedule
+
+
+def run_serve_bench(bench: ServeBench, progress=lambda line: None) -> dict[str, Any]:
+    scenario, turns, max_tokens, repeats = bench.scenario, bench.turns, bench.max_tokens, bench.repeats
+    target, drafter, lookup, schedule = bench.target, bench.drafter, bench.lookup, bench.schedule
     import httpx
 
     from cloud.models import resolve_target

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 import tempfile
+from dataclasses import dataclass
 from typing import Any
 
 from shared.stats import percentile
@@ -24,6 +25,22 @@ from shared.stats import percentile
 __all__ = ["format_service_report", "run_service_bench"]
 
 _TEMPERATURE = 0.8  # every session samples (coupled mode), one seed per session
+
+
+@dataclass
+class _Rounds:
+    """Verify rounds and the wall time they took, summed over sessions."""
+
+    rounds: float = 0.0
+    wall_s: float = 0.0
+
+    def add(self, stats) -> None:
+        self.rounds += stats.rounds
+        self.wall_s += stats.wall_s
+
+    @property
+    def per_round_s(self) -> float:
+        return self.wall_s / self.rounds
 
 
 def run_service_bench(
@@ -54,11 +71,6 @@ def run_service_bench(
         raise ValueError(f"mode must be coupled or rejection, got {mode!r}")
 
     from cloud.engine import TargetEngine
-    from cloud.limits import ServiceLimits
-    from cloud.server import BackgroundServer, ServerConfig
-    from edge.decode_loop import run_decode
-    from edge.endpoint import VerifierEndpoint
-    from edge.grpc_verifier import GrpcVerifier
     from edge.llama_drafter import LlamaDrafter
     from shared.params import Mode, SamplingParams
     from sim.inprocess import generate
@@ -74,38 +86,16 @@ def run_service_bench(
         try:
             prompt = draft_model.vocab.tokenize("The quick brown fox")
             runs = [SamplingParams(mode=Mode(mode), temperature=_TEMPERATURE, seed=s) for s in range(sessions)]
-            local_rounds = local_wall = 0.0
+            local = _Rounds()
             for params in runs:
-                result = generate(engine, draft_model, prompt, params,
-                                  max_new_tokens=max_new_tokens, draft_len=draft_len)
-                local_rounds += result.stats.rounds
-                local_wall += result.stats.wall_s
-            def remote(server, params) -> tuple[int, float]:
-                verifier = GrpcVerifier(VerifierEndpoint(server.address, engine.vocab_size, engine.fingerprint))
-                verifier.connect()
-                result = run_decode(draft_model, verifier, prompt, params,
-                                    max_new_tokens=max_new_tokens, draft_len=draft_len)
-                return result.stats.rounds, result.stats.wall_s
-
-            remote_rounds = remote_wall = unaudited_rounds = unaudited_wall = 0.0
-            unaudited = ServerConfig(port=0, limits=ServiceLimits(audit_drafts=False))
-            with BackgroundServer(engine, ServerConfig(port=0)) as server, \
-                    BackgroundServer(engine, unaudited) if mode == "rejection" else contextlib.nullcontext() as other:
-                for i, params in enumerate(runs):
-                    if other is not None and i % 2:  # interleaved, each first every other session
-                        rounds, wall = remote(other, params)
-                        unaudited_rounds, unaudited_wall = unaudited_rounds + rounds, unaudited_wall + wall
-                    rounds, wall = remote(server, params)
-                    remote_rounds, remote_wall = remote_rounds + rounds, remote_wall + wall
-                    if other is not None and not i % 2:
-                        rounds, wall = remote(other, params)
-                        unaudited_rounds, unaudited_wall = unaudited_rounds + rounds, unaudited_wall + wall
-                overheads = list(server.server.servicer.recent_overheads_s)
+                local.add(generate(engine, draft_model, prompt, params, max_new_tokens=max_new_tokens,
+                                   draft_len=draft_len).stats)
+            remote, unaudited, overheads = _over_grpc(engine, draft_model, prompt, runs, max_new_tokens, draft_len)
         finally:
             draft_model.close()
     audit = {} if mode != "rejection" else {
-        "unaudited_ms_per_round": 1e3 * unaudited_wall / unaudited_rounds,
-        "audit_cost": (remote_wall / remote_rounds) / (unaudited_wall / unaudited_rounds) - 1,  # a fraction of a round
+        "unaudited_ms_per_round": 1e3 * unaudited.per_round_s,
+        "audit_cost": remote.per_round_s / unaudited.per_round_s - 1,  # a fraction of a round
     }
     return {
         "mode": mode,
@@ -116,10 +106,43 @@ def run_service_bench(
             "p90": 1e3 * percentile(overheads, 0.9),
             "p99": 1e3 * percentile(overheads, 0.99),
         },
-        "in_process_ms_per_round": 1e3 * local_wall / local_rounds,
-        "loopback_grpc_ms_per_round": 1e3 * remote_wall / remote_rounds,
-        "loopback_extra_ms_per_round": 1e3 * (remote_wall / remote_rounds - local_wall / local_rounds),
+        "in_process_ms_per_round": 1e3 * local.per_round_s,
+        "loopback_grpc_ms_per_round": 1e3 * remote.per_round_s,
+        "loopback_extra_ms_per_round": 1e3 * (remote.per_round_s - local.per_round_s),
     }
+
+
+def _over_grpc(engine, draft_model, prompt: list[int], runs: list, max_new_tokens: int,
+               draft_len: int) -> tuple[_Rounds, _Rounds, list[float]]:
+    """Every session through a real verifier on loopback, and in rejection mode through one without the
+    draft audit too (interleaved, each first every other session): (rounds with the audit, rounds
+    without, the service's overhead per verify)."""
+    from cloud.limits import ServiceLimits
+    from cloud.server import BackgroundServer, ServerConfig
+    from edge.decode_loop import run_decode
+    from edge.endpoint import VerifierEndpoint
+    from edge.grpc_verifier import GrpcVerifier
+    from shared.params import Mode
+
+    remote, unaudited = _Rounds(), _Rounds()
+
+    def run(server, params, into: _Rounds) -> None:
+        verifier = GrpcVerifier(VerifierEndpoint(server.address, engine.vocab_size, engine.fingerprint))
+        verifier.connect()
+        into.add(run_decode(draft_model, verifier, prompt, params, max_new_tokens=max_new_tokens,
+                            draft_len=draft_len).stats)
+
+    audited_off = ServerConfig(port=0, limits=ServiceLimits(audit_drafts=False))
+    rejection = runs[0].mode is Mode.REJECTION
+    with BackgroundServer(engine, ServerConfig(port=0)) as server, \
+            BackgroundServer(engine, audited_off) if rejection else contextlib.nullcontext() as other:
+        for i, params in enumerate(runs):
+            if other is not None and i % 2:
+                run(other, params, unaudited)
+            run(server, params, remote)
+            if other is not None and not i % 2:
+                run(other, params, unaudited)
+        return remote, unaudited, list(server.server.servicer.recent_overheads_s)
 
 
 def format_service_report(report: dict[str, Any]) -> str:

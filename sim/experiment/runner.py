@@ -189,24 +189,47 @@ def run_simulation(cfg: SimConfig, progress=lambda line: print(line, file=sys.st
             run_edge_process(["baseline", "--cloud", f"127.0.0.1:{cloud.port}", "--drafter", cfg.drafters[0].path,
                               "--prompt", "Hello", "--max-new-tokens", "4", "--temperature", "0",
                               *(["--reproducible"] if reproducible else [])], edge_cores)
+        rig = _Rig(cloud, link, edge_cores, fleet_args, progress_of)
         baselines: dict[str, BaselineRow] = {}
         for yard in (yardstick.FASTEST, yardstick.REPRODUCIBLE):
             for kind in kinds:
                 key = yardstick.baseline_key(yard, kind, kinds[0])
-                baselines[key] = _cloud_only(cfg, kind, yard == yardstick.REPRODUCIBLE, link, cloud, edge_cores,
-                                             progress_of)
+                baselines[key] = _cloud_only(cfg, rig, kind, yard == yardstick.REPRODUCIBLE)
                 baselines[key].row.update(kind=kind, yardstick=yard)
         runs = []
         split_started = time.monotonic()
-        for rung, numerics, mode, draft_len, schedule, hedge in configs:
-            runs.append(_split(cfg, rung, numerics, mode, draft_len, schedule, hedge, cloud, link, edge_cores,
-                               progress_of, fleet_args, stream=cfg.stream_first and not runs))
+        for config in configs:
+            runs.append(_split(cfg, rig, _SplitConfig(*config), stream=cfg.stream_first and not runs))
         fleet = _fleet_summary(broker, fleet_link, time.monotonic() - split_started, cfg) if broker else None
     colocated = {rung.name: _colocated(cfg, rung, cloud_cores, progress_of) for rung in cfg.drafters} \
         if cfg.colocated else {}
     result = _finish(cfg, kinds[0], baselines, runs, colocated)
     result["fleet"] = fleet
     return result
+
+
+@dataclass(frozen=True)
+class _SplitConfig:
+    """One split configuration of a run."""
+
+    rung: DrafterRung
+    numerics: str  # "as-opened" or "reproducible"
+    mode: str
+    draft_len: int
+    schedule: str
+    hedge: int
+
+
+@dataclass(frozen=True)
+class _Rig:
+    """What a run's configurations share: the cloud process, the link in front of it, the edges' cores,
+    the fleet's flags and the progress lines."""
+
+    cloud: CloudProcess
+    link: BackgroundLink
+    edge_cores: set[int] | None
+    fleet_args: list[str]
+    progress: _Progress
 
 
 class _Progress:
@@ -220,9 +243,9 @@ class _Progress:
         self.progress(f"[{self.step}/{self.total}] {line}" if counts else line)
 
 
-def _cloud_only(cfg: SimConfig, kind: str, reproducible: bool, link: BackgroundLink, cloud: CloudProcess, edge_cores,
-                progress: _Progress) -> BaselineRow:
+def _cloud_only(cfg: SimConfig, rig: _Rig, kind: str, reproducible: bool) -> BaselineRow:
     """Cloud-only decoding of every prompt (reproducible: canonical shapes; else free, the fastest)."""
+    cloud, link, edge_cores, progress = rig.cloud, rig.link, rig.edge_cores, rig.progress
     shapes = "canonical" if reproducible else "free"
     reports, meters = [], []
     for prompt in cfg.prompts:
@@ -239,10 +262,11 @@ def _cloud_only(cfg: SimConfig, kind: str, reproducible: bool, link: BackgroundL
     return BaselineRow(row, reports, [m.verify_samples for m in meters])
 
 
-def _split(cfg: SimConfig, rung: DrafterRung, numerics: str, mode: str, draft_len: int, schedule: str, hedge: int,
-           cloud: CloudProcess, link: BackgroundLink, edge_cores, progress: _Progress, fleet_args: list[str],
-           stream: bool) -> MeasuredRow:
+def _split(cfg: SimConfig, rig: _Rig, config: _SplitConfig, stream: bool) -> MeasuredRow:
     """One split configuration over every prompt."""
+    cloud, link, edge_cores, progress, fleet_args = rig.cloud, rig.link, rig.edge_cores, rig.progress, rig.fleet_args
+    rung, numerics, mode, draft_len = config.rung, config.numerics, config.mode, config.draft_len
+    schedule, hedge = config.schedule, config.hedge
     window, reproducible = window_for(schedule, cfg.window), numerics == "reproducible"
     name = config_label(mode, draft_len, schedule, window, hedge) + (" reproducible" if reproducible else "")
     label = f"{rung.name}: {name}" if len(cfg.drafters) > 1 else name

@@ -206,10 +206,10 @@ def test_bench_split_compares_every_run_with_the_fastest_cloud_only_and_labels_b
 
 @pytest.mark.slow
 def test_bench_serve_compares_the_split_with_the_fastest_cloud_only_on_the_same_link(tiny_models):
-    from sim.bench.serve import format_serve_report, run_serve_bench
+    from sim.bench.serve import ServeBench, format_serve_report, run_serve_bench
 
-    report = run_serve_bench(scenario="lte", turns=2, max_tokens=8, repeats=1, target=tiny_models["target"],
-                             drafter=tiny_models["drafter_noisy"], schedule="adaptive")
+    report = run_serve_bench(ServeBench(scenario="lte", turns=2, max_tokens=8, repeats=1, target=tiny_models["target"],
+                                        drafter=tiny_models["drafter_noisy"], schedule="adaptive"))
     c = report["cloud_only"]
     assert (c["fastest"]["shapes"], c["reproducible"]["shapes"], c["split_shapes"]) == ("free", "canonical", "canonical")
     assert c["fastest"]["tokens_per_s"] > 0 and c["reproducible"]["tokens_per_s"] > 0

@@ -40,10 +40,11 @@ def add(subparsers: argparse._SubParsersAction) -> None:
 def run_serve(args: argparse.Namespace) -> int:
     import sys
 
-    from sim.bench.serve import format_serve_report, run_serve_bench
+    from sim.bench.serve import ServeBench, format_serve_report, run_serve_bench
 
-    report = run_serve_bench(scenario=args.scenario, turns=args.turns, max_tokens=args.max_tokens,
-                             repeats=args.repeats, target=args.target, drafter=args.drafter, lookup=args.lookup,
-                             schedule=args.schedule, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    report = run_serve_bench(ServeBench(
+        scenario=args.scenario, turns=args.turns, max_tokens=args.max_tokens, repeats=args.repeats,
+        target=args.target, drafter=args.drafter, lookup=args.lookup, schedule=args.schedule),
+        progress=lambda line: print(line, file=sys.stderr, flush=True))
     print(json.dumps(report) if args.json else format_serve_report(report))
     return 0
