@@ -289,7 +289,7 @@ class Controller:
         """Blocks in flight while drafting: the choice, within the cap."""
         return min(self.chosen_window, self.window)
 
-    def cap(self, max_draft_len: int) -> None:
+    def limit_draft_len(self, max_draft_len: int) -> None:
         """The cloud's load hint: no more than this many drafts per block."""
         self.max_draft_len = max(1, min(self.max_draft_len, max_draft_len))
         self.draft_len = min(self.draft_len, self.max_draft_len)
@@ -302,7 +302,7 @@ class Controller:
         first chain's blocks holding the caller's cap until the first plan (a first chain of the start
         length was measured no faster: docs/history.md)."""
         draft_len = min(draft_len_cap, terms.max_draft_len)
-        self.cap(draft_len)
+        self.limit_draft_len(draft_len)
         self.hedge.allow(min(hedge_cap, terms.max_branches), branch_len)
         self.set_row_tile(terms.row_tile)
         self.window = min(self.window, terms.max_blocks_in_flight)
@@ -313,7 +313,7 @@ class Controller:
 
     def lower_draft_limit(self, limit: int, branch_len: int) -> None:
         """The verifier lowered the drafts per block (guesses included): plan within ``limit``."""
-        self.cap(limit)
+        self.limit_draft_len(limit)
         self.hedge.allow(self.hedge.cap, branch_len)
 
     def shadow_due(self, since_plan: int) -> bool:

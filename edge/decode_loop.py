@@ -151,11 +151,11 @@ class _Decode:
         # time: none); the connection sends it if it is ready before the Opened (``edge.early_block``).
         # Where the round trip is long for the cloud's pace, the cloud decodes alone from the start: empty
         # blocks go right behind the Open instead (``head_start``).
-        pipe, room = self.pipeline, self.max_new_tokens - 2  # the first token, then the correction or bonus
+        pipe, drafts_left = self.pipeline, self.max_new_tokens - 2  # the first token, then the correction or bonus
         head_start = self._head_start()
-        if not head_start and pipe.takes_early_block(room):
-            draft_len = min(pipe.draft_len, room, EARLY_DRAFT_LEN)
-            self.early = EarlyBlock(self.drafter, self.prompt, self.params, draft_len, room)
+        if not head_start and pipe.takes_early_block(drafts_left):
+            draft_len = min(pipe.draft_len, drafts_left, EARLY_DRAFT_LEN)
+            self.early = EarlyBlock(self.drafter, self.prompt, self.params, draft_len, drafts_left)
         else:
             self.drafter.begin(self.prompt, self.params)
         try:
@@ -272,7 +272,7 @@ class _Decode:
                 if nxt is None:
                     break
                 self._settle_early()
-                self.drafting = Drafting(nxt.start_position, nxt.drafts, nxt.room)
+                self.drafting = Drafting(nxt.start_position, nxt.drafts, nxt.drafts_left)
             drafting = self.drafting
             if len(drafting.block.tokens) < drafting.drafts:
                 # A verdict that arrives meanwhile is read first: it may void this block.
@@ -287,7 +287,7 @@ class _Decode:
                 block = hedge(drafter, block, width, self.branch_len,
                               committed=max(self.committed_end - drafting.start, 0))
             sent_at = time.perf_counter()
-            follows = more_follows(len(block.tokens), drafting.room, pipe.window)
+            follows = more_follows(len(block.tokens), drafting.drafts_left, pipe.window)
             verifier.send(self.epoch, drafting.start, block, follows)
             pipe.sent(InFlight(self.epoch, drafting.start, block, follows, sent_at, drafting.draft_s,
                                 sent_at - drafted_at))

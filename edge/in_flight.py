@@ -26,7 +26,7 @@ class Drafting:
 
     start: int  # the position of its first draft
     drafts: int  # the drafts it is to hold
-    room: int  # tokens the limit leaves from ``start``, the correction or bonus aside
+    drafts_left: int  # tokens the limit leaves from ``start``, the correction or bonus aside
     block: DraftBlock = field(default_factory=lambda: DraftBlock([]))  # drafted so far
     draft_s: float = 0.0  # ... in this many seconds
 

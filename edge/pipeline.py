@@ -76,13 +76,13 @@ class NextBlock:
     start_position: int  # the position of its first draft
     drafts: int  # drafts to draft, its guesses included
     guesses: int  # ... of them, guesses of the tokens the void blocks in flight bring (a new chain's first block)
-    room: int  # tokens the limit leaves from ``start_position``, the correction or bonus aside
+    drafts_left: int  # tokens the limit leaves from ``start_position``, the correction or bonus aside
 
 
-def more_follows(drafted: int, room: int, window: int) -> bool:
+def more_follows(drafted: int, drafts_left: int, window: int) -> bool:
     """Whether a block of ``drafted`` drafts asks for a follower (no bonus): pipelined, not empty, and
-    short of the ``room`` the limit leaves (``NextBlock.room``)."""
-    return window > 1 and 0 < drafted < room
+    short of the ``drafts_left`` the limit leaves (``NextBlock.drafts_left``)."""
+    return window > 1 and 0 < drafted < drafts_left
 
 
 def first_live(in_flight: Iterable[F]) -> F | None:
@@ -142,10 +142,10 @@ class Pipeline(Generic[F]):
         Not followed yet: the caller follows it when it takes effect."""
         return self.schedule.start(round_trip_s, token_s) if self.draft_len else None
 
-    def takes_early_block(self, room: int) -> bool:
-        """Whether the first block is drafted while the prompt is prefilled, ``room`` tokens left in the
+    def takes_early_block(self, drafts_left: int) -> bool:
+        """Whether the first block is drafted while the prompt is prefilled, ``drafts_left`` drafts left in the
         limit past the first token and the correction (pipelined and drafting)."""
-        return self.draft_len > 0 and self.window >= 2 and room >= 1
+        return self.draft_len > 0 and self.window >= 2 and drafts_left >= 1
 
     def hold_if(self, wrong_guess: bool) -> None:
         """The blocks in flight rest on the early block, drafted on a guess of the first token: when that
@@ -178,13 +178,13 @@ class Pipeline(Generic[F]):
         if start >= end_limit:
             return None
         guesses = 0 if live else len(self.in_flight)
-        room = end_limit - start - 1  # the correction or bonus comes inside the limit
-        drafts = min(self.draft_len + guesses if self.draft_len else 0, room)
+        drafts_left = end_limit - start - 1  # the correction or bonus comes inside the limit
+        drafts = min(self.draft_len + guesses if self.draft_len else 0, drafts_left)
         if self.draft_limit is not None:
             drafts = min(drafts, self.draft_limit)
         if drafts <= 0 and live and live[-1].size:
             return None
-        return NextBlock(start, max(drafts, 0), min(guesses, max(drafts, 0)), room)
+        return NextBlock(start, max(drafts, 0), min(guesses, max(drafts, 0)), drafts_left)
 
     def sent(self, flight: F) -> None:
         self.in_flight.append(flight)

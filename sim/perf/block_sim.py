@@ -166,7 +166,7 @@ class _Generation:
             self.chain += opens_chain
             self.now = done_at
             self.send(SimBlock(self.chain, drafts, guesses, opens_chain,
-                             more_follows(nxt.drafts, nxt.room, pipe.window), sent_at=self.now,
+                             more_follows(nxt.drafts, nxt.drafts_left, pipe.window), sent_at=self.now,
                              at_cloud=self.now + costs.up_s(nxt.drafts) + costs.rtt_s / 2,
                              start_position=nxt.start_position, size=nxt.drafts))
         return True

@@ -279,7 +279,7 @@ def test_hedges_are_tried_after_plain_blocks_and_kept_only_where_their_gain_beat
 def test_the_cloud_load_hint_caps_the_draft_length():
     c = Controller(max_draft_len=8, window=2, cloud_window=16)
     c.draft_len = 8
-    c.cap(3)
+    c.limit_draft_len(3)
     for _ in range(10):
         c.observe_block(drafted=3, accepted=3, trip_s=0.3, draft_s=0.03)
     assert c.plan().draft_len <= 3
