@@ -3,7 +3,8 @@
 ``PendingBlock`` is a block waiting for verification; ``check_request`` refuses
 a prompt and token budget the target cannot take; ``check_block`` refuses
 one that breaks the protocol (an epoch ahead, a position outside the session's,
-too many drafts, malformed branches) with ``BlockRejected``; ``ForgedDraft`` is
+too many drafts, malformed branches) with ``BlockRejected``; ``shares_forward``
+says which pending blocks one forward verifies; ``ForgedDraft`` is
 the refusal of rejection-mode drafts not sampled from their q̃. The helpers cut
 a block to the drafts past the committed tokens and key drafts by position.
 Pure: no model, no I/O.
@@ -18,7 +19,8 @@ from shared.sparse import SparseDist
 from shared.verdict import Verdict
 
 __all__ = ["PendingBlock", "BlockRejected", "ForgedDraft", "MAX_BRANCH_LEN", "check_block", "past", "rebased_verdict",
-           "past_correction", "by_position", "check_request"]
+           "past_correction", "by_position", "check_request",
+           "shares_forward"]
 
 # Tokens a hedge branch may hold: a guessed correction and a short continuation (the edge sends 3);
 # the bound keeps a block's tree within (1 + max_branches) * this many rows past its drafts.
@@ -125,3 +127,10 @@ def check_request(vocab_size: int, max_positions: int | None, prompt: Sequence[i
             f"a prompt of {len(prompt)} tokens plus {max_new_tokens} new ones exceeds the target's context of "
             f"{max_positions} positions"
         )
+
+
+def shares_forward(previous_more_follows: bool, previous_end: int, epoch: int, block_start: int, block_epoch: int) -> bool:
+    """Whether a pending block joins the forward of the block before it (a chain verified in one
+    forward): that one was sent with ``more_follows`` and ends at ``previous_end``, and this one is of
+    the session's ``epoch`` and starts there. The verifier and its model both gather chains so."""
+    return previous_more_follows and block_epoch == epoch and block_start == previous_end

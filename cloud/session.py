@@ -51,6 +51,7 @@ from cloud.pending_block import (
     past,
     past_correction,
     rebased_verdict,
+    shares_forward,
 )
 from cloud.session_policy import SessionPolicy
 from cloud.spare_drafts import MAX_FREE_DRAFTS, SpareDrafts, free_drafts
@@ -219,7 +220,7 @@ class VerifierSession:
             chain = [past(front, skip) if front.drafts else PendingBlock(self.epoch, len(self.tokens), self._proposals())]
             position = chain[0].start_position + len(chain[0].drafts)
             for block in pending[1:]:
-                if not chain[-1].more_follows or block.epoch != self.epoch or block.start_position != position:
+                if not shares_forward(chain[-1].more_follows, position, self.epoch, block.start_position, block.epoch):
                     break
                 self._check(block)
                 chain.append(block)

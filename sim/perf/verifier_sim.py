@@ -8,7 +8,8 @@ it (``stale_decode_s``, after ``rebased_per_stale_decode`` rebased drafts on
 average) where the verifier's own rule says so
 (``cloud.next_block.decodes_stale`` against its ``NextBlockClock``; a chain
 stands for an epoch), else at once, empty. The tokens a verified block commits
-follow ``shared.verdict.token_follows``. A correction makes the chain's later
+follow ``shared.verdict.token_follows``, the blocks one forward verifies
+``cloud.pending_block.shares_forward``. A correction makes the chain's later
 blocks stale; a chain's first block is usable unless a token decoded for a
 void block under its guesses was guessed wrong (``token_guessed``); an empty
 one always is (it asks for the next token).
@@ -21,6 +22,7 @@ import random
 from collections import deque
 
 from cloud.next_block import NextBlockClock, decodes_stale
+from cloud.pending_block import shares_forward
 from shared.verdict import token_follows
 from sim.perf.block_costs import BlockCosts, SimBlock
 
@@ -95,8 +97,10 @@ class VerifierSim:
         if head.chain != self.chain:  # a new chain: the tokens decoded under its guesses are skipped,
             head.drafts += max(head.guesses - self.stale_decoded, 0)  # its other guesses are drafts
             self.chain, self.alive, self.stale_decoded, self.stale_decodes = head.chain, True, 0, []
-        batch = [head]  # with every later block of the chain there (each empty block is a forward of its own)
-        while not head.empty and pending and pending[0].at_cloud <= start and pending[0].chain == self.chain:
+        batch = [head]  # with every later block of the chain there (the verifier's rule; a chain stands for an epoch)
+        while pending and pending[0].at_cloud <= start and shares_forward(
+                batch[-1].more_follows, batch[-1].start_position + batch[-1].size, self.chain,
+                pending[0].start_position, pending[0].chain):
             batch.append(pending.popleft())
         for i, block in enumerate(batch):
             block.accepted = 0 if block.guess_wrong else self._accepted(block.drafts)

@@ -1,5 +1,6 @@
 """The cloud's protocol rules as pure functions, table-driven: the stale-decode decision, the next-block
-clock, drafts per block, spare drafts, the tokens a verdict commits and where a generation ends. The
+clock, which blocks share a forward, drafts per block, spare drafts, the tokens a verdict commits and
+where a generation ends. The
 verifier (``cloud.session``) and the performance model (``sim.perf.verifier_sim``) both decide by
 these; the last tests drive each with the same case."""
 
@@ -13,6 +14,7 @@ from helpers import GREEDY, new_session
 
 from cloud.draft_limit import DraftLimit
 from cloud.next_block import NextBlockClock, decodes_stale
+from cloud.pending_block import shares_forward
 from cloud.session import PendingBlock
 from cloud.spare_drafts import MAX_FREE_DRAFTS, SpareDrafts, free_drafts
 from cloud.step_result import StepResult
@@ -90,6 +92,16 @@ def test_the_tokens_a_verdict_commits(verdict, count):
     assert len(verdict.committed(drafts if not verdict.stale else [], branches)) == count
 
 
+@pytest.mark.parametrize(("previous_more_follows", "previous_end", "block_start", "block_epoch", "shares"), [
+    (True, 14, 14, 2, True),  # the chain goes on
+    (False, 14, 14, 2, False),  # the block before asked for a bonus: this one is verified on its own
+    (True, 14, 15, 2, False),  # not where the chain ends
+    (True, 14, 14, 1, False),  # an older epoch: stale
+])
+def test_which_pending_blocks_share_a_forward(previous_more_follows, previous_end, block_start, block_epoch, shares):
+    assert shares_forward(previous_more_follows, previous_end, 2, block_start, block_epoch) is shares
+
+
 def test_a_step_charges_its_client_neither_the_cloud_s_proposals_nor_what_they_commit():
     verdict = Verdict(0, 10, 0, 42, True, False, rebased=(7, 8))
     step = StepResult([verdict], rows=4, proposed=3, proposals_taken=2, seconds=0.1)
@@ -135,7 +147,8 @@ def test_the_verifier_and_its_model_commit_the_same_tokens_for_a_chain(tiny_engi
 
     costs = BlockCosts(alpha=[1.0], draft_s=0.01, up_s=lambda n: 0.0, rtt_s=0.0, down_s=0.0,
                        forward_s=lambda rows: 0.1, stale_decode_s=0.05, token_guessed=1.0)
-    blocks = [SimBlock(1, 2, 0, i == 0, more_follows=i < 2, sent_at=0.0, at_cloud=0.0) for i in range(3)]
+    blocks = [SimBlock(1, 2, 0, i == 0, more_follows=i < 2, sent_at=0.0, at_cloud=0.0, start_position=2 * i, size=2)
+              for i in range(3)]
     sim = VerifierSim(costs, _Scripted([1, 1, 1, 1, 1, 0]), deque(blocks))
     _answer_all(sim)
     assert sim.busy_s == pytest.approx(0.1)  # one forward
@@ -149,8 +162,8 @@ def test_the_model_decodes_a_stale_block_only_as_the_verifier_s_rule_allows():
         costs = BlockCosts(alpha=[0.0], draft_s=0.01, up_s=lambda n: 0.0, rtt_s=0.0, down_s=0.0,
                            forward_s=lambda rows: 0.1, stale_decode_s=0.05, decode_stale=decode_stale,
                            token_guessed=1.0)
-        first, second = blocks = [SimBlock(1, 1, 0, i == 0, more_follows=False, sent_at=0.0, at_cloud=0.0)
-                                  for i in range(2)]
+        first, second = blocks = [SimBlock(1, 1, 0, i == 0, more_follows=False, sent_at=0.0, at_cloud=0.0,
+                                           start_position=i, size=1) for i in range(2)]
         sim = VerifierSim(costs, random.Random(0), deque(blocks))
         _answer_all(sim)
         assert first.ends_chain and second.stale and second.committed == committed
