@@ -176,13 +176,11 @@ class BlockStream(ServicePart):
         self,
         entry: SessionEntry,
         pending: list[PendingBlock],
-        received: deque[tuple[float, int, int]],
         stream: int,
         stale_decode_deadline: float | None = None,
     ) -> list[Answered]:
         """Verify the next chain of ``pending`` in one forward on the engine thread, observed once.
 
-        ``received``: (arrival time, start position, drafts) of each pending block, in the same order.
         ``stream``: the session's stream number this caller holds; once a resume
         has taken the session over, nothing is verified (checked on the engine
         thread, where every change to the session happens).
@@ -217,6 +215,7 @@ class BlockStream(ServicePart):
             return observed() if entry.stream == stream else None
 
         forward_before, forwards_before = session.seq.forward_s, session.forwards
+        waiting = list(pending)  # the step removes what it answers
         try:
             step = await self.scheduler.run(verify_if_current, session, client=entry.owner)
         except BlockRejected as exc:
@@ -226,19 +225,20 @@ class BlockStream(ServicePart):
         if step is None:
             raise Abort(grpc.StatusCode.ABORTED, "the session was resumed on another stream", park=True)
         self.table.touch(entry)
-        return self._observe(session, step, received, forwards_before, forward_before)
+        return self._observe(session, step, waiting[:len(step.verdicts)], forwards_before, forward_before)
 
-    def _observe(self, session: VerifierSession, step: StepResult, received: deque[tuple[float, int, int]],
+    def _observe(self, session: VerifierSession, step: StepResult, blocks: list[PendingBlock],
                  forwards_before: int, forward_before: float) -> list[Answered]:
-        """The chain's verdicts as ``Answered``, each observed once; its forward counts for its first block."""
+        """The chain's verdicts as ``Answered`` (``blocks``: the pending blocks they answer, as they
+        arrived), each observed once; its forward counts for its first block."""
         now = time.perf_counter()
         out = []
         forwards = session.forwards - forwards_before
         forward_s = session.seq.forward_s - forward_before if forwards else 0.0
         forward_rows = step.rows if forwards == 1 else 0  # (one point of the cost curve)
         overhead = 0.0
-        for i, verdict in enumerate(step.verdicts):
-            arrived, start, drafts = received.popleft()
+        for i, (verdict, block) in enumerate(zip(step.verdicts, blocks)):
+            arrived, start, drafts = block.arrived_at, block.start_position, len(block.drafts)
             # Verified drafts only: a stale block's were not, drafts before the verdict's start were committed.
             drafted = 0 if verdict.stale else max(drafts - (verdict.start_position - start), 0)
             seconds = now - arrived
@@ -266,7 +266,7 @@ class BlockStream(ServicePart):
         """The session's next token, decoded alone (an empty block that arrived at ``arrived``)."""
         position = len(entry.session.tokens)
         (answered,) = await self._verify_pending(
-            entry, [PendingBlock(entry.session.epoch, position, [])], deque([(arrived, position, 0)]), stream
+            entry, [PendingBlock(entry.session.epoch, position, [], arrived_at=arrived)], stream
         )
         return answered
 
@@ -280,7 +280,6 @@ class BlockStream(ServicePart):
         ``EOF``); refuses more than ``max_blocks_in_flight`` blocks waiting.
         """
         pending: list[PendingBlock] = []
-        received: deque[tuple[float, int, int]] = deque()
         idle_s = self.limits.idle_timeout_s
         progress = time.monotonic()  # the last verdict (or the open)
         next_block = NextBlockClock()  # no stale decode that would still run when the edge's next block is due
@@ -297,8 +296,7 @@ class BlockStream(ServicePart):
                 block = self.decode_draft(entry, item[0])
                 if block is None:
                     continue
-                pending.append(block)
-                received.append((item[1], block.start_position, len(block.drafts)))
+                pending.append(replace(block, arrived_at=item[1]))
                 next_block.arrived(item[1], item[0].epoch)
                 if len(pending) > self.limits.max_blocks_in_flight:
                     raise Abort(
@@ -307,7 +305,7 @@ class BlockStream(ServicePart):
                     )
             if pending and not ending:  # one chain at a time: a stale block's answer depends on what arrived
                 epoch = entry.session.epoch
-                answered = await self._verify_pending(entry, pending, received, stream, next_block.deadline())
+                answered = await self._verify_pending(entry, pending, stream, next_block.deadline())
                 for answer in answered:
                     yield answer
                     progress = time.monotonic()

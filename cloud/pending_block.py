@@ -49,6 +49,7 @@ class PendingBlock:
     q: list[SparseDist] | None = None  # [n] rejection mode
     more_follows: bool = False
     branches: tuple[tuple[int, list[int]], ...] = ()  # hedges: (index of the draft replaced, tokens)
+    arrived_at: float = 0.0  # time.perf_counter() when its frame arrived (0: not timed)
 
 
 def check_block(block: PendingBlock, *, epoch: int, first: int, last: int, max_draft_len: int,
@@ -84,7 +85,7 @@ def past(block: PendingBlock, skip: int) -> PendingBlock:
         return block
     return PendingBlock(
         block.epoch, block.start_position + skip, block.drafts[skip:], block.q and block.q[skip:], block.more_follows,
-        tuple((at - skip, tokens) for at, tokens in block.branches if at >= skip),
+        tuple((at - skip, tokens) for at, tokens in block.branches if at >= skip), block.arrived_at,
     )
 
 
