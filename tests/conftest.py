@@ -1,5 +1,6 @@
-"""Shared fixtures: tiny generated models (written once per test session), their drafters, a greedy
-path, a loopback verifier; the real Gemma pair, whose tests carry the ``gemma`` marker."""
+"""Fixtures every folder uses: tiny generated models (written once per test session), their drafters, a
+greedy path, real verifiers on loopback (``serve``); a folder's own are in its ``conftest.py``. Tests
+that load the real Gemma pair carry the ``gemma`` marker."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import pytest  # noqa: E402
 from helpers import TEXTS, greedy_continuation, tiny_drafter, tiny_prompt  # noqa: E402
 
-GEMMA_FIXTURES = {"gemma_engine"}  # a test that uses one loads the real Gemma 3 270M pair
+GEMMA_FIXTURES = {"gemma_engine"}  # a test that uses one loads the real Gemma 3 270M pair (tests/cloud/conftest.py)
 
 
 def pytest_collection_modifyitems(items):
@@ -104,12 +105,3 @@ def verifier(serve):
     from cloud.limits import ServiceLimits
 
     return serve(ServiceLimits(max_draft_len=16, session_ttl_s=30))
-
-
-@pytest.fixture(scope="session")
-def gemma_engine():
-    """The default Gemma 3 270M target (converted once into the cache; ~1 min the first time)."""
-    from cloud.engine import TargetEngine
-    from cloud.models import resolve_target
-
-    return TargetEngine(resolve_target(None))
