@@ -11,6 +11,7 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from edge.decode_loop import VerifierError
 from edge.openai_api.state import app_state
@@ -25,7 +26,8 @@ class ApiError(Exception):
     """An error for the client, in OpenAI's shape."""
 
     TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-             429: "rate_limit_error", 503: "service_unavailable", 500: "server_error"}
+             405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
+             503: "service_unavailable", 500: "server_error"}
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
@@ -67,6 +69,14 @@ async def _invalid(request: Request, exc: RequestValidationError) -> JSONRespons
     return ApiError(400, message, where).response()
 
 
+async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    """Routing's own errors (404: no such path, 405: not that method) in the same shape."""
+    app_state(request).metrics.count(request.url.path, exc.status_code)
+    message = {404: f"no such endpoint: {request.url.path}",
+               405: f"{request.method} is not allowed on {request.url.path}"}.get(exc.status_code, str(exc.detail))
+    return ApiError(exc.status_code, message, code=getattr(exc, "code", None)).response()
+
+
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unexpected error on %s", request.url.path)
     app_state(request).metrics.count(request.url.path, 500)
@@ -74,7 +84,9 @@ async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
 
 
 def add_error_handlers(app: FastAPI) -> None:
-    """Answer ``ApiError``, invalid requests (400) and anything unexpected (500) in OpenAI's shape."""
+    """Answer ``ApiError``, invalid requests (400), routing's 404 and 405 and anything unexpected (500) in
+    OpenAI's shape."""
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(RequestValidationError, _invalid)
+    app.add_exception_handler(StarletteHTTPException, _http)
     app.add_exception_handler(Exception, _unexpected)

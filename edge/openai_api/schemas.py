@@ -19,6 +19,7 @@ from shared.params import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, Mod
 __all__ = ["DEFAULT_MAX_TOKENS", "ChatMessage", "ChatRequest", "CompletionRequest", "SamplingRequest", "job_for"]
 
 DEFAULT_MAX_TOKENS = 256
+_SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "seed")  # SamplingParams' refusals start with the field's name
 
 
 class _Lenient(BaseModel):
@@ -53,7 +54,7 @@ class SamplingRequest(_Lenient):
     max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=0)  # an extension clients of llama-server and vLLM send
+    top_k: int | None = Field(None, ge=0, lt=2**32)  # an extension clients of llama-server and vLLM send (uint32)
     seed: int | None = Field(None, ge=0, lt=2**64)
     stop: str | list[str] | None = None
     stream: bool = False
@@ -90,14 +91,18 @@ class SamplingRequest(_Lenient):
         ``seed`` (OpenAI's determinism knob) is reproducible: the same seed gives the same tokens whatever
         else the verifier batches."""
         temperature = DEFAULT_TEMPERATURE if self.temperature is None else self.temperature
-        return SamplingParams(
-            mode=Mode.GREEDY if temperature == 0 else Mode.COUPLED,
-            temperature=temperature,
-            top_k=DEFAULT_TOP_K if self.top_k is None else self.top_k,
-            top_p=DEFAULT_TOP_P if self.top_p is None else self.top_p,
-            seed=secrets.randbelow(2**63) if self.seed is None else self.seed,
-            reproducible=self.seed is not None,
-        )
+        try:
+            return SamplingParams(
+                mode=Mode.GREEDY if temperature == 0 else Mode.COUPLED,
+                temperature=temperature,
+                top_k=DEFAULT_TOP_K if self.top_k is None else self.top_k,
+                top_p=DEFAULT_TOP_P if self.top_p is None else self.top_p,
+                seed=secrets.randbelow(2**63) if self.seed is None else self.seed,
+                reproducible=self.seed is not None,
+            )
+        except ValueError as exc:  # a value inside the schema's range the sampler cannot take (a degenerate one)
+            param = next((name for name in _SAMPLING_FIELDS if str(exc).startswith(name)), None)
+            raise ApiError(400, str(exc), param) from exc
 
     @property
     def include_usage(self) -> bool:

@@ -145,6 +145,9 @@ def test_stop_strings_end_the_reply_before_them(http):
         ({"model": "tiny", "messages": CHAT, "temperature": 7}, "temperature"),
         ({"model": "tiny", "messages": [{"role": "wizard", "content": "hi"}]}, "messages.0.role"),
         ({"model": "tiny", "messages": CHAT, "max_tokens": 100_000}, "max_tokens"),
+        ({"model": "tiny", "messages": CHAT, "temperature": 1e-4}, "temperature"),  # degenerate, inside the schema
+        ({"model": "tiny", "messages": CHAT, "top_p": 1e-46}, "top_p"),  # rounds to 0 in float32
+        ({"model": "tiny", "messages": CHAT, "top_k": 2**40}, "top_k"),  # past the wire's uint32
     ],
 )
 def test_bad_requests_get_openai_shaped_400s(http, body, param):
@@ -152,6 +155,31 @@ def test_bad_requests_get_openai_shaped_400s(http, body, param):
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["type"] == "invalid_request_error" and error["message"] and error["param"] == param, error
+
+
+def test_unknown_paths_and_methods_get_openai_shaped_errors(http):
+    headers = {"Authorization": f"Bearer {KEY}"}
+    missing = httpx.get(f"{http.base}/v1/nothing-here", headers=headers)
+    assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found_error", missing.text
+    wrong = httpx.get(f"{http.base}/v1/chat/completions", headers=headers)
+    assert wrong.status_code == 405 and wrong.json()["error"]["type"] == "invalid_request_error", wrong.text
+
+
+def test_a_body_over_the_limit_is_refused_whole_or_chunked_and_the_server_stays_up(http):
+    from edge.openai_api.body_limit import MAX_BODY_BYTES
+
+    headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    huge = json.dumps({"messages": [{"role": "user", "content": "a" * (MAX_BODY_BYTES + 10)}]}).encode()
+    whole = httpx.post(f"{http.base}/v1/chat/completions", content=huge, headers=headers)
+    assert whole.status_code == 413 and whole.json()["error"]["code"] == "request_too_large", whole.text[:200]
+
+    def chunks():
+        for start in range(0, len(huge), 1 << 16):
+            yield huge[start:start + (1 << 16)]
+
+    chunked = httpx.post(f"{http.base}/v1/chat/completions", content=chunks(), headers=headers)
+    assert chunked.status_code == 413 and chunked.json()["error"]["code"] == "request_too_large"
+    assert httpx.get(f"{http.base}/health").json()["status"] == "ok"
 
 
 def test_malformed_json_a_wrong_key_and_an_overlong_prompt(http):
