@@ -73,7 +73,12 @@ def add_edge_commands(commands) -> None:
     serve.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1: this device only)")
     serve.add_argument("--port", type=port_number, default=8080, help="listen port (default 8080)")
     serve.add_argument("--api-key-file", type=Path, default=None,
-                       help="require 'Authorization: Bearer <key>' (the key in this file) on /v1/*")
+                       help="require 'Authorization: Bearer <key>' (the key in this file) on /v1/*; needed (with "
+                            "--tls-cert/--tls-key) to listen on anything but loopback")
+    serve.add_argument("--tls-cert", type=Path, default=None, help="serve HTTPS with this PEM certificate (and --tls-key)")
+    serve.add_argument("--tls-key", type=Path, default=None, help="... and this PEM private key")
+    serve.add_argument("--insecure", action="store_true",
+                       help="listen off loopback without an API key, or with one in cleartext (a trusted network only)")
     serve.add_argument("--chat-format", default=None,
                        help="chat template: 'gguf' (the model's own) or a llama-cpp-python format name (gemma, "
                        "chatml, llama-2, llama-3, mistral-instruct, qwen, zephyr); default: the GGUF's own, else gemma")
@@ -292,6 +297,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from edge.drafter_choice import open_llama_drafter
     from edge.serving import EdgeService, ServeConfig
     from shared.cli import CliError
+    from shared.wire import is_loopback
 
     options = _cloud_options(args)
     api_key = None
@@ -301,6 +307,10 @@ def run_serve(args: argparse.Namespace) -> int:
         api_key = args.api_key_file.read_text().strip()
         if not api_key:
             raise ValueError(f"API key file is empty: {args.api_key_file}")
+    tls = _serve_tls(args)
+    if not is_loopback(args.host) and not args.insecure and (api_key is None or tls is None):
+        raise ValueError(f"--host {args.host} is reachable from the network: give --api-key-file and "
+                         "--tls-cert/--tls-key, or --insecure on a network you trust")
     with socket.socket() as probe:  # a taken port is an error now, not a traceback from the server later
         try:
             probe.bind((args.host, args.port))
@@ -321,7 +331,7 @@ def run_serve(args: argparse.Namespace) -> int:
         if args.schedule == "adaptive":  # its controller starts from the link (``Controller.start``): measure it now
             threading.Thread(target=service.measure_link, name="link-probe", daemon=True).start()
         try:
-            serve_http(service, args.host, args.port, api_key=api_key, max_waiting=args.max_waiting)
+            serve_http(service, args.host, args.port, api_key=api_key, max_waiting=args.max_waiting, tls=tls)
         finally:
             service.close()
     finally:
@@ -331,17 +341,34 @@ def run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def serve_http(service, host: str, port: int, *, api_key: str | None, max_waiting: int) -> None:
-    """Run the OpenAI-compatible app until interrupted."""
+def _serve_tls(args: argparse.Namespace) -> tuple[str, str] | None:
+    """(certificate, key) paths for HTTPS, both or neither given, each an existing PEM file."""
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise ValueError("--tls-cert and --tls-key go together")
+    if args.tls_cert is None:
+        return None
+    for path, flag in ((args.tls_cert, "--tls-cert"), (args.tls_key, "--tls-key")):
+        if not path.is_file():
+            raise FileNotFoundError(f"{flag} file not found: {path}")
+        if b"-----BEGIN " not in path.read_bytes():
+            raise ValueError(f"{flag} is not a PEM file (no '-----BEGIN' line): {path}")
+    return str(args.tls_cert), str(args.tls_key)
+
+
+def serve_http(service, host: str, port: int, *, api_key: str | None, max_waiting: int,
+               tls: tuple[str, str] | None = None) -> None:
+    """Run the OpenAI-compatible app until interrupted (``tls``: certificate and key files: HTTPS)."""
     import uvicorn
 
     from edge.openai_server import create_app
 
     app = create_app(service, api_key=api_key, max_waiting=max_waiting)
-    print(f"splitspec edge: serving the OpenAI API on http://{host}:{port}/v1 (model {service.config.model_name}, "
+    scheme = "https" if tls else "http"
+    print(f"splitspec edge: serving the OpenAI API on {scheme}://{host}:{port}/v1 (model {service.config.model_name}, "
           f"cloud {service.config.cloud}, {service.template.description}, fallback {service.config.fallback})",
           flush=True)
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    ssl = {"ssl_certfile": tls[0], "ssl_keyfile": tls[1]} if tls else {}
+    uvicorn.run(app, host=host, port=port, log_level="warning", **ssl)
 
 
 def run_baseline(args: argparse.Namespace) -> int:

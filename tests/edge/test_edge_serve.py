@@ -398,3 +398,22 @@ def test_the_cloud_s_health_is_asked_at_most_once_a_second():
         assert health.state() is not first
     finally:
         health.close()
+
+
+@pytest.mark.parametrize("extra", [[], ["--api-key-file", "KEY"]], ids=["no-key", "key-in-cleartext"])
+def test_edge_serve_refuses_the_network_without_a_key_and_tls_unless_insecure(tmp_path, tiny_models, extra):
+    """Off loopback, edge serve needs a key and TLS, or an explicit --insecure: exit 2, one line, no
+    traceback, before any model loads."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    key = tmp_path / "key"
+    key.write_text("sk-test\n")
+    args = [a if a != "KEY" else str(key) for a in extra]
+    result = subprocess.run(
+        [sys.executable, "-m", "sim.cli", "edge", "serve", "--host", "0.0.0.0", "--port", "0",
+         "--cloud", "127.0.0.1:1", "--drafter", tiny_models["drafter_f32"], *args],
+        capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parents[2])
+    assert result.returncode == 2, result.stderr
+    assert "--insecure" in result.stderr and "Traceback" not in result.stderr, result.stderr
