@@ -83,7 +83,7 @@ class AcceptanceEstimate:
         self.samples = 0
 
     @classmethod
-    def settled(cls, alpha_per_position: list[float], trials: float = 1e6) -> AcceptanceEstimate:
+    def converged(cls, alpha_per_position: list[float], trials: float = 1e6) -> AcceptanceEstimate:
         """An estimate that has seen ``alpha_per_position`` over many trials (the priors forgotten)."""
         estimate = cls()
         estimate.hits = [a * trials for a in alpha_per_position]
@@ -161,13 +161,13 @@ class Controller:
         self._shadow_run = 0  # shadow hits in a row since the last miss (``observe_shadow``)
 
     @classmethod
-    def settled(cls, max_draft_len: int, window: int, *, alpha_per_position: list[float], draft_s_per_token: float,
+    def converged(cls, max_draft_len: int, window: int, *, alpha_per_position: list[float], draft_s_per_token: float,
                 network_s: float, forward_s: float, cloud_s_per_token: float, stale_rebased: float = 0.0,
                 cloud_window: int = CLOUD_WINDOW) -> Controller:
         """A controller that has measured these at length (what it chooses once its estimates have
         settled); it has not chosen yet: ``plan`` starts from where a session does."""
         controller = cls(max_draft_len, window, cloud_window)
-        controller.acceptance = AcceptanceEstimate.settled(alpha_per_position)
+        controller.acceptance = AcceptanceEstimate.converged(alpha_per_position)
         for estimate, value in ((controller.draft_s_per_token, draft_s_per_token), (controller.network_s, network_s),
                                 (controller.forward_s, forward_s), (controller.cloud_s_per_token, cloud_s_per_token),
                                 (controller.stale_rebased, stale_rebased)):

@@ -170,7 +170,7 @@ class _Decode:
         finally:
             ending = sys.exc_info()[1]  # what ends the generation, if anything does
             try:
-                self._settle_early()  # the drafter may be closed next: its thread must be done
+                self._finish_early_block()  # the drafter may be closed next: its thread must be done
             except Exception as exc:
                 if ending is None:  # nothing else went wrong: the drafting's failure is the news
                     raise
@@ -237,10 +237,10 @@ class _Decode:
         pipe.draft_limit, pipe.draft_len = draft_limit, min(pipe.draft_len, draft_limit)
         pipe.schedule.lower_draft_limit(draft_limit, self.branch_len)
 
-    def _settle_early(self) -> None:
+    def _finish_early_block(self) -> None:
         """Before the drafter is touched: the early block's thread is done, and forgotten unless it stands."""
         if self.early is not None:
-            self.early.settle(self.kept_early)
+            self.early.finish(self.kept_early)
 
     def _commit(self, tokens: list[int]) -> bool:
         """Commit ``tokens``; True when the caller wants the generation to stop here."""
@@ -248,7 +248,7 @@ class _Decode:
         if tokens and not self.ttft:
             self.ttft = time.perf_counter() - self.started
         halt = bool(self.on_tokens and tokens) and self.on_tokens(tokens) is True
-        self._settle_early()  # (the first token reaches the caller before the early block's drafting is waited for)
+        self._finish_early_block()  # (the first token reaches the caller before the early block's drafting is waited for)
         self.drafter.commit(tokens)
         return halt
 
@@ -271,7 +271,7 @@ class _Decode:
                 nxt = pipe.next_block(self.committed_end, len(self.prompt) + self.max_new_tokens)
                 if nxt is None:
                     break
-                self._settle_early()
+                self._finish_early_block()
                 self.drafting = Drafting(nxt.start_position, nxt.drafts, nxt.drafts_left)
             drafting = self.drafting
             if len(drafting.block.tokens) < drafting.drafts:
@@ -297,7 +297,7 @@ class _Decode:
         """Adopt the verifier's state after a broken stream; True when the generation is over."""
         log.warning("link to the verifier lost after %d tokens (%s); resuming", len(self.generated), lost)
         resumed = self.verifier.resume(self.prompt + self.generated)
-        self._settle_early()
+        self._finish_early_block()
         self.drafter.rewind()  # what was in flight is drafted again, from the verifier's state
         self.pipeline.clear()
         self.drafting, self.early_guess = None, None

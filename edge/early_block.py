@@ -16,7 +16,7 @@ the first token (measured here with eight drafts: about +25 ms on a 0.37 s
 time to first token; with four, none that the noise shows). The chain goes on
 from it as from any block.
 
-The drafter is not thread-safe: ``settle`` waits for the thread and must be
+The drafter is not thread-safe: ``finish`` waits for the thread and must be
 called before the drafter is touched again.
 """
 
@@ -50,7 +50,7 @@ class EarlyBlock:
         self.more_follows = False
         self.sent_at = 0.0  # perf_counter when the block was ready
         self.draft_s = 0.0  # drafting time, the prompt read included
-        self._settled = False
+        self._finished = False
         self._thread = threading.Thread(
             target=self._run, args=(list(prompt), params, draft_len, more_follows_below), name="edge-early-block",
             daemon=True,
@@ -75,13 +75,13 @@ class EarlyBlock:
         except BaseException as exc:  # noqa: BLE001 - handed to whoever waits on it
             self.future.set_exception(exc)
 
-    def settle(self, kept: bool) -> None:
+    def finish(self, kept: bool) -> None:
         """Wait for the drafting; when the block does not stand (``kept`` False: it went out too
         late or was dropped), the drafter forgets it and its guess. Raises what drafting raised."""
-        if self._settled:
+        if self._finished:
             return
         self._thread.join()
-        self._settled = True
+        self._finished = True
         self.future.result()
         if not kept:
             self.drafter.rewind()

@@ -32,7 +32,7 @@ LONG_SIGNATURES = {
     "edge/decode_loop.py:run_decode": "the public entry point: keyword options with defaults, 64 callers",
     "sim/inprocess.py:generate": "run_decode's in-process twin, the same options",
     "shared/acceptance.py:pipelined_chain": "the closed-form chain model: one named quantity a parameter",
-    "edge/controller.py:settled": "a controller with those quantities measured (the model's and tests')",
+    "edge/controller.py:converged": "a controller with those quantities measured (the model's and tests')",
 }
 
 

@@ -96,10 +96,10 @@ def test_a_drafter_that_is_always_wrong_hands_decoding_to_the_cloud_and_comes_ba
 def test_a_settled_controller_chooses_as_one_that_measured_at_length():
     """What the performance model asks the controller: its choice once its estimates have settled."""
     def settled(alpha: float) -> Controller:
-        return Controller.settled(8, 4, alpha_per_position=[alpha], draft_s_per_token=0.015, network_s=0.65,
+        return Controller.converged(8, 4, alpha_per_position=[alpha], draft_s_per_token=0.015, network_s=0.65,
                                   forward_s=0.17, cloud_s_per_token=0.15)
 
-    estimate = AcceptanceEstimate.settled([0.9, 0.6])
+    estimate = AcceptanceEstimate.converged([0.9, 0.6])
     assert estimate.per_position(3) == pytest.approx([0.9, 0.6, 0.75], abs=1e-4)  # past the measured: the pooled rate
     assert settled(0.95).plan().draft_len == 8  # a good drafter drafts long blocks on a 600 ms trip
     assert settled(0.0).plan().draft_len == 0  # one always wrong hands decoding to the cloud at once
@@ -127,7 +127,7 @@ def test_a_queue_at_the_cloud_is_not_priced_as_its_compute():
     assert queued.predict_cloud() == pytest.approx(1 / 0.14)
     assert older.predict_cloud() == pytest.approx(1 / 0.24)
     assert queued.predict_drafting(4) > 1.03 * older.predict_drafting(4)  # a shorter trip (window-bound here)
-    settled = Controller.settled(4, 4, alpha_per_position=queued.acceptance.per_position(4), draft_s_per_token=0.02,
+    settled = Controller.converged(4, 4, alpha_per_position=queued.acceptance.per_position(4), draft_s_per_token=0.02,
                                  network_s=0.66, forward_s=0.15, cloud_s_per_token=0.14)
     assert queued.predict_drafting(4) == pytest.approx(settled.predict_drafting(4), rel=1e-6)
     queued.observe_cloud_token(trip_s=0.8, cloud_s=0.2, interval_s=0.16, forward_s=0.13)  # a stretch alone: its pace
@@ -235,7 +235,7 @@ def test_only_a_switch_between_drafting_and_the_cloud_alone_asks_for_the_hystere
 def test_among_draft_lengths_predicted_alike_the_longest_is_taken():
     """Blocks of 8 on a settled estimate: the draft lengths predicted within 3% of the best are as fast,
     and the longest of them verifies its tokens in fewer forwards and bytes."""
-    c = Controller.settled(8, 4, alpha_per_position=[0.8], draft_s_per_token=0.011, network_s=0.13, forward_s=0.057,
+    c = Controller.converged(8, 4, alpha_per_position=[0.8], draft_s_per_token=0.011, network_s=0.13, forward_s=0.057,
                            cloud_s_per_token=0.055)
     c.draft_len = 8
     speeds = {d: c._best_window(d, [2, 3, 4])[0] for d in range(1, 9)}

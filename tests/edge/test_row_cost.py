@@ -38,7 +38,7 @@ def test_more_rows_never_cost_less_and_a_new_tile_forgets_the_old_one():
 def _settled(*forwards: tuple[int, float], tile: int = 1) -> Controller:
     """A verifier-bound session (short network, two blocks in flight), α 0.7, the forward's cost
     measured at these (rows, seconds)."""
-    c = Controller.settled(8, 2, alpha_per_position=[0.7], draft_s_per_token=0.005, network_s=0.02,
+    c = Controller.converged(8, 2, alpha_per_position=[0.7], draft_s_per_token=0.005, network_s=0.02,
                            forward_s=0.1, cloud_s_per_token=0.1)
     c.set_row_tile(tile)
     for rows, seconds in forwards:
