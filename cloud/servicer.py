@@ -147,7 +147,9 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             self._count_in(parsed(request, "request"))
             arrived = time.perf_counter()
             handshake = self.handshake
-            entry = await handshake.new_session(handshake.parse_request(request), 0, handshake.owner(context))
+            asked = handshake.parse_request(request)
+            handshake.check_mode(asked.params, context)  # the modes this verifier serves, as for an Open
+            entry = await handshake.new_session(asked, 0, handshake.owner(context))
             session = entry.session
             while not session.done:
                 answer = await self.blocks.decode_alone(entry, arrived, entry.stream)

@@ -317,6 +317,22 @@ def test_an_open_for_a_mode_not_served_is_refused(serve, tiny_engine, frames):
     assert _open(running.address, frames, REJECTION)[0] == "opened"
 
 
+def test_generate_serves_only_the_modes_an_open_may_ask_for(serve, tiny_engine, tiny_vocab):
+    """Cloud-only decoding is held to ``--modes`` too (it ignored them)."""
+    from edge.cloud_only import cloud_only_generate
+    from edge.verifier_protocol import VerifierError
+
+    prompt = tiny_prompt(tiny_engine, "Hello")
+    limited = serve(ServiceLimits(modes=("greedy", "coupled")))
+    with pytest.raises(VerifierError, match="does not serve rejection mode"):
+        cloud_only_generate(VerifierEndpoint(limited.address, *tiny_vocab), prompt, REJECTION, max_new_tokens=4)
+    greedy = SamplingParams(mode=Mode.REJECTION, temperature=0.0)  # temperature 0 is greedy in every mode
+    assert cloud_only_generate(VerifierEndpoint(limited.address, *tiny_vocab), prompt, greedy, max_new_tokens=4).tokens
+    everything = serve()  # the control: all modes by default
+    assert cloud_only_generate(VerifierEndpoint(everything.address, *tiny_vocab), prompt, REJECTION,
+                               max_new_tokens=4).tokens
+
+
 def test_rejection_mode_only_for_authenticated_clients(tiny_engine, frames):
     limits = ServiceLimits(rejection_requires_auth=True)
     with BackgroundServer(tiny_engine, ServerConfig(port=0, limits=limits, auth_token="s3cret")) as running:
