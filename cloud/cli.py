@@ -89,6 +89,10 @@ def add_cloud_commands(commands) -> None:
                        "for another is refused with FAILED_PRECONDITION (temperature 0 is greedy in every mode)")
     serve.add_argument("--rejection-requires-auth", action="store_true",
                        help="serve rejection mode only to authenticated clients (needs --auth-token-file)")
+    serve.add_argument("--max-draft-top-k", type=positive_int, default=limits.max_draft_top_k,
+                       help="rejection mode: the largest q̃ support an Open may ask for; a client that knows its "
+                       "noise can push a token to min(1, K p(x)) with a uniform q̃ over K tokens, so K is the bound "
+                       f"(default {limits.max_draft_top_k})")
     serve.add_argument("--max-new-tokens", type=positive_int, default=limits.max_new_tokens,
                        help=f"largest generation per session (default {limits.max_new_tokens})")
     serve.add_argument("--session-ttl", type=positive_float, default=limits.session_ttl_s,
@@ -172,6 +176,7 @@ def run_serve(args: argparse.Namespace) -> int:
             max_batch_rows=args.max_batch_rows,
             max_kv_tokens=args.max_kv_tokens,
             modes=tuple(args.modes),
+            max_draft_top_k=args.max_draft_top_k,
             rejection_requires_auth=args.rejection_requires_auth,
         ),
         batching=not args.no_batching,

@@ -73,7 +73,8 @@ class Handshake(ServicePart):
             )
 
     def parse_request(self, request) -> OpenRequest:
-        """Validate what Open and GenerateRequest share (``shared.wire``) and the vocabulary."""
+        """Validate what Open and GenerateRequest share (``shared.wire``), the vocabulary, and a rejection
+        session's q̃ support against ``max_draft_top_k``."""
         self._check_vocab(request.vocab_size, request.vocab_fingerprint)
         try:
             parsed = parse_open_request(
@@ -85,6 +86,11 @@ class Handshake(ServicePart):
         except ValueError as exc:
             raise Abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
         self._check_numerics(parsed)
+        params, most = parsed.params, self.limits.max_draft_top_k
+        if params.sends_q and params.draft_top_k > most:
+            raise Abort(grpc.StatusCode.INVALID_ARGUMENT,
+                        f"a q̃ support of {params.draft_top_k} tokens exceeds this verifier's limit of {most} "
+                        "(--max-draft-top-k)")
         return parsed
 
     def _check_numerics(self, opened: OpenRequest) -> None:

@@ -36,6 +36,9 @@ class ServiceLimits:
     # (ServerConfig.auth_token; the command line refuses it without --auth-token-file).
     rejection_requires_auth: bool = False
     audit_drafts: bool = True  # rejection mode: refuse drafts not sampled from their q̃ (off: tests' controls only)
+    # Rejection mode: the largest q̃ support an Open may ask for. A client that knows its noise can put the token it
+    # wants where the noise falls in a uniform q̃ over K tokens and have it accepted with min(1, K p): K bounds that.
+    max_draft_top_k: int = 16
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "modes", tuple(dict.fromkeys(self.modes)))

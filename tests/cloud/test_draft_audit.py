@@ -333,6 +333,18 @@ def test_generate_serves_only_the_modes_an_open_may_ask_for(serve, tiny_engine, 
                                max_new_tokens=4).tokens
 
 
+def test_a_rejection_open_over_the_q_support_cap_is_refused(serve, frames):
+    """A uniform q̃ over K tokens lets a client that knows its noise push a token to min(1, K p): the
+    verifier caps K (``--max-draft-top-k``, default 16)."""
+    wide = SamplingParams(mode=Mode.REJECTION, temperature=1.0, seed=1, draft_top_k=256)
+    capped = serve()
+    code, details = _open(capped.address, frames, wide)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "exceeds this verifier's limit of 16" in details, details
+    assert _open(capped.address, frames, REJECTION)[0] == "opened"  # the default support, 16
+    assert _open(capped.address, frames, SamplingParams(mode=Mode.COUPLED, seed=1, draft_top_k=256))[0] == "opened"
+    assert _open(serve(ServiceLimits(max_draft_top_k=256)).address, frames, wide)[0] == "opened"  # the control
+
+
 def test_rejection_mode_only_for_authenticated_clients(tiny_engine, frames):
     limits = ServiceLimits(rejection_requires_auth=True)
     with BackgroundServer(tiny_engine, ServerConfig(port=0, limits=limits, auth_token="s3cret")) as running:
