@@ -1,7 +1,9 @@
 """Resolving the target model: a Hugging Face folder as is (its safetensors
 files checked whole first), a GGUF file via a cached float32 conversion
 (transformers dequantizes GGUF slowly; the saved folder reloads in seconds), or
-the default Gemma model when none is given.
+the default Gemma model when none is given. The cache is keyed by the GGUF's
+content (SHA-256), and staging folders that a conversion which died left
+behind are removed before the next one.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 from shared.cli import CliError
 from shared.models import cache_dir, default_gguf_path
 
-__all__ = ["resolve_target", "check_checkpoint"]
+__all__ = ["resolve_target", "check_checkpoint", "content_key"]
 
 log = logging.getLogger(__name__)
 
@@ -59,12 +61,41 @@ def check_checkpoint(folder: Path) -> None:
                            f"its header describes {8 + length + end})")
 
 
+def content_key(path: Path, chunk: int = 1 << 20) -> str:
+    """The first 16 hex digits of ``path``'s SHA-256: a file replaced in place (same size, same mtime)
+    gets a new key, a copy elsewhere shares the old one."""
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        while block := stream.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+def _remove_abandoned(folder: Path) -> None:
+    """Staging folders of ``folder`` left by conversions that died (their process is gone)."""
+    for staging in folder.parent.glob(f"{folder.name}.partial-*"):
+        pid = staging.name.rsplit("-", 1)[-1]
+        if not pid.isdigit() or not _alive(int(pid)):
+            log.info("removing %s, left by a conversion that did not finish", staging)
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's: alive
+        return True
+    return True
+
+
 def _converted(gguf: Path) -> Path:
-    stat = gguf.stat()
-    key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    folder = cache_dir() / "targets" / f"{gguf.stem}-{key}"
+    folder = cache_dir() / "targets" / f"{gguf.stem}-{content_key(gguf)}"
     if (folder / "config.json").exists():
         return folder
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    _remove_abandoned(folder)
     print(
         f"splitspec: converting {gguf.name} to a float32 folder for the target (once; about a minute) ...",
         file=sys.stderr,
