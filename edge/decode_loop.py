@@ -255,8 +255,9 @@ class _Decode:
     def _step(self) -> bool:
         """Draft and send what may go, then take one verdict; True when the generation is over."""
         plan = self.pipeline.replan(drafting=self.drafting is not None)
-        if plan is not None and log.isEnabledFor(logging.DEBUG) and self.pipeline.schedule.describe(plan):
-            log.debug("at %d tokens: %s", len(self.generated), self.pipeline.schedule.describe(plan))
+        described = self.pipeline.schedule.describe(plan) if plan and log.isEnabledFor(logging.DEBUG) else ""
+        if described:  # (a fixed schedule has nothing to say)
+            log.debug("at %d tokens: %s", len(self.generated), described)
         self._draft_and_send()
         try:
             received = self.verifier.receive()
