@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summ
 
 from shared.stats import RoundRecord
 
-__all__ = ["CLIENT_BUCKETS", "ServiceMetrics", "VERIFY_SERVICE_METRIC", "client_bucket"]
+__all__ = ["CLIENT_BUCKETS", "ClientSeries", "EngineSeries", "ServiceMetrics", "VERIFY_SERVICE_METRIC", "client_bucket"]
 
 VERIFY_SERVICE_METRIC = "splitspec_verify_service_seconds"  # a Summary by rows: what the performance-model fit reads
 
@@ -35,7 +35,54 @@ def client_bucket(client: str) -> str:
     return str(int.from_bytes(hashlib.sha256(client.encode()).digest()[:4], "big") % CLIENT_BUCKETS)
 
 
+class EngineSeries:
+    """The packed target forwards: how many, their rows and sessions, the time inside them."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.forwards = Counter("splitspec_engine_forwards",
+                                "Packed target forwards (each may carry many sessions' rows)", registry=registry)
+        self.rows = Counter("splitspec_engine_rows", "Token rows in packed forwards (padding excluded)",
+                            registry=registry)
+        self.sequences = Histogram(
+            "splitspec_engine_sequences", "Sessions sharing one packed forward",
+            buckets=(1, 2, 4, 8, 16, 32, 64), registry=registry,
+        )
+        self.busy = Counter("splitspec_engine_busy_seconds", "Wall time inside target forwards", registry=registry)
+
+    def observe(self, *, rows: int, sequences: int, seconds: float) -> None:
+        self.forwards.inc()
+        self.rows.inc(rows)
+        self.sequences.observe(sequences)
+        self.busy.inc(seconds)
+
+
+class ClientSeries:
+    """Per-client verify work, labelled by the client's bucket (``client_bucket``)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.rows = Counter("splitspec_client_rows", "Verified rows run, by client bucket", ["client"],
+                            registry=registry)
+        self.committed = Counter(
+            "splitspec_client_committed_tokens", "Tokens committed by verify steps, by client bucket", ["client"],
+            registry=registry,
+        )
+        self.capped = Counter(
+            "splitspec_client_capped_steps", "Verify steps of clients held at the fair-share weight floor",
+            ["client"], registry=registry,
+        )
+
+    def observe(self, client: str, *, rows: int, committed: int, capped: bool) -> None:
+        label = client_bucket(client)
+        self.rows.labels(client=label).inc(rows)
+        self.committed.labels(client=label).inc(committed)
+        if capped:
+            self.capped.labels(client=label).inc()
+
+
 class ServiceMetrics:
+    """The service's registry: session and round counters here, the engine's and the clients' series
+    in rooms of their own (``engine``, ``clients``)."""
+
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
@@ -75,25 +122,8 @@ class ServiceMetrics:
             "A session's verify step from its start on the engine to its verdicts (forward, verification, sampling)",
             ["rows"], registry=r,
         )
-        self.engine_forwards = Counter(
-            "splitspec_engine_forwards", "Packed target forwards (each may carry many sessions' rows)", registry=r
-        )
-        self.engine_rows = Counter("splitspec_engine_rows", "Token rows in packed forwards (padding excluded)", registry=r)
-        self.engine_sequences = Histogram(
-            "splitspec_engine_sequences", "Sessions sharing one packed forward",
-            buckets=(1, 2, 4, 8, 16, 32, 64), registry=r,
-        )
-        self.engine_busy = Counter("splitspec_engine_busy_seconds", "Wall time inside target forwards", registry=r)
-        self.client_rows = Counter("splitspec_client_rows", "Verified rows run, by client bucket", ["client"],
-                                   registry=r)
-        self.client_committed = Counter(
-            "splitspec_client_committed_tokens", "Tokens committed by verify steps, by client bucket", ["client"],
-            registry=r,
-        )
-        self.client_capped = Counter(
-            "splitspec_client_capped_steps", "Verify steps of clients held at the fair-share weight floor",
-            ["client"], registry=r,
-        )
+        self.engine = EngineSeries(r)
+        self.clients = ClientSeries(r)
         self.service_overhead = Histogram(
             "splitspec_verify_overhead_seconds",
             "Per-verify service time outside the target forward",
@@ -123,18 +153,11 @@ class ServiceMetrics:
 
     def observe_client(self, client: str, *, rows: int, committed: int, capped: bool) -> None:
         """A verify step of ``client``'s: its rows, the tokens they committed, whether it is capped."""
-        label = client_bucket(client)
-        self.client_rows.labels(client=label).inc(rows)
-        self.client_committed.labels(client=label).inc(committed)
-        if capped:
-            self.client_capped.labels(client=label).inc()
+        self.clients.observe(client, rows=rows, committed=committed, capped=capped)
 
     def observe_forward(self, *, rows: int, sequences: int, seconds: float) -> None:
         """One packed target forward (called on the engine thread)."""
-        self.engine_forwards.inc()
-        self.engine_rows.inc(rows)
-        self.engine_sequences.observe(sequences)
-        self.engine_busy.inc(seconds)
+        self.engine.observe(rows=rows, sequences=sequences, seconds=seconds)
 
     def serve(self, port: int, host: str = "127.0.0.1", tls_cert: bytes | None = None,
               tls_key: bytes | None = None) -> WSGIServer:

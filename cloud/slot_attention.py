@@ -152,20 +152,30 @@ def _attend_canonical(q, keys, values, allowed, scaling, softcap):
     return torch.matmul(weights, values)[:, :rows]
 
 
-def slot_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None,
-                   softcap=None, **kwargs):
+@dataclass(frozen=True)
+class _HeadTerms:
+    """What every span of a layer's attention shares: the score scale, the sliding window (None: full),
+    the score soft-cap (None: none) and how many query heads share a KV head."""
+
+    scaling: float
+    window: int | None
+    softcap: float | None
+    rep: int
+
+
+def slot_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """The ``AttentionInterface`` function: query [1, H, M, d], key/value [1, KV, M, d] (rotary
     applied) for the packed rows; returns ([1, M, H, d], None). ``attention_mask`` is ignored:
-    masks come from each row's position."""
+    masks come from each row's position. The model passes ``sliding_window`` and ``softcap`` (where
+    it has them) among ``kwargs``."""
     layout = current_layout()
     if layout is None:
         raise RuntimeError("slot attention runs only inside TargetEngine.forward_batch")
     layer = module.layer_idx
     _, heads, total, dim = query.shape
     kv_heads = key.shape[1]
-    rep = heads // kv_heads
-    scaling = module.head_dim ** -0.5 if scaling is None else scaling
-    window = sliding_window or None
+    terms = _HeadTerms(module.head_dim ** -0.5 if scaling is None else scaling, kwargs.get("sliding_window") or None,
+                       kwargs.get("softcap"), heads // kv_heads)
     out = query.new_zeros(total, heads, dim)
     stores = layout.branch_stores or [None] * len(layout.spans)
     for index, (slot, (first, rows, position), store) in enumerate(zip(layout.slots, layout.spans, stores)):
@@ -179,16 +189,17 @@ def slot_attention(module, query, key, value, attention_mask, scaling=None, drop
         slot.keys[layer][:, position : position + rows] = k_new
         slot.values[layer][:, position : position + rows] = v_new
         _attend_span(layout, index, slot, layer, query[0, :, first : first + rows], position, out[first : first + rows],
-                     scaling, window, softcap, rep)
+                     terms)
         if store is not None:
             slot.keys[layer][:, position : position + rows], slot.values[layer][:, position : position + rows] = kept
     return out[None], None
 
 
 def _attend_span(layout: RowLayout, index: int, slot: SlotKV, layer: int, q: torch.Tensor, position: int,
-                 out: torch.Tensor, scaling: float, window: int | None, softcap, rep: int) -> None:
+                 out: torch.Tensor, terms: _HeadTerms) -> None:
     """Attend span ``index``'s rows ``q`` [H, rows, d] at positions ``position ..`` to its slot's
     keys; writes ``out`` [rows, H, d]."""
+    scaling, window, softcap, rep = terms.scaling, terms.window, terms.softcap, terms.rep
     heads, rows, dim = q.shape
     kv_heads = heads // rep
     masks = layout.masks  # built by the first layer, reused by the others (same rows, same positions)

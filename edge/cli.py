@@ -202,7 +202,7 @@ def run_edge(args: argparse.Namespace) -> int:
 
 
 def _run_edge(args, drafter, prompt, params, controller, options, fleet) -> int:
-    from edge.cli_options import window_from_args
+    from edge.cli_options import spec_from_args, window_from_args
     from edge.decode_loop import run_decode
     from edge.endpoint import VerifierEndpoint
     from edge.grpc_verifier import GrpcVerifier
@@ -231,10 +231,7 @@ def _run_edge(args, drafter, prompt, params, controller, options, fleet) -> int:
             prompt,
             params,
             max_new_tokens=args.max_new_tokens,
-            draft_len=args.draft_len,
-            window=window_from_args(args),
-            controller=controller,
-            hedge_width=args.hedge,
+            spec=spec_from_args(args, controller),
             on_tokens=None if args.json else TextStream(vocab.detokenize),
         )
     except VerifierError as exc:

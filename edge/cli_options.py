@@ -83,6 +83,14 @@ def window_from_args(args: argparse.Namespace) -> int:
     return defaults.window_for(args.schedule, args.window)
 
 
+def spec_from_args(args: argparse.Namespace, controller=None):
+    """The speculation the flags ask for (``--draft-len``, the schedule's window, ``--hedge``), with
+    ``controller`` when the schedule is adaptive (``controller_from_args``)."""
+    from edge.schedule import SpecConfig
+
+    return SpecConfig(args.draft_len, window=window_from_args(args), hedge_width=args.hedge, controller=controller)
+
+
 def controller_from_args(args: argparse.Namespace):
     """The adaptive schedule's controller, or None."""
     from edge.controller import controller_for

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from edge.hedge_choice import HedgeChoice
 from edge.row_cost import RowCost
 from edge.verifier_protocol import SessionTerms
-from shared.acceptance import pipelined_chain
+from shared.acceptance import ChainCosts, pipelined_chain
 from shared.stats import Ewma
 
 __all__ = ["Controller", "Plan", "AcceptanceEstimate", "controller_for", "CLOUD_WINDOW", "SHRINK_STRENGTH",
@@ -162,15 +162,13 @@ class Controller:
 
     @classmethod
     def converged(cls, max_draft_len: int, window: int, *, alpha_per_position: list[float], draft_s_per_token: float,
-                network_s: float, forward_s: float, cloud_s_per_token: float, stale_rebased: float = 0.0,
-                cloud_window: int = CLOUD_WINDOW) -> Controller:
+                network_s: float, forward_s: float, cloud_s_per_token: float) -> Controller:
         """A controller that has measured these at length (what it chooses once its estimates have
         settled); it has not chosen yet: ``plan`` starts from where a session does."""
-        controller = cls(max_draft_len, window, cloud_window)
+        controller = cls(max_draft_len, window, CLOUD_WINDOW)
         controller.acceptance = AcceptanceEstimate.converged(alpha_per_position)
         for estimate, value in ((controller.draft_s_per_token, draft_s_per_token), (controller.network_s, network_s),
-                                (controller.forward_s, forward_s), (controller.cloud_s_per_token, cloud_s_per_token),
-                                (controller.stale_rebased, stale_rebased)):
+                                (controller.forward_s, forward_s), (controller.cloud_s_per_token, cloud_s_per_token)):
             estimate.value = value
         return controller
 
@@ -331,8 +329,9 @@ class Controller:
         if None in (alphas, self.network_s.value, self.draft_s_per_token.value) or not verify:
             return None
         stale_decode_s = self.cloud_s_per_token.value or self.one_token_s.value or verify
-        chain = pipelined_chain(alphas, draft_len, window, self.draft_s_per_token.value, self.network_s.value, verify,
-                                stale_decode_s, stale_share=self.stale_decoded.value, rebased_per_stale_decode=self.stale_rebased.value)
+        costs = ChainCosts(self.draft_s_per_token.value, self.network_s.value, verify, stale_decode_s,
+                           stale_share=self.stale_decoded.value, rebased_per_stale_decode=self.stale_rebased.value)
+        chain = pipelined_chain(alphas, draft_len, window, costs)
         return chain.tokens / chain.seconds
 
     def predict_cloud(self) -> float | None:

@@ -37,7 +37,6 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from edge.controller import Controller
 from edge.drafter import DraftBlock, Drafter, common_prefix_length
 from edge.early_block import EARLY_DRAFT_LEN, EarlyBlock
 from edge.hedging import BRANCH_LEN, hedge
@@ -50,7 +49,7 @@ from edge.pipeline import (
     observe_stale_verdict,
     observe_verdict,
 )
-from edge.schedule import FixedSchedule
+from edge.schedule import FixedSchedule, SpecConfig
 from edge.verdict_checks import check_answers
 from edge.verifier_protocol import (
     GenerationResult,
@@ -73,6 +72,7 @@ __all__ = [
     "Resumption",
     "GenerationResult",
     "run_decode",
+    "SpecConfig",
     "ProtocolError",
     "VerifierError",
     "LinkLost",
@@ -88,31 +88,19 @@ def run_decode(
     params: SamplingParams,
     *,
     max_new_tokens: int,
-    draft_len: int,
-    window: int = 1,
-    controller: Controller | None = None,
-    hedge_width: int = 0,
+    spec: SpecConfig,
     on_tokens: Callable[[list[int]], bool | None] | None = None,
 ) -> GenerationResult:
-    """Generate up to ``max_new_tokens`` tokens; ``draft_len`` 0 is target-only decoding.
-
-    ``window``: blocks in flight at most (1 = lock-step; the verifier may
-    allow fewer). With a ``controller`` (the adaptive schedule), each chain's
-    draft length and window come from it, ``draft_len`` and ``window`` being
-    the caps, and a draft length of 0 has the cloud decode alone: empty blocks, a window of them in
-    flight, with the drafter's would-be proposals measured in the shadow.
-    ``hedge_width``: hedge branches per block (``edge.hedging``; greedy and coupled
-    modes, as many as the verifier allows).
+    """Generate up to ``max_new_tokens`` tokens as ``spec`` says (``SpecConfig(0)``: target-only
+    decoding). With a controller, a draft length of 0 has the cloud decode alone: empty blocks, a window
+    of them in flight, with the drafter's would-be proposals measured in the shadow.
     ``on_tokens`` sees each verdict's committed tokens as soon as they are final;
     when it returns True the generation stops there (``StopReason.STOP``).
     """
-    if draft_len < 0:
-        raise ValueError(f"draft length must be >= 0, got {draft_len}")
-    if window < 1:
-        raise ValueError(f"window must be >= 1, got {window}")
-    schedule = controller if controller is not None else FixedSchedule(draft_len, window)
-    return _Decode(drafter, verifier, prompt, params, Pipeline(draft_len, window, schedule, draft_limit=draft_len),
-                   max_new_tokens, hedge_width, on_tokens).run()
+    pipeline = Pipeline(spec.draft_len, spec.window, spec.schedule(),
+                        draft_limit=spec.draft_len)
+    return _Decode(drafter, verifier, prompt, params, pipeline, max_new_tokens, spec.hedge_width,
+                   on_tokens).run()
 
 
 class _Decode:

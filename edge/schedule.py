@@ -12,12 +12,13 @@ ignores it). Pure: no I/O, no clock.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
-from edge.controller import Plan
+from edge.controller import Controller, Plan
 from edge.verifier_protocol import SessionTerms
 
-__all__ = ["Schedule", "FixedSchedule"]
+__all__ = ["Schedule", "FixedSchedule", "SpecConfig"]
 
 
 class Schedule(Protocol):
@@ -104,3 +105,29 @@ class FixedSchedule:
 
     observe_hedge = observe_forward = observe_acceptance = observe_stale = observe_block
     observe_cloud_token = observe_shadow = observe_block
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """How a generation speculates (``edge.decode_loop.run_decode``): ``draft_len`` drafts a block (0:
+    target-only decoding), ``window`` blocks in flight at most (1: lock-step; the verifier may allow
+    fewer), ``hedge_width`` hedge branches a block (``edge.hedging``; greedy and coupled modes, as many as
+    the verifier allows). With a ``controller`` (the adaptive schedule) each chain's draft length and
+    window come from it, ``draft_len`` and ``window`` being its caps."""
+
+    draft_len: int
+    window: int = 1
+    hedge_width: int = 0
+    controller: Controller | None = None
+
+    def __post_init__(self) -> None:
+        if self.draft_len < 0:
+            raise ValueError(f"draft length must be >= 0, got {self.draft_len}")
+        if self.window < 1:
+            raise ValueError(f"window must be >= 1, got {self.window}")
+        if self.hedge_width < 0:
+            raise ValueError(f"hedge width must be >= 0, got {self.hedge_width}")
+
+    def schedule(self) -> Schedule:
+        """The schedule a generation follows: the controller, or the fixed draft length and window."""
+        return self.controller if self.controller is not None else FixedSchedule(self.draft_len, self.window)

@@ -25,6 +25,7 @@ from edge.drafter import common_prefix_length
 from edge.endpoint import VerifierEndpoint
 from edge.fallback import drafter_only_decode
 from edge.grpc_verifier import GrpcVerifier
+from edge.schedule import SpecConfig
 from edge.text_stream import StopMatcher, TextDeltas
 from edge.verifier_protocol import LinkHint
 from shared.params import DEFAULT_DRAFT_LEN, DEFAULT_SCHEDULE, DEFAULT_WINDOW, SamplingParams, window_for
@@ -206,7 +207,7 @@ class EdgeService:
             window, controller = self._schedule(draft_len)
             result = run_decode(
                 self.drafter, verifier, job.prompt, params, max_new_tokens=job.max_tokens,
-                draft_len=draft_len, window=window, controller=controller, on_tokens=emitter,
+                spec=SpecConfig(draft_len, window=window, controller=controller), on_tokens=emitter,
             )
         except Cancelled:
             self._drop(conversation)

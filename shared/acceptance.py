@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 __all__ = ["expected_acceptance_length", "chain_expectation", "stale_expectation", "StaleForecast", "ChainForecast",
-           "pipelined_chain"]
+           "pipelined_chain", "ChainCosts"]
 
 _MAX_FULL_BLOCK_P = 0.999  # a drafter that is never wrong would make chains endless
 
@@ -103,10 +103,22 @@ class ChainForecast:
     seconds: float
 
 
-def pipelined_chain(alpha_per_position: list[float], draft_len: int, window: int, draft_s_per_token: float,
-                    network_s: float, verify_s: float, stale_decode_s: float, stale_share: float = 1.0,
-                    rebased_per_stale_decode: float = 0.0) -> ChainForecast:
-    """A chain of ``draft_len``-draft blocks, ``window`` in flight at most (``chain_expectation``).
+@dataclass(frozen=True)
+class ChainCosts:
+    """What a chain's blocks cost (``pipelined_chain``): seconds a drafted token, a block's trip less
+    the verify, a verify, a forward that decodes for a stale block; the share of stale blocks answered
+    with a token, and the drafts accepted before it per such block."""
+
+    draft_s_per_token: float
+    network_s: float
+    verify_s: float
+    stale_decode_s: float
+    stale_share: float = 1.0
+    rebased_per_stale_decode: float = 0.0
+
+
+def pipelined_chain(alpha_per_position: list[float], draft_len: int, window: int, costs: ChainCosts) -> ChainForecast:
+    """A chain of ``draft_len``-draft blocks, ``window`` in flight at most (``chain_expectation``), at ``costs``.
 
     Its first block costs drafting plus a full trip (``network_s``: uplink, RTT and downlink, plus
     ``verify_s``); every later block adds the pipeline's interval max(draft, verify, (draft + trip)
@@ -116,6 +128,8 @@ def pipelined_chain(alpha_per_position: list[float], draft_len: int, window: int
     on average; 0: a verifier that answers them empty) while the next chain's first block is on its way:
     those the drafter makes during the failing block's round trip and one more, ``window - 1`` at most.
     """
+    draft_s_per_token, network_s, verify_s = costs.draft_s_per_token, costs.network_s, costs.verify_s
+    stale_share = costs.stale_share
     blocks, tokens, _ = chain_expectation(alpha_per_position, draft_len)
     draft = draft_len * draft_s_per_token
     trip = network_s + verify_s
@@ -123,7 +137,7 @@ def pipelined_chain(alpha_per_position: list[float], draft_len: int, window: int
     stale = math.floor(min(window - 1, 1 + trip / max(draft, 1e-9)))  # blocks in flight past the failing one
     redraft = (draft_len + stale) * draft_s_per_token  # the next block: its drafts and a guess per stale block
     gap = network_s + redraft  # the correction down, drafting, the next block up
-    stale_part = stale_expectation(alpha_per_position, stale, gap, stale_decode_s, rebased_per_stale_decode)
+    stale_part = stale_expectation(alpha_per_position, stale, gap, costs.stale_decode_s, costs.rebased_per_stale_decode)
     return ChainForecast(
         blocks=blocks,
         tokens=tokens + stale_share * stale_part.tokens,

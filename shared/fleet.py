@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
-__all__ = ["FleetClient", "parse_mqtt_url", "topic", "ByteBudget", "DEFAULT_TELEMETRY_PERIOD_S",
+__all__ = ["FleetClient", "FleetCounts", "parse_mqtt_url", "topic", "ByteBudget", "DEFAULT_TELEMETRY_PERIOD_S",
            "DEFAULT_BUDGET_BPS", "PREFIX"]
 
 log = logging.getLogger(__name__)
@@ -83,6 +83,16 @@ class ByteBudget:
 
 
 @dataclass
+class FleetCounts:
+    """What a ``FleetClient`` has done so far (read from any thread; written on the client's loop)."""
+
+    connections: int = 0  # successful connections (1 + reconnects)
+    sent_bytes: int = 0  # topic + payload + framing estimate, of messages handed to the broker
+    dropped: int = 0  # telemetry dropped (budget, or no broker)
+    commands_applied: int = 0
+
+
+@dataclass
 class _Outgoing:
     topic: str
     payload: bytes
@@ -102,16 +112,12 @@ class FleetClient:
                  on_command: Callable[[dict], None] | None = None, keepalive_s: int = 30) -> None:
         self.host, self.port = parse_mqtt_url(url)
         self.kind, self.ident = kind, ident
-        self.status_topic = topic(kind, ident, "status")
         self.budget = ByteBudget(budget_bps)
         self.on_command = on_command
         self.keepalive_s = keepalive_s
         self.status: dict = {"state": "online"}
         self.connected = threading.Event()
-        self.connections = 0  # successful connections (1 + reconnects)
-        self.sent_bytes = 0  # topic + payload + framing estimate, of messages handed to the broker
-        self.dropped = 0  # telemetry dropped (budget, or no broker)
-        self.commands_applied = 0
+        self.counts = FleetCounts()
         self._seen_commands: deque[str] = deque(maxlen=256)
         self._watches: list[tuple[str, Callable[[str, dict], None]]] = []
         self._loop = asyncio.new_event_loop()
@@ -121,6 +127,11 @@ class FleetClient:
         self._task = None
         self._run_task: asyncio.Task | None = None
         self._finished = threading.Event()
+
+    @property
+    def status_topic(self) -> str:
+        """Where the retained status document (and the will) is published."""
+        return topic(self.kind, self.ident, "status")
 
     # -- the caller's side (any thread) ---------------------------------------
     def start(self) -> FleetClient:
@@ -143,7 +154,7 @@ class FleetClient:
         payload = json.dumps(document, separators=(",", ":")).encode()
         message = _Outgoing(topic(self.kind, self.ident, leaf), payload, qos, retain)
         if qos == 0 and (not self.connected.is_set() or not self.budget.take(self._size(message))):
-            self.dropped += 1
+            self.counts.dropped += 1
             return False
         self._put(message)
         return True
@@ -210,7 +221,7 @@ class FleetClient:
     async def _serve(self, client) -> None:
         import aiomqtt
 
-        self.connections += 1
+        self.counts.connections += 1
         try:
             await client.publish(self.status_topic, self._status_bytes(), qos=1, retain=True)
             if self.on_command is not None:
@@ -238,7 +249,7 @@ class FleetClient:
                     except aiomqtt.MqttError:
                         self._queue.put_nowait(message)  # sent after the reconnection
                         raise
-                    self.sent_bytes += self._size(message)
+                    self.counts.sent_bytes += self._size(message)
                     if message is self._offline:
                         self._stop_done.set()
                         return
@@ -269,7 +280,7 @@ class FleetClient:
             self._seen_commands.append(ident)
             try:
                 self.on_command(command)
-                self.commands_applied += 1
+                self.counts.commands_applied += 1
                 self.set_status(last_command=ident)
             except Exception as exc:  # noqa: BLE001 - a bad command must not stop the client
                 log.warning("fleet: command %s refused: %s", ident, exc)

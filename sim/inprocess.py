@@ -14,13 +14,12 @@ from collections.abc import Callable, Sequence
 from cloud.engine import TargetEngine, run_alone
 from cloud.limits import ServiceLimits
 from cloud.session import PendingBlock, SessionPolicy, VerifierSession
-from edge.controller import Controller
-from edge.decode_loop import GenerationResult, Resumption, SessionTerms, run_decode
+from edge.decode_loop import GenerationResult, Resumption, SessionTerms, SpecConfig, run_decode
 from edge.drafter import DraftBlock, Drafter
 from edge.verifier_protocol import CloudTiming, LinkHint, Received
 from shared.params import SamplingParams
 
-__all__ = ["LocalVerifier", "generate"]
+__all__ = ["LocalVerifier", "SpecConfig", "generate"]
 
 
 class LocalVerifier:
@@ -106,15 +105,9 @@ def generate(
     params: SamplingParams,
     *,
     max_new_tokens: int,
-    draft_len: int,
-    window: int = 1,
-    controller: Controller | None = None,
-    hedge_width: int = 0,
+    spec: SpecConfig,
     on_tokens: Callable[[list[int]], None] | None = None,
 ) -> GenerationResult:
-    """Split decoding in one process; ``draft_len`` 0 is target-only decoding, ``window`` blocks in
-    flight, ``hedge_width`` hedge branches per block."""
-    return run_decode(
-        drafter, LocalVerifier(engine), prompt, params, max_new_tokens=max_new_tokens, draft_len=draft_len,
-        window=window, controller=controller, hedge_width=hedge_width, on_tokens=on_tokens,
-    )
+    """Split decoding in one process, as ``spec`` says (``SpecConfig(0)``: target-only)."""
+    return run_decode(drafter, LocalVerifier(engine), prompt, params, max_new_tokens=max_new_tokens,
+                      spec=spec, on_tokens=on_tokens)

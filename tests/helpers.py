@@ -18,6 +18,7 @@ from edge.controller import Controller
 from edge.decode_loop import run_decode
 from edge.endpoint import VerifierEndpoint
 from edge.grpc_verifier import GrpcVerifier
+from edge.schedule import SpecConfig
 from edge.serving import EdgeService
 from shared.logits import process_logits
 from shared.params import Mode, SamplingParams
@@ -265,7 +266,7 @@ def link_for(server, vocab, **kwargs):
 def remote(server, vocab, drafter, prompt, params, draft_len, max_new_tokens=32, channel=None):
     """``run_decode`` against ``server`` over a fresh link: (the result, the link)."""
     link = link_for(server, vocab, channel=channel)
-    result = run_decode(drafter, link, prompt, params, max_new_tokens=max_new_tokens, draft_len=draft_len)
+    result = run_decode(drafter, link, prompt, params, max_new_tokens=max_new_tokens, spec=SpecConfig(draft_len))
     return result, link
 
 

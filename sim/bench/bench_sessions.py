@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from edge.drafter import DraftBlock, ModelFreeDrafter, Speculation, one_hot_block
+from edge.schedule import SpecConfig
 from sim.experiment.runner import DEFAULT_PROMPTS
 
 __all__ = ["PROMPTS", "RecordingDrafter", "ReplayDrafter", "BenchSession", "bench_models", "first_core", "edges_off",
@@ -160,7 +161,7 @@ def split_session(address: str, session: BenchSession, vocab, drafter, max_new_t
     link = GrpcVerifier(VerifierEndpoint(address, *vocab))
     started = time.perf_counter()
     result = run_decode(drafter, link, session.prompt, session_params(session.seed, temperature),
-                        max_new_tokens=max_new_tokens, draft_len=draft_len)
+                        max_new_tokens=max_new_tokens, spec=SpecConfig(draft_len))
     return result.tokens, started, time.perf_counter(), result.stats
 
 

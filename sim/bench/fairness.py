@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from edge.drafter import DraftBlock, ModelFreeDrafter, one_hot_block
+from edge.schedule import SpecConfig
 
 __all__ = ["FairnessBench", "GarbageDrafter", "run_fairness_bench"]
 
@@ -123,10 +124,10 @@ class _FairnessRun:
             self.prompts = [recorder.inner.vocab.tokenize(_PROMPTS[i % len(_PROMPTS)] + " " * (i // len(_PROMPTS)))
                             for i in range(bench.honest)]
             self.want = [generate(self.engine, recorder.inner, p, self.params, max_new_tokens=bench.max_new_tokens,
-                                  draft_len=0).tokens for p in self.prompts]
+                                  spec=SpecConfig(0)).tokens for p in self.prompts]
             for p in self.prompts:
                 generate(self.engine, recorder, p, self.params, max_new_tokens=bench.max_new_tokens,
-                         draft_len=bench.draft_len)
+                         spec=SpecConfig(bench.draft_len))
         finally:
             recorder.close()
         self.blocks = recorder.blocks
@@ -158,7 +159,8 @@ class _FairnessRun:
         def edge(i: int) -> None:
             verifier = self.connect(server, f"honest-{i}")
             got[i] = run_decode(ReplayDrafter(self.blocks, self.engine.vocab_size), verifier, self.prompts[i],
-                                self.params, max_new_tokens=bench.max_new_tokens, draft_len=bench.draft_len).tokens
+                                self.params, max_new_tokens=bench.max_new_tokens,
+                                spec=SpecConfig(bench.draft_len)).tokens
             verifier.close()
 
         started = time.perf_counter()
@@ -180,8 +182,9 @@ class _FairnessRun:
             verifier = self.connect(server, f"attacker-{j}")
             try:
                 run_decode(GarbageDrafter(self.engine.vocab_size, j), verifier, self.prompts[j % bench.honest],
-                           self.params, max_new_tokens=bench.max_new_tokens, draft_len=bench.max_draft_len,
-                           window=bench.max_blocks_in_flight, on_tokens=lambda _: stop.is_set())
+                           self.params, max_new_tokens=bench.max_new_tokens,
+                           spec=SpecConfig(bench.max_draft_len, window=bench.max_blocks_in_flight),
+                           on_tokens=lambda _: stop.is_set())
             finally:
                 verifier.close()
 

@@ -23,6 +23,7 @@ from typing import NamedTuple
 import grpc
 
 from edge.endpoint import VerifierEndpoint
+from edge.schedule import SpecConfig
 from protos import splitspec_pb2 as pb
 from shared.wire import CHANNEL_OPTIONS, MAX_MESSAGE_BYTES
 from sim.bench.hostile_frames import CLOSE, ForgingDrafter, HostileFrames
@@ -163,7 +164,8 @@ def run_shaped_forgery(endpoint: VerifierEndpoint, prompt: list[int], *, seed: i
                              strategy, seed)
     verifier = GrpcVerifier(endpoint, verdict_timeout_s=30, outage_budget_s=0)
     try:
-        result = run_decode(drafter, verifier, prompt, params, max_new_tokens=max_new_tokens, draft_len=draft_len)
+        result = run_decode(drafter, verifier, prompt, params, max_new_tokens=max_new_tokens,
+                            spec=SpecConfig(draft_len))
     except VerifierError as error:
         ended = re.search(r"position (\d+)", str(error))  # the audit names the position it stopped at
         if ended is None or "INVALID_ARGUMENT" not in str(error):
@@ -344,7 +346,7 @@ def soak_tiny_service(frames: int, *, seed: int = 0, workers: int = 8, session_t
         engine = TargetEngine(paths["target"])
         prompt = [1, *engine.tokenizer("The cat sat on the mat.", add_special_tokens=False).input_ids]
         drafter = LlamaDrafter(paths["drafter_f32"], n_ctx=512, n_threads=1, f32_kv_cache=True)
-        want = generate(engine, drafter, prompt, greedy, max_new_tokens=40, draft_len=0).tokens
+        want = generate(engine, drafter, prompt, greedy, max_new_tokens=40, spec=SpecConfig(0)).tokens
         factory = HostileFrames(engine.vocab_size, engine.fingerprint, prompt, 16, random.Random(seed))
         extra = ["--max-draft-len", "16", "--session-ttl", str(session_ttl_s), "--idle-timeout", "2"]
         try:
@@ -354,7 +356,8 @@ def soak_tiny_service(frames: int, *, seed: int = 0, workers: int = 8, session_t
                 def honest() -> bool:
                     verifier = GrpcVerifier(VerifierEndpoint(address, engine.vocab_size, engine.fingerprint),
                                             verdict_timeout_s=30)
-                    return run_decode(drafter, verifier, prompt, greedy, max_new_tokens=40, draft_len=4).tokens == want
+                    return run_decode(drafter, verifier, prompt, greedy, max_new_tokens=40,
+                                      spec=SpecConfig(4)).tokens == want
 
                 def sessions_left() -> int:
                     progress(f"waiting {session_ttl_s:.0f}s (the TTL) for parked sessions to expire")

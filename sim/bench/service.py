@@ -20,6 +20,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
+from edge.schedule import SpecConfig
 from shared.stats import percentile
 
 __all__ = ["format_service_report", "run_service_bench"]
@@ -89,7 +90,7 @@ def run_service_bench(
             local = _Rounds()
             for params in runs:
                 local.add(generate(engine, draft_model, prompt, params, max_new_tokens=max_new_tokens,
-                                   draft_len=draft_len).stats)
+                                   spec=SpecConfig(draft_len)).stats)
             remote, unaudited, overheads = _over_grpc(engine, draft_model, prompt, runs, max_new_tokens, draft_len)
         finally:
             draft_model.close()
@@ -130,7 +131,7 @@ def _over_grpc(engine, draft_model, prompt: list[int], runs: list, max_new_token
         verifier = GrpcVerifier(VerifierEndpoint(server.address, engine.vocab_size, engine.fingerprint))
         verifier.connect()
         into.add(run_decode(draft_model, verifier, prompt, params, max_new_tokens=max_new_tokens,
-                            draft_len=draft_len).stats)
+                            spec=SpecConfig(draft_len)).stats)
 
     audited_off = ServerConfig(port=0, limits=ServiceLimits(audit_drafts=False))
     rejection = runs[0].mode is Mode.REJECTION

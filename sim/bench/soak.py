@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from edge.schedule import SpecConfig
 from shared.stats import percentile
 from sim.bench.bench_sessions import (
     PROMPTS,
@@ -189,7 +190,7 @@ class _SoakRun:
         try:
             result = run_decode(ReplayDrafter(self.blocks, self.vocab[0]), link, session.prompt,
                                 session_params(session.seed, bench.temperature), max_new_tokens=bench.max_new_tokens,
-                                draft_len=bench.draft_len, on_tokens=on_tokens)
+                                spec=SpecConfig(bench.draft_len), on_tokens=on_tokens)
         except _Vanish:
             with tally.lock:
                 tally.counts["abandoned"] += 1

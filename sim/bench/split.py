@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from edge.schedule import SpecConfig
 from shared.params import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P
 
 __all__ = ["DEFAULT_PROMPT", "SplitBench", "format_split_report", "format_split_row", "format_split_yardstick", "run_split_bench"]
@@ -83,7 +84,7 @@ def run_split_bench(bench: SplitBench, on_row: Callable[[dict[str, Any]], None] 
         for shapes, draft_len in ((FASTEST_SHAPES, 0), (SPLIT_SHAPES, min(bench.draft_lens, default=0))):
             # A fresh engine's (and drafter's) first calls are slow: a short run each, unmeasured.
             generate(engines[shapes], draft_model, models.prompt_ids, SamplingParams(mode=Mode.GREEDY),
-                     max_new_tokens=4, draft_len=draft_len)
+                     max_new_tokens=4, spec=SpecConfig(draft_len))
         for mode in modes:
             for row in _mode_rows(bench, models, mode):
                 rows.append(row)
@@ -118,7 +119,7 @@ def _mode_rows(bench: SplitBench, models: _Models, mode) -> Iterator[dict[str, A
         draft_model.stats.reset()
         with torch_threads(models.threads):
             result = generate(models.engines[shapes], drafter_used, models.prompt_ids, params,
-                              max_new_tokens=bench.max_new_tokens, draft_len=draft_len)
+                              max_new_tokens=bench.max_new_tokens, spec=SpecConfig(draft_len))
         row = _row(params.mode.value, shapes, draft_len, models.threads, result, draft_model.stats)
         return result, {**row, "lookup": True, "looked_up": drafter_used.looked_up} if looked_up else row
 

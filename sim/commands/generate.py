@@ -33,7 +33,7 @@ def add_generate_command(commands) -> None:
 def run_generate(args: argparse.Namespace) -> int:
     from cloud.engine import TargetEngine
     from cloud.models import resolve_target
-    from edge.cli_options import controller_from_args, sampling_from_args, window_from_args
+    from edge.cli_options import controller_from_args, sampling_from_args, spec_from_args
     from edge.drafter_choice import NGRAM, open_drafter
     from edge.text_stream import TextStream
     from sim.inprocess import generate
@@ -58,9 +58,8 @@ def run_generate(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     try:
         result = generate(
-            engine, drafter, prompt, params, max_new_tokens=args.max_new_tokens, draft_len=args.draft_len,
-            window=window_from_args(args), controller=controller_from_args(args), hedge_width=args.hedge,
-            on_tokens=stream
+            engine, drafter, prompt, params, max_new_tokens=args.max_new_tokens,
+            spec=spec_from_args(args, controller_from_args(args)), on_tokens=stream,
         )
     finally:
         drafter.close()

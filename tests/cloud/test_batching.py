@@ -16,6 +16,7 @@ from cloud.invariance.padding import RowPadding
 from cloud.limits import ServiceLimits
 from cloud.scheduler import Scheduler
 from cloud.server import BackgroundServer, ServerConfig
+from edge.schedule import SpecConfig
 from protos import splitspec_pb2 as pb
 from shared.params import Mode, SamplingParams
 from sim.bench.fuzz import send_raw_stream
@@ -248,7 +249,7 @@ def _assert_target_only(tiny_models, tiny_engine, jobs, results):
     try:
         for (text, params, _, max_new), got in zip(jobs, results):
             want = generate(tiny_engine, drafter, tiny_prompt(tiny_engine, text), params, max_new_tokens=max_new,
-                            draft_len=0)
+                            spec=SpecConfig(0))
             assert got == want.tokens
     finally:
         drafter.close()

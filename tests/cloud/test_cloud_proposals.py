@@ -14,6 +14,7 @@ from cloud.server import BackgroundServer, ServerConfig
 from cloud.session import SessionPolicy, VerifierSession
 from edge.controller import Controller, Plan
 from edge.decode_loop import run_decode
+from edge.schedule import SpecConfig
 from shared.params import Mode, SamplingParams
 
 # The tiny target's (random) continuations of this prompt repeat a few of their own bigrams, and
@@ -80,8 +81,8 @@ def test_an_edge_takes_the_cloud_s_proposals_over_grpc_token_identically(tiny_mo
     drafter = tiny_drafter(tiny_models)
     try:
         with BackgroundServer(tiny_engine, ServerConfig(port=0, limits=ServiceLimits(session_ttl_s=30))) as server:
-            got = run_decode(drafter, link_for(server, tiny_vocab), prompt, params, max_new_tokens=N, draft_len=4,
-                             window=2, controller=CloudAlone())
+            got = run_decode(drafter, link_for(server, tiny_vocab), prompt, params, max_new_tokens=N,
+                             spec=SpecConfig(4, window=2, controller=CloudAlone()))
     finally:
         drafter.close()
     assert got.tokens == want
@@ -97,7 +98,8 @@ def test_an_edge_that_drafts_nothing_is_proposed_nothing(tiny_models, tiny_vocab
     drafter = tiny_drafter(tiny_models)
     try:
         with BackgroundServer(tiny_engine, ServerConfig(port=0, limits=ServiceLimits(session_ttl_s=30))) as server:
-            got = run_decode(drafter, link_for(server, tiny_vocab), prompt, params, max_new_tokens=N, draft_len=0)
+            got = run_decode(drafter, link_for(server, tiny_vocab), prompt, params, max_new_tokens=N,
+                             spec=SpecConfig(0))
     finally:
         drafter.close()
     assert got.tokens == want and got.stats.proposed == 0
@@ -116,8 +118,8 @@ def test_a_conversation_s_next_turn_asks_for_proposals_afresh(tiny_models, tiny_
         with BackgroundServer(tiny_engine, ServerConfig(port=0, limits=ServiceLimits(session_ttl_s=30))) as server:
             for draft_len in (4, 0):
                 verifier = conversation.verifier(VerifierEndpoint(server.address, *tiny_vocab))
-                result = run_decode(drafter, verifier, history, params, max_new_tokens=N, draft_len=draft_len,
-                                    controller=CloudAlone() if draft_len else None)
+                result = run_decode(drafter, verifier, history, params, max_new_tokens=N,
+                                    spec=SpecConfig(draft_len, controller=CloudAlone() if draft_len else None))
                 conversation.record(verifier, history, result.tokens)
                 want, _ = _alone(tiny_engine, history, params, N, propose=False)
                 assert result.tokens == want, draft_len

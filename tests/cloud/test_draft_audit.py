@@ -26,6 +26,7 @@ from cloud.server import BackgroundServer, ServerConfig
 from edge.decode_loop import run_decode
 from edge.endpoint import VerifierEndpoint
 from edge.grpc_verifier import GrpcVerifier
+from edge.schedule import SpecConfig
 from protos import splitspec_pb2 as pb
 from shared import draft_audit
 from shared.params import Mode, SamplingParams
@@ -269,7 +270,8 @@ def test_honest_rejection_decoding_is_never_ended(server, tiny_models, tiny_voca
             for top_k in (4, 16):
                 params = SamplingParams(mode=Mode.REJECTION, temperature=1.0, top_k=top_k, draft_top_k=top_k,
                                         seed=seed)
-                result = run_decode(drafter, GrpcVerifier(endpoint), prompt, params, max_new_tokens=60, draft_len=4)
+                result = run_decode(drafter, GrpcVerifier(endpoint), prompt, params, max_new_tokens=60,
+                                    spec=SpecConfig(4))
                 assert len(result.tokens) == 60
     finally:
         drafter.close()

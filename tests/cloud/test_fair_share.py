@@ -13,6 +13,7 @@ from cloud.engine import ForwardItem
 from cloud.fair_share import CAP_AFTER_DRAFTS, WEIGHT_FLOOR, ClientLedger, allot_verifies, fair_shares
 from cloud.metrics import CLIENT_BUCKETS, ServiceMetrics, client_bucket
 from cloud.scheduler import Scheduler
+from edge.schedule import SpecConfig
 
 
 def _rows(items, chosen):
@@ -179,7 +180,7 @@ def test_an_open_session_of_a_client_that_commits_nothing_is_held_to_short_block
         verifier = GrpcVerifier(VerifierEndpoint(server.address, tiny_engine.vocab_size, tiny_engine.fingerprint))
         verifier.connect()
         drafter = Counting(tiny_engine.vocab_size, seed=1)
-        result = run_decode(drafter, verifier, prompt, GREEDY, max_new_tokens=40, draft_len=8, window=1)
+        result = run_decode(drafter, verifier, prompt, GREEDY, max_new_tokens=40, spec=SpecConfig(8, window=1))
         ledger = server.server.servicer.scheduler.ledger
         capped = [ledger.capped(client) for client in ledger.clients]
     assert result.tokens == want

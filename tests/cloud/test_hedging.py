@@ -15,6 +15,7 @@ from edge.drafter import DraftBlock, Speculation
 from edge.endpoint import VerifierEndpoint
 from edge.grpc_verifier import GrpcVerifier
 from edge.hedging import hedge
+from edge.schedule import SpecConfig
 from protos import splitspec_pb2 as pb
 from protos import splitspec_pb2_grpc as pb_grpc
 from shared import codec
@@ -175,7 +176,7 @@ def test_hedge_picks_where_the_block_most_likely_first_fails_and_restores_the_sp
 def test_scripted_hits_and_misses_end_to_end(tiny_engine, greedy_path, right):
     prompt, want = greedy_path
     drafter = ScriptedDrafter(tiny_engine.vocab_size, want, len(prompt), right)
-    got = generate(tiny_engine, drafter, prompt, GREEDY, max_new_tokens=30, draft_len=3, window=2, hedge_width=1)
+    got = generate(tiny_engine, drafter, prompt, GREEDY, max_new_tokens=30, spec=SpecConfig(3, window=2, hedge_width=1))
     stats = got.stats
     assert got.tokens == want[:30]
     assert stats.hedges_sent > 0
@@ -195,9 +196,9 @@ def test_hedged_decoding_is_token_identical(tiny_models, tiny_engine, drafter_na
         for text, seed in (("The cat sat on the mat.", 0), ("We have 3 dogs and 12 cats!", 4)):
             prompt = tiny_prompt(tiny_engine, text)
             params = SamplingParams(mode=mode, temperature=0.9, seed=seed)
-            want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=40, draft_len=0)
-            got = generate(tiny_engine, drafter, prompt, params, max_new_tokens=40, draft_len=5, window=window,
-                           hedge_width=width)
+            want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=40, spec=SpecConfig(0))
+            got = generate(tiny_engine, drafter, prompt, params, max_new_tokens=40,
+                           spec=SpecConfig(5, window=window, hedge_width=width))
             assert got.tokens == want.tokens and got.stop_reason == want.stop_reason
             assert got.stats.hedges_sent > 0
     finally:
@@ -209,9 +210,9 @@ def test_hedged_decoding_over_grpc(tiny_engine, tiny_models, tiny_vocab, verifie
     try:
         prompt = tiny_prompt(tiny_engine, "We have 3 dogs and 12 cats!")
         params = SamplingParams(mode=Mode.COUPLED, temperature=0.9, seed=6)
-        want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=48, draft_len=0)
+        want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=48, spec=SpecConfig(0))
         link = GrpcVerifier(VerifierEndpoint(verifier.address, *tiny_vocab))
-        got = run_decode(drafter, link, prompt, params, max_new_tokens=48, draft_len=5, window=2, hedge_width=2)
+        got = run_decode(drafter, link, prompt, params, max_new_tokens=48, spec=SpecConfig(5, window=2, hedge_width=2))
         assert got.tokens == want.tokens
         assert got.stats.hedges_sent > 0 and got.stats.hedges_taken > 0  # the noisy drafter's runner-up is often right
     finally:
@@ -260,5 +261,5 @@ def test_hostile_branches_end_only_their_stream(tiny_engine, tiny_vocab, verifie
     # An honest stream still decodes.
     link = GrpcVerifier(VerifierEndpoint(verifier.address, *tiny_vocab))
     drafter = ScriptedDrafter(tiny_vocab[0], [0] * 64, len(prompt), right=False)
-    got = run_decode(drafter, link, prompt, GREEDY, max_new_tokens=8, draft_len=0)
+    got = run_decode(drafter, link, prompt, GREEDY, max_new_tokens=8, spec=SpecConfig(0))
     assert len(got.tokens) == 8

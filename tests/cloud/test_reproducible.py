@@ -15,6 +15,7 @@ from cloud.engine import ForwardItem, TargetEngine
 from cloud.limits import ServiceLimits
 from cloud.server import BackgroundServer, ServerConfig
 from edge.decode_loop import run_decode
+from edge.schedule import SpecConfig
 from edge.verifier_protocol import VerifierError
 from shared.params import Mode, SamplingParams
 from sim.bench.invariance import one_at_a_time
@@ -80,17 +81,19 @@ def test_a_reproducible_split_session_beside_others_is_token_identical(tiny_mode
     limits = ServiceLimits(max_draft_len=16, session_ttl_s=30)
     drafter, other_drafter = tiny_drafter(tiny_models), tiny_drafter(tiny_models, "drafter_f32")
     try:
-        want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=40, draft_len=0)
+        want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=40, spec=SpecConfig(0))
         with BackgroundServer(auto_engine, ServerConfig(port=0, limits=limits)) as server:
             other = SamplingParams(mode=Mode.COUPLED, temperature=0.9, seed=8)
-            mate = threading.Thread(target=run_decode, args=(other_drafter, link_for(server, tiny_vocab),
-                                                             tiny_prompt(tiny_engine, "We have 3 dogs"), other),
-                                    kwargs=dict(max_new_tokens=40, draft_len=4, window=2))
+            mate_result = []  # the batch-mate's generation, once it has finished (a mate that failed leaves none)
+            mate = threading.Thread(target=lambda: mate_result.append(run_decode(
+                other_drafter, link_for(server, tiny_vocab), tiny_prompt(tiny_engine, "We have 3 dogs"), other,
+                max_new_tokens=40, spec=SpecConfig(4, window=2))))
             mate.start()
-            got = run_decode(drafter, link_for(server, tiny_vocab), prompt, params, max_new_tokens=40, draft_len=4,
-                             window=2)
+            got = run_decode(drafter, link_for(server, tiny_vocab), prompt, params, max_new_tokens=40,
+                             spec=SpecConfig(4, window=2))
             mate.join(timeout=120)
         assert got.tokens == want.tokens
+        assert len(mate_result) == 1 and len(mate_result[0].tokens) == 40  # it did decode beside the session
     finally:
         drafter.close()
         other_drafter.close()
@@ -103,11 +106,11 @@ def test_a_free_shapes_verifier_refuses_a_reproducible_session(tiny_models, tiny
             params = SamplingParams(mode=Mode.GREEDY, reproducible=True)
             with pytest.raises(VerifierError, match="cannot serve a reproducible session: it runs free shapes") as err:
                 run_decode(drafter, link_for(server, tiny_vocab), tiny_prompt(tiny_engine, "Hi"), params,
-                           max_new_tokens=8, draft_len=3)
+                           max_new_tokens=8, spec=SpecConfig(3))
             assert err.value.bad_input  # a refusal of the request: exit 2 on the command line
             # The same session without reproducible numerics is served.
             fine = run_decode(drafter, link_for(server, tiny_vocab), tiny_prompt(tiny_engine, "Hi"),
-                              SamplingParams(mode=Mode.GREEDY), max_new_tokens=8, draft_len=3)
+                              SamplingParams(mode=Mode.GREEDY), max_new_tokens=8, spec=SpecConfig(3))
             assert len(fine.tokens) == 8
     finally:
         drafter.close()

@@ -25,6 +25,7 @@ from edge.decode_loop import run_decode
 from edge.endpoint import VerifierEndpoint
 from edge.grpc_verifier import GrpcVerifier
 from edge.report import SPLIT, EdgeReport
+from edge.schedule import SpecConfig
 from protos import splitspec_pb2 as pb
 from protos import splitspec_pb2_grpc as pb_grpc
 from shared import codec
@@ -45,7 +46,7 @@ def test_edge_run_is_token_identical_to_target_only(tiny_models, tiny_engine, ti
     try:
         for text in ("The cat sat on the mat.", "We have 3 dogs"):
             prompt = tiny_prompt(tiny_engine, text)
-            want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=32, draft_len=0)
+            want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=32, spec=SpecConfig(0))
             for draft_len in (3, 8):
                 got, link = remote(verifier, tiny_vocab, drafter, prompt, params, draft_len)
                 assert got.tokens == want.tokens
@@ -91,7 +92,8 @@ def test_concurrent_sessions_each_get_their_own_output(tiny_models, tiny_engine,
     expected = []
     for (text, seed), drafter in zip(jobs, drafters):
         params = SamplingParams(mode=Mode.COUPLED, temperature=0.9, seed=seed)
-        expected.append(generate(tiny_engine, drafter, tiny_prompt(tiny_engine, text), params, max_new_tokens=40, draft_len=0).tokens)
+        expected.append(generate(tiny_engine, drafter, tiny_prompt(tiny_engine, text), params, max_new_tokens=40,
+                                 spec=SpecConfig(0)).tokens)
     results: list = [None] * len(jobs)
     barrier = threading.Barrier(len(jobs))
 
@@ -116,7 +118,7 @@ def test_cloud_only_generate_matches_target_only(tiny_models, tiny_engine, tiny_
     params = SamplingParams(mode=Mode.COUPLED, temperature=0.8, seed=3)
     prompt = tiny_prompt(tiny_engine, "The cat sat on the mat.")
     drafter = tiny_drafter(tiny_models)
-    want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=25, draft_len=0).tokens
+    want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=25, spec=SpecConfig(0)).tokens
     drafter.close()
     encoded = codec.encode_tokens(prompt, tiny_vocab[0])
     request = pb.GenerateRequest(
@@ -183,7 +185,7 @@ def test_gemma_pair_over_the_network_is_token_identical(gemma_engine):
     try:
         with BackgroundServer(gemma_engine, ServerConfig(port=0)) as server:
             for params in (SamplingParams(mode=Mode.GREEDY), SamplingParams(mode=Mode.COUPLED, temperature=0.7, seed=1)):
-                want = generate(gemma_engine, drafter, prompt, params, max_new_tokens=24, draft_len=0)
+                want = generate(gemma_engine, drafter, prompt, params, max_new_tokens=24, spec=SpecConfig(0))
                 got, link = remote(server, vocab, drafter, prompt, params, draft_len=6, max_new_tokens=24)
                 assert got.tokens == want.tokens
                 assert got.stats.acceptance_rate > 0.5
@@ -200,13 +202,13 @@ def test_a_stream_opened_ahead_carries_the_generation(tiny_models, tiny_engine, 
     prompt = tiny_prompt(tiny_engine, "The cat sat on the mat.")
     drafter = tiny_drafter(tiny_models)
     try:
-        want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=20, draft_len=0).tokens
+        want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=20, spec=SpecConfig(0)).tokens
         link = link_for(verifier, tiny_vocab)
         started = time.monotonic()
         link.connect(stream=True)
         assert time.monotonic() - started < 1.9  # answered, not waited out (two seconds)
         ahead = link._stream.call
-        got = run_decode(drafter, link, prompt, params, max_new_tokens=20, draft_len=4, window=2)
+        got = run_decode(drafter, link, prompt, params, max_new_tokens=20, spec=SpecConfig(4, window=2))
         assert got.tokens == want
         assert ahead.code() == grpc.StatusCode.OK  # it carried the session to its end (not cancelled for another)
         link.close()
@@ -234,14 +236,14 @@ def test_a_stream_the_cloud_ended_before_the_open_is_replaced(tiny_models, tiny_
     drafter = tiny_drafter(tiny_models)
     config = ServerConfig(port=0, limits=ServiceLimits(max_draft_len=16, open_timeout_s=0.3))
     try:
-        want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=12, draft_len=0).tokens
+        want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=12, spec=SpecConfig(0)).tokens
         with BackgroundServer(tiny_engine, config) as server:
             link = link_for(server, tiny_vocab)
             link.connect(stream=True)
             ahead = link._stream.call
             time.sleep(1.0)
             assert ahead.code() == grpc.StatusCode.DEADLINE_EXCEEDED  # the cloud gave up on it
-            got = run_decode(drafter, link, prompt, params, max_new_tokens=12, draft_len=4, window=2)
+            got = run_decode(drafter, link, prompt, params, max_new_tokens=12, spec=SpecConfig(4, window=2))
             assert got.tokens == want and not link.recoveries  # a new stream, not a recovery from the dead one
             link.close()
     finally:
@@ -265,7 +267,7 @@ def test_the_first_token_s_cloud_time_counts_the_prefill(gemma_engine):
             step = sorted(chunk.cloud_s for chunk in base.chunk_log[1:])[2]  # one decode step (median of five)
             assert base.chunk_log[0].cloud_s > 2 * step  # a prefill of ~600 rows (about 8 steps here), then the token
             link = link_for(server, vocab)
-            run_decode(drafter, link, prompt, params, max_new_tokens=6, draft_len=4, window=2)
+            run_decode(drafter, link, prompt, params, max_new_tokens=6, spec=SpecConfig(4, window=2))
             assert 2 * step < link.first_token_cloud_s <= link.open_s
     finally:
         drafter.close()
@@ -284,16 +286,16 @@ def test_a_link_that_keeps_dropping_is_survived_or_fails_fast_when_told(tiny_mod
     prompt = tiny_prompt(tiny_engine, "The cat sat")
     size, fingerprint = tiny_vocab
     try:
-        want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=60, draft_len=0)
+        want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=60, spec=SpecConfig(0))
         # Every connection dies after ~1 kB: after Open and a few blocks.
         with BackgroundLink(LinkConfig(cut_after_bytes=1000), verifier.port) as link:
             resuming = GrpcVerifier(VerifierEndpoint(link.address, size, fingerprint), verdict_timeout_s=20)
-            got = run_decode(drafter, resuming, prompt, params, max_new_tokens=60, draft_len=2)
+            got = run_decode(drafter, resuming, prompt, params, max_new_tokens=60, spec=SpecConfig(2))
             assert got.tokens == want.tokens and len(resuming.recoveries) >= 2
             once = GrpcVerifier(VerifierEndpoint(link.address, size, fingerprint), outage_budget_s=0)
             started = time.monotonic()
             with pytest.raises(VerifierError, match="lost the cloud.*resuming is off") as caught:
-                run_decode(drafter, once, prompt, params, max_new_tokens=60, draft_len=2)
+                run_decode(drafter, once, prompt, params, max_new_tokens=60, spec=SpecConfig(2))
             assert time.monotonic() - started < 15
             assert caught.value.partial.tokens == want.tokens[: len(caught.value.partial.tokens)]
     finally:

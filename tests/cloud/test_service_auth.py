@@ -23,6 +23,7 @@ from cloud.server import SERVICE_NAME, BackgroundServer, ServerConfig
 from edge.decode_loop import run_decode
 from edge.endpoint import VerifierEndpoint
 from edge.grpc_verifier import GrpcVerifier
+from edge.schedule import SpecConfig
 from edge.verifier_protocol import VerifierError
 from protos import splitspec_pb2 as pb
 from protos import splitspec_pb2_grpc as pb_grpc
@@ -53,12 +54,12 @@ def drafter(tiny_models):
 
 @pytest.fixture(scope="module")
 def want(tiny_engine, drafter, prompt):
-    return generate(tiny_engine, drafter, prompt, GREEDY, max_new_tokens=NEW_TOKENS, draft_len=0).tokens
+    return generate(tiny_engine, drafter, prompt, GREEDY, max_new_tokens=NEW_TOKENS, spec=SpecConfig(0)).tokens
 
 
 def decode(address, tiny_vocab, drafter, prompt, **endpoint_args) -> list[int]:
     link = GrpcVerifier(VerifierEndpoint(address, *tiny_vocab, **endpoint_args))
-    return run_decode(drafter, link, prompt, GREEDY, max_new_tokens=NEW_TOKENS, draft_len=4).tokens
+    return run_decode(drafter, link, prompt, GREEDY, max_new_tokens=NEW_TOKENS, spec=SpecConfig(4)).tokens
 
 
 def health_status(channel, service: str = "") -> int:

@@ -30,6 +30,7 @@ from cloud.server import SERVICE_NAME, BackgroundServer, ServerConfig
 from edge.decode_loop import run_decode
 from edge.endpoint import VerifierEndpoint
 from edge.grpc_verifier import GrpcVerifier
+from edge.schedule import SpecConfig
 from protos import splitspec_pb2 as pb
 from protos import splitspec_pb2_grpc as pb_grpc
 from shared import codec
@@ -86,7 +87,7 @@ def want(tiny_engine, tiny_models, prompt):
     """Target-only greedy tokens, computed in-process before any traffic."""
     drafter = tiny_drafter(tiny_models, "drafter_f32")
     try:
-        result = generate(tiny_engine, drafter, prompt, GREEDY, max_new_tokens=NEW_TOKENS, draft_len=0)
+        result = generate(tiny_engine, drafter, prompt, GREEDY, max_new_tokens=NEW_TOKENS, spec=SpecConfig(0))
     finally:
         drafter.close()
     assert len(result.tokens) == NEW_TOKENS
@@ -111,7 +112,7 @@ class HonestTraffic:
             link = GrpcVerifier(VerifierEndpoint(self.address, *self.vocab, connect_timeout_s=10), verdict_timeout_s=30)
             try:
                 result = run_decode(self.drafter, link, self.prompt, GREEDY,
-                                    max_new_tokens=NEW_TOKENS, draft_len=4)
+                                    max_new_tokens=NEW_TOKENS, spec=SpecConfig(4))
             except Exception as exc:  # noqa: BLE001 - any failure is the finding
                 self.errors.append(f"honest session {self.completed + 1} failed: {exc!r}")
                 return

@@ -11,6 +11,7 @@ from edge.controller import REPLAN_TOKENS, AcceptanceEstimate, Controller, contr
 from edge.decode_loop import run_decode
 from edge.early_block import EARLY_DRAFT_LEN
 from edge.ngram_drafter import NgramDrafter
+from edge.schedule import SpecConfig
 from shared.params import Mode, SamplingParams
 from shared.stats import Ewma
 from sim.inprocess import LocalVerifier, generate
@@ -305,10 +306,10 @@ def test_adaptive_decoding_is_token_identical_and_switches(tiny_models, tiny_eng
         for text, seed in (("The cat sat on the mat.", 0), ("We have 3 dogs and 12 cats!", 4)):
             prompt = tiny_prompt(tiny_engine, text)
             params = SamplingParams(mode=mode, temperature=0.9, seed=seed)
-            want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=48, draft_len=0)
+            want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=48, spec=SpecConfig(0))
             controller = Controller(max_draft_len=6, window=3, cloud_window=16, hysteresis=0.0)
-            got = generate(tiny_engine, drafter, prompt, params, max_new_tokens=48, draft_len=6, window=3,
-                           controller=controller)
+            got = generate(tiny_engine, drafter, prompt, params, max_new_tokens=48,
+                           spec=SpecConfig(6, window=3, controller=controller))
             assert got.tokens == want.tokens and got.stop_reason == want.stop_reason
     finally:
         drafter.close()
@@ -323,10 +324,10 @@ def test_adaptive_decoding_tries_hedges_then_drops_those_that_gain_nothing(tiny_
     try:
         prompt = tiny_prompt(tiny_engine, "The cat sat on the mat.")
         params = SamplingParams(mode=mode, temperature=0.9, seed=2)
-        want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=120, draft_len=0)
+        want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=120, spec=SpecConfig(0))
         controller = Controller(max_draft_len=4, window=3, cloud_window=16)
-        got = generate(tiny_engine, drafter, prompt, params, max_new_tokens=120, draft_len=4, window=3,
-                       controller=controller, hedge_width=1)
+        got = generate(tiny_engine, drafter, prompt, params, max_new_tokens=120,
+                       spec=SpecConfig(4, window=3, hedge_width=1, controller=controller))
         assert got.tokens == want.tokens and got.stop_reason == want.stop_reason
         assert controller.hedge.cap == 1 and 8 <= controller.hedge.hedged <= 8 + 3
         assert controller.drafted_blocks - controller.hedge.hedged > 8  # the plain ones before, and after
@@ -376,7 +377,7 @@ def test_a_long_chain_chooses_its_draft_length_again_on_the_way(tiny_engine, tin
     sent = []
     try:
         prompt = tiny_prompt(tiny_engine, "It was the best of times")
-        want = generate(tiny_engine, drafter, prompt, GREEDY_PARAMS, max_new_tokens=40, draft_len=0)
+        want = generate(tiny_engine, drafter, prompt, GREEDY_PARAMS, max_new_tokens=40, spec=SpecConfig(0))
         controller = Choosing(max_draft_len=4, window=2, cloud_window=8)
 
         class Watching(LocalVerifier):
@@ -384,8 +385,8 @@ def test_a_long_chain_chooses_its_draft_length_again_on_the_way(tiny_engine, tin
                 sent.append(len(block.tokens))
                 super().send(epoch, start_position, block, more_follows)
 
-        got = run_decode(drafter, Watching(tiny_engine), prompt, GREEDY_PARAMS, max_new_tokens=40, draft_len=4, window=2,
-                         controller=controller)
+        got = run_decode(drafter, Watching(tiny_engine), prompt, GREEDY_PARAMS, max_new_tokens=40,
+                         spec=SpecConfig(4, window=2, controller=controller))
         assert got.tokens == want.tokens and controller.within > 0
         assert 2 in sent and 4 in sent  # the chain went on with the new length
     finally:
@@ -409,7 +410,7 @@ def test_the_loop_keeps_the_controllers_window_from_the_first_chain_and_widens_i
     drafter = tiny_drafter(tiny_models, "drafter_f32")
     try:
         prompt = tiny_prompt(tiny_engine, "It was the best of times")
-        want = generate(tiny_engine, drafter, prompt, GREEDY_PARAMS, max_new_tokens=48, draft_len=0)
+        want = generate(tiny_engine, drafter, prompt, GREEDY_PARAMS, max_new_tokens=48, spec=SpecConfig(0))
         outstanding, most = [0], []
 
         class Counting(LocalVerifier):  # blocks sent and not answered, the first position's included
@@ -429,8 +430,8 @@ def test_the_loop_keeps_the_controllers_window_from_the_first_chain_and_widens_i
                 return super().receive()
 
         controller = Widening(max_draft_len=3, window=4, cloud_window=8)
-        got = run_decode(drafter, Counting(tiny_engine), prompt, GREEDY_PARAMS, max_new_tokens=48, draft_len=3,
-                         window=4, controller=controller)
+        got = run_decode(drafter, Counting(tiny_engine), prompt, GREEDY_PARAMS, max_new_tokens=48,
+                         spec=SpecConfig(3, window=4, controller=controller))
         assert got.tokens == want.tokens
         assert controller.first_plan_at > 3  # (the tiny pair's chain goes on: the first plan is the in-chain one)
         assert max(most[:controller.first_plan_at]) == 2 and max(most) == 4
@@ -444,10 +445,10 @@ def test_cloud_decoded_stretches_then_drafting_again(tiny_engine, tiny_models, m
     try:
         prompt = tiny_prompt(tiny_engine, "It was the best of times")
         params = SamplingParams(mode=mode, temperature=0.9, seed=1)
-        want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=80, draft_len=0)
+        want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=80, spec=SpecConfig(0))
         controller = Alternating()
-        got = generate(tiny_engine, drafter, prompt, params, max_new_tokens=80, draft_len=4, window=2,
-                       controller=controller)
+        got = generate(tiny_engine, drafter, prompt, params, max_new_tokens=80,
+                       spec=SpecConfig(4, window=2, controller=controller))
         if mode is not Mode.REJECTION:  # rejection mode is exact in distribution, not token for token
             assert got.tokens == want.tokens
         assert len(got.tokens) == 80
@@ -465,10 +466,11 @@ def test_switching_over_grpc_is_token_identical(tiny_engine, tiny_models, tiny_v
     try:
         prompt = tiny_prompt(tiny_engine, "We have 3 dogs and 12 cats!")
         params = SamplingParams(mode=Mode.COUPLED, temperature=0.9, seed=6)
-        want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=60, draft_len=0)
+        want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=60, spec=SpecConfig(0))
         controller = Alternating()
         link = GrpcVerifier(VerifierEndpoint(verifier.address, *tiny_vocab))
-        got = run_decode(drafter, link, prompt, params, max_new_tokens=60, draft_len=4, window=2, controller=controller)
+        got = run_decode(drafter, link, prompt, params, max_new_tokens=60,
+                         spec=SpecConfig(4, window=2, controller=controller))
         assert got.tokens == want.tokens and len(controller.plans) >= 3
         assert len(link.rtt_samples_s) == got.stats.rounds + got.stats.stale
     finally:
@@ -550,8 +552,8 @@ def test_a_session_s_first_chain_drafts_at_the_cap_until_the_controller_has_chos
     drafter = tiny_drafter(tiny_models, "drafter_noisy")
     try:
         prompt = tiny_prompt(tiny_engine, "It was the best of times")
-        run_decode(drafter, Recording(tiny_engine), prompt, GREEDY_PARAMS, max_new_tokens=40, draft_len=8, window=4,
-                   controller=Controller(max_draft_len=8, window=4, cloud_window=16))
+        run_decode(drafter, Recording(tiny_engine), prompt, GREEDY_PARAMS, max_new_tokens=40,
+                   spec=SpecConfig(8, window=4, controller=Controller(max_draft_len=8, window=4, cloud_window=16)))
     finally:
         drafter.close()
     assert blocks[:2] == [EARLY_DRAFT_LEN, 8]

@@ -10,6 +10,7 @@ from cloud.limits import ServiceLimits
 from edge.conversation import Conversation
 from edge.decode_loop import run_decode
 from edge.endpoint import VerifierEndpoint
+from edge.schedule import SpecConfig
 from shared.params import Mode, SamplingParams
 from sim.inprocess import generate
 
@@ -35,7 +36,7 @@ def words(engine, text: str) -> list[int]:
 
 def run_turn(conversation, server, engine, drafter, prompt, params):
     verifier = conversation.verifier(VerifierEndpoint(server.address, engine.vocab_size, engine.fingerprint))
-    result = run_decode(drafter, verifier, prompt, params, max_new_tokens=12, draft_len=4, window=2)
+    result = run_decode(drafter, verifier, prompt, params, max_new_tokens=12, spec=SpecConfig(4, window=2))
     conversation.record(verifier, prompt, result.tokens)
     return result, verifier
 
@@ -48,7 +49,7 @@ def test_each_turn_uploads_only_its_own_tokens_and_matches_a_fresh_session(tiny_
         if turn:
             history = [*history, *words(tiny_engine, text)]
         result, verifier = run_turn(conversation, server, tiny_engine, drafter, history, params)
-        fresh = generate(tiny_engine, drafter, history, params, max_new_tokens=12, draft_len=0)
+        fresh = generate(tiny_engine, drafter, history, params, max_new_tokens=12, spec=SpecConfig(0))
         assert result.tokens == fresh.tokens, turn
         new = len(history) if turn == 0 else len(words(tiny_engine, text))
         assert verifier.prompt_tokens_sent == new, (turn, verifier.prompt_tokens_sent, new)
@@ -64,7 +65,7 @@ def test_a_re_rendered_history_keeps_only_the_shared_prefix(tiny_engine, drafter
     result, _ = run_turn(conversation, server, tiny_engine, drafter, first, params)
     edited = [*first[:4], *words(tiny_engine, " dog"), *first[4:], *result.tokens, *words(tiny_engine, TURNS[2])]
     second, verifier = run_turn(conversation, server, tiny_engine, drafter, edited, params)
-    assert second.tokens == generate(tiny_engine, drafter, edited, params, max_new_tokens=12, draft_len=0).tokens
+    assert second.tokens == generate(tiny_engine, drafter, edited, params, max_new_tokens=12, spec=SpecConfig(0)).tokens
     assert verifier.prompt_tokens_sent == len(edited) - 4
 
 
@@ -76,7 +77,8 @@ def test_a_lost_session_is_reopened_on_the_whole_prompt(tiny_engine, drafter, se
     server.server.servicer.table.remove(next(iter(server.server.servicer.table._by_ticket.values())))
     history = [*history, *result.tokens, *words(tiny_engine, TURNS[1])]
     second, verifier = run_turn(conversation, server, tiny_engine, drafter, history, params)
-    assert second.tokens == generate(tiny_engine, drafter, history, params, max_new_tokens=12, draft_len=0).tokens
+    assert second.tokens == generate(tiny_engine, drafter, history, params, max_new_tokens=12,
+                                     spec=SpecConfig(0)).tokens
     assert verifier.prompt_tokens_sent == len(history)
 
 
@@ -95,5 +97,5 @@ def test_a_next_turn_names_its_replica_and_a_misrouted_one_is_counted(serve, tin
     history = [*history, *words(tiny_engine, TURNS[2])]
     result, verifier = run_turn(conversation, server, tiny_engine, drafter, history, PARAMS[0])
     assert metrics.registry.get_sample_value("splitspec_misrouted_streams_total") == 1 and verifier.replica == "r1"
-    fresh = generate(tiny_engine, drafter, history, PARAMS[0], max_new_tokens=12, draft_len=0)
+    fresh = generate(tiny_engine, drafter, history, PARAMS[0], max_new_tokens=12, spec=SpecConfig(0))
     assert result.tokens == fresh.tokens

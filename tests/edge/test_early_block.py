@@ -13,6 +13,7 @@ from helpers import GREEDY, TEXTS, CountingController, ScriptedDrafter, tiny_dra
 from edge.decode_loop import run_decode
 from edge.endpoint import VerifierEndpoint
 from edge.grpc_verifier import GrpcVerifier
+from edge.schedule import SpecConfig
 from protos import splitspec_pb2 as pb
 from protos import splitspec_pb2_grpc as pb_grpc
 from shared import codec
@@ -74,10 +75,10 @@ def test_the_first_block_leaves_before_the_opened(tiny_engine, tiny_models, tiny
             for seed in range(4):  # the noisy drafter's guess for the first token is sometimes wrong
                 prompt = tiny_prompt(tiny_engine, TEXTS[seed % len(TEXTS)])
                 params = SamplingParams(mode=Mode.COUPLED, temperature=0.9, seed=seed)
-                want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=30, draft_len=0)
+                want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=30, spec=SpecConfig(0))
                 sent.clear()
                 link = Watching(VerifierEndpoint(server.address, *tiny_vocab))
-                got = run_decode(drafter, link, prompt, params, max_new_tokens=30, draft_len=5, window=2)
+                got = run_decode(drafter, link, prompt, params, max_new_tokens=30, spec=SpecConfig(5, window=2))
                 assert got.tokens == want.tokens
                 assert sent[0] == (True, len(prompt) + 1, EARLY_DRAFT_LEN) and not any(e for e, _, _ in sent[1:])
                 if cloud_limit < EARLY_DRAFT_LEN:  # dropped: drafted again after the first token, within the limit
@@ -97,13 +98,14 @@ def test_wrong_first_token_guess_holds_the_chain(tiny_engine, greedy_path):
     drafting resumes from the committed tokens."""
     prompt, want = greedy_path
     drafter = ScriptedDrafter(tiny_engine.vocab_size, want, len(prompt), right=False)
-    got = generate(tiny_engine, drafter, prompt, GREEDY, max_new_tokens=16, draft_len=3, window=3)
+    got = generate(tiny_engine, drafter, prompt, GREEDY, max_new_tokens=16, spec=SpecConfig(3, window=3))
     assert got.tokens == want[:16]
     # Its verdict measures nothing about the drafter (it was drafted after a token the target did not
     # pick): the controller's acceptance hears only of the blocks drafted after it.
     controller = CountingController(max_draft_len=3, window=3, cloud_window=16)
     drafter = ScriptedDrafter(tiny_engine.vocab_size, want, len(prompt), right=False)
-    got = generate(tiny_engine, drafter, prompt, GREEDY, max_new_tokens=16, draft_len=3, window=3, controller=controller)
+    got = generate(tiny_engine, drafter, prompt, GREEDY, max_new_tokens=16,
+                   spec=SpecConfig(3, window=3, controller=controller))
     assert got.tokens == want[:16] and controller.blocks > 0
     assert controller.acceptances == controller.blocks  # the early block (answered: a round) fed nothing
     assert got.stats.rounds > controller.blocks
@@ -155,8 +157,9 @@ def test_the_first_token_reaches_the_caller_before_the_main_thread_drafts(tiny_e
     controller = CountingController(max_draft_len=4, window=4, cloud_window=16)
     try:
         prompt = tiny_prompt(tiny_engine, TEXTS[0])
-        got = generate(tiny_engine, Logged(), prompt, GREEDY, max_new_tokens=24, draft_len=4, window=4,
-                       controller=controller, on_tokens=lambda tokens: events.append("tokens"))
+        got = generate(tiny_engine, Logged(), prompt, GREEDY, max_new_tokens=24,
+                       spec=SpecConfig(4, window=4, controller=controller),
+                       on_tokens=lambda tokens: events.append("tokens"))
         assert len(got.tokens) == 24
         assert events.index("tokens") < events.index("draft")
         # Every drafted block fed acceptance (observe_block goes through observe_acceptance); the

@@ -21,6 +21,7 @@ from edge.decode_loop import run_decode
 from edge.endpoint import VerifierEndpoint
 from edge.grpc_verifier import GrpcVerifier
 from edge.openai_server import create_app
+from edge.schedule import SpecConfig
 from edge.serving import SPLIT, EdgeService, Job, ServeConfig
 from shared.params import Mode, SamplingParams
 
@@ -76,7 +77,8 @@ def http(cloud, drafter):
 
 def edge_run(service: EdgeService, cloud, prompt, params, max_tokens):
     verifier = GrpcVerifier(VerifierEndpoint(cloud.address, service.vocab.size, service.vocab.fingerprint))
-    result = run_decode(service.drafter, verifier, prompt, params, max_new_tokens=max_tokens, draft_len=4, window=2)
+    result = run_decode(service.drafter, verifier, prompt, params, max_new_tokens=max_tokens,
+                        spec=SpecConfig(4, window=2))
     return service.vocab.detokenize(result.tokens)
 
 

@@ -19,6 +19,7 @@ from edge.controller import START_CHAIN_TOKENS, Controller
 from edge.decode_loop import run_decode
 from edge.endpoint import VerifierEndpoint
 from edge.grpc_verifier import GrpcVerifier
+from edge.schedule import SpecConfig
 from edge.serving import Job, ServeConfig
 from edge.verifier_protocol import LinkHint
 from shared.params import Mode, SamplingParams
@@ -76,28 +77,29 @@ class Recording(LocalVerifier):
 @pytest.mark.parametrize("params", PARAMS, ids=["greedy", "coupled"])
 def test_a_head_start_sends_empty_blocks_behind_the_open_and_changes_no_token(tiny_engine, drafters, params):
     prompt = tiny_prompt(tiny_engine, TEXT)
-    want = generate(tiny_engine, drafters["drafter_f32"], prompt, params, max_new_tokens=N, draft_len=0).tokens
+    want = generate(tiny_engine, drafters["drafter_f32"], prompt, params, max_new_tokens=N, spec=SpecConfig(0)).tokens
     hint = LinkHint(0.6, StreamHints(token_s=0.09, max_blocks_in_flight=6))
     link = Recording(tiny_engine, hint)
-    got = run_decode(drafters["drafter_f32"], link, prompt, params, max_new_tokens=N, draft_len=4, window=4,
-                     controller=Controller(4, 4, 16))
+    got = run_decode(drafters["drafter_f32"], link, prompt, params, max_new_tokens=N,
+                     spec=SpecConfig(4, window=4, controller=Controller(4, 4, 16)))
     assert got.tokens == want
     # Six empty blocks (the verifier's hint) for the positions after the first, before any verdict was read.
     assert link.blocks[:6] == [(len(prompt) + 1 + i, 0) for i in range(6)]
     assert got.stats.rounds >= 6
     # The control: the same session with no hint starts drafting (the early block).
     control = Recording(tiny_engine)
-    again = run_decode(drafters["drafter_f32"], control, prompt, params, max_new_tokens=N, draft_len=4, window=4,
-                       controller=Controller(4, 4, 16))
+    again = run_decode(drafters["drafter_f32"], control, prompt, params, max_new_tokens=N,
+                       spec=SpecConfig(4, window=4, controller=Controller(4, 4, 16)))
     assert again.tokens == want and control.blocks[0][1] > 0
 
 
 def test_a_head_start_keeps_to_the_token_limit(tiny_engine, drafters):
     prompt = tiny_prompt(tiny_engine, TEXT)
     link = Recording(tiny_engine, SATELLITE)
-    got = run_decode(drafters["drafter_f32"], link, prompt, PARAMS[0], max_new_tokens=3, draft_len=4, window=4,
-                     controller=Controller(4, 4, 16))
-    want = generate(tiny_engine, drafters["drafter_f32"], prompt, PARAMS[0], max_new_tokens=3, draft_len=0).tokens
+    got = run_decode(drafters["drafter_f32"], link, prompt, PARAMS[0], max_new_tokens=3,
+                     spec=SpecConfig(4, window=4, controller=Controller(4, 4, 16)))
+    want = generate(tiny_engine, drafters["drafter_f32"], prompt, PARAMS[0], max_new_tokens=3,
+                    spec=SpecConfig(0)).tokens
     # The first token comes with the Opened; two empty blocks behind the Open ask for the other two.
     assert got.tokens == want and link.blocks == [(len(prompt) + 1, 0), (len(prompt) + 2, 0)]
 
@@ -105,10 +107,10 @@ def test_a_head_start_keeps_to_the_token_limit(tiny_engine, drafters):
 def test_a_fixed_schedule_or_a_short_round_trip_gets_no_head_start(tiny_engine, drafters):
     prompt = tiny_prompt(tiny_engine, TEXT)
     fixed = Recording(tiny_engine, SATELLITE)  # no controller: the caller's schedule is the schedule
-    run_decode(drafters["drafter_f32"], fixed, prompt, PARAMS[0], max_new_tokens=N, draft_len=4, window=4)
+    run_decode(drafters["drafter_f32"], fixed, prompt, PARAMS[0], max_new_tokens=N, spec=SpecConfig(4, window=4))
     near = Recording(tiny_engine, LinkHint(0.02, StreamHints(0.09, 0.09, 16)))
-    run_decode(drafters["drafter_f32"], near, prompt, PARAMS[0], max_new_tokens=N, draft_len=4, window=4,
-               controller=Controller(4, 4, 16))
+    run_decode(drafters["drafter_f32"], near, prompt, PARAMS[0], max_new_tokens=N,
+               spec=SpecConfig(4, window=4, controller=Controller(4, 4, 16)))
     assert fixed.blocks[0][1] > 0 and near.blocks[0][1] > 0
 
 
@@ -129,14 +131,14 @@ def test_the_stream_headers_say_the_cloud_s_pace_and_a_head_start_goes_over_grpc
             fresh.close()
             for params in [*PARAMS, SamplingParams(mode=Mode.COUPLED, temperature=0.8, seed=4, reproducible=True)]:
                 want = run_decode(drafter, link_for(server, tiny_vocab), prompt, params, max_new_tokens=N,
-                                  draft_len=0).tokens
+                                  spec=SpecConfig(0)).tokens
                 link = link_for(server, tiny_vocab)
                 link.connect(stream=True)
                 assert 0 < link.link_hint.cloud.token_s_for(params.reproducible) < 5
                 # Loopback is no satellite: the link is told one (what the edge knows is its input).
                 link.link_hint = LinkHint(0.6, replace(link.link_hint.cloud, token_s=0.09, token_s_reproducible=0.09))
-                got = run_decode(drafter, link, prompt, params, max_new_tokens=N, draft_len=4, window=4,
-                                 controller=Controller(4, 4, 16))
+                got = run_decode(drafter, link, prompt, params, max_new_tokens=N,
+                                 spec=SpecConfig(4, window=4, controller=Controller(4, 4, 16)))
                 assert got.tokens == want
                 assert [b.drafts for b in list(link.block_log)[:6]] == [0] * 6  # the first position, five behind it
     finally:
@@ -159,12 +161,12 @@ def test_on_a_long_link_edge_run_times_the_round_trip_and_starts_with_the_cloud_
         with BackgroundServer(tiny_engine, ServerConfig(port=0, limits=ServiceLimits(session_ttl_s=30))) as server, \
                 BackgroundLink(_long_link(), server.port) as link:
             want = run_decode(drafter, link_for(server, tiny_vocab), prompt, params, max_new_tokens=N,
-                              draft_len=0).tokens  # (direct: it also has the cloud decode alone once)
+                              spec=SpecConfig(0)).tokens  # (direct: it also has the cloud decode alone once)
             far = GrpcVerifier(VerifierEndpoint(link.address, *tiny_vocab))
             far.connect(stream=True)
             assert far.link_hint.round_trip_s >= 0.29 and far.link_hint.cloud.token_s > 0
-            got = run_decode(drafter, far, prompt, params, max_new_tokens=N, draft_len=4, window=4,
-                             controller=Controller(4, 4, 16))
+            got = run_decode(drafter, far, prompt, params, max_new_tokens=N,
+                             spec=SpecConfig(4, window=4, controller=Controller(4, 4, 16)))
     finally:
         drafter.close()
     assert got.tokens == want
@@ -186,7 +188,7 @@ def test_edge_serve_starts_a_request_from_what_the_last_one_measured_of_the_link
             prompt = service.text_prompt("The cat sat on the mat.")
             # (direct: the cloud has decoded alone before, so its headers say its pace)
             want = run_decode(drafter, link_for(server, (drafter.vocab.size, drafter.vocab.fingerprint)), prompt,
-                              PARAMS[0], max_new_tokens=12, draft_len=0).tokens
+                              PARAMS[0], max_new_tokens=12, spec=SpecConfig(0)).tokens
             outs = [service.run(Job(prompt, PARAMS[0], 12), lambda text: None, threading.Event()).tokens
                     for _ in range(2)]
             service.close()

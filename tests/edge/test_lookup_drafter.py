@@ -8,6 +8,7 @@ from helpers import GREEDY, greedy_continuation, rejection_sampling, tiny_drafte
 
 from edge.drafter import ModelFreeDrafter, one_hot_block
 from edge.lookup_drafter import LookupFirstDrafter
+from edge.schedule import SpecConfig
 from shared.lookup import lookup_continuation
 from shared.params import Mode, SamplingParams
 
@@ -67,10 +68,10 @@ def test_output_is_the_targets_over_grpc_with_the_lookup_used(verifier, tiny_eng
     prompt = tiny_prompt(tiny_engine, REPEATS)
     drafter = LookupFirstDrafter(tiny_drafter(tiny_models))
     try:
-        want = generate(tiny_engine, drafter.model, prompt, params, max_new_tokens=40, draft_len=0).tokens
+        want = generate(tiny_engine, drafter.model, prompt, params, max_new_tokens=40, spec=SpecConfig(0)).tokens
         connection = GrpcVerifier(VerifierEndpoint(verifier.address, tiny_engine.vocab_size, tiny_engine.fingerprint))
         connection.connect()
-        got = run_decode(drafter, connection, prompt, params, max_new_tokens=40, draft_len=6, window=3)
+        got = run_decode(drafter, connection, prompt, params, max_new_tokens=40, spec=SpecConfig(6, window=3))
     finally:
         drafter.close()
     assert drafter.looked_up > 0

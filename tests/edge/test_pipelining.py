@@ -24,6 +24,7 @@ from helpers import (
 from edge.decode_loop import ProtocolError, run_decode
 from edge.endpoint import VerifierEndpoint
 from edge.grpc_verifier import GrpcVerifier
+from edge.schedule import SpecConfig
 from edge.verifier_protocol import VerifierError
 from shared.params import Mode, SamplingParams
 from sim.inprocess import LocalVerifier, generate
@@ -38,9 +39,10 @@ def test_pipelined_decoding_is_token_identical_to_target_only(tiny_engine, draft
     for text, seed in itertools.product(TEXTS, (0, 5)):
         prompt = tiny_prompt(tiny_engine, text)
         params = SamplingParams(mode=mode, temperature=0.9, seed=seed)
-        want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=40, draft_len=0)
+        want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=40, spec=SpecConfig(0))
         for draft_len, window in ((1, 4), (3, 2), (4, 3), (8, 8)):
-            got = generate(tiny_engine, drafter, prompt, params, max_new_tokens=40, draft_len=draft_len, window=window)
+            got = generate(tiny_engine, drafter, prompt, params, max_new_tokens=40,
+                           spec=SpecConfig(draft_len, window=window))
             assert got.tokens == want.tokens, f"D={draft_len} W={window} seed={seed}"
             assert got.stop_reason == want.stop_reason
 
@@ -88,7 +90,7 @@ def test_drafting_stops_only_for_a_verdict_that_voids_the_block(tiny_engine, tin
     for lag in (None, 2, 6):  # never (drafting is not stopped), within the next block, one and a half blocks
         drafter = ScriptedDrafter(tiny_vocab[0], want, len(prompt), right=False, wrong_every=wrong_every)
         link = PacedVerifier(tiny_engine, lag)
-        got = run_decode(drafter, link, prompt, GREEDY, max_new_tokens=48, draft_len=4, window=3)
+        got = run_decode(drafter, link, prompt, GREEDY, max_new_tokens=48, spec=SpecConfig(4, window=3))
         assert got.tokens == want[:48], f"lag {lag}"
         runs[lag] = (drafter.stats.drafted, got.stats.stale, link.blocks)
     for lag in (2, 6):
@@ -101,8 +103,9 @@ def test_drafting_stops_only_for_a_verdict_that_voids_the_block(tiny_engine, tin
 
 def test_pipelining_shares_forwards_between_blocks(tiny_engine, drafters):
     prompt = tiny_prompt(tiny_engine, TEXTS[1])
-    lockstep = generate(tiny_engine, drafters["drafter_f32"], prompt, GREEDY, max_new_tokens=40, draft_len=4)
-    piped = generate(tiny_engine, drafters["drafter_f32"], prompt, GREEDY, max_new_tokens=40, draft_len=4, window=4)
+    lockstep = generate(tiny_engine, drafters["drafter_f32"], prompt, GREEDY, max_new_tokens=40, spec=SpecConfig(4))
+    piped = generate(tiny_engine, drafters["drafter_f32"], prompt, GREEDY, max_new_tokens=40,
+                     spec=SpecConfig(4, window=4))
     assert piped.tokens == lockstep.tokens
     assert piped.stats.target_forwards < lockstep.stats.target_forwards  # queued blocks share a forward
 
@@ -114,7 +117,8 @@ def test_rejection_mode_with_blocks_in_flight_samples_the_target(tiny_engine, dr
     drafter = drafters["drafter_noisy"]
     samples, n = [], 1500
     for seed in range(n):
-        got = generate(tiny_engine, drafter, prompt, rejection_sampling(seed), max_new_tokens=3, draft_len=1, window=3)
+        got = generate(tiny_engine, drafter, prompt, rejection_sampling(seed), max_new_tokens=3,
+                       spec=SpecConfig(1, window=3))
         samples.append(tuple(got.tokens))
         assert got.stats.rebased == 0  # a draft's q̃ holds only on the path it was drafted on
     fit = target_fit(Counter(samples), exact)
@@ -140,7 +144,8 @@ def test_the_edge_refuses_a_verdict_that_does_not_fit_what_it_sent(tiny_engine, 
 
     prompt = tiny_prompt(tiny_engine, TEXTS[0])
     with pytest.raises(ProtocolError, match="does not answer the block"):
-        run_decode(drafters["drafter_f32"], Lying(tiny_engine), prompt, GREEDY, max_new_tokens=24, draft_len=4, window=2)
+        run_decode(drafters["drafter_f32"], Lying(tiny_engine), prompt, GREEDY, max_new_tokens=24,
+                   spec=SpecConfig(4, window=2))
 
 
 # ---------------------------------------------------------------- over gRPC
@@ -152,10 +157,11 @@ def test_pipelined_edge_over_grpc_is_token_identical(tiny_engine, tiny_vocab, dr
     for text in TEXTS:
         prompt = tiny_prompt(tiny_engine, text)
         params = SamplingParams(mode=mode, temperature=0.9, seed=2)
-        want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=32, draft_len=0)
+        want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=32, spec=SpecConfig(0))
         for draft_len, window in ((3, 2), (6, 4)):
             link = GrpcVerifier(VerifierEndpoint(verifier.address, *tiny_vocab))
-            got = run_decode(drafter, link, prompt, params, max_new_tokens=32, draft_len=draft_len, window=window)
+            got = run_decode(drafter, link, prompt, params, max_new_tokens=32,
+                             spec=SpecConfig(draft_len, window=window))
             assert got.tokens == want.tokens, f"D={draft_len} W={window}"
             assert len(link.rtt_samples_s) == got.stats.rounds + got.stats.stale
             assert len(link.block_log) == got.stats.rounds + got.stats.stale_decoded  # a dropped block had no forward
@@ -165,9 +171,9 @@ def test_pipelined_edge_over_grpc_is_token_identical(tiny_engine, tiny_vocab, dr
 def test_the_edge_respects_the_window_the_cloud_allows(tiny_engine, tiny_vocab, drafters, verifier):
     link = GrpcVerifier(VerifierEndpoint(verifier.address, *tiny_vocab))
     prompt = tiny_prompt(tiny_engine, TEXTS[0])
-    got = run_decode(drafters["drafter_f32"], link, prompt, GREEDY, max_new_tokens=24, draft_len=2, window=1000)
-    want = generate(tiny_engine, drafters["drafter_f32"], prompt, GREEDY, max_new_tokens=24, draft_len=0)
+    got = run_decode(drafters["drafter_f32"], link, prompt, GREEDY, max_new_tokens=24, spec=SpecConfig(2, window=1000))
+    want = generate(tiny_engine, drafters["drafter_f32"], prompt, GREEDY, max_new_tokens=24, spec=SpecConfig(0))
     assert got.tokens == want.tokens
     with pytest.raises(ValueError, match="window"):
-        run_decode(drafters["drafter_f32"], link, prompt, GREEDY, max_new_tokens=24, draft_len=2, window=0)
+        run_decode(drafters["drafter_f32"], link, prompt, GREEDY, max_new_tokens=24, spec=SpecConfig(2, window=0))
     assert VerifierError  # the client's error type stays importable for callers

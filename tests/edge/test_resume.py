@@ -18,6 +18,7 @@ from cloud.server import BackgroundServer, ServerConfig
 from edge.decode_loop import LinkLost, run_decode
 from edge.endpoint import VerifierEndpoint
 from edge.grpc_verifier import GrpcVerifier
+from edge.schedule import SpecConfig
 from edge.verifier_protocol import Received, VerifierError
 from protos import splitspec_pb2 as pb
 from protos import splitspec_pb2_grpc as pb_grpc
@@ -72,12 +73,12 @@ class LossyVerifier(LocalVerifier):
 @pytest.mark.parametrize("window", [1, 3])
 def test_lost_verdicts_and_blocks_leave_the_output_unchanged(tiny_engine, drafter, params, window):
     prompt = tiny_prompt(tiny_engine, TEXT)
-    want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=40, draft_len=0)
+    want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=40, spec=SpecConfig(0))
     rng = random.Random(window)
     for trial in range(6):
         breaks = {call: rng.random() < 0.6 for call in rng.sample(range(1, 14), 4)}
         verifier = LossyVerifier(tiny_engine, breaks)
-        got = run_decode(drafter, verifier, prompt, params, max_new_tokens=40, draft_len=4, window=window)
+        got = run_decode(drafter, verifier, prompt, params, max_new_tokens=40, spec=SpecConfig(4, window=window))
         assert got.tokens == want.tokens, (trial, breaks)
         assert got.stop_reason == want.stop_reason and got.stats.generated == len(want.tokens)
         assert verifier.resumes == sum(call <= verifier.calls for call in breaks)
@@ -85,10 +86,10 @@ def test_lost_verdicts_and_blocks_leave_the_output_unchanged(tiny_engine, drafte
 
 def test_a_lost_final_verdict_ends_the_generation_on_resume(tiny_engine, drafter):
     prompt = tiny_prompt(tiny_engine, TEXT)
-    want = generate(tiny_engine, drafter, prompt, MODES[0], max_new_tokens=12, draft_len=0)
+    want = generate(tiny_engine, drafter, prompt, MODES[0], max_new_tokens=12, spec=SpecConfig(0))
     for call in range(1, 6):
         verifier = LossyVerifier(tiny_engine, {call: True})
-        got = run_decode(drafter, verifier, prompt, MODES[0], max_new_tokens=12, draft_len=8)
+        got = run_decode(drafter, verifier, prompt, MODES[0], max_new_tokens=12, spec=SpecConfig(8))
         assert (got.tokens, got.stop_reason) == (want.tokens, StopReason.LENGTH)
 
 
@@ -96,7 +97,7 @@ def test_rejection_mode_completes_across_lost_links(tiny_engine, drafter):
     prompt = tiny_prompt(tiny_engine, TEXT)
     params = SamplingParams(mode=Mode.REJECTION, temperature=1.0, seed=1)
     verifier = LossyVerifier(tiny_engine, {2: True, 4: False, 7: True})
-    got = run_decode(drafter, verifier, prompt, params, max_new_tokens=30, draft_len=4, window=2)
+    got = run_decode(drafter, verifier, prompt, params, max_new_tokens=30, spec=SpecConfig(4, window=2))
     assert len(got.tokens) == 30 and verifier.resumes == 3
 
 
@@ -108,7 +109,8 @@ def test_rejection_mode_across_lost_links_still_samples_the_target(tiny_engine, 
     rng = random.Random(0)
     for seed in range(n):
         verifier = LossyVerifier(tiny_engine, {rng.randrange(1, 4): rng.random() < 0.5})
-        got = run_decode(drafter, verifier, prompt, rejection_sampling(seed), max_new_tokens=3, draft_len=1, window=2)
+        got = run_decode(drafter, verifier, prompt, rejection_sampling(seed), max_new_tokens=3,
+                         spec=SpecConfig(1, window=2))
         samples.append(tuple(got.tokens))
     fit = target_fit(Counter(samples), exact)
     assert fit.fits(), fit
@@ -141,7 +143,7 @@ def decode_over(link, drafter, tiny_vocab, prompt, params, **kwargs):
 @pytest.mark.parametrize("params", MODES, ids=lambda p: p.mode.value)
 def test_cuts_at_random_bytes_leave_the_output_unchanged(tiny_engine, tiny_vocab, drafter, server, link, params):
     prompt = tiny_prompt(tiny_engine, TEXT)
-    want, clean = decode_over(link, drafter, tiny_vocab, prompt, params, draft_len=4, window=3)
+    want, clean = decode_over(link, drafter, tiny_vocab, prompt, params, spec=SpecConfig(4, window=3))
     driven = {clean.session_id}  # the sessions the edge knew (it drove each to its end, or across cuts)
     total = link.emulator.bytes_up + link.emulator.bytes_down
     rng = random.Random(7)
@@ -151,7 +153,7 @@ def test_cuts_at_random_bytes_leave_the_output_unchanged(tiny_engine, tiny_vocab
         cuts_before = link.emulator.cuts
         offsets = sorted(base + rng.randrange(1, total) for _ in range(2))
         link.arm_cuts(offsets)
-        got, verifier = decode_over(link, drafter, tiny_vocab, prompt, params, draft_len=4, window=3)
+        got, verifier = decode_over(link, drafter, tiny_vocab, prompt, params, spec=SpecConfig(4, window=3))
         driven.add(verifier.session_id)
         link.arm_cuts([])
         cut = link.emulator.cuts - cuts_before
@@ -181,7 +183,7 @@ def test_cuts_at_random_bytes_leave_the_output_unchanged(tiny_engine, tiny_vocab
 def test_a_restarted_verifier_gets_the_session_reopened_with_identical_output(tiny_engine, tiny_vocab, drafter):
     prompt = tiny_prompt(tiny_engine, TEXT)
     params = MODES[1]
-    want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=40, draft_len=0)
+    want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=40, spec=SpecConfig(0))
     limits = ServiceLimits(max_draft_len=16)
     first = BackgroundServer(tiny_engine, ServerConfig(port=0, limits=limits)).start()
     port = first.port
@@ -199,7 +201,7 @@ def test_a_restarted_verifier_gets_the_session_reopened_with_identical_output(ti
         seen.append(tokens)
         restart_after(tokens)
 
-    got = run_decode(drafter, verifier, prompt, params, max_new_tokens=40, draft_len=4, window=2,
+    got = run_decode(drafter, verifier, prompt, params, max_new_tokens=40, spec=SpecConfig(4, window=2),
                      on_tokens=on_tokens)
     try:
         assert got.tokens == want.tokens
@@ -223,7 +225,7 @@ def test_an_outage_past_the_budget_ends_with_the_tokens_so_far(tiny_engine, tiny
 
     started = time.monotonic()
     with pytest.raises(VerifierError, match="could not resume within the outage budget of 1s") as caught:
-        run_decode(drafter, verifier, prompt, MODES[0], max_new_tokens=40, draft_len=2, on_tokens=stop_midway)
+        run_decode(drafter, verifier, prompt, MODES[0], max_new_tokens=40, spec=SpecConfig(2), on_tokens=stop_midway)
     assert time.monotonic() - started < 10
     assert caught.value.partial is not None and caught.value.partial.tokens == seen and len(seen) >= 8
 
@@ -311,7 +313,7 @@ def test_a_block_left_over_after_the_final_verdict_does_not_end_the_session(tiny
     prompt = tiny_prompt(tiny_engine, TEXT)
     V, P = tiny_vocab[0], len(prompt)
     encoded = codec.encode_tokens(prompt, V)
-    want = generate(tiny_engine, drafter, prompt, MODES[0], max_new_tokens=4, draft_len=0).tokens
+    want = generate(tiny_engine, drafter, prompt, MODES[0], max_new_tokens=4, spec=SpecConfig(0)).tokens
 
     def draft(start, tokens, more):
         block = codec.encode_draft(tokens, V)

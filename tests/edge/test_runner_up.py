@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from helpers import GREEDY, ScriptedDrafter
 
+from edge.schedule import SpecConfig
 from shared.params import Mode, SamplingParams
 from sim.inprocess import generate
 
@@ -33,7 +34,7 @@ def test_the_runner_up_is_the_second_place_of_the_same_race():
 def test_corrections_are_scored_against_the_drafters_second_choice(tiny_engine, greedy_path, right):
     prompt, want = greedy_path
     drafter = ScriptedDrafter(tiny_engine.vocab_size, want, len(prompt), right)
-    got = generate(tiny_engine, drafter, prompt, GREEDY, max_new_tokens=20, draft_len=3, window=2)
+    got = generate(tiny_engine, drafter, prompt, GREEDY, max_new_tokens=20, spec=SpecConfig(3, window=2))
     stats = got.stats
     assert got.tokens == want[:20]  # every draft rejected, every correction the target's token
     assert stats.corrections_guessed >= 10

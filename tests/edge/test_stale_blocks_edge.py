@@ -17,6 +17,7 @@ from edge.decode_loop import run_decode
 from edge.drafter import DraftBlock
 from edge.endpoint import VerifierEndpoint
 from edge.grpc_verifier import GrpcVerifier
+from edge.schedule import SpecConfig
 from edge.verifier_protocol import VerifierError
 from protos import splitspec_pb2 as pb
 from protos import splitspec_pb2_grpc as pb_grpc
@@ -41,10 +42,10 @@ def test_stale_blocks_come_back_with_tokens_the_cloud_decoded_alone(tiny_engine,
         for text, seed in itertools.product(TEXTS, (1, 2)):
             prompt = tiny_prompt(tiny_engine, text)
             params = SamplingParams(mode=Mode.COUPLED, temperature=0.9, seed=seed)
-            want = generate(tiny_engine, drafters["drafter_f32"], prompt, params, max_new_tokens=32, draft_len=0)
+            want = generate(tiny_engine, drafters["drafter_f32"], prompt, params, max_new_tokens=32, spec=SpecConfig(0))
             drafter = ScriptedDrafter(tiny_vocab[0], want.tokens, len(prompt), right=False, wrong_every=4)
             link = _TimingsSeen(VerifierEndpoint(server.address, *tiny_vocab))
-            got = run_decode(drafter, link, prompt, params, max_new_tokens=32, draft_len=3, window=4)
+            got = run_decode(drafter, link, prompt, params, max_new_tokens=32, spec=SpecConfig(3, window=4))
             assert got.tokens == want.tokens, f"seed {seed}"
             for verdict, cloud_s, forward_s in link.seen:  # the forward alone, within the cloud's time on the block
                 assert 0 <= forward_s <= cloud_s
@@ -97,13 +98,13 @@ def test_rebased_drafts_only_for_an_edge_that_takes_them(tiny_engine, tiny_vocab
 
     params = SamplingParams(mode=Mode.COUPLED, temperature=0.9, seed=1)
     prompt = tiny_prompt(tiny_engine, TEXTS[0])
-    want = generate(tiny_engine, drafters["drafter_f32"], prompt, params, max_new_tokens=32, draft_len=0).tokens
+    want = generate(tiny_engine, drafters["drafter_f32"], prompt, params, max_new_tokens=32, spec=SpecConfig(0)).tokens
     rebased = {}
     with BackgroundServer(tiny_engine, ServerConfig(port=0)) as server:
         for edge in (OldEdge, GrpcVerifier):
             drafter = ScriptedDrafter(tiny_vocab[0], want, len(prompt), right=False, wrong_every=4)
             link = edge(VerifierEndpoint(server.address, *tiny_vocab))
-            got = run_decode(drafter, link, prompt, params, max_new_tokens=32, draft_len=3, window=4)
+            got = run_decode(drafter, link, prompt, params, max_new_tokens=32, spec=SpecConfig(3, window=4))
             assert got.tokens == want, edge.__name__
             rebased[edge] = got.stats.rebased
     assert rebased[OldEdge] == 0 and rebased[GrpcVerifier] > 0
@@ -149,8 +150,8 @@ def test_always_stale_drafter_is_measured_by_stale_verdicts(tiny_engine, tiny_vo
     drafter = ScriptedDrafter(tiny_vocab[0], want, len(prompt), right=False, wrong_every=1)
     controller = CountingController(max_draft_len=4, window=4, cloud_window=16)
     controller.observe_stale = _recorded(controller.observe_stale, stale := [])
-    got = run_decode(drafter, FarVerifier(tiny_engine), prompt, GREEDY, max_new_tokens=32, draft_len=4,
-                     window=4, controller=controller)
+    got = run_decode(drafter, FarVerifier(tiny_engine), prompt, GREEDY, max_new_tokens=32,
+                     spec=SpecConfig(4, window=4, controller=controller))
     assert got.tokens == want[:32]
     assert controller.blocks == 1, got.stats  # the first chain's block (the early block's timings span the prefill)
     chains_stale = [k for k in stale if k["trip_s"] is not None and k["drafted"] > 4]  # a chain's first block: guesses
@@ -264,7 +265,7 @@ def test_the_edge_refuses_a_verdict_that_commits_past_its_token_limit(tiny_model
     try:
         with _hostile_cloud(tiny_vocab, prompt, dict(rebased=[4, 5, 6, 7], rebased_verified=4, token=8)) as link:
             with pytest.raises(ProtocolError, match="past the token limit"):
-                run_decode(drafter, link, prompt, GREEDY, max_new_tokens=4, draft_len=4, on_tokens=taken.extend)
+                run_decode(drafter, link, prompt, GREEDY, max_new_tokens=4, spec=SpecConfig(4), on_tokens=taken.extend)
         assert taken == [7]  # the first token; nothing of the refused verdict
     finally:
         drafter.close()

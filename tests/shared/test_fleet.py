@@ -19,6 +19,7 @@ from helpers import tiny_drafter, tiny_prompt
 
 from cloud.limits import ServiceLimits
 from cloud.server import BackgroundServer, ServerConfig
+from edge.schedule import SpecConfig
 from edge.serving import EdgeService, Job, ServeConfig
 from edge.telemetry import EdgeFleet, GenerationSample, telemetry_document
 from shared.fleet import DEFAULT_BUDGET_BPS, DEFAULT_TELEMETRY_PERIOD_S, ByteBudget, FleetClient, parse_mqtt_url
@@ -113,14 +114,14 @@ def test_a_command_is_applied_once_even_when_redelivered(broker):
         command = {"id": "c-1", "set": {"max_draft_len": 3, "mode": "rejection"}}
         for _ in range(3):  # QoS 1 is at least once: the same id may come again
             sender.publish_to("splitspec/v1/edge/cmd-test/cmd", command)
-        wait_for(lambda: fleet.client.commands_applied, what="the command")
+        wait_for(lambda: fleet.client.counts.commands_applied, what="the command")
         time.sleep(0.5)
-        assert fleet.client.commands_applied == 1
+        assert fleet.client.counts.commands_applied == 1
         assert fleet.max_draft_len == 3 and fleet.mode is Mode.REJECTION
         assert fleet.draft_len_cap("any", 8) == 3
         sender.publish_to("splitspec/v1/edge/cmd-test/cmd", {"id": "c-2", "set": {"max_draft_len": 0}})
         time.sleep(0.5)
-        assert fleet.client.commands_applied == 1 and fleet.max_draft_len == 3  # refused, not applied
+        assert fleet.client.counts.commands_applied == 1 and fleet.max_draft_len == 3  # refused, not applied
     finally:
         sender.stop()
         fleet.stop()
@@ -161,7 +162,7 @@ def test_a_broker_restart_mid_generation_loses_no_tokens(broker, tiny_models, ti
     drafter = tiny_drafter(tiny_models, "drafter_f32")
     params = SamplingParams(mode=Mode.GREEDY)
     prompt = tiny_prompt(tiny_engine, "The cat sat on the mat.")
-    want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=150, draft_len=0).tokens
+    want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=150, spec=SpecConfig(0)).tokens
     fleet = EdgeFleet(broker.url, "steady", period_s=0.2).start(state="online")
     idle = FleetClient(broker.url, "cloud", "idle").start()  # publishes nothing after connecting
     try:
@@ -184,12 +185,12 @@ def test_a_broker_restart_mid_generation_loses_no_tokens(broker, tiny_models, ti
             broker.start()  # same port, retained messages gone
             worker.join(120)
             assert outcome["out"].tokens == want
-            wait_for(lambda: fleet.client.connections >= 2, timeout_s=30, what="the reconnection")
+            wait_for(lambda: fleet.client.counts.connections >= 2, timeout_s=30, what="the reconnection")
             status = wait_for(lambda: watch_once(broker.url, 0.5)["edges"].get("steady", {}).get("status"),
                               what="status republished")
             assert status["state"] == "online"
             # A client with nothing to send notices the lost broker too, and is back.
-            wait_for(lambda: idle.connections >= 2, timeout_s=30, what="the idle client's reconnection")
+            wait_for(lambda: idle.counts.connections >= 2, timeout_s=30, what="the idle client's reconnection")
             assert wait_for(lambda: watch_once(broker.url, 0.5)["clouds"].get("idle"), what="idle status")
     finally:
         idle.stop()

@@ -10,6 +10,7 @@ import pytest
 from helpers import tiny_prompt
 
 from edge.llama_drafter import LlamaDrafter
+from edge.schedule import SpecConfig
 from shared.params import Mode, SamplingParams
 from sim.fixtures.drafter_ladder import quantize
 from sim.inprocess import generate
@@ -24,8 +25,8 @@ def test_a_requantized_drafter_keeps_the_vocabulary_and_stays_lossless(tiny_mode
         assert drafter.vocab.fingerprint == reference.vocab.fingerprint == tiny_engine.fingerprint
         prompt = tiny_prompt(tiny_engine, "The cat sat on the mat.")
         params = SamplingParams(mode=Mode.COUPLED, temperature=0.9, seed=1)
-        want = generate(tiny_engine, reference, prompt, params, max_new_tokens=24, draft_len=0).tokens
-        got = generate(tiny_engine, drafter, prompt, params, max_new_tokens=24, draft_len=4)
+        want = generate(tiny_engine, reference, prompt, params, max_new_tokens=24, spec=SpecConfig(0)).tokens
+        got = generate(tiny_engine, drafter, prompt, params, max_new_tokens=24, spec=SpecConfig(4))
         assert got.tokens == want
     finally:
         drafter.close()

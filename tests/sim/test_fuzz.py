@@ -20,6 +20,7 @@ from cloud.limits import ServiceLimits
 from edge.decode_loop import run_decode
 from edge.endpoint import VerifierEndpoint
 from edge.grpc_verifier import GrpcVerifier
+from edge.schedule import SpecConfig
 from protos import splitspec_pb2 as pb
 from shared import codec, draft_audit
 from shared.params import Mode, SamplingParams
@@ -162,12 +163,12 @@ def test_hostile_generate_requests_end_with_documented_statuses_and_no_traceback
 def test_a_short_soak_leaves_the_honest_edge_and_the_table_intact(server, tiny_engine, tiny_models, frames):
     drafter = tiny_drafter(tiny_models, "drafter_f32")
     prompt = frames.prompt
-    want = generate(tiny_engine, drafter, prompt, GREEDY, max_new_tokens=30, draft_len=0).tokens
+    want = generate(tiny_engine, drafter, prompt, GREEDY, max_new_tokens=30, spec=SpecConfig(0)).tokens
     table = server.server.servicer.table
 
     def honest() -> bool:
         verifier = GrpcVerifier(VerifierEndpoint(server.address, tiny_engine.vocab_size, tiny_engine.fingerprint))
-        return run_decode(drafter, verifier, prompt, GREEDY, max_new_tokens=30, draft_len=4).tokens == want
+        return run_decode(drafter, verifier, prompt, GREEDY, max_new_tokens=30, spec=SpecConfig(4)).tokens == want
 
     def sessions_left() -> int:  # after the TTL, polled: the server notices abandoned streams in its own time
         deadline = time.monotonic() + table.ttl_s + 10

@@ -25,6 +25,7 @@ from helpers import (
 from edge.drafter import DrafterStats
 from edge.lookup_drafter import LookupFirstDrafter
 from edge.ngram_drafter import NgramDrafter
+from edge.schedule import SpecConfig
 from shared.params import Mode, SamplingParams
 from shared.stats import DecodeStats
 from shared.verdict import StopReason
@@ -57,7 +58,7 @@ def drafters(tiny_models, engine):
 
 
 def run(engine, drafter, prompt, params, draft_len, max_new_tokens=40):
-    return generate(engine, drafter, prompt, params, max_new_tokens=max_new_tokens, draft_len=draft_len)
+    return generate(engine, drafter, prompt, params, max_new_tokens=max_new_tokens, spec=SpecConfig(draft_len))
 
 
 SAMPLINGS = [
