@@ -13,9 +13,9 @@ hedge branches, and rows that cost do not), the cloud's seconds per token
 decoding alone, and what stale blocks bring back.
 
 Promises: predictions come from ``shared.acceptance`` (closed form); a draft
-length is changed only when predicted ``_CHANGE_TIE`` faster, and drafting and
-the cloud alone swap only on ``hysteresis`` and enough acceptance samples;
-the window is never above the cap nor below ``_MIN_WINDOW`` where the cap
+length is changed only when predicted ``Tunables.change_tie`` faster, and drafting and
+the cloud alone swap only on ``Tunables.hysteresis`` and enough acceptance samples;
+the window is never above the cap nor below ``Tunables.min_window`` where the cap
 allows (never lock-step), the draft length never above the cap or the cloud's
 load hint. Whether to hedge is ``edge.hedge_choice``'s (tried, then kept only
 while it measurably pays). The rules and their reasons:
@@ -26,35 +26,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from edge.acceptance_estimate import AcceptanceEstimate
 from edge.hedge_choice import HedgeChoice
 from edge.row_cost import RowCost
+from edge.tunables import TUNABLES, Tunables
 from edge.verifier_protocol import SessionTerms
 from shared.acceptance import ChainCosts, pipelined_chain
 from shared.stats import Ewma
 
-__all__ = ["Controller", "Plan", "AcceptanceEstimate", "controller_for", "CLOUD_WINDOW", "SHRINK_STRENGTH",
-           "REPLAN_TOKENS", "SHADOW_EVERY", "START_CHAIN_TOKENS"]
+__all__ = ["Controller", "Plan", "controller_for", "CLOUD_WINDOW", "REPLAN_TOKENS"]
 
 CLOUD_WINDOW = 16  # empty blocks in flight while the cloud decodes alone (the verifier may allow fewer)
 REPLAN_TOKENS = 8  # within a cloud stretch or a chain, the decode loop asks for a plan again every this many tokens
-SHADOW_EVERY = 4  # ... and a drafter slower than half the cloud's pace is measured on every this many tokens
-_MIN_SAMPLES_TO_LEAVE_CLOUD = 24  # acceptance samples (shadow ones included) before drafting again
-# Drafting less asks for a gap of (1 + margin) * (1 + this / acceptance samples) for shorter blocks, and
-# (1 + margin) * (1 + (this / samples)^2) for none (5 on one sample, 1.04 on ten): one unlucky first block
-# must not hand a useful drafter to the cloud or to short blocks (docs/history.md, the controller's tuning).
-_EVIDENCE_TO_DRAFT_LESS = 2.0
-_WINDOW_TIE = 0.01  # windows predicted this close count as equally fast
-SHRINK_STRENGTH = 4.0  # pseudo-trials at the pooled rate that a position's acceptance estimate is shrunk by
-_CHANGE_TIE = 0.03  # another draft length must be predicted this much faster to be taken
-_MIN_WINDOW = 2  # blocks in flight the controller chooses at least (it never goes lock-step), and starts with
-# The draft length the first plan weighs others against (the cap where lower). The decode loop's first chain
-# holds the caller's cap until that plan (a first chain of this length was measured, no faster: docs/history.md).
-_START_DRAFT_LEN = 4
-# A session starts with the cloud decoding alone where one round trip costs more of its tokens than a good
-# drafter's chain commits between corrections, 1 / (1 - α) at α 0.85 (the default drafter's measured rate):
-# every correction costs a drafting chain a round trip, and the cloud alone pays none, so no drafting start
-# keeps pace there (docs/pipelining.md, the start; a drafter that does is still found by the shadow proposals).
-START_CHAIN_TOKENS = 1 / (1 - 0.85)
 
 
 def controller_for(schedule: str, max_draft_len: int, window: int) -> Controller | None:
@@ -62,63 +45,6 @@ def controller_for(schedule: str, max_draft_len: int, window: int) -> Controller
     if schedule != "adaptive" or max_draft_len < 1:
         return None
     return Controller(max_draft_len, window, CLOUD_WINDOW)
-
-
-class AcceptanceEstimate:
-    """Per-position acceptance α_i (draft i of a block accepted, given drafts < i were), from counts
-    that forget: each new trial at a position scales that position's counts by 1 - 1/``memory``.
-
-    A position seldom reached is shrunk toward the pooled rate by ``strength`` pseudo-trials; the
-    pooled rate starts from ``prior_weight`` pseudo-trials at ``prior``, which are forgotten like
-    any trial (one early rejection reads as about 1/3, not 0). ``samples`` counts every trial added.
-    """
-
-    def __init__(self, memory: float = 32.0, strength: float = SHRINK_STRENGTH, prior: float = 0.5,
-                 prior_weight: float = 2.0) -> None:
-        self.keep = 1.0 - 1.0 / memory
-        self.strength = strength
-        self.hits: list[float] = []
-        self.trials: list[float] = []
-        self.pooled_hits, self.pooled_trials = prior * prior_weight, prior_weight
-        self.samples = 0
-
-    @classmethod
-    def converged(cls, alpha_per_position: list[float], trials: float = 1e6) -> AcceptanceEstimate:
-        """An estimate that has seen ``alpha_per_position`` over many trials (the priors forgotten)."""
-        estimate = cls()
-        estimate.hits = [a * trials for a in alpha_per_position]
-        estimate.trials = [trials] * len(alpha_per_position)
-        estimate.pooled_hits, estimate.pooled_trials = sum(estimate.hits), trials * len(alpha_per_position)
-        estimate.samples = int(trials)
-        return estimate
-
-    def add(self, position: int, hit: bool) -> None:
-        while len(self.trials) <= position:
-            self.hits.append(0.0)
-            self.trials.append(0.0)
-        self.hits[position] = self.hits[position] * self.keep + hit
-        self.trials[position] = self.trials[position] * self.keep + 1.0
-        self.pooled_hits = self.pooled_hits * self.keep + hit
-        self.pooled_trials = self.pooled_trials * self.keep + 1.0
-        self.samples += 1
-
-    @property
-    def pooled(self) -> float | None:
-        """All positions together (None before any trial)."""
-        if not self.samples:
-            return None
-        return self.pooled_hits / self.pooled_trials
-
-    def per_position(self, n: int) -> list[float] | None:
-        """[α_0 .. α_{n-1}] (None before any trial)."""
-        pooled = self.pooled
-        if pooled is None:
-            return None
-        out = []
-        for i in range(n):
-            hits, trials = (self.hits[i], self.trials[i]) if i < len(self.trials) else (0.0, 0.0)
-            out.append((hits + pooled * self.strength) / (trials + self.strength))
-        return out
 
 
 @dataclass(frozen=True)
@@ -132,13 +58,13 @@ class Controller:
     """Chooses the draft length (0 = cloud decodes alone) and window for the next chain; ``window`` is
     the cap (the caller's, then the verifier's), ``chosen_window`` the choice."""
 
-    def __init__(self, max_draft_len: int, window: int, cloud_window: int, hysteresis: float = 0.15) -> None:
+    def __init__(self, max_draft_len: int, window: int, cloud_window: int, tunables: Tunables = TUNABLES) -> None:
         if max_draft_len < 1 or window < 1 or cloud_window < 1:
             raise ValueError("max_draft_len, window and cloud_window must be >= 1")
         self.max_draft_len = max_draft_len
         self.window = window
         self.cloud_window = cloud_window
-        self.hysteresis = hysteresis
+        self.tunables = tunables
         self.acceptance = AcceptanceEstimate()
         self.draft_s_per_token = Ewma()
         self.network_s = Ewma()  # a block's trip less the cloud's time on it: uplink, RTT, downlink
@@ -154,9 +80,9 @@ class Controller:
         # The current choice. A session starts drafting (measured here: starting with the cloud decoding
         # alone cost the self-drafting Gemma pair 1.47x instead of 2.2x cloud-only on acespec-50k; ``start``
         # says where a round trip outweighs any drafter), two blocks in flight, the first plan weighing draft
-        # lengths from _START_DRAFT_LEN, until the measurements say more pay.
-        self.draft_len = min(max_draft_len, _START_DRAFT_LEN)
-        self.chosen_window = min(_MIN_WINDOW, window)
+        # lengths from ``Tunables.start_draft_len``, until the measurements say more pay.
+        self.draft_len = min(max_draft_len, tunables.start_draft_len)
+        self.chosen_window = min(tunables.min_window, window)
         self.switches = 0
         self._shadow_run = 0  # shadow hits in a row since the last miss (``observe_shadow``)
 
@@ -176,10 +102,10 @@ class Controller:
     def start(self, round_trip_s: float, token_s: float) -> Plan | None:
         """Before the Open, from a round trip measured with no cloud work in it and the cloud's hint of
         its seconds per token decoding alone (0: not known): the cloud alone from the first token, where
-        a round trip and a token cost more tokens of the cloud's alone than ``START_CHAIN_TOKENS`` (then
+        a round trip and a token cost more tokens of the cloud's alone than ``Tunables.start_chain_tokens`` (then
         both seed the estimates, and the plan is returned); else None, and the session starts
         drafting as it would without them."""
-        if token_s <= 0 or round_trip_s <= 0 or (round_trip_s + token_s) / token_s < START_CHAIN_TOKENS:
+        if token_s <= 0 or round_trip_s <= 0 or (round_trip_s + token_s) / token_s < self.tunables.start_chain_tokens:
             return None
         self.network_s.add(round_trip_s)
         self.cloud_s_per_token.add(token_s)
@@ -315,8 +241,8 @@ class Controller:
         self.hedge.allow(self.hedge.cap, branch_len)
 
     def shadow_due(self, since_plan: int) -> bool:
-        """In a cloud stretch: every token where the drafter is fast enough, else every ``SHADOW_EVERY``."""
-        return self.shadows_every_token() or since_plan % SHADOW_EVERY == 0
+        """In a cloud stretch: every token where the drafter is fast enough, else every ``Tunables.shadow_every``."""
+        return self.shadows_every_token() or since_plan % self.tunables.shadow_every == 0
 
     # -- the choice ------------------------------------------------------
     def predict_drafting(self, draft_len: int, window: int | None = None) -> float | None:
@@ -369,9 +295,9 @@ class Controller:
         chain may differ in length; leaving drafting waits for the chain's end)."""
         # Switching costs a drained pipeline (a round trip) each way: do it on enough evidence only.
         samples = self.acceptance.samples
-        settled = self.draft_len != 0 or samples >= _MIN_SAMPLES_TO_LEAVE_CLOUD
+        settled = self.draft_len != 0 or samples >= self.tunables.min_samples_to_leave_cloud
         # Per draft length, the window predicted best (see _best_window).
-        windows = list(range(min(_MIN_WINDOW, self.window), self.window + 1))
+        windows = list(range(min(self.tunables.min_window, self.window), self.window + 1))
         chosen = {d: self._best_window(d, windows) if settled else (None, self.drafting_window)
                   for d in range(1, self.max_draft_len + 1)}
         options = {d: value for d, (value, _) in chosen.items()}
@@ -382,17 +308,17 @@ class Controller:
         best = max(known.values(), default=0.0)
 
         def order(d: int) -> tuple[bool, float]:
-            """Draft lengths predicted within ``_CHANGE_TIE`` of the best first, the longest of them first
+            """Draft lengths predicted within ``Tunables.change_tie`` of the best first, the longest of them first
             (as fast, with fewer forwards and bytes a token), then the others, the best first."""
-            alike = known[d] * (1 + _CHANGE_TIE) >= best
+            alike = known[d] * (1 + self.tunables.change_tie) >= best
             return alike, d if alike else known[d]
 
         for choice in sorted(known, key=order, reverse=True):
             if choice == self.draft_len:
                 break
-            margin = 1 + (self.hysteresis if (choice == 0) != (self.draft_len == 0) else _CHANGE_TIE)
+            margin = 1 + (self.tunables.hysteresis if (choice == 0) != (self.draft_len == 0) else self.tunables.change_tie)
             if choice < self.draft_len:  # on few acceptance samples, only a wide gap makes blocks shorter or none
-                evidence = _EVIDENCE_TO_DRAFT_LESS / max(samples, 1)
+                evidence = self.tunables.evidence_to_draft_less / max(samples, 1)
                 margin *= 1 + (evidence ** 2 if choice == 0 else evidence)
             if current is None or known[choice] > margin * current:
                 if (choice == 0) != (self.draft_len == 0):
@@ -403,7 +329,7 @@ class Controller:
         if self.draft_len:
             self.chosen_window = chosen[self.draft_len][1]
         window = self.cloud_window if self.draft_len == 0 else self.drafting_window
-        self.hedge.choose(known.get(self.draft_len), self.forward_cost, self.draft_len, self.hysteresis,
+        self.hedge.choose(known.get(self.draft_len), self.forward_cost, self.draft_len, self.tunables.hysteresis,
                           self.drafted_blocks)
         return Plan(self.draft_len, window, known.get(self.draft_len))
 
@@ -413,7 +339,7 @@ class Controller:
 
     def _best_window(self, draft_len: int, windows: list[int]) -> tuple[float | None, int]:
         """(predicted tokens/s, window) for ``draft_len``: the best of ``windows``, the largest of those
-        predicted within ``_WINDOW_TIE`` of it (the current window before any prediction). The
+        predicted within ``Tunables.window_tie`` of it (the current window before any prediction). The
         prediction does not credit what more blocks pending buy a verifier-bound pipeline (the cloud
         verifies the pending chain in one forward): measured, four blocks in flight beat the three
         the arithmetic finds as good."""
@@ -421,7 +347,7 @@ class Controller:
         if None in predicted.values():
             return None, self.drafting_window
         best = max(predicted.values())
-        window = max(w for w, v in predicted.items() if v * (1 + _WINDOW_TIE) >= best)
+        window = max(w for w, v in predicted.items() if v * (1 + self.tunables.window_tie) >= best)
         return predicted[window], window
 
 

@@ -17,8 +17,8 @@ import dataclasses
 from dataclasses import dataclass
 
 from cloud.metrics import VERIFY_SERVICE_METRIC
-from edge.controller import SHRINK_STRENGTH
 from edge.report import EdgeReport
+from edge.tunables import TUNABLES
 from shared.wire import HTTP2_FRAME_HEADER_BYTES
 from sim.perf.model import Timings, fit_linear
 
@@ -157,7 +157,7 @@ def _outcomes(measured: RunTimings) -> dict:
 
 def _alpha(accepted_at: list[int], drafted_at: list[int]) -> list[float]:
     """Conditional acceptance per position, P(draft i accepted | drafts < i accepted), each shrunk
-    toward the pooled rate by ``SHRINK_STRENGTH`` pseudo-trials, as the controller estimates it
+    toward the pooled rate by ``Tunables.shrink_strength`` pseudo-trials, as the controller estimates it
     (``edge.controller.AcceptanceEstimate``): a position a prompt reached once or twice says little.
 
     ``accepted_at[i]`` blocks accepted their first i+1 drafts, of ``drafted_at[i]`` that held i+1
@@ -172,7 +172,8 @@ def _alpha(accepted_at: list[int], drafted_at: list[int]) -> list[float]:
     if not trials:
         return [0.0]
     pooled = sum(hits) / sum(trials)
-    return [min((h + SHRINK_STRENGTH * pooled) / (t + SHRINK_STRENGTH), 1.0) for h, t in zip(hits, trials)]
+    strength = TUNABLES.shrink_strength
+    return [min((h + strength * pooled) / (t + strength), 1.0) for h, t in zip(hits, trials)]
 
 
 def fit_timings(runs: list[RunTimings], baseline_reports: list[EdgeReport], baseline_samples: list[tuple[int, float]],

@@ -7,11 +7,13 @@ import random
 import pytest
 from helpers import tiny_drafter, tiny_prompt
 
-from edge.controller import REPLAN_TOKENS, AcceptanceEstimate, Controller, controller_for
+from edge.acceptance_estimate import AcceptanceEstimate
+from edge.controller import REPLAN_TOKENS, Controller, controller_for
 from edge.decode_loop import run_decode
 from edge.early_block import EARLY_DRAFT_LEN
 from edge.ngram_drafter import NgramDrafter
 from edge.schedule import SpecConfig
+from edge.tunables import Tunables
 from shared.params import Mode, SamplingParams
 from shared.stats import Ewma
 from sim.inprocess import LocalVerifier, generate
@@ -65,7 +67,7 @@ def test_the_window_starts_at_two_and_takes_the_blocks_in_flight_that_pay():
 
 
 def test_a_session_starts_drafting_and_leaves_the_cloud_only_on_evidence():
-    c = Controller(max_draft_len=6, window=3, cloud_window=16, hysteresis=0.0)
+    c = Controller(max_draft_len=6, window=3, cloud_window=16, tunables=Tunables(hysteresis=0.0))
     plan = c.plan()  # nothing measured yet: draft (the common case is a useful drafter), two blocks in flight
     assert plan.draft_len == 4 and plan.window == 2 and plan.predicted_tokens_per_s is None
     assert Controller(max_draft_len=3, window=3, cloud_window=16).plan().draft_len == 3  # (within the cap)
@@ -169,7 +171,7 @@ def test_acceptance_is_estimated_per_position_and_forgets():
 
 
 def test_one_unlucky_first_block_does_not_give_drafting_up():
-    c = Controller(max_draft_len=6, window=2, cloud_window=16, hysteresis=0.0)
+    c = Controller(max_draft_len=6, window=2, cloud_window=16, tunables=Tunables(hysteresis=0.0))
     c.observe_block(drafted=6, accepted=0, trip_s=0.25, draft_s=0.08, cloud_s=0.16)
     c.observe_cloud_token(trip_s=0.25, cloud_s=0.10, interval_s=0.10)
     assert c.plan().draft_len > 0  # (shorter blocks, perhaps: that costs no round trip)
@@ -184,7 +186,7 @@ def test_one_unlucky_first_block_does_not_make_blocks_short():
     """A good drafter whose first block is rejected early: shorter blocks look best on that evidence
     alone, but too short a block costs a good drafter most of its gain; the blocks stay long until
     the evidence says otherwise."""
-    c = Controller(max_draft_len=8, window=4, cloud_window=16, hysteresis=0.0)
+    c = Controller(max_draft_len=8, window=4, cloud_window=16, tunables=Tunables(hysteresis=0.0))
     c.draft_len = 8  # drafting blocks of 8
     c.observe_block(drafted=8, accepted=1, trip_s=0.3, draft_s=0.11, cloud_s=0.15)
     speeds = {d: c.predict_drafting(d) for d in range(1, 9)}
@@ -207,7 +209,7 @@ def test_stale_blocks_answered_empty_make_drafting_look_no_better_than_it_is():
 
 def test_only_a_switch_between_drafting_and_the_cloud_alone_asks_for_the_hysteresis_margin():
     def measured(hysteresis: float, accepted: int, draft_len: int) -> Controller:
-        c = Controller(max_draft_len=4, window=2, cloud_window=16, hysteresis=hysteresis)
+        c = Controller(max_draft_len=4, window=2, cloud_window=16, tunables=Tunables(hysteresis=hysteresis))
         for _ in range(200):  # (enough evidence that a shorter block needs no wider gap)
             c.observe_block(drafted=4, accepted=accepted, trip_s=0.2, draft_s=0.04, cloud_s=0.1)
             c.observe_cloud_token(trip_s=0.2, cloud_s=0.1, interval_s=0.1)
@@ -307,7 +309,7 @@ def test_adaptive_decoding_is_token_identical_and_switches(tiny_models, tiny_eng
             prompt = tiny_prompt(tiny_engine, text)
             params = SamplingParams(mode=mode, temperature=0.9, seed=seed)
             want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=48, spec=SpecConfig(0))
-            controller = Controller(max_draft_len=6, window=3, cloud_window=16, hysteresis=0.0)
+            controller = Controller(max_draft_len=6, window=3, cloud_window=16, tunables=Tunables(hysteresis=0.0))
             got = generate(tiny_engine, drafter, prompt, params, max_new_tokens=48,
                            spec=SpecConfig(6, window=3, controller=controller))
             assert got.tokens == want.tokens and got.stop_reason == want.stop_reason

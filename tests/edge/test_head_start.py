@@ -15,12 +15,13 @@ from helpers import ControllersSeen, link_for, tiny_drafter, tiny_prompt
 
 from cloud.limits import ServiceLimits
 from cloud.server import BackgroundServer, ServerConfig
-from edge.controller import START_CHAIN_TOKENS, Controller
+from edge.controller import Controller
 from edge.decode_loop import run_decode
 from edge.endpoint import VerifierEndpoint
 from edge.grpc_verifier import GrpcVerifier
 from edge.schedule import SpecConfig
 from edge.serving import Job, ServeConfig
+from edge.tunables import TUNABLES
 from edge.verifier_protocol import LinkHint
 from shared.params import Mode, SamplingParams
 from shared.wire import BLOCKS_HEADER, TOKEN_TIME_HEADER, TOKEN_TIME_REPRODUCIBLE_HEADER, StreamHints
@@ -53,10 +54,10 @@ def test_the_controller_starts_with_the_cloud_alone_only_where_a_round_trip_outw
     assert plan is not None and plan.draft_len == 0 and plan.window == 16 and long.draft_len == 0
     assert long.network_s.value == 0.6 and long.cloud_s_per_token.value == 0.09  # (measured: kept)
     assert plan.predicted_tokens_per_s == pytest.approx(1 / 0.09)
-    # The boundary: a round trip and a token worth START_CHAIN_TOKENS of the cloud's.
+    # The boundary: a round trip and a token worth Tunables.start_chain_tokens of the cloud's.
     token_s = 0.05
-    assert Controller(8, 4, 16).start((START_CHAIN_TOKENS - 1) * token_s * 1.01, token_s) is not None
-    for round_trip_s, token_s in (((START_CHAIN_TOKENS - 1) * 0.05 * 0.99, 0.05), (0.1, 0.09), (0.6, 0.0)):
+    assert Controller(8, 4, 16).start((TUNABLES.start_chain_tokens - 1) * token_s * 1.01, token_s) is not None
+    for round_trip_s, token_s in (((TUNABLES.start_chain_tokens - 1) * 0.05 * 0.99, 0.05), (0.1, 0.09), (0.6, 0.0)):
         short = Controller(8, 4, 16)
         assert short.start(round_trip_s, token_s) is None, (round_trip_s, token_s)
         assert short.draft_len == 4 and short.network_s.value is None  # as without a hint
@@ -146,7 +147,7 @@ def test_the_stream_headers_say_the_cloud_s_pace_and_a_head_start_goes_over_grpc
 
 
 def _long_link():
-    """A link whose round trip (0.3 s) is worth far more than ``START_CHAIN_TOKENS`` of the tiny target's."""
+    """A link whose round trip (0.3 s) is worth far more than ``Tunables.start_chain_tokens`` of the tiny target's."""
     return LinkConfig(up=DirectionConfig(delay_s=0.15), down=DirectionConfig(delay_s=0.15))
 
 
