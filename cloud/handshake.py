@@ -163,7 +163,7 @@ class Handshake(ServicePart):
                     policy=SessionPolicy(
                         max_branches=self.max_branches, decode_stale=self.limits.decode_stale and not capped,
                         rebase_stale=self.limits.rebase_stale and takes_rebased, propose=takes_proposals,
-                        audit_drafts=self.limits.audit_drafts),
+                        audit_drafts=self.limits.audit_drafts, max_rows=self.limits.max_batch_rows),
                     prefill=False,
                 )
                 yield from session.prefill_steps()

@@ -26,6 +26,7 @@ from cloud.engine import TargetEngine
 from cloud.handshake import Handshake
 from cloud.limits import ServiceLimits
 from cloud.metrics import ServiceMetrics
+from cloud.pending_block import MAX_BRANCH_LEN
 from cloud.scheduler import Scheduler
 from cloud.session_table import SessionTable
 from cloud.stream_end import Abort, EndLog, parsed
@@ -41,6 +42,11 @@ class VerifierServicer(pb_grpc.VerifierServicer):
     def __init__(
         self, engine: TargetEngine, limits: ServiceLimits, metrics: ServiceMetrics | None = None, *, batching: bool = True
     ) -> None:
+        block_rows = limits.max_draft_len + 1 + limits.max_branches * min(limits.max_draft_len, MAX_BRANCH_LEN)
+        if limits.max_batch_rows < block_rows:  # one block is verified in one forward: it must fit
+            raise ValueError(f"max_batch_rows {limits.max_batch_rows} is below one block's rows, {block_rows} "
+                             f"(max_draft_len {limits.max_draft_len}, max_branches {limits.max_branches} of up to "
+                             f"{MAX_BRANCH_LEN} tokens): raise it, or lower those")
         self.engine = engine
         self.limits = limits
         self.metrics = metrics or ServiceMetrics()

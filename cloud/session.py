@@ -219,9 +219,13 @@ class VerifierSession:
         else:  # (an empty block: the cloud decodes alone, with what it proposes itself)
             chain = [past(front, skip) if front.drafts else PendingBlock(self.epoch, len(self.tokens), self._proposals())]
             position = chain[0].start_position + len(chain[0].drafts)
+            rows = self._rows_fed(chain[0].drafts, list(chain[0].branches))
             for block in pending[1:]:
                 if not shares_forward(chain[-1].more_follows, position, self.epoch, block.start_position, block.epoch):
                     break
+                rows += len(block.drafts) + sum(len(tokens) for _, tokens in block.branches)
+                if self.policy.max_rows and rows > self.policy.max_rows:
+                    break  # the rest of the chain goes in the next forward (the bonus row deferred meanwhile)
                 self._check(block)
                 chain.append(block)
                 position += len(block.drafts)

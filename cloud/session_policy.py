@@ -21,3 +21,6 @@ class SessionPolicy:
     rebase_stale: bool = True  # ... and that forward verifies the drafts sent past a correction (greedy, coupled)
     propose: bool = False  # the edge takes the cloud's own proposals on an empty block's verdict (Open.takes_proposals)
     audit_drafts: bool = True  # rejection mode refuses drafts not sampled from their q̃ (False: tests' controls only)
+    # Rows one verify forward may feed (the service's --max-batch-rows; 0: no bound): a chain longer than
+    # this is verified across forwards, the blocks past the bound waiting as if they had not arrived yet.
+    max_rows: int = 0

@@ -10,6 +10,7 @@ import grpc
 import pytest
 from helpers import GREEDY, new_session
 
+from cloud.engine import run_alone
 from cloud.session import BlockRejected, PendingBlock
 from protos import splitspec_pb2 as pb
 from shared import codec
@@ -29,6 +30,25 @@ def test_accepted_chain_defers_bonuses_in_one_forward(tiny_engine, greedy_path):
     assert [v.is_deferred for v in verdicts] == [True, True, False]
     assert session.forwards == before + 1 and not pending
     assert session.tokens[p:] == want[:10] and session.epoch == 0
+
+
+def test_a_chain_longer_than_the_row_bound_is_verified_across_forwards(tiny_engine, greedy_path):
+    """No verify forward feeds more than ``max_rows`` rows (``--max-batch-rows``): a chain past it is cut
+    there, the rest verified in the next forward as if it had arrived later; the tokens are the same."""
+    prompt, want = greedy_path
+    session = new_session(tiny_engine, prompt, max_rows=8)
+    p = len(prompt)
+    pending = [PendingBlock(0, p, want[0:4], more_follows=True), PendingBlock(0, p + 4, want[4:8], more_follows=True),
+               PendingBlock(0, p + 8, want[8:12], more_follows=False)]
+    # (The prefill's last row stands for the first position: a block's rows are its drafts.)
+    steps = [run_alone(session.verify_chain_steps(pending), tiny_engine) for _ in range(2)]
+    assert [step.rows for step in steps] == [8, 4] and not pending  # 8 + 4 would be 12 rows: cut after the second
+    assert [len(step.verdicts) for step in steps] == [2, 1]
+    assert session.tokens[p:] == want[:13]
+    unbounded = new_session(tiny_engine, prompt)
+    pending = [PendingBlock(0, p, want[0:4], more_follows=True), PendingBlock(0, p + 4, want[4:8], more_follows=True),
+               PendingBlock(0, p + 8, want[8:12], more_follows=False)]
+    assert run_alone(unbounded.verify_chain_steps(pending), tiny_engine).rows == 12  # the control: one forward
 
 
 def test_a_deferred_bonus_is_answered_by_an_empty_block_without_a_forward(tiny_engine, greedy_path):
@@ -121,3 +141,13 @@ def test_the_cloud_bounds_blocks_in_flight(tiny_engine, greedy_path):
     assert isinstance(refused, Abort) and refused.code == grpc.StatusCode.INVALID_ARGUMENT
     assert "more than 2 blocks in flight" in str(refused) and forwards == 0
     servicer.scheduler.shutdown()
+
+
+def test_a_row_bound_below_one_block_is_refused_at_start(tiny_engine):
+    """One block is verified in one forward, so ``max_batch_rows`` must hold a whole block and its branches."""
+    from cloud.limits import ServiceLimits
+    from cloud.servicer import VerifierServicer
+
+    with pytest.raises(ValueError, match="max_batch_rows 64 is below one block's rows, 65"):
+        VerifierServicer(tiny_engine, ServiceLimits(max_batch_rows=64))  # 32 drafts + 1, 4 branches of 8
+    VerifierServicer(tiny_engine, ServiceLimits(max_batch_rows=64, max_branches=0))  # 33 rows: fits
