@@ -115,25 +115,33 @@ class BlockStream(ServicePart):
         return StreamHints(pace[False], pace[True], self.limits.max_blocks_in_flight)
 
     # -- frames in ---------------------------------------------------------
+    def frame_queue(self) -> asyncio.Queue:
+        """A stream's queue of frames read and not yet taken by its verdict loop. Bounded: an honest edge
+        has at most ``max_blocks_in_flight`` blocks unanswered, then a Close; past that, ``read_frames``
+        waits, reads nothing more, and HTTP/2 flow control holds the edge's next frames on its side (a
+        stream that stops reading its verdicts cannot grow the verifier's memory by what it sends)."""
+        return asyncio.Queue(maxsize=self.limits.max_blocks_in_flight + 2)
+
     async def read_frames(self, context, frames: asyncio.Queue) -> None:
-        """Move the edge's frames into ``frames`` as (Draft, arrival time); then ``EOF`` when the
-        stream ends, ``CLOSE`` on a Close, or the ``Abort`` for a problem."""
+        """Move the edge's frames into ``frames`` (``frame_queue``) as (Draft, arrival time), waiting
+        while it is full; then ``EOF`` when the stream ends, ``CLOSE`` on a Close, or the ``Abort`` for a
+        problem."""
         try:
             while True:
                 frame = await read_frame(context, self.limits.session_ttl_s)
                 if frame is grpc.aio.EOF:
-                    frames.put_nowait(EOF)
+                    await frames.put(EOF)
                     return
                 self.metrics.bytes_in.inc(message_wire_bytes(frame))
                 kind = frame.WhichOneof("kind")
                 if kind == "close":
-                    frames.put_nowait(CLOSE)
+                    await frames.put(CLOSE)
                     return
                 if kind != "draft":
                     raise Abort(grpc.StatusCode.INVALID_ARGUMENT, f"unexpected {kind or 'empty'} frame in an open session")
-                frames.put_nowait((frame.draft, time.perf_counter()))
+                await frames.put((frame.draft, time.perf_counter()))
         except Abort as exc:
-            frames.put_nowait(exc)
+            await frames.put(exc)
 
     def decode_draft(self, entry: SessionEntry, draft: pb.Draft) -> PendingBlock | None:
         """A Draft frame as a pending block (one of an older epoch is stale: answered without

@@ -91,14 +91,25 @@ class VerifierServicer(pb_grpc.VerifierServicer):
     def _count_in(self, message) -> None:
         self.metrics.bytes_in.inc(message_wire_bytes(message))
 
-    def _count_out(self, message):
+    async def _write(self, context, message) -> None:
+        """Send ``message`` down the stream. A write the edge does not take within ``write_timeout_s`` (its
+        HTTP/2 window is full: it stopped reading) ends the stream: its session is parked (a Decode's,
+        resumable by its ticket) or ended (a Generate's), and its slot goes to the next client."""
         self.metrics.bytes_out.inc(message_wire_bytes(message))
-        return message
+        timeout_s = self.limits.write_timeout_s
+        write = asyncio.ensure_future(context.write(message))
+        done, _ = await asyncio.wait({write}, timeout=timeout_s)
+        if not done:  # (not wait_for: it would wait for the stuck write to take its cancellation)
+            write.cancel()
+            raise Abort(grpc.StatusCode.DEADLINE_EXCEEDED,
+                        f"the edge took no message for {timeout_s:g} s (it stopped reading)",
+                        park=True)
+        write.result()
 
     # -- RPCs --------------------------------------------------------------
     async def Decode(self, request_iterator, context):
         """Split decoding: an Open, then Draft frames up and one verdict per block down."""
-        entry = None
+        entry, failure = None, None
         stream = 0  # the session's stream number while this stream drives it
         finished = False
         try:
@@ -119,36 +130,37 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                 first_answer = await self.blocks.decode_alone(entry, opened_at, stream)
                 opened.first_verdict.CopyFrom(verdict_message(first_answer, session.forwards))
             opened.MergeFrom(self.handshake.service_fields(entry))
-            yield self._count_out(pb.CloudFrame(opened=opened))
+            await self._write(context, pb.CloudFrame(opened=opened))
             if session.done and not answer_first:  # resumed after its final verdict was lost: the Opened told the rest
                 finished = True
                 return
-            frames: asyncio.Queue = asyncio.Queue()
+            frames = self.blocks.frame_queue()
             ending: list = []  # block_stream.CLOSE or EOF once the edge ends the stream
             reader = asyncio.create_task(self.blocks.read_frames(context, frames))
             try:
                 if not session.done:  # (the first verdict may have been the last)
                     async for answer in self.blocks.verdicts(entry, stream, frames, ending):
-                        yield self._count_out(pb.CloudFrame(verdict=verdict_message(answer, session.forwards)))
+                        await self._write(context, pb.CloudFrame(verdict=verdict_message(answer, session.forwards)))
                         if answer.verdict.done:
                             break
                 finished = await self.blocks.finished(session, frames, ending)
             finally:
                 reader.cancel()
         except Abort as exc:
-            finished = not exc.park
+            finished, failure = not exc.park, exc
             self.metrics.sessions_failed.labels(code=exc.code.name).inc()
             self._end_log.ended(entry, exc)
-            await context.abort(exc.code, str(exc))
         finally:
             if entry is not None and entry.stream == stream:  # else a newer stream drives the session now
                 self.handshake.release(entry, finished)
+        if failure is not None:  # (after the release: a stream that stopped reading may hold the abort too)
+            await context.abort(failure.code, str(failure))
 
     async def Generate(self, request, context):
         """Cloud-only decoding: the target generates every token and streams it down. The first
         chunk's ``server_us`` counts from the request (prefill included), as the first verdict's
         does from the Open."""
-        entry = None
+        entry, failure = None, None
         try:
             self._count_in(parsed(request, "request"))
             arrived = time.perf_counter()
@@ -161,7 +173,8 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                 answer = await self.blocks.decode_alone(entry, arrived, entry.stream)
                 verdict, seconds = answer.verdict, answer.seconds
                 encoded = codec.encode_tokens([verdict.token] if verdict.token is not None else [], self.engine.vocab_size)
-                yield self._count_out(
+                await self._write(
+                    context,
                     pb.GenerateChunk(
                         tokens=encoded.data,
                         compressed=encoded.compressed,
@@ -169,12 +182,14 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                         stop_reason=stop_reason_to_proto(verdict.stop_reason),
                         server_us=server_us(seconds),
                         forwards=session.forwards if verdict.done else 0,
-                    )
+                    ),
                 )
                 arrived = time.perf_counter()
         except Abort as exc:
+            failure = exc
             self.metrics.sessions_failed.labels(code=exc.code.name).inc()
             self._end_log.ended(entry, exc)
-            await context.abort(exc.code, str(exc))
         finally:
             self.handshake.release(entry, True)
+        if failure is not None:  # (after the release, as for Decode)
+            await context.abort(failure.code, str(failure))

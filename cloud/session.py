@@ -2,8 +2,8 @@
 
 Transport-agnostic: the gRPC servicer and the in-process decoder both drive a
 ``VerifierSession``. A chain of pending blocks (each sent with ``more_follows``
-continued by the next; no bonus is sampled inside a chain, its distribution
-checks the next block's first draft) is verified in one target forward.
+continued by the next; no bonus is sampled inside a chain, its distribution checks
+the next block's first draft) is verified in one forward of ``SessionPolicy.max_rows`` at most.
 
 Every block gets exactly one verdict, in order. A *stale* block (an older
 epoch, or drafts that do not continue the committed tokens) is answered
@@ -18,10 +18,9 @@ the drafts past them. A block that breaks the protocol is refused with
 (``ForgedDraft``, ``cloud.audit_state``), which end the session. The session
 never trusts the caller. Why and how: ``docs/pipelining.md``.
 
-Rooms of their own: drafts per block (``cloud.draft_limit``), the audit
-(``cloud.audit_state``), spare drafts (``cloud.spare_drafts``), the stale-decode
-rule (``cloud.next_block``). A step's measurements come back in its
-``StepResult`` (``cloud.step_result``), never as fields left on the session.
+Rooms of their own: drafts per block (``cloud.draft_limit``), the audit (``cloud.audit_state``), spare
+drafts (``cloud.spare_drafts``), the stale-decode rule (``cloud.next_block``). A step's measurements
+come back in its ``StepResult`` (``cloud.step_result``), never as fields left on the session.
 
 Work that needs the target comes in two forms: ``*_steps`` generators yield
 the ``ForwardItem`` they need and are sent its logits (the scheduler packs
@@ -95,9 +94,7 @@ class VerifierSession:
         self.audit = DraftAuditState(policy.audit_drafts)  # rejection mode
         self.tokens = [int(t) for t in prompt]
         self.prompt_len = len(self.tokens)
-        self.epoch = 0
-        self.done = False
-        self.stop_reason = StopReason.NONE
+        self.epoch, self.done, self.stop_reason = 0, False, StopReason.NONE
         self.stats = DecodeStats()
         self.seq = engine.new_sequence()
         self.seq.slot.limit = len(self.tokens) + max_new_tokens + max_draft_len  # the most it will ever hold
@@ -220,12 +217,11 @@ class VerifierSession:
             chain = [past(front, skip) if front.drafts else PendingBlock(self.epoch, len(self.tokens), self._proposals())]
             position = chain[0].start_position + len(chain[0].drafts)
             rows = self._rows_fed(chain[0].drafts, list(chain[0].branches))
-            for block in pending[1:]:
-                if not shares_forward(chain[-1].more_follows, position, self.epoch, block.start_position, block.epoch):
-                    break
+            for block in pending[1:]:  # past max_rows, the rest goes in the next forward (the bonus row deferred)
                 rows += len(block.drafts) + sum(len(tokens) for _, tokens in block.branches)
-                if self.policy.max_rows and rows > self.policy.max_rows:
-                    break  # the rest of the chain goes in the next forward (the bonus row deferred meanwhile)
+                if (not shares_forward(chain[-1].more_follows, position, self.epoch, block.start_position, block.epoch)
+                        or self.policy.max_rows and rows > self.policy.max_rows):
+                    break
                 self._check(block)
                 chain.append(block)
                 position += len(block.drafts)
