@@ -88,7 +88,7 @@ def add_cloud_commands(commands) -> None:
                        help="verification modes served, of greedy, coupled, rejection (default: all three); an Open "
                        "for another is refused with FAILED_PRECONDITION (temperature 0 is greedy in every mode)")
     serve.add_argument("--rejection-requires-auth", action="store_true",
-                       help="serve rejection mode only to authenticated clients (needs --auth-token-file)")
+                       help="serve rejection mode only to authenticated clients (needs --auth-tokens or --auth-token-file)")
     serve.add_argument("--max-draft-top-k", type=positive_int, default=limits.max_draft_top_k,
                        help="rejection mode: the largest q̃ support an Open may ask for; a client that knows its "
                        "noise can push a token to min(1, K p(x)) with a uniform q̃ over K tokens, so K is the bound "
@@ -123,7 +123,14 @@ def add_cloud_commands(commands) -> None:
                             "so a lone session that did not runs at full speed; canonical: every forward padded (every "
                             "session's logits bit-identical alone or in any batch); free: never padded (reproducible "
                             "sessions are refused with FAILED_PRECONDITION)")
-    serve.add_argument("--auth-token-file", type=Path, default=None, help="require 'authorization: Bearer <token>' from this file")
+    serve.add_argument("--auth-token-file", type=Path, default=None,
+                       help="require 'authorization: Bearer <token>' with the token in this file (every holder is "
+                            "one client: one share of every per-client bound)")
+    serve.add_argument("--auth-tokens", type=Path, default=None,
+                       help="require a bearer token of one of the clients in this file: one 'client-id token' (or "
+                            "'client-id sha256:<hex>') per line, '#' comments; the client id is the identity for "
+                            "every per-client bound, share and resume. Read again on SIGHUP. Without either flag "
+                            "a client is its peer's address"),
     serve.add_argument("--tls-cert", type=Path, default=None, help="PEM certificate (with --tls-key)")
     serve.add_argument("--tls-key", type=Path, default=None, help="PEM private key (with --tls-cert)")
     serve.add_argument("--insecure", action="store_true",
@@ -156,14 +163,20 @@ def read_secret(path: Path | None, what: str) -> str | None:
 
 def run_serve(args: argparse.Namespace) -> int:
     from cloud.engine import NotRowInvariant, pick_device
+    from cloud.identity import Credentials
     from cloud.models import resolve_target
     from cloud.server import ServerConfig
 
     token = read_secret(args.auth_token_file, "auth token file")
-    if args.rejection_requires_auth and not token:
-        raise CliError("--rejection-requires-auth needs --auth-token-file: without a token no client is "
+    if token and args.auth_tokens:
+        raise CliError("--auth-token-file and --auth-tokens are alternatives: give one", exit_code=2)
+    if args.auth_tokens is not None and not args.auth_tokens.is_file():
+        raise CliError(f"auth tokens file not found: {args.auth_tokens}", exit_code=2)
+    credentials = Credentials.from_file(args.auth_tokens) if args.auth_tokens else None
+    if args.rejection_requires_auth and not (token or credentials):
+        raise CliError("--rejection-requires-auth needs --auth-tokens or --auth-token-file: without tokens no client is "
                        "authenticated (to serve no rejection mode at all, leave it out of --modes)", exit_code=2)
-    host = args.host or ("0.0.0.0" if token and args.tls_cert else "127.0.0.1")
+    host = args.host or ("0.0.0.0" if (token or credentials) and args.tls_cert else "127.0.0.1")
     config = ServerConfig(
         host=host,
         port=args.port,
@@ -186,6 +199,7 @@ def run_serve(args: argparse.Namespace) -> int:
         ),
         batching=not args.no_batching,
         auth_token=token,
+        credentials=credentials,
         tls_cert=args.tls_cert.read_bytes() if args.tls_cert else None,
         tls_key=args.tls_key.read_bytes() if args.tls_key else None,
         metrics_port=args.metrics_port,
@@ -228,6 +242,8 @@ async def _serve(engine, config) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
+    if config.credentials is not None:  # a client added or revoked without a restart
+        loop.add_signal_handler(signal.SIGHUP, config.credentials.reload)
     # One line on stdout that scripts can wait for.
     print(f"splitspec cloud: serving {engine.model_name} on {config.host}:{port}", flush=True)
     await stopping.wait()

@@ -7,7 +7,7 @@ that needs less than its share leaves the rest to the others, by water
 filling); each client's items go oldest first while they fit its share, and
 rows still free then go to any item that fits, oldest first (no row is left
 idle for fairness' sake). A client is the session owner the handshake
-computes (bearer token, else peer). ``ClientLedger`` keeps per client the
+computes (a verified identity, ``cloud.identity``). ``ClientLedger`` keeps per client the
 committed tokens per verified row over its latest ``WINDOW_ROWS`` rows (the
 weight is that, clamped to ``[floor, 1]``: a cloud-only client, which drafts
 nothing, weighs 1), and the acceptance of its drafts over its latest

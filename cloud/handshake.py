@@ -10,7 +10,7 @@ client (``FAILED_PRECONDITION``: ``ServiceLimits.modes``, and rejection mode
 only to streams with a bearer token under ``rejection_requires_auth``) and
 room in the session table (``RESOURCE_EXHAUSTED``); an unknown ticket is
 ``NOT_FOUND``. Every refusal is an ``Abort`` of that stream alone, and a session a refused resume or turn held is released.
-Sessions count against their owner: the bearer token, else the peer address;
+Sessions count against their owner, the stream's verified identity (``cloud.identity``);
 an owner whose drafts are accepted next to never (``ClientLedger.capped``)
 gets new sessions of ``ServiceLimits.capped_draft_len`` drafts per block at most,
 whose stale blocks are answered without a forward.
@@ -27,7 +27,7 @@ import grpc
 
 from cloud.service_part import ServicePart
 from cloud.session import SessionPolicy, VerifierSession
-from cloud.session_table import SessionEntry, TableFull, owner_of
+from cloud.session_table import SessionEntry, TableFull
 from cloud.stream_end import Abort
 from protos import splitspec_pb2 as pb
 from shared import codec
@@ -111,7 +111,7 @@ class Handshake(ServicePart):
         if mode.value not in served:
             raise Abort(grpc.StatusCode.FAILED_PRECONDITION,
                         f"this verifier does not serve {mode.value} mode (it serves {', '.join(served)})")
-        if mode is Mode.REJECTION and self.limits.rejection_requires_auth and not self.bearer_token(context):
+        if mode is Mode.REJECTION and self.limits.rejection_requires_auth and not self.identities.verified:
             raise Abort(grpc.StatusCode.FAILED_PRECONDITION,
                         "this verifier serves rejection mode only to authenticated clients (send a bearer token)")
 
@@ -124,16 +124,9 @@ class Handshake(ServicePart):
             self.metrics.misrouted.inc()
             log.info("a stream for replica %s reached replica %s", named, self.replica)
 
-    @staticmethod
-    def bearer_token(context) -> str | None:
-        """The stream's bearer token, if it sent one (checked by the server's interceptor where it has a token)."""
-        metadata = dict(context.invocation_metadata() or ())
-        return str(metadata.get("authorization", "")).removeprefix("Bearer ") or None
-
-    @classmethod
-    def owner(cls, context) -> str:
-        """Whom a stream's sessions count against: its bearer token, else its peer address."""
-        return owner_of(context.peer() or "", cls.bearer_token(context))
+    def owner(self, context) -> str:
+        """Whom a stream's sessions count against: its verified identity (``cloud.identity``)."""
+        return self.identities.of(context)
 
     # -- sessions ----------------------------------------------------------
     def release(self, entry: SessionEntry | None, finished: bool) -> None:

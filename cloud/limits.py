@@ -17,7 +17,7 @@ ALL_MODES = ("greedy", "coupled", "rejection")  # shared.params.Mode values (not
 @dataclass(frozen=True)
 class ServiceLimits:
     max_sessions: int = 64
-    max_sessions_per_client: int = 16  # per bearer token, else per peer address; parked ones included
+    max_sessions_per_client: int = 16  # per identity (cloud.identity); parked ones included
     write_timeout_s: float = 10.0  # a verdict or token not taken by the edge this long: its stream is parked (ended: Generate)
     idle_timeout_s: float = 5.0  # an attached stream with no block to verify this long is parked
     max_draft_len: int = 32  # drafts per block
@@ -34,7 +34,7 @@ class ServiceLimits:
     rebase_stale: bool = True  # ... and that forward verifies the drafts sent past the correction (greedy, coupled)
     modes: tuple[str, ...] = ALL_MODES  # verification modes served (temperature 0 is greedy in every mode)
     # Rejection mode only to streams with a bearer token: meaningful only where the server checks tokens
-    # (ServerConfig.auth_token; the command line refuses it without --auth-token-file).
+    # (ServerConfig.credentials or auth_token; the command line refuses it without --auth-tokens or --auth-token-file).
     rejection_requires_auth: bool = False
     audit_drafts: bool = True  # rejection mode: refuse drafts not sampled from their q̃ (off: tests' controls only)
     # Rejection mode: the largest q̃ support an Open may ask for. A client that knows its noise can put the token it

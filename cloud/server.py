@@ -7,7 +7,6 @@ one on its own thread for synchronous callers (tests, benchmarks).
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import socket
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from cloud.engine import TargetEngine
+from cloud.identity import Credentials, Identities
 from cloud.limits import ServiceLimits
 from cloud.metrics import ServiceMetrics
 from cloud.servicer import VerifierServicer
@@ -38,7 +38,8 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 50051  # 0 picks a free port
     limits: ServiceLimits = ServiceLimits()
-    auth_token: str | None = None  # bearer token required on Verifier calls
+    auth_token: str | None = None  # one bearer token required on Verifier calls (its holders: one client)
+    credentials: Credentials | None = None  # or a token per client (--auth-tokens): the client is the identity
     tls_cert: bytes | None = None  # PEM
     tls_key: bytes | None = None  # PEM
     metrics_port: int | None = None
@@ -57,10 +58,12 @@ class ServerConfig:
                 raise ValueError(f"{flag} is not a PEM file (no '-----BEGIN' line)")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
-        if self.limits.rejection_requires_auth and not self.auth_token:
-            raise ValueError("rejection mode only for authenticated clients needs a bearer token (--auth-token-file): "
-                             "without one no client is authenticated")
-        if self.auth_token and not self.tls_cert and not self.insecure and not is_loopback(self.host):
+        if self.auth_token and self.credentials is not None:
+            raise ValueError("--auth-token-file and --auth-tokens are alternatives: give one")
+        if self.limits.rejection_requires_auth and self.verified_by() is None:
+            raise ValueError("rejection mode only for authenticated clients needs bearer tokens (--auth-tokens or --auth-token-file): "
+                             "without them no client is authenticated")
+        if self.verified_by() is not None and not self.tls_cert and not self.insecure and not is_loopback(self.host):
             raise ValueError(
                 f"refusing to take a bearer token in cleartext on {self.host}: give --tls-cert and --tls-key, "
                 "listen on a loopback address, or pass --insecure (anyone on the path can read the token)"
@@ -72,19 +75,27 @@ class ServerConfig:
                 "or pass --insecure (anyone who reaches the port can read the service's load)"
             )
 
+    def verified_by(self) -> Credentials | None:
+        """The credentials streams must present (``cloud.identity``): a token per client, the one token's
+        single client, or None (no authentication: a stream is its peer's address)."""
+        if self.credentials is not None:
+            return self.credentials
+        return None if self.auth_token is None else Credentials.single(self.auth_token)
+
 
 class _BearerAuth(grpc.aio.ServerInterceptor):
-    """Refuses Verifier calls without ``authorization: Bearer <token>``; health and reflection stay open."""
+    """Refuses Verifier calls without ``authorization: Bearer <token>`` of a known client; health and
+    reflection stay open."""
 
-    def __init__(self, token: str) -> None:
-        self._expected = f"Bearer {token}".encode()
+    def __init__(self, credentials: Credentials) -> None:
+        self._credentials = credentials
 
     async def intercept_service(self, continuation, details):
         handler = await continuation(details)
         if handler is None or not details.method.startswith(f"/{SERVICE_NAME}/"):
             return handler
         metadata = dict(details.invocation_metadata or ())
-        if hmac.compare_digest(str(metadata.get("authorization", "")).encode(), self._expected):
+        if self._credentials.client_of(str(metadata.get("authorization", ""))) is not None:
             return handler
 
         async def deny(request_or_iterator, context):
@@ -106,7 +117,9 @@ class VerifierServer:
         self.engine = engine
         self.config = config
         self.metrics = metrics or ServiceMetrics()
-        self.servicer = VerifierServicer(engine, config.limits, self.metrics, batching=config.batching)
+        self.credentials = config.verified_by()  # (``reload`` it on SIGHUP: the servicer and the interceptor share it)
+        self.servicer = VerifierServicer(engine, config.limits, self.metrics, batching=config.batching,
+                                         identities=Identities(self.credentials))
         self.port: int | None = None
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
@@ -118,7 +131,8 @@ class VerifierServer:
     async def start(self) -> int:
         cfg = self.config
         # Requests that do not parse reach the servicer as ``Malformed`` (INVALID_ARGUMENT), tokenless or not.
-        interceptors = [ParseRequests(SERVICE_NAME), *([_BearerAuth(cfg.auth_token)] if cfg.auth_token else [])]
+        auth = [] if self.credentials is None else [_BearerAuth(self.credentials)]
+        interceptors = [ParseRequests(SERVICE_NAME), *auth]
         server = grpc.aio.server(
             interceptors=interceptors,
             options=SERVER_OPTIONS,

@@ -7,9 +7,10 @@ table and the scheduler once and hands the same ones to every part.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cloud.engine import TargetEngine
+from cloud.identity import Identities
 from cloud.limits import ServiceLimits
 from cloud.metrics import ServiceMetrics
 from cloud.scheduler import Scheduler
@@ -25,6 +26,7 @@ class ServicePart:
     metrics: ServiceMetrics
     table: SessionTable
     scheduler: Scheduler
+    identities: Identities = field(default_factory=Identities)  # who a stream is (``cloud.identity``)
 
     def __post_init__(self) -> None:
         """A part's own state (the generated ``__init__`` calls it)."""

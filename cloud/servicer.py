@@ -24,6 +24,7 @@ import grpc
 from cloud.block_stream import BlockStream, read_frame, verdict_message
 from cloud.engine import TargetEngine
 from cloud.handshake import Handshake
+from cloud.identity import Identities
 from cloud.limits import ServiceLimits
 from cloud.metrics import ServiceMetrics
 from cloud.pending_block import MAX_BRANCH_LEN
@@ -40,8 +41,10 @@ __all__ = ["ServiceLimits", "VerifierServicer"]
 
 class VerifierServicer(pb_grpc.VerifierServicer):
     def __init__(
-        self, engine: TargetEngine, limits: ServiceLimits, metrics: ServiceMetrics | None = None, *, batching: bool = True
+        self, engine: TargetEngine, limits: ServiceLimits, metrics: ServiceMetrics | None = None, *, batching: bool = True,
+        identities: Identities | None = None,
     ) -> None:
+        """``identities``: who a stream is (``cloud.identity``; default: its peer's host)."""
         block_rows = limits.max_draft_len + 1 + limits.max_branches * min(limits.max_draft_len, MAX_BRANCH_LEN)
         if limits.max_batch_rows < block_rows:  # one block is verified in one forward: it must fit
             raise ValueError(f"max_batch_rows {limits.max_batch_rows} is below one block's rows, {block_rows} "
@@ -55,8 +58,9 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         # One engine thread: sessions' forwards are packed together; torch parallelises inside each.
         self.scheduler = Scheduler(engine, max_rows=limits.max_batch_rows, batching=batching,
                                    min_prefill_rows=min(32, limits.max_batch_rows), on_forward=self.metrics.observe_forward)
-        self.handshake = Handshake(engine, limits, self.metrics, self.table, self.scheduler)
-        self.blocks = BlockStream(engine, limits, self.metrics, self.table, self.scheduler)
+        identities = identities or Identities()
+        self.handshake = Handshake(engine, limits, self.metrics, self.table, self.scheduler, identities)
+        self.blocks = BlockStream(engine, limits, self.metrics, self.table, self.scheduler, identities)
         self._end_log = EndLog()
 
     @property

@@ -9,8 +9,8 @@ while the number is still its own.
 The table never holds more than ``max_sessions`` entries. When it is full, a
 new session evicts the longest-parked one (a parked session is only a
 convenience: its edge can reopen with its committed tokens); only attached
-sessions can make the table refuse. No owner (a bearer token, else the
-peer's address) holds more than ``max_per_owner`` entries, attached or
+sessions can make the table refuse. No owner (a verified identity,
+``cloud.identity``) holds more than ``max_per_owner`` entries, attached or
 parked. Each session reserves its worst-case KV cache (prompt plus new
 tokens) against ``max_tokens``; a reservation that does not fit evicts parked
 sessions first, then is refused. Everything here is bookkeeping: no I/O, and
@@ -27,20 +27,11 @@ from dataclasses import dataclass, field
 from cloud.session import VerifierSession
 from shared.wire import session_id_of
 
-__all__ = ["SessionTable", "SessionEntry", "TableFull", "owner_of"]
+__all__ = ["SessionTable", "SessionEntry", "TableFull"]
 
 
 class TableFull(RuntimeError):
     """No room for another session (the table, or the owner's share of it)."""
-
-
-def owner_of(peer: str, token: str | None = None) -> str:
-    """Whom a session counts against: its bearer token when there is one, else the peer's
-    address without the port (gRPC peers read ``ipv4:1.2.3.4:5678`` or ``ipv6:[::1]:5678``)."""
-    if token:
-        return f"token:{token}"
-    host = peer.rsplit(":", 1)[0] if peer.count(":") >= 2 else peer
-    return host
 
 
 @dataclass
@@ -74,6 +65,10 @@ class SessionTable:
 
     def __len__(self) -> int:
         return len(self._by_ticket)
+
+    def entries(self) -> list[SessionEntry]:
+        """The sessions held now, attached or parked."""
+        return list(self._by_ticket.values())
 
     @property
     def parked(self) -> int:

@@ -79,7 +79,7 @@ def run_fairness_bench(bench: FairnessBench) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="splitspec-fairness-") as tmp:
         run = _FairnessRun(bench, tmp)
         limits = ServiceLimits(max_draft_len=bench.max_draft_len, max_blocks_in_flight=bench.max_blocks_in_flight)
-        with BackgroundServer(run.engine, ServerConfig(port=0, limits=limits, auth_token=None)) as server:
+        with BackgroundServer(run.engine, ServerConfig(port=0, limits=limits, credentials=run.credentials)) as server:
             alone_tok_s, alone_got = run.honest_round(server)
         fair = run.attacked(limits, fair=True)
         oldest = run.attacked(replace(limits, capped_draft_len=0), fair=False)
@@ -109,6 +109,7 @@ class _FairnessRun:
 
     def __init__(self, bench: FairnessBench, tmp: str) -> None:
         from cloud.engine import TargetEngine
+        from cloud.identity import Credentials
         from edge.llama_drafter import LlamaDrafter
         from shared.params import Mode, SamplingParams
         from sim.bench.bench_sessions import RecordingDrafter
@@ -116,6 +117,9 @@ class _FairnessRun:
         from sim.inprocess import generate
 
         self.bench = bench
+        # Every edge its own client (its token is its name: loopback only), each a share of the verifier.
+        names = [f"honest-{i}" for i in range(bench.honest)] + [f"attacker-{j}" for j in range(bench.attackers)]
+        self.credentials = Credentials({name: name for name in names})
         self.params = SamplingParams(mode=Mode.GREEDY, temperature=0.0)
         paths = write_tiny_models(tmp)
         self.engine = TargetEngine(paths["target"])
@@ -194,7 +198,7 @@ class _FairnessRun:
         from cloud.server import BackgroundServer, ServerConfig
 
         bench = self.bench
-        with BackgroundServer(self.engine, ServerConfig(port=0, limits=limits, auth_token=None)) as server:
+        with BackgroundServer(self.engine, ServerConfig(port=0, limits=limits, credentials=self.credentials)) as server:
             scheduler = server.server.servicer.scheduler
             scheduler.fair = fair
             stop = threading.Event()
@@ -208,14 +212,14 @@ class _FairnessRun:
             for t in threads:
                 t.join(bench.timeout_s)
             ledger = scheduler.ledger  # (every attacker stopped: read from this thread)
-            bad = [c for c in rows if c.startswith("token:attacker-")]
+            bad = [c for c in rows if c.startswith("client:attacker-")]
             return {
                 "tok_s": tok_s, "identical": got == self.want,
                 "row_share": sum(rows[c] for c in bad) / (sum(rows.values()) or 1),
                 "owed_share": sum(owed.get(c, 0.0) for c in bad) / (sum(owed.values()) or 1.0),
                 "contended_rows": sum(rows.values()),
-                "attackers_capped": sum(ledger.capped(f"token:attacker-{j}") for j in range(bench.attackers)),
-                "honest_capped": sum(ledger.capped(f"token:honest-{i}") for i in range(bench.honest)),
+                "attackers_capped": sum(ledger.capped(f"client:attacker-{j}") for j in range(bench.attackers)),
+                "honest_capped": sum(ledger.capped(f"client:honest-{i}") for i in range(bench.honest)),
             }
 
     def _wait_until_judged(self, scheduler) -> None:
@@ -227,7 +231,7 @@ class _FairnessRun:
         bench = self.bench
 
         def judged() -> bool:  # (on the engine thread, which alone reads the ledger)
-            return all(scheduler.ledger.drafts_seen(f"token:attacker-{j}") >= CAP_AFTER_DRAFTS
+            return all(scheduler.ledger.drafts_seen(f"client:attacker-{j}") >= CAP_AFTER_DRAFTS
                        for j in range(bench.attackers))
 
         flooding_since = time.monotonic()

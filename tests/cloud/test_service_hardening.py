@@ -21,7 +21,7 @@ from helpers import make_certificate, tiny_prompt
 
 from cloud.limits import ServiceLimits
 from cloud.server import BackgroundServer, ServerConfig
-from cloud.session_table import SessionTable, TableFull, owner_of
+from cloud.session_table import SessionTable, TableFull
 from protos import splitspec_pb2 as pb
 from protos import splitspec_pb2_grpc as pb_grpc
 from shared import codec
@@ -188,12 +188,6 @@ def test_the_table_evicts_parked_sessions_and_caps_each_client():
     assert table.resume(a2.ticket) is None and table.resume(b1.ticket, "bob") is b1
     assert table.resume(c1.ticket, "mallory") is None  # a ticket only serves its owner
     assert {a3.owner, b1.owner, c1.owner} == {"alice", "bob", "carol"} and len(table) == 3
-
-
-def test_owners_are_tokens_or_peer_addresses():
-    assert owner_of("ipv4:127.0.0.1:5555") == "ipv4:127.0.0.1"
-    assert owner_of("ipv6:[::1]:5555") == "ipv6:[::1]"
-    assert owner_of("ipv4:10.0.0.1:1", "abc") == "token:abc"
 
 
 # ---------------------------------------------------------------- ports and flags
