@@ -58,12 +58,6 @@ class Answered(NamedTuple):
     forward_rows: int = 0
 
 
-def _verified_drafts(session: VerifierSession) -> tuple[int, int]:
-    """Drafts the session's forwards verified so far, live or rebased, and how many were accepted."""
-    stats = session.stats
-    return stats.drafted + stats.rebased_verified, stats.accepted + stats.rebased
-
-
 def verdict_message(answer: Answered, forwards: int) -> pb.Verdict:
     """``answer`` for the wire; the session's ``forwards`` ride on the final verdict only (0 is not
     sent, so rounds pay no bytes for it)."""
@@ -198,16 +192,14 @@ class BlockStream(ServicePart):
         session = entry.session
 
         def observed():  # (on the engine thread, where the step ran: no later step can come between)
-            drafted, accepted = _verified_drafts(session)
             step = yield from session.verify_chain_steps(pending, stale_decode_deadline)
             if step.rows:
                 self.metrics.observe_step(rows=step.rows, seconds=step.seconds)
                 # The cloud's own proposals are neither the client's rows nor its tokens.
                 rows, committed = step.client_rows, step.client_tokens
-                ledger = self.scheduler.ledger
-                drafted_now, accepted_now = _verified_drafts(session)
-                ledger.record(entry.owner, rows=rows, committed=committed,
-                              drafted=drafted_now - drafted, accepted=accepted_now - accepted)
+                ledger = self.scheduler.ledger  # (acceptance over every draft row the forward fed)
+                ledger.record(entry.owner, rows=rows, committed=committed, drafted=step.drafts,
+                              accepted=step.drafts_accepted)
                 capped = ledger.capped(entry.owner)
                 self.metrics.observe_client(entry.owner, rows=rows, committed=committed, capped=capped)
                 if capped and self.limits.capped_draft_len and session.penalise(self.limits.capped_draft_len):

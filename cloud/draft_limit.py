@@ -2,7 +2,7 @@
 
 A limit lowered at epoch e holds for blocks of every later epoch; blocks of e
 or earlier keep the opened one (the edge drafted them before it could know).
-A limit only comes down; a new turn (``reopen``) starts from what it asks for.
+A limit only comes down; a new turn (``reopen``) starts from what it asks for, a lowering kept.
 Pure state: no model, no I/O.
 """
 
@@ -36,5 +36,7 @@ class DraftLimit:
         return True
 
     def reopen(self, opened: int) -> None:
-        """A new turn: the limit it asked for, not lowered (fair share may lower it again)."""
-        self.opened, self.lowered, self._since_epoch = opened, 0, 0
+        """A new turn: the limit it asked for, still lowered where it was (from the turn's first block: a
+        penalty outlives the turn it came in, or a client would shake it off by starting another)."""
+        lowered = self.lowered if 0 < self.lowered < opened else 0
+        self.opened, self.lowered, self._since_epoch = opened, lowered, -1

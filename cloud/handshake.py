@@ -293,13 +293,14 @@ class Handshake(ServicePart):
                 self.table.resize(entry, kept + len(turn.prompt) + turn.max_new_tokens)
             except TableFull as exc:
                 raise Abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)) from exc
+            def extend():  # (on the engine thread, where the ledger lives)
+                capped = self.limits.capped_draft_len and self.scheduler.ledger.capped(owner)  # as for a new session
+                limit = min(max_draft_len, self.limits.capped_draft_len) if capped else max_draft_len
+                yield from entry.session.extend_steps(kept, turn.prompt, turn.params, max_new_tokens=turn.max_new_tokens,
+                                                      max_draft_len=limit, propose=request.takes_proposals)
+
             try:
-                await self.scheduler.run(
-                    lambda: entry.session.extend_steps(kept, turn.prompt, turn.params,
-                                                       max_new_tokens=turn.max_new_tokens, max_draft_len=max_draft_len,
-                                                       propose=request.takes_proposals),
-                    entry.session,
-                )
+                await self.scheduler.run(extend, entry.session)
             except ValueError as exc:
                 raise Abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
         except Abort:

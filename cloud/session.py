@@ -264,7 +264,7 @@ class VerifierSession:
         self.verify_s += elapsed
         self.stats.wall_s += elapsed
         return StepResult(verdicts, rows=fed, proposed=proposed, proposals_taken=len(verdicts[0].rebased) if proposed else 0,
-                          seconds=elapsed)
+                          drafts=len(drafts) + sum(len(tokens) for _, tokens in branches) - proposed, seconds=elapsed)
 
     def penalise(self, draft_limit: int) -> bool:
         """Fair share's penalty: the session's client has its drafts accepted next to never. Hold its

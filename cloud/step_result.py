@@ -21,12 +21,20 @@ class StepResult:
     rows: int = 0  # rows this session put in its forward (0: it ran none)
     proposed: int = 0  # ... of them, drafts the cloud proposed itself (no client's)
     proposals_taken: int = 0  # ... and how many of those it committed
+    drafts: int = 0  # the client's drafts and branch tokens the forward fed, every block of the chain's
     seconds: float = 0.0  # the step's wall time: forward, verification and sampling
 
     @property
     def client_rows(self) -> int:
         """The rows the client's own drafts cost (what its share is charged)."""
         return self.rows - self.proposed
+
+    @property
+    def drafts_accepted(self) -> int:
+        """Of ``drafts``, those the step committed (a chain's blocks past a correction fed rows and
+        committed none: they count as drafted, never as accepted)."""
+        taken = sum(v.accepted + len(v.rebased) + (1 + v.branch_accepted if v.branch else 0) for v in self.verdicts)
+        return taken - self.proposals_taken
 
     @property
     def client_tokens(self) -> int:

@@ -108,13 +108,15 @@ def test_a_step_charges_its_client_neither_the_cloud_s_proposals_nor_what_they_c
     assert (step.client_rows, step.client_tokens) == (1, 1)
 
 
-def test_a_lowered_draft_limit_holds_later_epochs_only_and_a_new_turn_restores_it():
+def test_a_lowered_draft_limit_holds_later_epochs_only_and_outlives_a_new_turn():
     limit = DraftLimit(8)
     assert limit.current == 8 and limit.for_epoch(0) == 8
     assert limit.lower(3, epoch=2) and not limit.lower(5, epoch=3) and not limit.lower(0, epoch=3)
     assert (limit.current, limit.for_epoch(2), limit.for_epoch(3)) == (3, 8, 3)
-    limit.reopen(6)
-    assert (limit.current, limit.lowered, limit.for_epoch(9)) == (6, 0, 6)
+    limit.reopen(6)  # a new turn asks again: the lowering stays, from its first epoch
+    assert (limit.current, limit.opened, limit.for_epoch(0), limit.for_epoch(9)) == (3, 6, 3, 3)
+    limit.reopen(2)  # a turn that asks for less than the lowering: its own limit
+    assert (limit.current, limit.lowered, limit.for_epoch(0)) == (2, 0, 2)
 
 
 def test_spare_drafts_ride_where_they_lie_in_a_row():

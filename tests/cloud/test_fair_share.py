@@ -195,3 +195,43 @@ def test_the_ledger_forgets_the_client_recorded_longest_ago():
     ledger.record("a", rows=4, committed=0)  # a is the most recent now
     ledger.record("c", rows=4, committed=4)
     assert list(ledger.clients) == ["a", "c"] and ledger.capped("a") and ledger.weight("b") == 1.0
+
+
+def test_acceptance_is_read_over_every_draft_row_a_forward_fed(tiny_engine, greedy_path):
+    """A salami chain (a first block with a few right drafts, long wrong blocks behind it in the same
+    forward) counts every draft it fed: the blocks past the correction cost rows and are drafts that
+    failed, not drafts that were never verified."""
+    from cloud.engine import run_alone
+    from cloud.session import PendingBlock
+    from helpers import new_session
+
+    prompt, want = greedy_path
+    p = len(prompt)
+    wrong = [(t + 1) % tiny_engine.vocab_size for t in want]
+    session = new_session(tiny_engine, prompt)
+    pending = [PendingBlock(0, p, want[:2] + wrong[2:8], more_follows=True)] + [
+        PendingBlock(0, p + 8 * k, wrong[8 * k : 8 * k + 8], more_follows=True) for k in (1, 2, 3)]
+    step = run_alone(session.verify_chain_steps(pending), tiny_engine)
+    assert [v.accepted for v in step.verdicts] == [2]  # verification stopped at the first correction
+    assert (step.drafts, step.drafts_accepted) == (32, 2)  # every fed draft counts (the first block alone: 8)
+    ledger = ClientLedger()
+    for _ in range(CAP_AFTER_DRAFTS // 32 + 1):
+        ledger.record("salami", rows=step.client_rows, committed=step.client_tokens, drafted=step.drafts,
+                      accepted=step.drafts_accepted)
+    assert ledger.capped("salami")  # 2 / 32, 6%: under the floor (the first block's 2 / 8 is 25%: never capped)
+
+
+def test_a_lowered_draft_limit_survives_a_new_turn(tiny_engine, greedy_path):
+    """A new turn (``Open.extend``) asks for its draft length again; a penalty stays (from the turn's
+    first block), so a capped client cannot shake it off by starting another turn."""
+    from cloud.engine import run_alone
+    from helpers import new_session
+
+    prompt, want = greedy_path
+    session = new_session(tiny_engine, prompt)
+    assert session.penalise(2) and session.draft_limit.for_epoch(session.epoch + 1) == 2
+    run_alone(session.extend_steps(len(prompt), want[:3], GREEDY, max_new_tokens=8, max_draft_len=16), tiny_engine)
+    assert session.epoch == 0 and session.draft_limit.for_epoch(0) == 2 and session.draft_limit.opened == 16
+    fresh = new_session(tiny_engine, prompt)  # the control: no penalty, the turn's own limit
+    run_alone(fresh.extend_steps(len(prompt), want[:3], GREEDY, max_new_tokens=8, max_draft_len=16), tiny_engine)
+    assert fresh.draft_limit.for_epoch(0) == 16
