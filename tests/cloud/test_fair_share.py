@@ -201,9 +201,10 @@ def test_acceptance_is_read_over_every_draft_row_a_forward_fed(tiny_engine, gree
     """A salami chain (a first block with a few right drafts, long wrong blocks behind it in the same
     forward) counts every draft it fed: the blocks past the correction cost rows and are drafts that
     failed, not drafts that were never verified."""
+    from helpers import new_session
+
     from cloud.engine import run_alone
     from cloud.session import PendingBlock
-    from helpers import new_session
 
     prompt, want = greedy_path
     p = len(prompt)
@@ -224,8 +225,9 @@ def test_acceptance_is_read_over_every_draft_row_a_forward_fed(tiny_engine, gree
 def test_a_lowered_draft_limit_survives_a_new_turn(tiny_engine, greedy_path):
     """A new turn (``Open.extend``) asks for its draft length again; a penalty stays (from the turn's
     first block), so a capped client cannot shake it off by starting another turn."""
-    from cloud.engine import run_alone
     from helpers import new_session
+
+    from cloud.engine import run_alone
 
     prompt, want = greedy_path
     session = new_session(tiny_engine, prompt)
