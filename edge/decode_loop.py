@@ -371,7 +371,7 @@ class _Decode:
             self.stats.record_hedges(len(branches), verdict.branch > 0, branch_gain(verdict, committed))
         if not sent.block.tokens and verdict.rebased_verified:  # the cloud decoding alone, its proposals on the way
             self.stats.record_proposals(verdict.rebased_verified, len(verdict.rebased))
-        self.stats.record_round(len(drafts), verdict.accepted, len(committed))
+        self.stats.record_round(len(drafts), verdict.accepted, len(committed), chain_continues=verdict.is_deferred)
 
     def _observe(self, sent: InFlight, drafted: int, received: Received, committed: list[int],
                  interval_s: float | None) -> None:

@@ -29,6 +29,7 @@ from edge.schedule import SpecConfig
 from edge.text_stream import StopMatcher, TextDeltas
 from edge.verifier_protocol import LinkHint
 from shared.params import DEFAULT_DRAFT_LEN, DEFAULT_SCHEDULE, DEFAULT_WINDOW, SamplingParams, window_for
+from shared.stats import DecodeStats
 from shared.verdict import StopReason
 
 __all__ = ["ServeConfig", "Job", "Outcome", "EdgeService", "SPLIT", "DRAFTER_ONLY"]
@@ -79,6 +80,7 @@ class Outcome:
     prompt_bytes_up: int = 0  # framed bytes of the Open frames that carried the prompt
     wall_s: float = 0.0
     ttft_s: float = 0.0
+    decode: DecodeStats = field(default_factory=DecodeStats)  # the generation's counters (speculative steps too)
 
 
 class CloudUnavailable(RuntimeError):
@@ -312,7 +314,7 @@ class EdgeService:
         outcome = Outcome(
             text="".join(emitted), tokens=emitter.kept, finish_reason=finish, served_by=served_by,
             prompt_tokens=len(job.prompt), acceptance_length=result.stats.acceptance_length,
-            wall_s=result.stats.wall_s, ttft_s=result.ttft_s,
+            wall_s=result.stats.wall_s, ttft_s=result.ttft_s, decode=result.stats,
         )
         if verifier is not None:
             outcome.bytes_up, outcome.bytes_down = verifier.bytes_up, verifier.bytes_down

@@ -1,6 +1,10 @@
 """The OpenAI API's response bodies: whole completions, stream chunks, usage (with splitspec's
 counters under ``usage.splitspec``), and the server-sent event that carries a chunk.
 
+Beside the usage, the fields the field's tools read (``shared.spec_metrics``): vLLM's per-request
+``metrics.speculative_decoding`` and llama-server's ``timings``, on a whole completion and on the
+final usage chunk of a stream.
+
 Pure: an ``Outcome`` and text in, dicts and strings out.
 """
 
@@ -10,8 +14,9 @@ import json
 import time
 
 from edge.serving import Outcome
+from shared.spec_metrics import llama_timings, vllm_request_metrics
 
-__all__ = ["SERVED_BY_HEADER", "Shape", "sse", "usage"]
+__all__ = ["SERVED_BY_HEADER", "Shape", "speculation_fields", "sse", "usage"]
 
 SERVED_BY_HEADER = "X-Splitspec-Served-By"
 
@@ -33,7 +38,7 @@ class Shape:
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": outcome.finish_reason}
         kind = "chat.completion" if self.chat else "text_completion"
-        return {**self._head(kind), "choices": [choice], "usage": usage(outcome),
+        return {**self._head(kind), "choices": [choice], "usage": usage(outcome), **speculation_fields(outcome),
                 "splitspec_served_by": outcome.served_by}
 
     def chunk(self, delta, finish_reason: str | None = None) -> dict:
@@ -45,7 +50,8 @@ class Shape:
 
     def usage_chunk(self, outcome: Outcome) -> dict:
         kind = "chat.completion.chunk" if self.chat else "text_completion"
-        return {**self._head(kind), "choices": [], "usage": usage(outcome), "splitspec_served_by": outcome.served_by}
+        return {**self._head(kind), "choices": [], "usage": usage(outcome), **speculation_fields(outcome),
+                "splitspec_served_by": outcome.served_by}
 
 
 def usage(outcome: Outcome) -> dict:
@@ -61,6 +67,18 @@ def usage(outcome: Outcome) -> dict:
             "cloud_forwards": outcome.cloud_forwards,
             "prompt_tokens_sent": outcome.prompt_tokens_sent,
         },
+    }
+
+
+def speculation_fields(outcome: Outcome) -> dict:
+    """vLLM's ``metrics.speculative_decoding`` and llama-server's ``timings`` for ``outcome``."""
+    stats = outcome.decode
+    predicted_s = max(outcome.wall_s - outcome.ttft_s, 0.0)
+    return {
+        "metrics": {"speculative_decoding": vllm_request_metrics(stats.accept_lengths, stats.drafted, stats.accepted)},
+        "timings": llama_timings(prompt_tokens=outcome.prompt_tokens, prompt_s=outcome.ttft_s,
+                                 predicted_tokens=max(len(outcome.tokens) - 1, 0), predicted_s=predicted_s,
+                                 drafted=stats.drafted, accepted=stats.accepted),
     }
 
 

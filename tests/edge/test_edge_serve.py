@@ -103,6 +103,36 @@ def test_chat_streaming_and_whole_equal_edge_run(http, cloud):
     assert chunks[-1].usage.completion_tokens == 24 and not chunks[-1].choices
 
 
+def test_each_response_carries_the_field_s_speculation_fields_and_vllm_s_counters(http):
+    """vLLM's ``metrics.speculative_decoding`` and llama-server's ``timings`` on a whole response and on a
+    stream's usage chunk, consistent with the usage; ``/metrics`` counts the steps under vLLM's names."""
+    import httpx
+
+    def scrape(name: str) -> float:
+        text = httpx.get(f"{http.base}/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
+        return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " ")
+                   or line.startswith(name + "{"))
+
+    before = scrape("vllm:spec_decode_num_drafts_total")
+    whole = http.client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=24, temperature=0)
+    body = whole.model_dump()
+    spec, timings = body["metrics"]["speculative_decoding"], body["timings"]
+    assert spec["num_spec_steps"] >= 1 and spec["num_draft_tokens"] >= spec["num_accepted_draft_tokens"] >= 0
+    histogram = {int(k) + 1: v for k, v in spec["acceptance_histogram"].items()}  # accepted drafts -> length
+    assert sum(histogram.values()) == spec["num_spec_steps"]
+    assert spec["mean_acceptance_length"] == pytest.approx(sum(k * v for k, v in histogram.items())
+                                                            / spec["num_spec_steps"], abs=1e-4)
+    assert timings["predicted_n"] == 23 and timings["prompt_n"] == body["usage"]["prompt_tokens"]
+    assert timings["draft_n"] == spec["num_draft_tokens"] and timings["prompt_ms"] > 0
+    assert scrape("vllm:spec_decode_num_drafts_total") - before == spec["num_spec_steps"]
+    chunks = list(http.client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=24, temperature=0,
+                                                      stream=True, stream_options={"include_usage": True}))
+    last = chunks[-1].model_dump()  # (the same text; the steps may differ: how blocks meet verdicts is timing)
+    streamed = last["metrics"]["speculative_decoding"]
+    assert streamed["num_spec_steps"] == sum(streamed["acceptance_histogram"].values()) >= 1
+    assert last["timings"]["draft_n_accepted"] == streamed["num_accepted_draft_tokens"]
+
+
 def test_text_completions_greedy_equal_edge_run(http, cloud):
     service = http.server.config.app.state.edge.service
     prompt = service.text_prompt("We have 3 dogs and")
