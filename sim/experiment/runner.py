@@ -50,7 +50,7 @@ from sim.link.scenario import Scenario
 from sim.perf import fit as model_fit
 from sim.perf import model as perf_model
 
-__all__ = ["SimConfig", "run_simulation", "DEFAULT_PROMPTS"]
+__all__ = ["SimConfig", "Measurement", "measure", "run_simulation", "DEFAULT_PROMPTS"]
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +162,30 @@ def _aggregate(mode: str, draft_len: int, reports: list[EdgeReport], meters: lis
 
 
 def run_simulation(cfg: SimConfig, progress=lambda line: print(line, file=sys.stderr, flush=True)) -> dict:
+    """Every configuration of ``cfg`` measured (``measure``), then held to the fastest cloud-only, the
+    identity checks and the performance model: the result ``sim run`` writes."""
+    measured = measure(cfg, progress)
+    result = _finish(cfg, measured.primary_kind, measured.baselines, measured.runs, measured.colocated)
+    result["fleet"] = measured.fleet
+    return result
+
+
+@dataclass
+class Measurement:
+    """What ``measure`` ran: the cloud-only rows by yardstick and kind, the split rows (each with its
+    per-prompt edge reports), the co-located references and the fleet's summary."""
+
+    primary_kind: str  # "sampled" when any sampled mode ran, else "greedy"
+    baselines: dict[str, BaselineRow]
+    runs: list[MeasuredRow]
+    colocated: dict[str, dict]
+    fleet: dict | None
+
+
+def measure(cfg: SimConfig, progress=lambda line: print(line, file=sys.stderr, flush=True), *,
+            yardsticks: tuple[str, ...] = (yardstick.FASTEST, yardstick.REPRODUCIBLE)) -> Measurement:
+    """Run cloud-only (for each of ``yardsticks``) and every split configuration of ``cfg`` over every
+    prompt, with real processes through the scenario's link."""
     edge_cores, cloud_cores = core_split()
     progress(
         f"scenario {cfg.scenario.name}: {cfg.scenario.description}\n"
@@ -173,7 +197,7 @@ def run_simulation(cfg: SimConfig, progress=lambda line: print(line, file=sys.st
     # Greedy runs are checked against a greedy baseline, sampled modes against a sampled one.
     kinds = sorted({_baseline_kind(mode) for mode in cfg.modes}, key=lambda k: k != "sampled")
     colocated_runs = len(cfg.drafters) * len(cfg.prompts) if cfg.colocated else 0
-    progress_of = _Progress(progress, (2 * len(kinds) + len(configs)) * len(cfg.prompts) + colocated_runs)
+    progress_of = _Progress(progress, (len(yardsticks) * len(kinds) + len(configs)) * len(cfg.prompts) + colocated_runs)
     with contextlib.ExitStack() as stack:
         # Fleet telemetry: the cloud reports to a broker directly; the edges reach it through the
         # scenario's link too (an emulator of its own: its bytes are counted apart from gRPC's).
@@ -191,7 +215,7 @@ def run_simulation(cfg: SimConfig, progress=lambda line: print(line, file=sys.st
                               *(["--reproducible"] if reproducible else [])], edge_cores)
         rig = _Rig(cloud, link, edge_cores, fleet_args, progress_of)
         baselines: dict[str, BaselineRow] = {}
-        for yard in (yardstick.FASTEST, yardstick.REPRODUCIBLE):
+        for yard in yardsticks:
             for kind in kinds:
                 key = yardstick.baseline_key(yard, kind, kinds[0])
                 baselines[key] = _cloud_only(cfg, rig, kind, yard == yardstick.REPRODUCIBLE)
@@ -203,9 +227,7 @@ def run_simulation(cfg: SimConfig, progress=lambda line: print(line, file=sys.st
         fleet = _fleet_summary(broker, fleet_link, time.monotonic() - split_started, cfg) if broker else None
     colocated = {rung.name: _colocated(cfg, rung, cloud_cores, progress_of) for rung in cfg.drafters} \
         if cfg.colocated else {}
-    result = _finish(cfg, kinds[0], baselines, runs, colocated)
-    result["fleet"] = fleet
-    return result
+    return Measurement(kinds[0], baselines, runs, colocated, fleet)
 
 
 @dataclass(frozen=True)

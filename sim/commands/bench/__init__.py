@@ -1,5 +1,5 @@
 """``splitspec bench …`` subcommands, one module each: ``wire``, ``split``, ``service``, ``fuzz``, ``serve``,
-``capacity``, ``invariance``, ``fairness``, ``products`` (and ``forward-rows``).
+``capacity``, ``invariance``, ``fairness``, ``products``, ``categories`` (and ``forward-rows``).
 
 Flags only: each module's ``add`` declares its flags beside the run that turns them into the arguments of
 the matching ``sim.bench`` function and prints the result (text or JSON). The benches' heavy imports happen
@@ -11,12 +11,23 @@ from __future__ import annotations
 
 import argparse
 
-from sim.commands.bench import capacity, fairness, fuzz, invariance, products, serve, service, split, wire
+from sim.commands.bench import (
+    capacity,
+    categories,
+    fairness,
+    fuzz,
+    invariance,
+    products,
+    serve,
+    service,
+    split,
+    wire,
+)
 
 __all__ = ["add_bench_commands"]
 
 
 def add_bench_commands(subparsers: argparse._SubParsersAction) -> None:
     """Add the bench subcommands to a ``bench`` subparsers object."""
-    for bench in (wire, split, service, fuzz, serve, capacity, invariance, fairness, products):
+    for bench in (wire, split, service, fuzz, serve, capacity, invariance, fairness, products, categories):
         bench.add(subparsers)

