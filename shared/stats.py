@@ -63,20 +63,18 @@ class DecodeStats:
     proposed_accepted: int = 0  # ... accepted (committed before the token decoded)
     stale_decode_guesses: int = 0  # stale blocks' tokens (decoded for them) that a chain's first block had guessed
     stale_decode_guesses_hit: int = 0  # ... right (else that block was void: the next one guessed again)
-    # Tokens per speculative step, as SPEED-Bench and vLLM count acceptance length: {length: steps}. A step
-    # is a drafted block's verdict, or a chain's (blocks verified together: its verdicts' tokens summed),
-    # the target's own token included; the cloud decoding alone takes no step. ``shared.spec_metrics``.
+    # Acceptance length per speculative step, as SPEED-Bench and vLLM count it: {length: steps}. A step is a
+    # drafted block's verdict; its length, the drafts it accepted plus the target's token (a block whose bonus
+    # was deferred to the next block of its chain counts that position: vLLM's 1 + accepted per draft). The
+    # cloud decoding alone takes no step. ``shared.spec_metrics`` reads it.
     accept_lengths: dict[int, int] = field(default_factory=dict)
-    chain_tokens: int = 0  # tokens a chain's verdicts committed so far, while its last verdict is to come
 
     def record_round(self, drafted: int, accepted: int, committed: int, chain_continues: bool = False) -> None:
         """One verification round: ``committed`` tokens entered the sequence; ``chain_continues``: its
         block's bonus was deferred to the next block of its chain (``Verdict.is_deferred``)."""
         if drafted:
-            self.chain_tokens += committed
-            if not chain_continues:
-                self.accept_lengths[self.chain_tokens] = self.accept_lengths.get(self.chain_tokens, 0) + 1
-                self.chain_tokens = 0
+            length = committed + chain_continues
+            self.accept_lengths[length] = self.accept_lengths.get(length, 0) + 1
         self.rounds += 1
         self.drafted += drafted
         self.accepted += accepted

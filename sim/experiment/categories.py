@@ -113,7 +113,7 @@ def summarize(categories: list[str], cloud_only: tuple[list[EdgeReport], list], 
                                               [samples[i] for i in at], [base_samples[i] for i in at])
         overall = _figures(reports, base_reports, samples, base_samples)
         histogram = merge(r.decode.accept_lengths for r in reports)
-        drafts_per_step = max(histogram, default=1) - 1  # the longest step's drafts (a chain's, where chained)
+        drafts_per_step = max(histogram, default=1) - 1  # the longest step's accepted drafts (hedged: with a branch)
         profile = speculation_profile(
             histogram, max(drafts_per_step, 1), request_histograms=[r.decode.accept_lengths for r in reports],
             draft_checkpoint=drafter, target_model=target_model,

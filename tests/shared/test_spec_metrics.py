@@ -59,14 +59,15 @@ def test_vllm_and_llama_server_fields():
     assert (timings["prompt_ms"], timings["predicted_per_second"], timings["draft_n_accepted"]) == (500.0, 10.0, 10)
 
 
-def test_a_chain_counts_as_one_step_with_its_target_token():
+def test_each_drafted_block_is_a_step_its_target_token_counted():
     stats = DecodeStats()
     stats.record_round(4, 4, 4, chain_continues=True)  # all accepted, its bonus deferred to the next block
-    stats.record_round(4, 1, 2)  # one accepted, then the correction: the chain's step emitted 6 tokens
-    stats.record_round(4, 4, 5)  # a block alone: four accepted and the bonus
+    stats.record_round(4, 1, 2)  # one accepted, then the correction
+    stats.record_round(4, 4, 5)  # four accepted and the bonus
     stats.record_round(0, 0, 1)  # the cloud decoding alone: no speculative step
-    assert stats.accept_lengths == {6: 1, 5: 1}
-    assert DecodeStats.from_json(stats.to_json()).accept_lengths == {6: 1, 5: 1}
+    assert stats.accept_lengths == {5: 2, 2: 1}  # 1 + accepted each: vLLM's count
+    assert mean_accept_length(stats.accept_lengths) == pytest.approx(1 + stats.accepted / 3)
+    assert DecodeStats.from_json(stats.to_json()).accept_lengths == {5: 2, 2: 1}
 
 
 def test_a_real_generation_s_steps_add_up_to_its_drafted_tokens(tiny_engine, tiny_models):
