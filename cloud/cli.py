@@ -104,6 +104,9 @@ def add_cloud_commands(commands) -> None:
     serve.add_argument("--idle-timeout", type=positive_float, default=limits.idle_timeout_s,
                        help="seconds a stream may go without a block to verify before its session is parked "
                        f"(default {limits.idle_timeout_s:g}); a full table evicts parked sessions first")
+    serve.add_argument("--max-streams-per-client", type=positive_int, default=limits.max_streams_per_client,
+                       help="Decode and Generate streams one client may have open, before its Open too (refused "
+                       f"past it with RESOURCE_EXHAUSTED; default {limits.max_streams_per_client})")
     serve.add_argument("--write-timeout", type=positive_float, default=limits.write_timeout_s,
                        help="seconds a verdict or token may wait for the edge to take it (a full HTTP/2 window: the "
                        "edge stopped reading) before its stream ends, a Decode's session parked "
@@ -190,6 +193,7 @@ def run_serve(args: argparse.Namespace) -> int:
             max_sessions_per_client=args.max_sessions_per_client,
             idle_timeout_s=args.idle_timeout,
             write_timeout_s=args.write_timeout,
+            max_streams_per_client=args.max_streams_per_client,
             max_new_tokens=args.max_new_tokens,
             max_batch_rows=args.max_batch_rows,
             max_kv_tokens=args.max_kv_tokens,

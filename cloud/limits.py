@@ -18,6 +18,7 @@ ALL_MODES = ("greedy", "coupled", "rejection")  # shared.params.Mode values (not
 class ServiceLimits:
     max_sessions: int = 64
     max_sessions_per_client: int = 16  # per identity (cloud.identity); parked ones included
+    max_streams_per_client: int = 32  # Decode and Generate calls one identity may have open, before its Open too
     write_timeout_s: float = 10.0  # a verdict or token not taken by the edge this long: its stream is parked (ended: Generate)
     idle_timeout_s: float = 5.0  # an attached stream with no block to verify this long is parked
     max_draft_len: int = 32  # drafts per block

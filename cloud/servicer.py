@@ -30,6 +30,7 @@ from cloud.metrics import ServiceMetrics
 from cloud.pending_block import MAX_BRANCH_LEN
 from cloud.scheduler import Scheduler
 from cloud.session_table import SessionTable
+from cloud.stream_count import StreamCount
 from cloud.stream_end import Abort, EndLog, parsed
 from protos import splitspec_pb2 as pb
 from protos import splitspec_pb2_grpc as pb_grpc
@@ -62,6 +63,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         self.handshake = Handshake(engine, limits, self.metrics, self.table, self.scheduler, identities)
         self.blocks = BlockStream(engine, limits, self.metrics, self.table, self.scheduler, identities)
         self._end_log = EndLog()
+        self.streams = StreamCount(limits.max_streams_per_client)
 
     @property
     def replica(self) -> str:
@@ -111,8 +113,37 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         write.result()
 
     # -- RPCs --------------------------------------------------------------
+    async def _admitted(self, context) -> str:
+        """The stream's identity, counted among its streams; at its limit the stream is refused with
+        ``RESOURCE_EXHAUSTED`` (``context.abort`` raises) before it reads or holds anything."""
+        identity = self.handshake.owner(context)
+        if self.streams.enter(identity):
+            return identity
+        self.metrics.sessions_failed.labels(code=grpc.StatusCode.RESOURCE_EXHAUSTED.name).inc()
+        await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                            f"this client already has {self.streams.limit} streams open, the limit per client; "
+                            "close one first")
+        raise AssertionError("unreachable: context.abort raises")
+
     async def Decode(self, request_iterator, context):
         """Split decoding: an Open, then Draft frames up and one verdict per block down."""
+        identity = await self._admitted(context)
+        try:
+            await self._decode(context)
+        finally:
+            self.streams.leave(identity)
+
+    async def Generate(self, request, context):
+        """Cloud-only decoding: the target generates every token and streams it down. The first
+        chunk's ``server_us`` counts from the request (prefill included), as the first verdict's
+        does from the Open."""
+        identity = await self._admitted(context)
+        try:
+            await self._generate(request, context)
+        finally:
+            self.streams.leave(identity)
+
+    async def _decode(self, context) -> None:
         entry, failure = None, None
         stream = 0  # the session's stream number while this stream drives it
         finished = False
@@ -160,10 +191,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         if failure is not None:  # (after the release: a stream that stopped reading may hold the abort too)
             await context.abort(failure.code, str(failure))
 
-    async def Generate(self, request, context):
-        """Cloud-only decoding: the target generates every token and streams it down. The first
-        chunk's ``server_us`` counts from the request (prefill included), as the first verdict's
-        does from the Open."""
+    async def _generate(self, request, context) -> None:
         entry, failure = None, None
         try:
             self._count_in(parsed(request, "request"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import time
 
 import grpc
 import pytest
@@ -25,9 +26,11 @@ DECODE = "/splitspec.v1.Verifier/Decode"
 
 
 class HeldSession:
-    """A Decode stream that sends its Open and then holds the stream open, silent, until ``close``."""
+    """A Decode stream that sends its Open (``send_open``, else nothing at all) and then holds the stream
+    open, silent, until ``close``."""
 
-    def __init__(self, address: str, engine, token: str | None) -> None:
+    def __init__(self, address: str, engine, token: str | None, send_open: bool = True) -> None:
+        self._send_open = send_open
         prompt = tiny_prompt(engine, "The cat sat")
         encoded = codec.encode_tokens(prompt, engine.vocab_size)
         self._open = pb.EdgeFrame(open=pb.Open(vocab_size=engine.vocab_size, vocab_fingerprint=engine.fingerprint,
@@ -41,7 +44,8 @@ class HeldSession:
             self._frames(), timeout=30, metadata=metadata)
 
     def _frames(self):
-        yield self._open
+        if self._send_open:
+            yield self._open
         self._done.wait(30)
 
     def first(self) -> str:
@@ -119,3 +123,26 @@ def test_a_credentials_file_that_does_not_parse_names_its_line(text, error):
 def test_a_peer_is_its_host_whatever_its_port():
     assert peer_host("ipv4:127.0.0.1:5555") == peer_host("ipv4:127.0.0.1:6666") == "ipv4:127.0.0.1"
     assert peer_host("ipv6:[::1]:5555") == "ipv6:[::1]"
+
+
+def test_streams_past_the_limit_per_client_are_refused_before_their_open(tiny_engine, serve):
+    """Streams count from their first byte: a client cannot hold the verifier with streams that never
+    send an Open (each waits ``open_timeout_s``), nor keep more streams than its limit beside its sessions."""
+    server = serve(ServiceLimits(max_streams_per_client=2))
+    silent = [HeldSession(server.address, tiny_engine, None, send_open=False) for _ in range(2)]
+    try:
+        counted = server.server.servicer.streams
+        deadline = time.monotonic() + 10
+        while counted.held("peer:ipv4:127.0.0.1") < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        refused = HeldSession(server.address, tiny_engine, None)
+        assert refused.first() == "RESOURCE_EXHAUSTED"
+        refused.close()
+        silent.pop().close()  # one ends: room for another
+        deadline = time.monotonic() + 10
+        while counted.held("peer:ipv4:127.0.0.1") > 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert opened_in_turn(server, tiny_engine, [None]) == ["opened"]
+    finally:
+        for session in silent:
+            session.close()
