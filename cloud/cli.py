@@ -87,8 +87,11 @@ def add_cloud_commands(commands) -> None:
     serve.add_argument("--modes", nargs="+", choices=ALL_MODES, default=list(limits.modes), metavar="MODE",
                        help="verification modes served, of greedy, coupled, rejection (default: all three); an Open "
                        "for another is refused with FAILED_PRECONDITION (temperature 0 is greedy in every mode)")
-    serve.add_argument("--rejection-requires-auth", action="store_true",
-                       help="serve rejection mode only to authenticated clients (needs --auth-tokens or --auth-token-file)")
+    serve.add_argument("--rejection-to", nargs="+", default=list(limits.rejection_to), metavar="GRANT",
+                       help="whom rejection mode is served to: 'all', 'clients' (every client with a token), client "
+                       "ids of --auth-tokens, or peer identities such as peer:ipv4:10.0.0.7 (default: nobody; greedy "
+                       "and coupled modes are served to everyone). Its exactness rests on q̃ being the drafter's, "
+                       "which a client that knows its noise can shape within --max-draft-top-k")
     serve.add_argument("--max-draft-top-k", type=positive_int, default=limits.max_draft_top_k,
                        help="rejection mode: the largest q̃ support an Open may ask for; a client that knows its "
                        "noise can push a token to min(1, K p(x)) with a uniform q̃ over K tokens, so K is the bound "
@@ -176,9 +179,6 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.auth_tokens is not None and not args.auth_tokens.is_file():
         raise CliError(f"auth tokens file not found: {args.auth_tokens}", exit_code=2)
     credentials = Credentials.from_file(args.auth_tokens) if args.auth_tokens else None
-    if args.rejection_requires_auth and not (token or credentials):
-        raise CliError("--rejection-requires-auth needs --auth-tokens or --auth-token-file: without tokens no client is "
-                       "authenticated (to serve no rejection mode at all, leave it out of --modes)", exit_code=2)
     host = args.host or ("0.0.0.0" if (token or credentials) and args.tls_cert else "127.0.0.1")
     config = ServerConfig(
         host=host,
@@ -199,7 +199,7 @@ def run_serve(args: argparse.Namespace) -> int:
             max_kv_tokens=args.max_kv_tokens,
             modes=tuple(args.modes),
             max_draft_top_k=args.max_draft_top_k,
-            rejection_requires_auth=args.rejection_requires_auth,
+            rejection_to=tuple(args.rejection_to),
         ),
         batching=not args.no_batching,
         auth_token=token,

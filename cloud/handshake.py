@@ -7,7 +7,7 @@ turn (``resume_ticket`` with ``extend``: the session cut back and extended).
 It checks the vocabulary (``FAILED_PRECONDITION``), the request
 (``INVALID_ARGUMENT``), that this verifier serves the Open's mode to this
 client (``FAILED_PRECONDITION``: ``ServiceLimits.modes``, and rejection mode
-only to streams with a bearer token under ``rejection_requires_auth``) and
+only to the identities ``ServiceLimits.rejection_to`` grants it) and
 room in the session table (``RESOURCE_EXHAUSTED``); an unknown ticket is
 ``NOT_FOUND``. Every refusal is an ``Abort`` of that stream alone, and a session a refused resume or turn held is released.
 Sessions count against their owner, the stream's verified identity (``cloud.identity``);
@@ -25,6 +25,7 @@ from typing import NamedTuple
 
 import grpc
 
+from cloud.identity import granted
 from cloud.service_part import ServicePart
 from cloud.session import SessionPolicy, VerifierSession
 from cloud.session_table import SessionEntry, TableFull
@@ -111,9 +112,10 @@ class Handshake(ServicePart):
         if mode.value not in served:
             raise Abort(grpc.StatusCode.FAILED_PRECONDITION,
                         f"this verifier does not serve {mode.value} mode (it serves {', '.join(served)})")
-        if mode is Mode.REJECTION and self.limits.rejection_requires_auth and not self.identities.verified:
+        if mode is Mode.REJECTION and not granted(self.owner(context), self.limits.rejection_to):
             raise Abort(grpc.StatusCode.FAILED_PRECONDITION,
-                        "this verifier serves rejection mode only to authenticated clients (send a bearer token)")
+                        "this verifier serves rejection mode only to clients it grants it (--rejection-to); "
+                        "greedy and coupled modes are lossless against any edge: ask for coupled")
 
     def _check_routing(self, context) -> None:
         """A resume or a next turn names the replica that holds its session; one that names another

@@ -22,11 +22,13 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["Credentials", "Identities", "peer_host", "DEFAULT_CLIENT"]
+__all__ = ["Credentials", "Identities", "peer_host", "granted", "DEFAULT_CLIENT", "GRANT_ALL", "GRANT_CLIENTS"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_CLIENT = "default"  # the client of a single --auth-token-file token
+GRANT_ALL = "all"  # a grant to every identity
+GRANT_CLIENTS = "clients"  # a grant to every client that presented a token (not to peers)
 _CLIENT_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _DIGEST = re.compile(r"sha256:([0-9a-fA-F]{64})")
 
@@ -39,6 +41,17 @@ def peer_host(peer: str) -> str:
     """A gRPC peer's address without its port (``ipv4:1.2.3.4:5678`` -> ``ipv4:1.2.3.4``,
     ``ipv6:[::1]:5678`` -> ``ipv6:[::1]``): one identity per host, whatever port a stream came from."""
     return peer.rsplit(":", 1)[0] if peer.count(":") >= 2 else peer
+
+
+def granted(identity: str, grants: tuple[str, ...]) -> bool:
+    """Whether ``identity`` (``Identities.of``) holds one of ``grants``: ``GRANT_ALL``, ``GRANT_CLIENTS``
+    (any ``client:``), a client id, or an identity written out (``peer:ipv4:10.0.0.7``)."""
+    for grant in grants:
+        if grant == GRANT_ALL or identity == grant or identity == f"client:{grant}":
+            return True
+        if grant == GRANT_CLIENTS and identity.startswith("client:"):
+            return True
+    return False
 
 
 def parse_credentials(text: str, source: str = "credentials") -> dict[bytes, str]:

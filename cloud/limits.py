@@ -34,9 +34,10 @@ class ServiceLimits:
     decode_stale: bool = True  # a stale block gets the next token decoded when nothing usable is pending
     rebase_stale: bool = True  # ... and that forward verifies the drafts sent past the correction (greedy, coupled)
     modes: tuple[str, ...] = ALL_MODES  # verification modes served (temperature 0 is greedy in every mode)
-    # Rejection mode only to streams with a bearer token: meaningful only where the server checks tokens
-    # (ServerConfig.credentials or auth_token; the command line refuses it without --auth-tokens or --auth-token-file).
-    rejection_requires_auth: bool = False
+    # Whom rejection mode is served to (cloud.identity.granted): "all", "clients" (every client with a token),
+    # client ids, or peer identities ("peer:ipv4:10.0.0.7"). Default: nobody. Its exactness rests on q̃ being the
+    # drafter's, which a client that knows its noise can shape: a grant says whom the operator trusts with that.
+    rejection_to: tuple[str, ...] = ()
     audit_drafts: bool = True  # rejection mode: refuse drafts not sampled from their q̃ (off: tests' controls only)
     # Rejection mode: the largest q̃ support an Open may ask for. A client that knows its noise can put the token it
     # wants where the noise falls in a uniform q̃ over K tokens and have it accepted with min(1, K p): K bounds that.
@@ -44,6 +45,9 @@ class ServiceLimits:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "modes", tuple(dict.fromkeys(self.modes)))
+        object.__setattr__(self, "rejection_to", tuple(dict.fromkeys(self.rejection_to)))
+        if any(not grant or grant.isspace() for grant in self.rejection_to):
+            raise ValueError("a rejection-mode grant cannot be empty")
         unknown = sorted(set(self.modes) - set(ALL_MODES))
         if unknown or not self.modes:
             raise ValueError(f"modes must be one or more of {', '.join(ALL_MODES)}, got {', '.join(self.modes) or 'none'}")

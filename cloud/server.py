@@ -16,7 +16,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from cloud.engine import TargetEngine
-from cloud.identity import Credentials, Identities
+from cloud.identity import GRANT_ALL, Credentials, Identities
 from cloud.limits import ServiceLimits
 from cloud.metrics import ServiceMetrics
 from cloud.servicer import VerifierServicer
@@ -60,9 +60,11 @@ class ServerConfig:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         if self.auth_token and self.credentials is not None:
             raise ValueError("--auth-token-file and --auth-tokens are alternatives: give one")
-        if self.limits.rejection_requires_auth and self.verified_by() is None:
-            raise ValueError("rejection mode only for authenticated clients needs bearer tokens (--auth-tokens or --auth-token-file): "
-                             "without them no client is authenticated")
+        by_client = [g for g in self.limits.rejection_to if g != GRANT_ALL and not g.startswith("peer:")]
+        if by_client and self.verified_by() is None:
+            raise ValueError(f"rejection mode granted to {', '.join(by_client)}: grants by client need bearer tokens "
+                             "(--auth-tokens or --auth-token-file); without them a client is its peer address "
+                             "(grant 'peer:ipv4:HOST', or 'all')")
         if self.verified_by() is not None and not self.tls_cert and not self.insecure and not is_loopback(self.host):
             raise ValueError(
                 f"refusing to take a bearer token in cleartext on {self.host}: give --tls-cert and --tls-key, "

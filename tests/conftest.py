@@ -101,7 +101,8 @@ def serve_module(tiny_engine):
 
 @pytest.fixture()
 def verifier(serve):
-    """A real verifier gRPC server on a free loopback port, stopped after the test."""
+    """A real verifier gRPC server on a free loopback port, stopped after the test; every mode is served to
+    its clients (rejection mode granted to all: ``--rejection-to all``)."""
     from cloud.limits import ServiceLimits
 
-    return serve(ServiceLimits(max_draft_len=16, session_ttl_s=30))
+    return serve(ServiceLimits(max_draft_len=16, session_ttl_s=30, rejection_to=("all",)))

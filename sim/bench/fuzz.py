@@ -348,7 +348,9 @@ def soak_tiny_service(frames: int, *, seed: int = 0, workers: int = 8, session_t
         drafter = LlamaDrafter(paths["drafter_f32"], n_ctx=512, n_threads=1, f32_kv_cache=True)
         want = generate(engine, drafter, prompt, greedy, max_new_tokens=40, spec=SpecConfig(0)).tokens
         factory = HostileFrames(engine.vocab_size, engine.fingerprint, prompt, 16, random.Random(seed))
-        extra = ["--max-draft-len", "16", "--session-ttl", str(session_ttl_s), "--idle-timeout", "2"]
+        # (rejection mode granted to all: forged rejection-mode drafts are among what it sends)
+        extra = ["--max-draft-len", "16", "--session-ttl", str(session_ttl_s), "--idle-timeout", "2",
+                 "--rejection-to", "all"]
         try:
             with CloudProcess(paths["target"], None, extra_args=extra) as cloud:
                 address = f"127.0.0.1:{cloud.port}"

@@ -133,9 +133,10 @@ def _over_grpc(engine, draft_model, prompt: list[int], runs: list, max_new_token
         into.add(run_decode(draft_model, verifier, prompt, params, max_new_tokens=max_new_tokens,
                             spec=SpecConfig(draft_len)).stats)
 
-    audited_off = ServerConfig(port=0, limits=ServiceLimits(audit_drafts=False))
+    granted = ("all",)  # (loopback: the bench's own edges; rejection mode is served to nobody by default)
+    audited_off = ServerConfig(port=0, limits=ServiceLimits(audit_drafts=False, rejection_to=granted))
     rejection = runs[0].mode is Mode.REJECTION
-    with BackgroundServer(engine, ServerConfig(port=0)) as server, \
+    with BackgroundServer(engine, ServerConfig(port=0, limits=ServiceLimits(rejection_to=granted))) as server, \
             BackgroundServer(engine, audited_off) if rejection else contextlib.nullcontext() as other:
         for i, params in enumerate(runs):
             if other is not None and i % 2:

@@ -79,7 +79,8 @@ class _Restarter:
                     old = self.cloud[-1]
                     old.kill()
                     self.progress(f"    killed the cloud (SIGKILL) at link byte {sum(self.link.counters())}; restarting")
-                    self.cloud.append(CloudProcess(old.target, old.cores, port=old.port).__enter__())
+                    self.cloud.append(CloudProcess(old.target, old.cores, port=old.port,
+                                                   extra_args=old.extra_args).__enter__())
                     self.restarted = True
                     self.progress(f"    cloud back on port {old.port}")
                     return
@@ -114,7 +115,8 @@ def run_faults(cfg: FaultConfig, progress=lambda line: print(line, file=sys.stde
              f"{len(restart_at)} cloud restarts")
     rows: list[dict] = []
     references: dict[tuple[str, str], tuple[EdgeReport, int]] = {}  # unbroken run and its link bytes
-    cloud = [CloudProcess(cfg.target, cloud_cores).__enter__()]
+    granted = ["--rejection-to", "all"] if "rejection" in cfg.modes else []
+    cloud = [CloudProcess(cfg.target, cloud_cores, extra_args=granted).__enter__()]
     try:
         with BackgroundLink(cfg.scenario.link, cloud[0].port) as link:
             common = ["--cloud", link.address, "--drafter", cfg.drafter, "--verdict-timeout", "600",

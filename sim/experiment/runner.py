@@ -203,6 +203,8 @@ def measure(cfg: SimConfig, progress=lambda line: print(line, file=sys.stderr, f
         # scenario's link too (an emulator of its own: its bytes are counted apart from gRPC's).
         broker = stack.enter_context(BrokerProcess()) if cfg.mqtt else None
         cloud_args = ["--mqtt", broker.url, "--replica", "sim-cloud"] if broker else []
+        if "rejection" in cfg.modes:  # the simulation's edges are the operator's own: granted it
+            cloud_args += ["--rejection-to", "all"]
         cloud = stack.enter_context(CloudProcess(cfg.target, cloud_cores, extra_args=[*cloud_args, "--shapes", "auto"]))
         link = stack.enter_context(BackgroundLink(cfg.scenario.link, cloud.port))
         fleet_link = stack.enter_context(BackgroundLink(cfg.scenario.link, broker.port)) if broker else None

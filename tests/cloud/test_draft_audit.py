@@ -3,7 +3,7 @@
 The pure math (``shared.draft_audit``) against slow references and by simulation of honest
 sessions; then a real verifier on loopback with the tiny models: a naive forgery is refused with
 the message, a forgery shaped around the known noise is ended, honest rejection-mode decoding is
-not, ``--modes`` and ``--rejection-requires-auth`` refuse what is not served. Each attack has a
+not, ``--modes`` and ``--rejection-to`` refuse what is not served. Each attack has a
 control: with the audit off the same forgery goes through.
 """
 
@@ -21,6 +21,7 @@ import pytest
 from helpers import tiny_drafter, tiny_prompt
 
 from cloud.cli import build_parser
+from cloud.identity import Credentials
 from cloud.limits import ServiceLimits
 from cloud.server import BackgroundServer, ServerConfig
 from edge.decode_loop import run_decode
@@ -37,6 +38,8 @@ from sim.bench.hostile_frames import HostileFrames, neutral_q, shaped_q
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION
+
+GRANTED = ("all",)  # rejection mode granted to every client (it is served to nobody by default)
 
 
 def _random_q(rng: np.random.Generator, top_k: int, prob_bits: int, vocab: int = 1000) -> SparseDist:
@@ -188,13 +191,13 @@ def endless(tiny_engine):
 
 @pytest.fixture(scope="module")
 def server(serve_module, endless):
-    return serve_module(ServiceLimits(max_draft_len=16), engine=endless)
+    return serve_module(ServiceLimits(max_draft_len=16, rejection_to=GRANTED), engine=endless)
 
 
 @pytest.fixture(scope="module")
 def unaudited(serve_module, endless):
     """The control: the same verifier with the audit off."""
-    limits = ServiceLimits(max_draft_len=16, audit_drafts=False)
+    limits = ServiceLimits(max_draft_len=16, audit_drafts=False, rejection_to=GRANTED)
     return serve_module(limits, engine=endless)
 
 
@@ -315,7 +318,7 @@ def test_an_open_for_a_mode_not_served_is_refused(serve, tiny_engine, frames):
         assert _open(running.address, frames, SamplingParams(mode=Mode.COUPLED, seed=1))[0] == "opened"
         # temperature 0 is greedy in every mode, and greedy is served
         assert _open(running.address, frames, SamplingParams(mode=Mode.REJECTION, temperature=0.0))[0] == "opened"
-    running = serve()  # the control: all modes by default
+    running = serve(ServiceLimits(rejection_to=GRANTED))  # the control: every mode
     assert _open(running.address, frames, REJECTION)[0] == "opened"
 
 
@@ -330,7 +333,7 @@ def test_generate_serves_only_the_modes_an_open_may_ask_for(serve, tiny_engine, 
         cloud_only_generate(VerifierEndpoint(limited.address, *tiny_vocab), prompt, REJECTION, max_new_tokens=4)
     greedy = SamplingParams(mode=Mode.REJECTION, temperature=0.0)  # temperature 0 is greedy in every mode
     assert cloud_only_generate(VerifierEndpoint(limited.address, *tiny_vocab), prompt, greedy, max_new_tokens=4).tokens
-    everything = serve()  # the control: all modes by default
+    everything = serve(ServiceLimits(rejection_to=GRANTED))  # the control: every mode
     assert cloud_only_generate(VerifierEndpoint(everything.address, *tiny_vocab), prompt, REJECTION,
                                max_new_tokens=4).tokens
 
@@ -339,36 +342,44 @@ def test_a_rejection_open_over_the_q_support_cap_is_refused(serve, frames):
     """A uniform q̃ over K tokens lets a client that knows its noise push a token to min(1, K p): the
     verifier caps K (``--max-draft-top-k``, default 16)."""
     wide = SamplingParams(mode=Mode.REJECTION, temperature=1.0, seed=1, draft_top_k=256)
-    capped = serve()
+    capped = serve(ServiceLimits(rejection_to=GRANTED))
     code, details = _open(capped.address, frames, wide)
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "exceeds this verifier's limit of 16" in details, details
     assert _open(capped.address, frames, REJECTION)[0] == "opened"  # the default support, 16
     assert _open(capped.address, frames, SamplingParams(mode=Mode.COUPLED, seed=1, draft_top_k=256))[0] == "opened"
-    assert _open(serve(ServiceLimits(max_draft_top_k=256)).address, frames, wide)[0] == "opened"  # the control
+    assert _open(serve(ServiceLimits(max_draft_top_k=256, rejection_to=GRANTED)).address, frames,
+                 wide)[0] == "opened"  # the control
 
 
-def test_rejection_mode_only_for_authenticated_clients(tiny_engine, frames):
-    limits = ServiceLimits(rejection_requires_auth=True)
-    with BackgroundServer(tiny_engine, ServerConfig(port=0, limits=limits, auth_token="s3cret")) as running:
-        assert _open(running.address, frames, REJECTION, token="s3cret")[0] == "opened"
-        assert _open(running.address, frames, REJECTION)[0] == grpc.StatusCode.UNAUTHENTICATED
-    # Without a token no client is authenticated: a server so configured is refused before it starts.
-    with pytest.raises(ValueError, match="needs bearer tokens"):
-        ServerConfig(port=0, limits=limits)
+def test_rejection_mode_is_served_only_to_identities_granted_it(tiny_engine, serve, frames):
+    """By default nobody gets rejection mode (greedy and coupled are served to all); a grant names whom."""
+    default = serve()
+    code, details = _open(default.address, frames, REJECTION)
+    assert code == PRECONDITION and "only to clients it grants it (--rejection-to)" in details
+    assert _open(default.address, frames, SamplingParams(mode=Mode.COUPLED, seed=1))[0] == "opened"
+    assert _open(serve(ServiceLimits(rejection_to=GRANTED)).address, frames, REJECTION)[0] == "opened"  # the control
+    credentials = Credentials({"alice": "a-token-0123456789", "bob": "b-token-0123456789"})
+    alice_only = serve(ServiceLimits(rejection_to=("alice",)), credentials=credentials)
+    assert _open(alice_only.address, frames, REJECTION, token="a-token-0123456789")[0] == "opened"
+    assert _open(alice_only.address, frames, REJECTION, token="b-token-0123456789")[0] == PRECONDITION
+    clients = serve(ServiceLimits(rejection_to=("clients",)), credentials=credentials)
+    assert _open(clients.address, frames, REJECTION, token="b-token-0123456789")[0] == "opened"
+    # Without tokens a client is its peer address: a grant by client id could never match, so it is refused.
+    with pytest.raises(ValueError, match="grants by client need bearer tokens"):
+        ServerConfig(port=0, limits=ServiceLimits(rejection_to=("alice",)))
+    with pytest.raises(ValueError, match="cannot be empty"):
+        ServiceLimits(rejection_to=("",))
 
 
 def test_the_modes_flags(tmp_path):
     parser = build_parser()
     args = parser.parse_args(["serve", "--modes", "greedy", "coupled"])
-    assert args.modes == ["greedy", "coupled"] and not args.rejection_requires_auth
+    assert args.modes == ["greedy", "coupled"] and args.rejection_to == []
     assert parser.parse_args(["serve"]).modes == ["greedy", "coupled", "rejection"]
     with pytest.raises(SystemExit):
         parser.parse_args(["serve", "--modes", "beam"])
-    args = parser.parse_args(["serve", "--rejection-requires-auth"])
-    from shared.cli import CliError
-
-    with pytest.raises(CliError, match="needs --auth-tokens or --auth-token-file"):
-        args.func(args)  # refused before any model is loaded
+    assert parser.parse_args(["serve", "--rejection-to", "alice", "peer:ipv4:10.0.0.7"]).rejection_to == [
+        "alice", "peer:ipv4:10.0.0.7"]
     with pytest.raises(ValueError, match="modes must be"):
         ServiceLimits(modes=())
 

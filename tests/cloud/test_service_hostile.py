@@ -62,7 +62,7 @@ def server(serve_module):
 
     The shared ``verifier`` fixture's limits (D <= 16, TTL 30 s), module-scoped.
     """
-    limits = ServiceLimits(max_draft_len=MAX_DRAFT_LEN, session_ttl_s=TTL_S)
+    limits = ServiceLimits(max_draft_len=MAX_DRAFT_LEN, session_ttl_s=TTL_S, rejection_to=("all",))
     return serve_module(limits)
 
 
@@ -377,7 +377,7 @@ def test_ids_at_or_above_the_vocabulary_are_refused(tiny_engine, tiny_vocab, pro
     engine = copy.copy(tiny_engine)
     engine.vocab_size = 500
     vocab, bits = (500, tiny_vocab[1]), codec.token_bits(500)
-    limits = ServiceLimits(max_draft_len=MAX_DRAFT_LEN, session_ttl_s=TTL_S)
+    limits = ServiceLimits(max_draft_len=MAX_DRAFT_LEN, session_ttl_s=TTL_S, rejection_to=("all",))
     with BackgroundServer(engine, ServerConfig(port=0, limits=limits)) as small, \
             grpc.insecure_channel(small.address) as ch:
         stub = pb_grpc.VerifierStub(ch)

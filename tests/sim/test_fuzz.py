@@ -93,7 +93,7 @@ def test_draft_payloads_with_q_round_trip(vocab, top_k, prob_bits, data):
 
 @pytest.fixture(scope="module")
 def server(serve_module):
-    limits = ServiceLimits(max_draft_len=16, session_ttl_s=2.0, idle_timeout_s=1.0)
+    limits = ServiceLimits(max_draft_len=16, session_ttl_s=2.0, idle_timeout_s=1.0, rejection_to=("all",))
     return serve_module(limits)
 
 
