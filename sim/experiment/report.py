@@ -17,6 +17,7 @@ _COLUMNS = [
     ("tok/s", "tokens_per_s"),
     ("× fastest cloud-only", "ratio_tokens_per_s"),
     ("× reproducible", "reproducible_tokens_per_s"),
+    ("ceiling tok/s (eff)", "ceiling"),
     ("predicted tok/s (err)", "predicted"),
     ("err out of sample", "prediction_error_out_of_sample"),
     ("TTFT s", "ttft_s"),
@@ -62,6 +63,9 @@ def _cell(run: dict, key: str) -> str:
     if key == "prediction_error_out_of_sample":
         value = run.get(key)
         return "—" if value is None else f"{value:+.0%}"
+    if key == "ceiling":
+        best, efficiency = run.get("ceiling_tokens_per_s"), run.get("efficiency")
+        return f"{best:.2f} ({efficiency:.0%})" if best and efficiency is not None else "—"
     if key == "predicted":
         err = run.get("prediction_error")
         return f"{run['predicted_tokens_per_s']:.2f} ({err:+.0%})" if err is not None else "—"

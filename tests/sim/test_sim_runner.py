@@ -112,6 +112,9 @@ def test_split_is_identical_to_cloud_only_and_cheaper(sim_result):
         # Beside an adaptive run's prediction (its controller's choice): the best configuration's.
         assert (run["predicted_best_tokens_per_s"] > 0) if run["schedule"] == "adaptive" else (
             run["predicted_best_tokens_per_s"] is None)
+        # The machine's ceiling for this drafter, and how close the run came (rejections cost: below it).
+        assert run["ceiling_tokens_per_s"] > 0 and 0 < run["efficiency"] == pytest.approx(
+            run["tokens_per_s"] / run["ceiling_tokens_per_s"])
     for run in [*result["baselines"].values(), *result["runs"]]:  # the cloud's share of the first token
         assert 0 < run["ttft_cloud_s"] < run["ttft_s"]
 
