@@ -37,6 +37,21 @@ class ChatTemplate:
     _formatter: object
     merge_system: bool = False  # the format has no system role: prepend it to the first user turn
 
+    def render_parts(self, messages: Sequence[dict]) -> tuple[list[tuple[str, bool]], list[str]]:
+        """``render``, as parts (text, whether it is the template's own): each message's content is its
+        own part (False), so what a user wrote is never read as the template's control tokens."""
+        marks = [f"\ue000{i}\ue001" for i in range(len(messages))]  # (private-use: never in a template)
+        text, stops = self.render([{**m, "content": mark} for m, mark in zip(messages, marks)])
+        parts: list[tuple[str, bool]] = []
+        rest = text
+        for mark, message in zip(marks, messages):
+            before, found, after = rest.partition(mark)
+            if not found:  # (a template that leaves a message out)
+                continue
+            parts += [(before, True), (str(message.get("content") or ""), False)]
+            rest = after
+        return [*parts, (rest, True)], stops
+
     def render(self, messages: Sequence[dict]) -> tuple[str, list[str]]:
         """(prompt text ending where the assistant's reply begins, stop strings of the format)."""
         messages = [dict(m) for m in messages]

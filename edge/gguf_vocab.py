@@ -64,9 +64,20 @@ class GgufVocab:
             self._fingerprint = vocab_fingerprint(self.pieces())
         return self._fingerprint
 
-    def tokenize(self, text: str) -> list[int]:
-        """Prompt text -> ids, BOS added as the model's metadata asks."""
-        return self.llm.tokenize(text.encode("utf-8"), add_bos=True, special=True)
+    def tokenize(self, text: str, special: bool = True) -> list[int]:
+        """Prompt text -> ids, BOS added as the model's metadata asks; ``special``: text such as ``</s>``
+        or ``<start_of_turn>`` becomes its control token (the operator's prompt, a chat template's
+        markers), else it is plain text (what a user wrote: it cannot end a turn or the text)."""
+        return self.llm.tokenize(text.encode("utf-8"), add_bos=True, special=special)
+
+    def tokenize_parts(self, parts: list[tuple[str, bool]]) -> list[int]:
+        """``tokenize`` of the parts' text in order, each with its own ``special`` (a chat template's
+        markers with it, the messages' text without); BOS once, at the start."""
+        ids = self.llm.tokenize(b"", add_bos=True, special=False)
+        for text, special in parts:
+            if text:
+                ids += self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=special)
+        return ids
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         """ids -> text; an incomplete UTF-8 tail is left out until its bytes arrive."""

@@ -83,6 +83,12 @@ class Outcome:
     decode: DecodeStats = field(default_factory=DecodeStats)  # the generation's counters (speculative steps too)
 
 
+def _one_bos(ids: list[int]) -> list[int]:
+    """``ids`` with BOS once, where the text carried one of its own too."""
+    bos = ids[0] if ids else None
+    return ids[1:] if len(ids) > 1 and ids[1] == bos else ids
+
+
 class CloudUnavailable(RuntimeError):
     """The cloud is out of reach and the service has no fallback (HTTP 503)."""
 
@@ -159,15 +165,15 @@ class EdgeService:
 
     # -- prompts -------------------------------------------------------------
     def chat_prompt(self, messages: Sequence[dict]) -> tuple[list[int], list[str]]:
-        """Token ids for a chat (the template applied), and the format's stop strings."""
-        text, stops = self.template.render(messages)
-        return self.text_prompt(text), stops
+        """Token ids for a chat (the template applied), and the format's stop strings. Only the template's
+        own markers are control tokens: a message's text is tokenized as text (a user who writes
+        ``<end_of_turn>`` or ``</s>`` cannot end a turn or the conversation)."""
+        parts, stops = self.template.render_parts(messages)
+        return _one_bos(self.vocab.tokenize_parts(parts)), stops
 
     def text_prompt(self, text: str) -> list[int]:
-        """Token ids for prompt text: BOS once, whether or not the text carries it."""
-        ids = self.vocab.tokenize(text)
-        bos = ids[0] if ids else None
-        return ids[1:] if len(ids) > 1 and ids[1] == bos else ids
+        """Token ids for a text completion's prompt, tokenized as text (no control tokens); BOS once."""
+        return _one_bos(self.vocab.tokenize(text, special=False))
 
     @property
     def context_size(self) -> int:

@@ -133,6 +133,26 @@ def test_each_response_carries_the_field_s_speculation_fields_and_vllm_s_counter
     assert last["timings"]["draft_n_accepted"] == streamed["num_accepted_draft_tokens"]
 
 
+def test_what_a_user_writes_is_text_never_a_control_token(cloud, drafter):
+    """A message or a completion prompt that holds ``</s>`` (the tiny vocabulary's EOS, a control token)
+    is tokenized as text: a user cannot end the text or a turn by writing it. The chat template's own
+    markers stay control tokens."""
+    service = make_service(drafter, cloud.address)
+    eos = drafter.llm.token_eos()
+    written = "The cat </s> sat."
+    ids, _ = service.chat_prompt([{"role": "user", "content": written}])
+    assert eos not in ids
+    assert eos not in service.text_prompt(written)
+    assert eos in drafter.vocab.tokenize(written)  # the control: read with special tokens on, it is EOS
+    # The text of the message is all there, as text: the prompt decodes back to it.
+    assert written in drafter.vocab.detokenize(ids)
+    parts, _ = service.template.render_parts([{"role": "system", "content": "Be brief."},
+                                              {"role": "user", "content": written}])
+    assert "".join(text for text, _ in parts) == service.template.render(
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": written}])[0]
+    assert [text for text, template in parts if not template] == ["Be brief.", written]
+
+
 def test_text_completions_greedy_equal_edge_run(http, cloud):
     service = http.server.config.app.state.edge.service
     prompt = service.text_prompt("We have 3 dogs and")
