@@ -115,6 +115,9 @@ def _add_fleet_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--mqtt", type=mqtt_url, default=None, metavar="URL",
                        help="report status and telemetry to this broker and take commands from it (mqtt://HOST[:PORT])")
     group.add_argument("--edge-id", default=None, help="this device's name on MQTT (default: HOSTNAME-PID)")
+    group.add_argument("--fleet-key-file", type=Path, default=None,
+                       help="the fleet's command key: commands signed with it are applied (splitspec fleet send "
+                            "--key-file); without it the edge takes no commands")
     group.add_argument("--telemetry-period", type=positive_float, default=10.0,
                        help="seconds between telemetry messages (default 10)")
     group.add_argument("--telemetry-budget", type=positive_float, default=1000.0, metavar="BITS_PER_S",
@@ -132,8 +135,11 @@ def _start_fleet(args: argparse.Namespace, listen: bool = True, **status):
     from edge.telemetry import EdgeFleet
 
     edge_id = args.edge_id or f"{socket.gethostname()}-{os.getpid()}"
+    from shared.fleet_commands import read_key_file
+
+    key = read_key_file(args.fleet_key_file) if args.fleet_key_file else None
     return EdgeFleet(args.mqtt, edge_id, period_s=args.telemetry_period, budget_bps=args.telemetry_budget,
-                     listen=listen).start(**status)
+                     listen=listen, command_key=key).start(**status)
 
 
 def _add_cloud_args(parser: argparse.ArgumentParser, report_flags: bool = True) -> None:

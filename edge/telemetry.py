@@ -3,9 +3,10 @@
 ``EdgeFleet`` publishes ``edge/{id}/status`` (retained; ``offline`` by will
 or on a clean stop) and, every ``period_s``, ``edge/{id}/telemetry``: what
 the last generations measured (tokens/s, acceptance per position, D, W,
-mode, RTT, bytes), within the client's byte budget. It applies commands from
-``edge/{id}/cmd`` (``{"id": ..., "set": {"max_draft_len": n, "mode": m}}``,
-once per id) and follows each verifier replica's suggested draft length
+mode, RTT, bytes), within the client's byte budget. With the fleet's command key
+it applies commands from ``edge/{id}/cmd`` (``{"id": ..., "set": {"max_draft_len": n,
+"mode": m}, "ts", "sig"}``, signed: ``shared.fleet_commands``; once per id), and
+without one it takes none. It follows each verifier replica's suggested draft length
 (``cloud/{replica}/load``), which caps the edge's own.
 """
 
@@ -17,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 
 from shared.fleet import DEFAULT_BUDGET_BPS, DEFAULT_TELEMETRY_PERIOD_S, PREFIX, FleetClient
+from shared.fleet_commands import verify
 from shared.params import Mode
 
 __all__ = ["EdgeFleet", "GenerationSample"]
@@ -57,11 +59,13 @@ class GenerationSample:
 
 class EdgeFleet:
     def __init__(self, url: str, edge_id: str, *, period_s: float = DEFAULT_TELEMETRY_PERIOD_S,
-                 budget_bps: float = DEFAULT_BUDGET_BPS, listen: bool = True) -> None:
+                 budget_bps: float = DEFAULT_BUDGET_BPS, listen: bool = True, command_key: bytes | None = None) -> None:
         """``listen`` False: report only (a one-shot run has no later request to steer, so it saves
-        the uplink the subscriptions and the retained loads would cost)."""
+        the uplink the subscriptions and the retained loads would cost). ``command_key``: the fleet's
+        key that commands are signed with (None: no commands are taken)."""
+        self.command_key = command_key
         self.client = FleetClient(url, "edge", edge_id, budget_bps=budget_bps,
-                                  on_command=self._command if listen else None)
+                                  on_command=self._command if listen and command_key else None)
         if listen:
             self.client.watch(f"{PREFIX}/cloud/+/load", self._cloud_load)
         self.period_s = period_s
@@ -99,6 +103,7 @@ class EdgeFleet:
 
     # -- MQTT callbacks (the client's thread) ----------------------------------
     def _command(self, command: dict) -> None:
+        verify(command, self.command_key)  # (refused: CommandRefused, logged by the client, not applied)
         settings = command.get("set") or {}
         unknown = set(settings) - {"max_draft_len", "mode"}
         if unknown:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from shared.cli import mqtt_url, port_number, positive_float
 
@@ -32,13 +33,16 @@ def add_fleet_commands(commands) -> None:
     send = commands.add_parser(
         "send", help="send a command to one edge (applied once, between its requests)",
         description="Publishes {\"id\", \"set\": {...}} to splitspec/v1/edge/ID/cmd at QoS 1. An edge applies each "
-        "command id once: max_draft_len caps its draft length, mode sets the mode of sampled requests "
-        "(coupled or rejection).")
+        "command id once, signed with the fleet's key and sent within the last 5 minutes: max_draft_len caps its "
+        "draft length, mode sets the mode of sampled requests (coupled or rejection).")
     send.add_argument("--mqtt", type=mqtt_url, required=True, metavar="URL", help="the broker (mqtt://HOST[:PORT])")
     send.add_argument("--edge", required=True, metavar="ID", help="the edge's id (its --edge-id)")
     send.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                       help="max_draft_len=N or mode=coupled|rejection (repeatable)")
     send.add_argument("--id", default=None, help="the command id (default: random); resending an id is a no-op")
+    send.add_argument("--key-file", type=Path, required=True,
+                      help="the fleet's command key (the edges' --fleet-key-file): the command is signed with it, "
+                           "and an edge applies only commands signed with its key")
     send.set_defaults(func=run_send)
 
 
@@ -68,8 +72,10 @@ def run_watch(args: argparse.Namespace) -> int:
 
 
 def run_send(args: argparse.Namespace) -> int:
+    from shared.fleet_commands import read_key_file
     from sim.fleet.command import parse_settings, send_command
 
     settings = parse_settings(args.set)
-    print(f"sent command {send_command(args.mqtt, args.edge, settings, args.id)} to edge {args.edge}: {settings}")
+    key = read_key_file(args.key_file)
+    print(f"sent command {send_command(args.mqtt, args.edge, settings, key, args.id)} to edge {args.edge}: {settings}")
     return 0

@@ -7,6 +7,7 @@ import json
 import secrets
 
 from shared.fleet import parse_mqtt_url, topic
+from shared.fleet_commands import sign
 
 __all__ = ["send_command", "parse_settings"]
 
@@ -29,14 +30,14 @@ def parse_settings(pairs: list[str]) -> dict:
     return settings
 
 
-def send_command(url: str, edge_id: str, settings: dict, command_id: str | None = None) -> str:
-    """Publish ``{"id", "set"}`` to the edge's command topic (QoS 1: the edge applies each id once);
-    returns the id."""
+def send_command(url: str, edge_id: str, settings: dict, key: bytes, command_id: str | None = None) -> str:
+    """Publish ``{"id", "set"}``, signed with the fleet's command ``key`` (``shared.fleet_commands``), to the
+    edge's command topic (QoS 1: the edge applies each id once); returns the id."""
     import aiomqtt
 
     host, port = parse_mqtt_url(url)
     command_id = command_id or secrets.token_hex(8)
-    payload = json.dumps({"id": command_id, "set": settings}).encode()
+    payload = json.dumps(sign(command_id, settings, key)).encode()
 
     async def publish() -> None:
         async with aiomqtt.Client(host, port, identifier=f"fleet-send-{command_id}") as client:

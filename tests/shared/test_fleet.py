@@ -23,6 +23,7 @@ from edge.schedule import SpecConfig
 from edge.serving import EdgeService, Job, ServeConfig
 from edge.telemetry import EdgeFleet, GenerationSample, telemetry_document
 from shared.fleet import DEFAULT_BUDGET_BPS, DEFAULT_TELEMETRY_PERIOD_S, ByteBudget, FleetClient, parse_mqtt_url
+from shared.fleet_commands import sign
 from shared.params import Mode, SamplingParams
 from sim.experiment.processes import BrokerProcess
 from sim.fleet.watch import watch_once
@@ -106,12 +107,15 @@ def test_kill_9_of_an_edge_publishes_offline_through_its_will(broker, tiny_model
             edge.kill()
 
 
+KEY = b"fleet-test-key-0123456789abcdef"
+
+
 def test_a_command_is_applied_once_even_when_redelivered(broker):
-    fleet = EdgeFleet(broker.url, "cmd-test", period_s=60).start()
+    fleet = EdgeFleet(broker.url, "cmd-test", period_s=60, command_key=KEY).start()
     sender = FleetClient(broker.url, "edge", "operator").start()
     try:
         wait_for(lambda: fleet.client.connected.is_set() and sender.connected.is_set(), what="connections")
-        command = {"id": "c-1", "set": {"max_draft_len": 3, "mode": "rejection"}}
+        command = sign("c-1", {"max_draft_len": 3, "mode": "rejection"}, KEY)
         for _ in range(3):  # QoS 1 is at least once: the same id may come again
             sender.publish_to("splitspec/v1/edge/cmd-test/cmd", command)
         wait_for(lambda: fleet.client.counts.commands_applied, what="the command")
@@ -119,7 +123,7 @@ def test_a_command_is_applied_once_even_when_redelivered(broker):
         assert fleet.client.counts.commands_applied == 1
         assert fleet.max_draft_len == 3 and fleet.mode is Mode.REJECTION
         assert fleet.draft_len_cap("any", 8) == 3
-        sender.publish_to("splitspec/v1/edge/cmd-test/cmd", {"id": "c-2", "set": {"max_draft_len": 0}})
+        sender.publish_to("splitspec/v1/edge/cmd-test/cmd", sign("c-2", {"max_draft_len": 0}, KEY))
         time.sleep(0.5)
         assert fleet.client.counts.commands_applied == 1 and fleet.max_draft_len == 3  # refused, not applied
     finally:
@@ -127,17 +131,52 @@ def test_a_command_is_applied_once_even_when_redelivered(broker):
         fleet.stop()
 
 
-def test_an_operator_command_from_the_cli_reaches_the_edge(broker):
-    fleet = EdgeFleet(broker.url, "steered", period_s=60).start()
+def test_only_commands_signed_with_the_fleet_key_and_fresh_are_applied(broker):
+    """Anyone on the broker can publish; only a holder of the key can steer an edge (and not with a command
+    captured earlier). The control: the same command, signed and fresh, is applied."""
+    fleet = EdgeFleet(broker.url, "guarded", period_s=60, command_key=KEY).start()
+    keyless = EdgeFleet(broker.url, "keyless", period_s=60).start()  # no key: no commands at all
+    sender = FleetClient(broker.url, "edge", "anyone").start()
+    try:
+        clients = (fleet.client, keyless.client, sender)
+        wait_for(lambda: all(client.connected.is_set() for client in clients), what="connections")
+        forged = [{"id": "f-1", "set": {"max_draft_len": 1}},  # unsigned
+                  sign("f-2", {"max_draft_len": 1}, b"another-key-0123456789abcdef"),  # another key
+                  sign("f-3", {"max_draft_len": 1}, KEY, now=time.time() - 3600),  # an hour old
+                  {**sign("f-4", {"max_draft_len": 9}, KEY), "set": {"max_draft_len": 1}}]  # altered after signing
+        for command in forged:
+            sender.publish_to("splitspec/v1/edge/guarded/cmd", command)
+        sender.publish_to("splitspec/v1/edge/keyless/cmd", sign("k-1", {"max_draft_len": 1}, KEY))
+        time.sleep(1.0)
+        assert fleet.client.counts.commands_applied == 0 and fleet.max_draft_len is None
+        assert keyless.client.counts.commands_applied == 0 and keyless.max_draft_len is None
+        sender.publish_to("splitspec/v1/edge/guarded/cmd", sign("ok-1", {"max_draft_len": 2}, KEY))
+        wait_for(lambda: fleet.max_draft_len == 2, what="the signed command")
+    finally:
+        sender.stop()
+        keyless.stop()
+        fleet.stop()
+
+
+def test_an_operator_command_from_the_cli_reaches_the_edge(broker, tmp_path):
+    key_file = tmp_path / "fleet.key"
+    key_file.write_bytes(KEY + b"\n")
+    fleet = EdgeFleet(broker.url, "steered", period_s=60, command_key=KEY).start()
     try:
         wait_for(fleet.client.connected.is_set, what="connection")  # (set once subscribed)
-        sent = subprocess.run([sys.executable, "-m", "sim.cli", "fleet", "send", "--mqtt", broker.url, "--edge",
-                               "steered", "--set", "max_draft_len=5"], capture_output=True, text=True, timeout=60)
+        send = [sys.executable, "-m", "sim.cli", "fleet", "send", "--mqtt", broker.url, "--edge", "steered"]
+        sent = subprocess.run([*send, "--key-file", str(key_file), "--set", "max_draft_len=5"], capture_output=True,
+                              text=True, timeout=60)
         assert sent.returncode == 0 and "sent command" in sent.stdout, sent.stderr
         wait_for(lambda: fleet.max_draft_len == 5, what="the command")
-        bad = subprocess.run([sys.executable, "-m", "sim.cli", "fleet", "send", "--mqtt", broker.url, "--edge",
-                              "steered", "--set", "speed=11"], capture_output=True, text=True, timeout=60)
+        bad = subprocess.run([*send, "--key-file", str(key_file), "--set", "speed=11"], capture_output=True, text=True,
+                             timeout=60)
         assert bad.returncode == 2 and "NAME=VALUE" in bad.stderr and "Traceback" not in bad.stderr
+        short = tmp_path / "short.key"
+        short.write_text("abc")
+        weak = subprocess.run([*send, "--key-file", str(short), "--set", "max_draft_len=4"], capture_output=True,
+                              text=True, timeout=60)
+        assert weak.returncode == 2 and "needs 16 at least" in weak.stderr and "Traceback" not in weak.stderr
     finally:
         fleet.stop()
 
