@@ -209,6 +209,57 @@ def test_bad_requests_get_openai_shaped_400s(http, body, param):
     assert error["type"] == "invalid_request_error" and error["message"] and error["param"] == param, error
 
 
+def _malformed_requests() -> list[tuple[str, bytes, str]]:
+    """(path, body, content type) of requests no client should send: 50 of them."""
+    chat, text = "/v1/chat/completions", "/v1/completions"
+    user = [{"role": "user", "content": "hi"}]
+
+    def c(**fields) -> bytes:  # a chat request with ``fields`` over a short valid one
+        return json.dumps({"model": "tiny", "messages": user, "max_tokens": 2, **fields}).encode()
+
+    def t(**fields) -> bytes:
+        return json.dumps({"model": "tiny", "prompt": "hi", "max_tokens": 2, **fields}).encode()
+
+    raw = [b"", b"null", b"[]", b"123", b'"a string"', b"{", b'{"messages": "hi"}', b"\xff\xfe\x00",
+           b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}',
+           b'{"messages": [{"role": "user", "content": "hi"}], "temperature": 1e999}']
+    bodies = [*raw,
+              c(messages=None), c(messages=[None]), c(messages=[{"role": "user", "content": 5}]),
+              c(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]),
+              c(messages=[{"role": "user", "content": [{"type": "text"}]}]), c(messages=[{"content": "hi"}]),
+              c(messages=[{}] * 50), c(max_tokens=-1), c(max_tokens=0), c(max_tokens=1.5), c(max_tokens=2**70),
+              c(temperature="hot"), c(temperature=-1), c(top_p=2), c(top_p=-0.1), c(top_k=-5), c(top_k="x"),
+              c(seed=-1), c(seed=2**70), c(seed="abc"), c(stop=["a", "b", "c", "d", "e"]), c(stop=5), c(stop=[""]),
+              c(stream="yes"), c(stream=True, stream_options={"include_usage": "maybe"}), c(n=0),
+              c(logit_bias={"1": 5}), c(logprobs=True), c(response_format={"type": "json_object"}), c(model=5),
+              c(frequency_penalty=3), c(functions=[{"name": "f"}])]
+    texts = [t(prompt=None), t(prompt=[1, 2, 3]), t(prompt=[[1, 2]]), t(prompt=["a", "b"]), t(echo=True),
+             t(suffix="x"), t(best_of=2), t(prompt=5)]
+    return ([(chat, body, "application/json") for body in bodies] + [(text, body, "application/json") for body in texts]
+            + [(chat, c(), "text/plain"), (chat, b"messages=hi", "application/x-www-form-urlencoded")])
+
+
+def test_a_table_of_malformed_requests_gets_4xx_and_no_traceback(http, caplog):
+    """No malformed request makes the server answer 5xx or log a traceback; each gets an OpenAI-shaped
+    error (or, where a field is only unusual, an answer)."""
+    import logging
+
+    caplog.set_level(logging.WARNING)
+    table = _malformed_requests()
+    assert len(table) >= 40
+    answered = []
+    for path, body, content_type in table:
+        response = httpx.post(f"{http.base}{path}", content=body,
+                              headers={"Authorization": f"Bearer {KEY}", "Content-Type": content_type}, timeout=60)
+        assert response.status_code < 500, (path, body[:120], response.status_code, response.text[:300])
+        if response.status_code >= 400:
+            assert "error" in response.json(), (body[:120], response.text[:300])
+        answered.append(response.status_code)
+    assert sum(code >= 400 for code in answered) >= 40  # (most are refused; a few unusual ones are served)
+    assert "Traceback" not in caplog.text, caplog.text[-2000:]
+    assert httpx.get(f"{http.base}/health").json()["status"] == "ok"
+
+
 def test_unknown_paths_and_methods_get_openai_shaped_errors(http):
     headers = {"Authorization": f"Bearer {KEY}"}
     missing = httpx.get(f"{http.base}/v1/nothing-here", headers=headers)
