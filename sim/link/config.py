@@ -8,12 +8,13 @@ human units ("50kbit", "100ms"). No I/O, no clock.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 import random
 import re
 
-__all__ = ["DirectionConfig", "LinkConfig", "parse_duration", "parse_rate", "schedule_segment"]
+__all__ = ["BurstStalls", "DirectionConfig", "LinkConfig", "parse_duration", "parse_rate", "schedule_segment"]
 
 # ---------------------------------------------------------------- parsing
 
@@ -109,11 +110,15 @@ class DirectionConfig:
     segment_bytes: int = 1448  # max payload bytes per emulated segment (MSS)
     overhead_bytes: int = 52  # header bytes charged per segment (TCP/IP + timestamps)
     queue_bytes: int = 256 * 1024  # emulator buffer beyond the bandwidth-delay product, bytes
+    # Burst stalls (a handover, a radio fade): bursts of ``stall_s`` begin at exponential intervals of mean
+    # ``stall_every_s`` (seeded); what is due during one arrives as it ends. 0: none.
+    stall_every_s: float = 0.0
+    stall_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.rate_bps < 0:
             raise ValueError(f"rate_bps must be >= 0, got {self.rate_bps}")
-        for name in ("delay_s", "jitter_s", "rto_s"):
+        for name in ("delay_s", "jitter_s", "rto_s", "stall_every_s", "stall_s"):
             v = getattr(self, name)
             if not (math.isfinite(v) and v >= 0):
                 raise ValueError(f"{name} must be finite and >= 0, got {v}")
@@ -128,7 +133,12 @@ class DirectionConfig:
         """Short human summary, e.g. '50kbit/s 50ms±2ms loss 0.0%'."""
         rate = "unlimited" if not self.rate_bps else f"{_human_rate(self.rate_bps)}/s"
         jitter = f"±{self.jitter_s * 1e3:g}ms" if self.jitter_s else ""
-        return f"{rate} {self.delay_s * 1e3:g}ms{jitter} loss {self.loss:.1%}"
+        stalls = f", stalls {self.stall_s * 1e3:g}ms every ~{self.stall_every_s:g}s" if self.stalls else ""
+        return f"{rate} {self.delay_s * 1e3:g}ms{jitter} loss {self.loss:.1%}{stalls}"
+
+    @property
+    def stalls(self) -> bool:
+        return self.stall_every_s > 0 and self.stall_s > 0
 
     @property
     def effective_rate_bps(self) -> float:
@@ -138,7 +148,8 @@ class DirectionConfig:
     def window_bytes(self) -> int:
         """Most bytes one connection may hold in this direction before reading pauses."""
         rate = self.rate_bps or 1_000_000_000  # unlimited: size the window as for 1 Gbit/s
-        in_flight_s = self.delay_s + 3 * self.jitter_s + (self.rto_s if self.loss else 0.0)
+        in_flight_s = (self.delay_s + 3 * self.jitter_s + (self.rto_s if self.loss else 0.0)
+                       + (self.stall_s if self.stalls else 0.0))
         return self.queue_bytes + math.ceil(rate * in_flight_s / 8)
 
 
@@ -161,6 +172,34 @@ class LinkConfig:
 # ---------------------------------------------------------------- timing math
 
 
+class BurstStalls:
+    """One direction's burst stalls (``DirectionConfig.stall_every_s``, ``stall_s``), drawn from ``seed``
+    as time goes on: ``held(t)`` is when something due at ``t`` arrives (the burst's end, inside one)."""
+
+    def __init__(self, cfg: DirectionConfig, seed: int) -> None:
+        self.cfg = cfg
+        self._rng = random.Random(seed)
+        self._bursts: list[tuple[float, float]] = []  # (start, end), in order
+
+    def held(self, t: float) -> float:
+        cfg = self.cfg
+        if not cfg.stalls:
+            return t
+        if not self._bursts:  # the first burst, a draw after the first thing sent
+            start = t + self._rng.expovariate(1 / cfg.stall_every_s)
+            self._bursts.append((start, start + cfg.stall_s))
+        while self._bursts[-1][1] <= t:  # bursts up to ``t``
+            start = self._bursts[-1][1] + self._rng.expovariate(1 / cfg.stall_every_s)
+            self._bursts.append((start, start + cfg.stall_s))
+        i = bisect.bisect_right(self._bursts, (t, math.inf)) - 1
+        return self._bursts[i][1] if i >= 0 and self._bursts[i][0] <= t < self._bursts[i][1] else t
+
+    @property
+    def bursts_so_far(self) -> int:
+        return len(self._bursts)
+
+
+
 def schedule_segment(
     cfg: DirectionConfig,
     n_bytes: int,
@@ -168,12 +207,14 @@ def schedule_segment(
     link_free_at: float,
     prev_delivery: float,
     rng: random.Random,
+    stalls: BurstStalls | None = None,
 ) -> tuple[float, float, bool]:
     """Timing of one segment: returns (link_free_at', deliver_at, lost).
 
     The segment starts serializing at max(now, link_free_at), holds the link
     for (n_bytes + overhead) * 8 / rate, then propagates delay + jitter, plus
-    rto if lost; delivery never precedes `prev_delivery` (no reordering).
+    rto if lost, then waits out a burst stall it would arrive in (``stalls``); delivery never
+    precedes `prev_delivery` (no reordering).
     `rng` is consulted for jitter only when jitter_s > 0 and for loss only
     when loss > 0.
     """
@@ -190,7 +231,10 @@ def schedule_segment(
             jitter = rng.uniform(-cfg.jitter_s, cfg.jitter_s)
     lost = cfg.loss > 0 and rng.random() < cfg.loss
     propagation = max(0.0, cfg.delay_s + jitter) + (cfg.rto_s if lost else 0.0)
-    return free_at, max(prev_delivery, free_at + propagation), lost
+    arrival = free_at + propagation
+    if stalls is not None:
+        arrival = stalls.held(arrival)
+    return free_at, max(prev_delivery, arrival), lost
 
 
 # ---------------------------------------------------------------- I/O

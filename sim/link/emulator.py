@@ -44,7 +44,7 @@ import logging
 import random
 from collections import deque
 
-from sim.link.config import DirectionConfig, LinkConfig, schedule_segment
+from sim.link.config import BurstStalls, DirectionConfig, LinkConfig, schedule_segment
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class _Direction:
                 chunk = data[off:off + seg]
                 free_at, self.last_delivery, lost = schedule_segment(
                     self.cfg, len(chunk), now, emu._free_at[self.name], self.last_delivery,
-                    emu._rng)
+                    emu._rng, emu.stalls[self.name])
                 emu._free_at[self.name] = free_at
                 if lost:
                     emu.segments_lost[self.name] += 1
@@ -246,6 +246,8 @@ class LinkEmulator:
         self.segments_lost = {"up": 0, "down": 0}
         self._rng = random.Random(config.seed)
         self._free_at = {"up": 0.0, "down": 0.0}  # loop time each shared link is next idle
+        # Each direction's burst stalls, shared by its connections (a fade stalls the whole link).
+        self.stalls = {"up": BurstStalls(config.up, config.seed + 1), "down": BurstStalls(config.down, config.seed + 2)}
         self._server: asyncio.Server | None = None
         self._conns: set[_Connection] = set()
         self._cut_timer: asyncio.TimerHandle | None = None

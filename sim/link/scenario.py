@@ -10,6 +10,8 @@ Contract. A scenario file holds `name`, `description`, optional `seed`, an
     jitter_dist = "uniform"   # optional: uniform | normal
     loss = 0.0                # optional, probability per segment
     rto = "200ms"             # optional, stall per lost segment
+    stall_every = "30s"       # optional: burst stalls begin at exponential intervals of this mean
+    stall = "300ms"           # optional: each burst's length (nothing arrives during one)
     segment_bytes = 1448      # optional
     overhead_bytes = 52       # optional
     queue_bytes = 262144      # optional
@@ -43,6 +45,8 @@ _DIRECTION_KEYS = {  # TOML key -> (DirectionConfig field, converter)
     "jitter_dist": ("jitter_dist", str),
     "loss": ("loss", float),
     "rto": ("rto_s", parse_duration),
+    "stall_every": ("stall_every_s", parse_duration),
+    "stall": ("stall_s", parse_duration),
     "segment_bytes": ("segment_bytes", int),
     "overhead_bytes": ("overhead_bytes", int),
     "queue_bytes": ("queue_bytes", int),

@@ -140,8 +140,8 @@ class FittedTimings:
             "prefill": f"{b.prefill_s * 1e3:.0f} ms (Open round trip minus the RTT)",
             "stale blocks": "per run: the rebased drafts a stale block's forward verified and accepted, per forward, "
                             "and how often a chain's first block guessed the tokens decoded for them",
-            "not modelled": "HTTP/2 control frames (WINDOW_UPDATE, PING) and headers, jitter, Python start-up, "
-                            "hedge branches (a hedged run is predicted as if unhedged)",
+            "not modelled": "HTTP/2 control frames (WINDOW_UPDATE, PING) and headers, jitter, burst stalls, "
+                            "Python start-up, hedge branches (a hedged run is predicted as if unhedged)",
         }
 
 

@@ -18,12 +18,12 @@ import pytest
 
 from sim.commands.link import add_link_commands
 from sim.link.check import link_check
-from sim.link.config import DirectionConfig, LinkConfig, parse_duration, parse_rate, schedule_segment
+from sim.link.config import BurstStalls, DirectionConfig, LinkConfig, parse_duration, parse_rate, schedule_segment
 from sim.link.emulator import LinkEmulator
 from sim.link.scenario import list_scenarios, load_scenario
 
 REPO = Path(__file__).resolve().parents[2]
-SHIPPED = {"acespec-50k", "lte", "wan", "satellite"}
+SHIPPED = {"acespec-50k", "lte", "lte-mobile", "wan", "satellite"}
 
 
 def run(coro, timeout_s: float = 30.0):
@@ -453,3 +453,32 @@ def test_scenario_override_keeps_other_fields():
     lte = load_scenario("lte").link
     assert cfg.up.delay_s == cfg.down.delay_s == 0.001
     assert cfg.up == dataclasses.replace(lte.up, delay_s=0.001)
+
+
+def test_burst_stalls_hold_what_arrives_during_one_until_it_ends():
+    cfg = DirectionConfig(delay_s=0.05, stall_every_s=2.0, stall_s=0.3)
+    stalls = BurstStalls(cfg, seed=7)
+    times = [i * 0.01 for i in range(100_000)]  # 1000 s, in order
+    held = [stalls.held(t) for t in times]
+    bursts = stalls._bursts
+    assert 400 <= len(bursts) <= 600  # about one every 2.3 s (2 s apart on average, 0.3 s long)
+    for t, h in zip(times, held):
+        inside = [end for start, end in bursts if start <= t < end]
+        assert h == (inside[0] if inside else t)
+    again = BurstStalls(cfg, seed=7)  # seeded: from the same first time, the same bursts, queried in any order
+    again.held(times[0])
+    assert [again.held(t) for t in reversed(times[:5000])] == list(reversed(held[:5000]))
+    assert BurstStalls(DirectionConfig(), seed=7).held(3.0) == 3.0  # none configured: nothing held
+
+
+def test_a_segment_due_in_a_burst_arrives_as_it_ends():
+    cfg = DirectionConfig(delay_s=0.05, stall_every_s=1.0, stall_s=0.5)
+    stalls = BurstStalls(cfg, seed=1)
+    stalls.held(0.0)
+    start, end = stalls._bursts[0]
+    _, deliver, _ = schedule_segment(cfg, 100, start - 0.05 + 0.1, 0.0, 0.0, random.Random(0), stalls)
+    assert deliver == pytest.approx(end)  # due 0.1 s into the burst: held to its end
+    plain = DirectionConfig(delay_s=0.05)
+    assert schedule_segment(plain, 100, start + 0.05, 0.0, 0.0, random.Random(0))[1] == pytest.approx(start + 0.1)
+    mobile = load_scenario("lte-mobile").link
+    assert mobile.up.stalls and mobile.down.stall_s == pytest.approx(0.25) and "stalls 250ms" in mobile.up.describe()
