@@ -3,7 +3,8 @@
 ``PendingBlock`` is a block waiting for verification; ``check_request`` refuses
 a prompt and token budget the target cannot take; ``check_block`` refuses
 one that breaks the protocol (an epoch ahead, a position outside the session's,
-too many drafts, malformed branches) with ``BlockRejected``; ``shares_forward``
+too many drafts, malformed branches) with ``BlockRejected``; ``usable`` says
+whether a block is verified or answered stale; ``shares_forward``
 says which pending blocks one forward verifies; ``ForgedDraft`` is
 the refusal of rejection-mode drafts not sampled from their q̃. The helpers cut
 a block to the drafts past the committed tokens and key drafts by position.
@@ -20,7 +21,7 @@ from shared.verdict import Verdict
 
 __all__ = ["PendingBlock", "BlockRejected", "ForgedDraft", "MAX_BRANCH_LEN", "check_block", "past", "rebased_verdict",
            "past_correction", "by_position", "check_request",
-           "shares_forward"]
+           "shares_forward", "usable"]
 
 # Tokens a hedge branch may hold: a guessed correction and a short continuation (the edge sends 3);
 # the bound keeps a block's tree within (1 + max_branches) * this many rows past its drafts.
@@ -76,6 +77,14 @@ def check_block(block: PendingBlock, *, epoch: int, first: int, last: int, max_d
         longest = min(max_draft_len, MAX_BRANCH_LEN)
         if any(not 1 <= len(tokens) <= longest for _, tokens in block.branches):
             raise BlockRejected(f"a branch must hold 1 to {longest} tokens")
+
+
+def usable(*, same_epoch: bool, empty: bool, drafts_continue: bool) -> bool:
+    """Whether a pending block is verified, else answered stale: it is of the session's epoch, and it is
+    empty (it asks for the next token wherever that is) or its drafts continue the committed tokens
+    (``shared.wire.committed_skip``). The session decides it on tokens; the verifier simulator on its
+    chains, which stand for epochs."""
+    return same_epoch and (empty or drafts_continue)
 
 
 def past(block: PendingBlock, skip: int) -> PendingBlock:

@@ -51,6 +51,7 @@ from cloud.pending_block import (
     past_correction,
     rebased_verdict,
     shares_forward,
+    usable,
 )
 from cloud.session_policy import SessionPolicy
 from cloud.spare_drafts import MAX_FREE_DRAFTS, SpareDrafts, free_drafts
@@ -332,11 +333,11 @@ class VerifierSession:
         """How many of ``block``'s drafts the committed tokens already hold, when it is usable: of
         this epoch, starting at or before the next position, its drafts up to there equal to the
         committed tokens, with drafts past them (an empty block: any of this epoch). None: stale."""
-        if block.epoch != self.epoch:
+        same_epoch, empty = block.epoch == self.epoch, not block.drafts
+        skip = None if empty or not same_epoch else committed_skip(block.start_position, block.drafts, self.tokens)
+        if not usable(same_epoch=same_epoch, empty=empty, drafts_continue=skip is not None):
             return None
-        if not block.drafts:
-            return 0  # it asks for the next token, wherever the edge thought that was
-        return committed_skip(block.start_position, block.drafts, self.tokens)
+        return 0 if empty else skip  # (empty: it asks for the next token, wherever the edge thought that was)
 
     def _rows_fed(self, drafts: list[int], branches: list[tuple[int, list[int]]]) -> int:
         """The rows ``_distributions`` puts in a forward for these drafts and branches (0: none)."""

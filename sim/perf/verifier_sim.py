@@ -10,9 +10,10 @@ average) where the verifier's own rule says so
 stands for an epoch), else at once, empty. The tokens a verified block commits
 follow ``shared.verdict.token_follows``, the blocks one forward verifies
 ``cloud.pending_block.shares_forward``. A correction makes the chain's later
-blocks stale; a chain's first block is usable unless a token decoded for a
-void block under its guesses was guessed wrong (``token_guessed``); an empty
-one always is (it asks for the next token).
+blocks stale; whether a block is usable is ``cloud.pending_block.usable``, its
+inputs read off the chains: a chain's first block continues the committed
+tokens unless a token decoded for a void block under its guesses was guessed
+wrong (``token_guessed``); an empty one needs only its epoch.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import random
 from collections import deque
 
 from cloud.next_block import NextBlockClock, decodes_stale
-from cloud.pending_block import shares_forward
+from cloud.pending_block import shares_forward, usable
 from shared.verdict import token_follows
 from sim.perf.block_costs import BlockCosts, SimBlock
 
@@ -64,14 +65,17 @@ class VerifierSim:
         return 1 + whole + (self.rng.random() < self.costs.rebased_per_stale_decode - whole)
 
     def _usable(self, block: SimBlock) -> bool:
-        if block.chain == self.chain:
-            return self.alive
-        # A chain's first block is usable unless a token decoded for a void block before the edge read
-        # its verdict moved the committed end from under it with a guess of it that was wrong. An empty
-        # block asks for the next token wherever that is (``cloud.session``: a token decoded for a
-        # stale block is a bonus, not a correction, so the epoch it was sent at still holds).
-        return block.opens_chain and block.chain > self.chain and (block.empty or not any(
-            decode.mismatch and decode.verdict_at > block.sent_at for decode in self.stale_decodes))
+        """``cloud.pending_block.usable``, its inputs read off the model's chains (a chain stands for an
+        epoch). A block of the live chain is of the epoch while no correction ended it, and continues it.
+        A chain's first block opens the next epoch; its drafts continue the committed tokens unless a token
+        decoded for a void block before the edge read its verdict moved the committed end from under it
+        with a guess of it that was wrong (a token decoded for a stale block is a bonus, not a correction,
+        so the epoch it was sent at still holds)."""
+        current = block.chain == self.chain
+        same_epoch = self.alive if current else block.opens_chain and block.chain > self.chain
+        drafts_continue = current or not any(
+            decode.mismatch and decode.verdict_at > block.sent_at for decode in self.stale_decodes)
+        return usable(same_epoch=same_epoch, empty=block.empty, drafts_continue=drafts_continue)
 
     def step(self) -> None:
         """Answer the front of the pending blocks (one forward, or an empty stale verdict)."""

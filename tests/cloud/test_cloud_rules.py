@@ -14,7 +14,7 @@ from helpers import GREEDY, new_session
 
 from cloud.draft_limit import DraftLimit
 from cloud.next_block import NextBlockClock, decodes_stale
-from cloud.pending_block import shares_forward
+from cloud.pending_block import shares_forward, usable
 from cloud.session import PendingBlock
 from cloud.spare_drafts import MAX_FREE_DRAFTS, SpareDrafts, free_drafts
 from cloud.step_result import StepResult
@@ -186,3 +186,14 @@ class _Scripted(random.Random):
 def _answer_all(sim: VerifierSim) -> None:
     while sim.pending:
         sim.step()
+
+
+@pytest.mark.parametrize(("same_epoch", "empty", "drafts_continue", "want"), [
+    (True, False, True, True),  # drafts that continue the committed tokens, this epoch: verified
+    (True, False, False, False),  # drafts past a token they did not guess: stale
+    (True, True, False, True),  # empty: it asks for the next token wherever that is
+    (False, True, True, False),  # an older epoch: stale, empty or not
+    (False, False, True, False),
+])
+def test_which_blocks_are_usable(same_epoch, empty, drafts_continue, want):
+    assert usable(same_epoch=same_epoch, empty=empty, drafts_continue=drafts_continue) is want
