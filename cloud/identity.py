@@ -131,11 +131,6 @@ class Identities:
     def __init__(self, credentials: Credentials | None = None) -> None:
         self.credentials = credentials
 
-    @property
-    def verified(self) -> bool:
-        """Whether identities are clients that proved a token (else peer addresses)."""
-        return self.credentials is not None
-
     def of(self, context) -> str:
         """``client:<id>`` for a stream that presented a client's token (the only kind the interceptor lets
         through where there are credentials), else ``peer:<host>``."""

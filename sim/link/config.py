@@ -195,8 +195,9 @@ class BurstStalls:
         return self._bursts[i][1] if i >= 0 and self._bursts[i][0] <= t < self._bursts[i][1] else t
 
     @property
-    def bursts_so_far(self) -> int:
-        return len(self._bursts)
+    def bursts(self) -> tuple[tuple[float, float], ...]:
+        """The bursts drawn so far, as (start, end), in order."""
+        return tuple(self._bursts)
 
 
 

@@ -460,7 +460,7 @@ def test_burst_stalls_hold_what_arrives_during_one_until_it_ends():
     stalls = BurstStalls(cfg, seed=7)
     times = [i * 0.01 for i in range(100_000)]  # 1000 s, in order
     held = [stalls.held(t) for t in times]
-    bursts = stalls._bursts
+    bursts = stalls.bursts
     assert 400 <= len(bursts) <= 600  # about one every 2.3 s (2 s apart on average, 0.3 s long)
     for t, h in zip(times, held):
         inside = [end for start, end in bursts if start <= t < end]
@@ -475,7 +475,7 @@ def test_a_segment_due_in_a_burst_arrives_as_it_ends():
     cfg = DirectionConfig(delay_s=0.05, stall_every_s=1.0, stall_s=0.5)
     stalls = BurstStalls(cfg, seed=1)
     stalls.held(0.0)
-    start, end = stalls._bursts[0]
+    start, end = stalls.bursts[0]
     _, deliver, _ = schedule_segment(cfg, 100, start - 0.05 + 0.1, 0.0, 0.0, random.Random(0), stalls)
     assert deliver == pytest.approx(end)  # due 0.1 s into the burst: held to its end
     plain = DirectionConfig(delay_s=0.05)
