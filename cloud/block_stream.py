@@ -79,16 +79,23 @@ async def read_frame(context, timeout: float):
     return parsed(frame)  # bytes that are not an EdgeFrame (``ParseRequests``)
 
 
+def _idle() -> Abort:
+    """The end of a stream whose session committed nothing for too long: parked (its slot can go to another client)."""
+    return Abort(
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        "no block that commits a token for too long; the session is parked (resume it with its ticket)",
+        park=True,
+    )
+
+
 async def _next_frame(frames: asyncio.Queue, timeout_s: float):
-    """The next item of ``frames``; an idle stream is parked (its slot can go to another client)."""
+    """The next item of ``frames``; ``_idle`` after ``timeout_s``."""
+    if timeout_s <= 0:
+        raise _idle()
     try:
-        return await asyncio.wait_for(frames.get(), max(timeout_s, 0.0))
+        return await asyncio.wait_for(frames.get(), timeout_s)
     except TimeoutError as exc:
-        raise Abort(
-            grpc.StatusCode.DEADLINE_EXCEEDED,
-            "no block to verify for too long; the session is parked (resume it with its ticket)",
-            park=True,
-        ) from exc
+        raise _idle() from exc
 
 
 class BlockStream(ServicePart):
@@ -222,9 +229,14 @@ class BlockStream(ServicePart):
             if isinstance(exc, ForgedDraft):
                 self.metrics.forged_drafts.labels(check=exc.check).inc()
             raise Abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
+        if step is None and entry.preempted:
+            raise Abort(grpc.StatusCode.ABORTED,
+                        f"the session gave its slot to a new one: the verifier is full and it committed fewer than "
+                        f"{self.table.min_tokens} tokens in {self.table.window_s:.0f}s; reopen with the committed "
+                        "tokens as the prompt")
         if step is None:
             raise Abort(grpc.StatusCode.ABORTED, "the session was resumed on another stream", park=True)
-        self.table.touch(entry)
+        self.table.touch(entry, sum(v.committed_count for v in step.verdicts))
         return self._observe(session, step, waiting[:len(step.verdicts)], forwards_before, forward_before)
 
     def _observe(self, session: VerifierSession, step: StepResult, blocks: list[PendingBlock],
@@ -277,13 +289,17 @@ class BlockStream(ServicePart):
         (``VerifierSession.verify_chain``), or one stale block.
 
         Stops when the edge closes or hangs up (``ending`` gets ``CLOSE`` or
-        ``EOF``); refuses more than ``max_blocks_in_flight`` blocks waiting.
+        ``EOF``); refuses more than ``max_blocks_in_flight`` blocks waiting;
+        parks a session none of whose verdicts committed a token for
+        ``idle_timeout_s``, whatever the stream sends (stale blocks keep no slot).
         """
         pending: list[PendingBlock] = []
         idle_s = self.limits.idle_timeout_s
-        progress = time.monotonic()  # the last verdict (or the open)
+        progress = time.monotonic()  # the last verdict that committed a token (or the open): stale ones do not count
         next_block = NextBlockClock()  # no stale decode that would still run when the edge's next block is due
         while not ending:
+            if time.monotonic() - progress > idle_s:  # (however fast blocks that commit nothing come)
+                raise _idle()
             items = [] if pending else [await _next_frame(frames, idle_s - (time.monotonic() - progress))]
             while not frames.empty():
                 items.append(frames.get_nowait())
@@ -308,7 +324,8 @@ class BlockStream(ServicePart):
                 answered = await self._verify_pending(entry, pending, stream, next_block.deadline())
                 for answer in answered:
                     yield answer
-                    progress = time.monotonic()
+                    if answer.verdict.committed_count:
+                        progress = time.monotonic()
                 if entry.session.epoch != epoch:
                     next_block.corrected(time.perf_counter(), entry.session.epoch)
 

@@ -105,8 +105,13 @@ def add_cloud_commands(commands) -> None:
                        help="sessions one client (bearer token, else peer address) may hold, parked ones included "
                        f"(default {limits.max_sessions_per_client})")
     serve.add_argument("--idle-timeout", type=positive_float, default=limits.idle_timeout_s,
-                       help="seconds a stream may go without a block to verify before its session is parked "
-                       f"(default {limits.idle_timeout_s:g}); a full table evicts parked sessions first")
+                       help="seconds a stream may go without a verdict that commits a token (stale blocks do not "
+                       f"count) before its session is parked (default {limits.idle_timeout_s:g}); a full table "
+                       "evicts parked sessions first")
+    serve.add_argument("--min-tokens-to-keep-slot", type=int, default=limits.min_tokens_to_keep_slot,
+                       help="when the table is full, an attached session that committed fewer tokens than this in "
+                       "the last --idle-timeout seconds (a keep-alive block now and then) gives its slot to the new "
+                       f"session and ends ABORTED; its edge reopens (default {limits.min_tokens_to_keep_slot}; 0: never)")
     serve.add_argument("--max-streams-per-client", type=positive_int, default=limits.max_streams_per_client,
                        help="Decode and Generate streams one client may have open, before its Open too (refused "
                        f"past it with RESOURCE_EXHAUSTED; default {limits.max_streams_per_client})")
@@ -192,6 +197,7 @@ def run_serve(args: argparse.Namespace) -> int:
             session_ttl_s=args.session_ttl,
             max_sessions_per_client=args.max_sessions_per_client,
             idle_timeout_s=args.idle_timeout,
+            min_tokens_to_keep_slot=args.min_tokens_to_keep_slot,
             write_timeout_s=args.write_timeout,
             max_streams_per_client=args.max_streams_per_client,
             max_new_tokens=args.max_new_tokens,

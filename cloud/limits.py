@@ -20,7 +20,10 @@ class ServiceLimits:
     max_sessions_per_client: int = 16  # per identity (cloud.identity); parked ones included
     max_streams_per_client: int = 32  # Decode and Generate calls one identity may have open, before its Open too
     write_timeout_s: float = 10.0  # a verdict or token not taken by the edge this long: its stream is parked (ended: Generate)
-    idle_timeout_s: float = 5.0  # an attached stream with no block to verify this long is parked
+    idle_timeout_s: float = 5.0  # an attached stream with no verdict that commits a token this long is parked
+    # When the table is full, an attached session that committed fewer tokens than this in the last idle_timeout_s
+    # (a keep-alive block now and then) gives its slot to the new one (cloud.session_table; 0: never).
+    min_tokens_to_keep_slot: int = 4
     max_draft_len: int = 32  # drafts per block
     max_blocks_in_flight: int = 16  # blocks a session may have sent and not had answered
     session_ttl_s: float = 120.0  # how long a broken session stays resumable; also the idle limit
@@ -59,4 +62,4 @@ class ServiceLimits:
                 raise ValueError(f"{f.name} must be {'>= 0' if f.name in _MAY_BE_ZERO else '> 0'}, got {value}")
 
 
-_MAY_BE_ZERO = {"max_branches", "capped_draft_len"}
+_MAY_BE_ZERO = {"max_branches", "capped_draft_len", "min_tokens_to_keep_slot"}

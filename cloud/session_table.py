@@ -8,8 +8,13 @@ bumps the entry's ``stream`` number, and a stream acts on its session only
 while the number is still its own.
 The table never holds more than ``max_sessions`` entries. When it is full, a
 new session evicts the longest-parked one (a parked session is only a
-convenience: its edge can reopen with its committed tokens); only attached
-sessions can make the table refuse. No owner (a verified identity,
+convenience: its edge can reopen with its committed tokens); failing that, it
+*preempts* an attached session that holds its slot without using it: attached
+for at least ``window_s`` and fewer than ``min_tokens`` tokens committed in the
+last ``window_s`` (a stream that sends a keep-alive block now and then). A
+preempted session is dropped and its stream ends at its next step; its edge
+reopens with its committed tokens. Only sessions in use can make the table
+refuse. No owner (a verified identity,
 ``cloud.identity``) holds more than ``max_per_owner`` entries, attached or
 parked. Each session reserves its worst-case KV cache (prompt plus new
 tokens) against ``max_tokens``; a reservation that does not fit evicts parked
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -44,6 +50,15 @@ class SessionEntry:
     stream: int = 0  # bumped on every attach: the stream that holds the current number drives the session
     tokens: int = 0  # KV cache positions reserved (prompt + max new tokens)
     last_active: float = field(default_factory=time.monotonic)
+    attached_at: float = field(default_factory=time.monotonic)  # when its current stream took it
+    commits: deque = field(default_factory=deque)  # (time, tokens) of its recent verdicts that committed any
+    preempted: bool = False  # dropped to make room while attached: its stream ends at its next step
+
+    def committed_since(self, since: float) -> int:
+        """Tokens its verdicts committed from ``since`` on (those before are forgotten)."""
+        while self.commits and self.commits[0][0] < since:
+            self.commits.popleft()
+        return sum(tokens for _, tokens in self.commits)
 
 
 class SessionTable:
@@ -54,14 +69,19 @@ class SessionTable:
         clock: Callable[[], float] = time.monotonic,
         max_per_owner: int | None = None,
         max_tokens: int | None = None,
+        keep_slot: tuple[float, int] = (5.0, 4),
     ) -> None:
+        """``keep_slot``: (``window_s``, ``min_tokens``), what an attached session must commit to
+        keep its slot when the table is full (``min_tokens`` 0: never preempt)."""
         self.max_sessions = max_sessions
+        self.window_s, self.min_tokens = keep_slot
         self.max_per_owner = max_per_owner or max_sessions
         self.max_tokens = max_tokens  # KV positions all sessions may reserve (None: no budget)
         self.ttl_s = ttl_s
         self._clock = clock
         self._by_ticket: dict[bytes, SessionEntry] = {}
         self.evicted = 0  # parked sessions dropped to make room
+        self.preempted = 0  # attached sessions that held a slot unused, dropped to make room
 
     def __len__(self) -> int:
         return len(self._by_ticket)
@@ -81,17 +101,17 @@ class SessionTable:
     def reserve(self, owner: str = "", tokens: int = 0) -> None:
         """Make room for a session of ``owner`` reserving ``tokens`` KV positions, or raise ``TableFull``.
 
-        Reaps expired sessions, then evicts the owner's own longest-parked
-        session when the owner is at its share, and anyone's longest-parked
-        one when the table or the token budget is full.
+        Reaps expired sessions, then makes room (``_make_room``) among the
+        owner's own sessions when the owner is at its share, and among anyone's
+        when the table or the token budget is full.
         """
         self.reap()
         mine = [e for e in self._by_ticket.values() if e.owner == owner]
-        if len(mine) >= self.max_per_owner and not self._evict_parked(mine):
+        if len(mine) >= self.max_per_owner and not self._make_room(mine):
             raise TableFull(
                 f"this client already drives {len(mine)} sessions, the limit per client; finish or close one first"
             )
-        if len(self._by_ticket) >= self.max_sessions and not self._evict_parked(list(self._by_ticket.values())):
+        if len(self._by_ticket) >= self.max_sessions and not self._make_room(list(self._by_ticket.values())):
             raise TableFull(f"the verifier is at its limit of {self.max_sessions} sessions; retry later")
         self._fit_tokens(tokens)
 
@@ -101,7 +121,7 @@ class SessionTable:
         entry.tokens = tokens
 
     def _fit_tokens(self, tokens: int, keep: SessionEntry | None = None) -> None:
-        """Room for a reservation of ``tokens`` beside every session but ``keep`` (evicting parked ones)."""
+        """Room for a reservation of ``tokens`` beside every session but ``keep`` (``_make_room``)."""
         if self.max_tokens is None:
             return
         if tokens > self.max_tokens:
@@ -112,7 +132,7 @@ class SessionTable:
             return [e for e in self._by_ticket.values() if e is not keep]
 
         while sum(e.tokens for e in others()) + tokens > self.max_tokens:
-            if not self._evict_parked(others()):
+            if not self._make_room(others()):
                 raise TableFull(f"the verifier's KV cache budget is full ({self.reserved_tokens} of "
                                 f"{self.max_tokens} positions reserved); retry later or ask for fewer new tokens")
 
@@ -124,7 +144,7 @@ class SessionTable:
             session_id=session_id_of(ticket), ticket=ticket, session=session, owner=owner,
             tokens=tokens,
         )
-        entry.last_active = self._clock()
+        entry.last_active = entry.attached_at = self._clock()
         self._by_ticket[entry.ticket] = entry
         return entry
 
@@ -140,11 +160,14 @@ class SessionTable:
             return None
         entry.attached = True
         entry.stream += 1
-        entry.last_active = self._clock()
+        entry.last_active = entry.attached_at = self._clock()
         return entry
 
-    def touch(self, entry: SessionEntry) -> None:
+    def touch(self, entry: SessionEntry, committed: int = 0) -> None:
+        """``entry`` took a step that committed ``committed`` tokens."""
         entry.last_active = self._clock()
+        if committed:
+            entry.commits.append((entry.last_active, committed))
 
     def detach(self, entry: SessionEntry) -> None:
         """The stream ended without finishing: park the session for ``ttl_s``."""
@@ -162,10 +185,23 @@ class SessionTable:
             del self._by_ticket[ticket]
         return len(expired)
 
-    def _evict_parked(self, entries: list[SessionEntry]) -> bool:
+    def _make_room(self, entries: list[SessionEntry]) -> bool:
+        """Drop one of ``entries``: the longest-parked, else the attached one that commits least while
+        under ``min_tokens`` a window; False when every one is in use."""
         parked = [e for e in entries if not e.attached]
-        if not parked:
+        if parked:
+            self.remove(min(parked, key=lambda e: e.last_active))
+            self.evicted += 1
+            return True
+        now = self._clock()
+        idle = {id(e): e.committed_since(now - self.window_s) for e in entries
+                if self.min_tokens and now - e.attached_at >= self.window_s}
+        idle = {key: tokens for key, tokens in idle.items() if tokens < self.min_tokens}
+        if not idle:
             return False
-        self.remove(min(parked, key=lambda e: e.last_active))
-        self.evicted += 1
+        victim = min((e for e in entries if id(e) in idle), key=lambda e: (idle[id(e)], e.last_active))
+        self.remove(victim)
+        victim.preempted = True
+        victim.stream += 1  # its stream verifies nothing more (``BlockStream``)
+        self.preempted += 1
         return True
