@@ -21,6 +21,7 @@ It verifies no block and writes nothing to the stream (``cloud.block_stream``,
 from __future__ import annotations
 
 import logging
+import secrets
 from typing import NamedTuple
 
 import grpc
@@ -158,7 +159,8 @@ class Handshake(ServicePart):
                     policy=SessionPolicy(
                         max_branches=self.max_branches, decode_stale=self.limits.decode_stale and not capped,
                         rebase_stale=self.limits.rebase_stale and takes_rebased, propose=takes_proposals,
-                        audit_drafts=self.limits.audit_drafts, max_rows=self.limits.max_batch_rows),
+                        audit_drafts=self.limits.audit_drafts, max_rows=self.limits.max_batch_rows,
+                        coin_key=secrets.randbits(63) or 1),
                     prefill=False,
                 )
                 yield from session.prefill_steps()

@@ -377,7 +377,7 @@ class VerifierSession:
         would have decoded.
         """
         drafts = block.drafts
-        result = verify_block(self.params, drafts, logits, block.start_position, block.q)
+        result = verify_block(self.params, drafts, logits, block.start_position, block.q, self.policy.coin_key)
         if surprise is not None:  # the drafts verification examined, before anything is committed
             try:
                 self.audit.add_surprise(block, surprise[: result.accepted + (not result.bonus)])

@@ -24,3 +24,6 @@ class SessionPolicy:
     # Rows one verify forward may feed (the service's --max-batch-rows; 0: no bound): a chain longer than
     # this is verified across forwards, the blocks past the bound waiting as if they had not arrived yet.
     max_rows: int = 0
+    # Rejection mode: the secret its ACCEPT and RESIDUAL coins are keyed on (shared.verify.coin_seed), drawn by the
+    # service for every session and never sent; 0 (in-process sessions): the seed alone, coins the edge can compute.
+    coin_key: int = 0

@@ -16,7 +16,7 @@ import torch
 from shared import noise as ref
 from shared.params import Mode, SamplingParams
 from shared.sparse import SparseDist
-from shared.verify import VerifyResult
+from shared.verify import VerifyResult, coin_seed
 
 __all__ = ["hash_counters", "uniform", "exponential", "process_logits", "race", "verify_block"]
 
@@ -114,9 +114,11 @@ def verify_block(
     logits: torch.Tensor,
     start_position: int,
     q: Sequence[SparseDist] | None = None,
+    coin_key: int = 0,
 ) -> VerifyResult:
     """Verify ``drafts`` [D] against the target's logits [D+1, V] for positions
     ``start_position ..``; dispatches on the mode (temperature 0 is greedy in every mode).
+    ``coin_key``: rejection mode's secret (``shared.verify.coin_seed``).
     """
     n = len(drafts)
     if logits.shape[0] != n + 1:
@@ -132,7 +134,8 @@ def verify_block(
     if params.mode is Mode.REJECTION:
         if n and (q is None or len(q) != n):
             raise ValueError("rejection mode needs one q̃ per draft")
-        accept_u = uniform(seed, torch.arange(start_position, start_position + n), 0, ref.Purpose.ACCEPT).tolist()
+        coins = coin_seed(seed, coin_key)
+        accept_u = uniform(coins, torch.arange(start_position, start_position + n), 0, ref.Purpose.ACCEPT).tolist()
         for i, x in enumerate(drafts):
             q_x = q[i].prob(int(x))
             if q_x <= 0:
@@ -145,7 +148,7 @@ def verify_block(
                 q[i].weights / float(1 << q[i].prob_bits), dtype=torch.float64, device=p.device
             )
             residual = torch.clamp(p[i] - q_dense[ids[i]], min=0.0)  # zero outside p's candidates anyway
-            return VerifyResult(i, race(residual, seed, start_position + i, ref.Purpose.RESIDUAL, ids[i]), bonus=False)
+            return VerifyResult(i, race(residual, coins, start_position + i, ref.Purpose.RESIDUAL, ids[i]), bonus=False)
     else:
         for i, x in enumerate(drafts):
             y = race(p[i], seed, start_position + i, ref.Purpose.SAMPLE, ids[i])

@@ -76,14 +76,25 @@ def verify_coupled(drafts: Sequence[int], p: np.ndarray, seed: int, start_positi
     return VerifyResult(len(drafts), sample_target(p[-1], seed, start_position + len(drafts)), bonus=True)
 
 
+def coin_seed(seed: int, coin_key: int) -> int:
+    """The seed of rejection mode's ACCEPT and RESIDUAL coins: the session's ``seed`` keyed on the
+    cloud's secret ``coin_key`` (0: no key, the seed alone). An edge that knows its coins can steer a
+    rejection and its residual sample; one that does not can only shape q̃ (``cloud.limits``:
+    ``max_draft_top_k`` bounds what that buys)."""
+    return seed ^ coin_key if coin_key else seed
+
+
 def verify_rejection(
-    drafts: Sequence[int], q: Sequence[SparseDist], p: np.ndarray, seed: int, start_position: int
+    drafts: Sequence[int], q: Sequence[SparseDist], p: np.ndarray, seed: int, start_position: int,
+    coin_key: int = 0,
 ) -> VerifyResult:
     """Speculative sampling against q̃: accept x with prob min(1, p(x)/q̃(x)).
 
     On rejection, sample from norm(max(0, p - q̃)) (RESIDUAL noise); after a
-    fully accepted block, sample the bonus from p (SAMPLE noise).
+    fully accepted block, sample the bonus from p (SAMPLE noise). ACCEPT and
+    RESIDUAL noise is keyed on ``coin_key`` (``coin_seed``).
     """
+    coins = coin_seed(seed, coin_key)
     drafts, p = np.asarray(drafts, dtype=np.int64), np.asarray(p, dtype=np.float64)
     _check_block(drafts, p)
     if len(q) != len(drafts):
@@ -93,9 +104,9 @@ def verify_rejection(
         q_x = q[i].prob(int(x))
         if q_x <= 0:
             raise ValueError(f"draft {int(x)} at position {position} is outside its q̃ support")
-        u = float(uniform(seed, position, 0, Purpose.ACCEPT))
+        u = float(uniform(coins, position, 0, Purpose.ACCEPT))
         if u * q_x < p[i, x]:
             continue
         residual = np.maximum(p[i] - q[i].dense(p.shape[-1]), 0.0)
-        return VerifyResult(i, race(residual, seed, position, Purpose.RESIDUAL), bonus=False)
+        return VerifyResult(i, race(residual, coins, position, Purpose.RESIDUAL), bonus=False)
     return VerifyResult(len(drafts), sample_target(p[-1], seed, start_position + len(drafts)), bonus=True)

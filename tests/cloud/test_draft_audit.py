@@ -10,6 +10,7 @@ control: with the audit off the same forgery goes through.
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 import random
 import threading
@@ -279,6 +280,43 @@ def test_honest_rejection_decoding_is_never_ended(server, tiny_models, tiny_voca
     finally:
         drafter.close()
     assert (_forged(server, "improbable"), _forged(server, "unsampled")) == before
+
+
+def test_the_service_keys_every_sessions_coins_on_a_secret_of_its_own(server, frames):
+    """Rejection mode's ACCEPT and RESIDUAL coins are keyed on a secret the service draws per session and
+    never sends (``SessionPolicy.coin_key``; what it stops: tests/shared/test_rejection_steering.py)."""
+    table = server.server.servicer.table
+    stop = threading.Event()
+    opened = threading.Barrier(3)
+
+    def hold_open():
+        with grpc.insecure_channel(server.address) as channel:
+            stub = channel.stream_stream("/splitspec.v1.Verifier/Decode",
+                                         request_serializer=pb.EdgeFrame.SerializeToString,
+                                         response_deserializer=pb.CloudFrame.FromString)
+            requests = iter([frames.valid_open(sampling=sampling_to_proto(REJECTION))])
+            replies = stub(itertools.chain(requests, _after(stop)), timeout=20)
+            assert next(replies).WhichOneof("kind") == "opened"
+            opened.wait(10)
+            stop.wait(10)
+
+    holders = [threading.Thread(target=hold_open) for _ in range(2)]
+    for holder in holders:
+        holder.start()
+    try:
+        opened.wait(10)
+        keys = [entry.session.policy.coin_key for entry in table.entries() if entry.attached]
+    finally:
+        stop.set()
+        for holder in holders:
+            holder.join(20)
+    assert len(keys) == 2 and all(keys) and keys[0] != keys[1], keys
+    assert "coin_key" not in pb.Opened.DESCRIPTOR.fields_by_name
+
+
+def _after(event: threading.Event):
+    event.wait(10)
+    yield pb.EdgeFrame(close=pb.Close())
 
 
 # ---------------------------------------------------------------- which modes, to whom
