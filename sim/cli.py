@@ -26,6 +26,8 @@ _GROUPS = [
     ("models", "sim.commands.models", "add_models_commands", "make models for tests and trials"),
     ("bench", "sim.commands.bench", "add_bench_commands", "benchmarks that print numbers"),
     ("fleet", "sim.commands.fleet", "add_fleet_commands", "MQTT fleet tools: an embedded broker, a live view"),
+    ("results", "sim.commands.results", "add_results_commands",
+     "the result record: docs/results/baseline.md and the README's figures, generated from the result files"),
 ]
 
 

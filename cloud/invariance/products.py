@@ -5,7 +5,7 @@ A reproducible row must get the same bits whatever else its forward holds, so
 canonical shapes pad every product to a row tile at which the kernels are
 row-invariant (``cloud.slot_attention``). ``F.linear`` goes to MKL's SGEMM,
 whose kernels change with the row count: on the 2-core Xeon (MKL 2024.2,
-oneDNN 3.12; ``docs/results/products-2026-12-02.json``) it is row-invariant
+oneDNN 3.12; ``docs/results/2026-12-02-products/``) it is row-invariant
 only from 16 rows on one thread, at no tile on two. oneDNN's inner product on
 a weight packed once is row-invariant from 2 rows on one and two threads, and
 cheaper from 4 rows on. Gemma's 262144 x 640 head, one thread: one row 46 ms
