@@ -20,7 +20,10 @@ Link arithmetic follows the emulator (`sim.link.emulator`): a message of n paylo
 bytes occupies ceil(n / segment) segments, each charged `overhead_bytes` of
 TCP/IP headers; TCP ACKs are not charged (the emulator relays bytes, it does
 not carry the acks); a lost segment costs an `rto_s` stall. Jitter is taken
-as zero-mean and ignored. For cloud-only streaming a stall delays delivery but
+as zero-mean and ignored. Burst stalls (a scenario's `stall_every`/`stall`: a
+handover, a fade) are not modelled: a stall of s seconds every T on average
+costs a stream up to about s / T of its time, which a prediction for such a
+scenario leaves out (`sim.perf.fit` lists both as not modelled). For cloud-only streaming a stall delays delivery but
 not the forwards behind it, so loss moves TTFT, not throughput. Messages are
 assumed not to coalesce into shared segments (conservative on slow links).
 

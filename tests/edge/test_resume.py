@@ -28,7 +28,7 @@ from shared.verdict import StopReason
 from shared.wire import sampling_to_proto
 from sim.experiment.processes import BackgroundLink
 from sim.inprocess import LocalVerifier, generate
-from sim.link.config import LinkConfig
+from sim.link.config import DirectionConfig, LinkConfig
 
 TEXT = "The cat sat on the mat."
 MODES = [SamplingParams(mode=Mode.GREEDY), SamplingParams(mode=Mode.COUPLED, temperature=0.9, seed=3)]
@@ -178,6 +178,19 @@ def test_cuts_at_random_bytes_leave_the_output_unchanged(tiny_engine, tiny_vocab
     while left_over() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not left_over(), "sessions the edge drove still held 5 s after the last generation"
+
+
+@pytest.mark.parametrize("params", MODES, ids=lambda p: p.mode.value)
+def test_jitter_and_burst_stalls_leave_the_output_the_targets(tiny_engine, tiny_vocab, drafter, server, params):
+    """Over a link with jitter both ways and seeded burst stalls (what ``lte-mobile`` has, shorter and more
+    often), a pipelined, hedge-free split decode is token-identical to target-only decoding."""
+    prompt = tiny_prompt(tiny_engine, TEXT)
+    want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=40, spec=SpecConfig(0))
+    way = DirectionConfig(delay_s=0.01, jitter_s=0.008, jitter_dist="normal", stall_every_s=0.3, stall_s=0.05)
+    with BackgroundLink(LinkConfig(up=way, down=way, seed=11), server.port) as link:
+        got, _ = decode_over(link, drafter, tiny_vocab, prompt, params, spec=SpecConfig(4, window=3))
+        assert all(len(stalls.bursts) >= 2 for stalls in link.emulator.stalls.values())  # the run outlasted a stall
+    assert got.tokens == want.tokens
 
 
 def test_a_restarted_verifier_gets_the_session_reopened_with_identical_output(tiny_engine, tiny_vocab, drafter):
