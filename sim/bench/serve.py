@@ -14,6 +14,9 @@ Three measurements in one run, on the same cloud cores, link and drafter:
 - the HTTP layer: one prompt streamed through the OpenAI server (uvicorn,
   server-sent events) against the same generation called directly:
   tokens/s and time to first token;
+- load: ``edge serve`` under 1, 2, 4 and 8 concurrent two-turn conversations
+  (``sim.bench.serve_load``; ``concurrency``): tokens/s together, time to
+  first token and latency, median and worst;
 - the yardstick: that prompt decoded cloud-only (``Generate``) through the
   same link, by a cloud in free shapes (the fastest cloud-only, a second
   process on the same cores and threads) and by the split's own cloud in
@@ -34,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared.params import DEFAULT_SCHEDULE
+from sim.bench.serve_load import LEVELS, format_load, load_levels, openai_server
 
 __all__ = ["ServeBench", "run_serve_bench", "format_serve_report", "QUESTIONS"]
 
@@ -67,6 +71,7 @@ class ServeBench:
     drafter: str | None = None
     lookup: bool = True  # the drafter behind prompt lookup, as ``edge serve`` runs it by default
     schedule: str = DEFAULT_SCHEDULE  # edge serve's --schedule
+    concurrency: tuple[int, ...] = LEVELS  # concurrent conversations, one load level each (empty: no load levels)
 
 
 def run_serve_bench(bench: ServeBench, progress=lambda line: None) -> dict[str, Any]:
@@ -77,7 +82,6 @@ def run_serve_bench(bench: ServeBench, progress=lambda line: None) -> dict[str, 
     from cloud.models import resolve_target
     from edge.drafter import common_prefix_length
     from edge.drafter_choice import open_llama_drafter
-    from edge.openai_server import create_app
     from edge.serving import EdgeService, Job, ServeConfig
     from shared import codec
     from shared.params import Mode, SamplingParams
@@ -129,7 +133,10 @@ def run_serve_bench(bench: ServeBench, progress=lambda line: None) -> dict[str, 
                     "fresh_tokens_sent": fresh["tokens_sent"], "fresh_open_bytes": fresh["open_bytes"],
                     "fresh_ttft_s": fresh["ttft_s"], "identical": kept["reply"] == fresh["reply"],
                 })
-            report["http"] = _http_overhead(service, create_app, httpx, greedy, max_tokens * 2, repeats, progress)
+            with openai_server(service) as url:
+                report["http"] = _http_overhead(service, url, httpx, greedy, max_tokens * 2, repeats, progress)
+                service.conversations.clear()
+                report["load"] = load_levels(url, bench.concurrency, max_tokens, progress) if bench.concurrency else []
             prompt, _ = service.chat_prompt(HTTP_MESSAGES)
             vocab = (service.vocab.size, service.vocab.fingerprint)
             reproducible = _cloud_only(link.address, vocab, prompt, greedy, max_tokens * 2, repeats)
@@ -164,48 +171,37 @@ def _cloud_only(address: str, vocab: tuple, prompt: list[int], params, max_token
             "ttft_s": statistics.median(r.ttft_s for r in runs), "repeats": repeats}
 
 
-def _http_overhead(service, create_app, httpx, params, max_tokens: int, repeats: int, progress) -> dict[str, float]:
-    """The same generation through the HTTP server (streamed) and called directly."""
-    import uvicorn
-
+def _http_overhead(service, url: str, httpx, params, max_tokens: int, repeats: int, progress) -> dict[str, float]:
+    """The same generation through the HTTP server at ``url`` (streamed) and called directly."""
     from edge.serving import Job
 
     messages = HTTP_MESSAGES
     prompt, stops = service.chat_prompt(messages)
-    server = uvicorn.Server(uvicorn.Config(create_app(service), host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.02)
-    url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}/v1/chat/completions"
+    url = f"{url}/chat/completions"
     direct, http = [], []
-    try:
-        for _ in range(repeats):
-            service.conversations.clear()
-            started, first = time.perf_counter(), []
+    for _ in range(repeats):
+        service.conversations.clear()
+        started, first = time.perf_counter(), []
 
-            def stamp(text: str, first: list = first) -> None:
-                if not first:
-                    first.append(time.perf_counter())
+        def stamp(text: str, first: list = first) -> None:
+            if not first:
+                first.append(time.perf_counter())
 
-            out = service.run(Job(prompt, params, max_tokens, stops), stamp, threading.Event())
-            direct.append((len(out.tokens) / (time.perf_counter() - started), first[0] - started))
-            service.conversations.clear()
-            started, first, tokens = time.perf_counter(), [], 0
-            body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-                    "stream_options": {"include_usage": True}}
-            with httpx.stream("POST", url, json=body, timeout=600) as response:
-                for line in response.iter_lines():
-                    if line.startswith("data: {") and '"content":"' in line and '"content":""' not in line:
-                        first = first or [time.perf_counter()]
-                    if '"completion_tokens"' in line:
-                        tokens = json.loads(line[6:])["usage"]["completion_tokens"]
-            http.append((tokens / (time.perf_counter() - started), first[0] - started))
-            progress(f"direct {direct[-1][0]:.1f} tok/s ttft {direct[-1][1]:.3f}s; "
-                     f"http {http[-1][0]:.1f} tok/s ttft {http[-1][1]:.3f}s")
-    finally:
-        server.should_exit = True
-        thread.join(10)
+        out = service.run(Job(prompt, params, max_tokens, stops), stamp, threading.Event())
+        direct.append((len(out.tokens) / (time.perf_counter() - started), first[0] - started))
+        service.conversations.clear()
+        started, first, tokens = time.perf_counter(), [], 0
+        body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+                "stream_options": {"include_usage": True}}
+        with httpx.stream("POST", url, json=body, timeout=600) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: {") and '"content":"' in line and '"content":""' not in line:
+                    first = first or [time.perf_counter()]
+                if '"completion_tokens"' in line:
+                    tokens = json.loads(line[6:])["usage"]["completion_tokens"]
+        http.append((tokens / (time.perf_counter() - started), first[0] - started))
+        progress(f"direct {direct[-1][0]:.1f} tok/s ttft {direct[-1][1]:.3f}s; "
+                 f"http {http[-1][0]:.1f} tok/s ttft {http[-1][1]:.3f}s")
     direct_tps, direct_ttft = statistics.median(d[0] for d in direct), statistics.median(d[1] for d in direct)
     http_tps, http_ttft = statistics.median(h[0] for h in http), statistics.median(h[1] for h in http)
     return {"direct_tokens_per_s": direct_tps, "http_tokens_per_s": http_tps,
@@ -239,9 +235,10 @@ def format_serve_report(report: dict[str, Any]) -> str:
                  f"{reproducible['ttft_s'] * 1e3:.0f} ms, median of {fastest['repeats']}")
     lookup = "behind prompt lookup" if report.get("lookup") else "alone (no prompt lookup)"
     median = f"; kept arm median {statistics.median(speeds):.2f} tok/s over the turns" if speeds else ""
+    load = f"\n\n{format_load(report['load'])}" if report.get("load") else ""
     return (f"conversation on {report['scenario']} (split both ways: kept session vs a fresh session per turn; the "
             f"drafter {lookup}, the {report.get('schedule', DEFAULT_SCHEDULE)} schedule{median}):\n{table}\n\n"
-            f"{http}\n{yardstick}")
+            f"{http}\n{yardstick}{load}")
 
 
 def _times(ratio: float | None) -> str:

@@ -209,7 +209,8 @@ def test_bench_serve_compares_the_split_with_the_fastest_cloud_only_on_the_same_
     from sim.bench.serve import ServeBench, format_serve_report, run_serve_bench
 
     report = run_serve_bench(ServeBench(scenario="lte", turns=2, max_tokens=8, repeats=1, target=tiny_models["target"],
-                                        drafter=tiny_models["drafter_noisy"], schedule="adaptive"))
+                                        drafter=tiny_models["drafter_noisy"], schedule="adaptive",
+                                        concurrency=(1, 3)))
     c = report["cloud_only"]
     assert (c["fastest"]["shapes"], c["reproducible"]["shapes"], c["split_shapes"]) == ("free", "canonical", "canonical")
     assert c["fastest"]["tokens_per_s"] > 0 and c["reproducible"]["tokens_per_s"] > 0
@@ -217,6 +218,12 @@ def test_bench_serve_compares_the_split_with_the_fastest_cloud_only_on_the_same_
     assert c["direct_over_fastest"] == pytest.approx(direct / c["fastest"]["tokens_per_s"])
     assert c["direct_over_reproducible"] == pytest.approx(direct / c["reproducible"]["tokens_per_s"])
     assert all(t["identical"] for t in report["turns"]) and all(t["kept_tokens_per_s"] > 0 for t in report["turns"])
+    load = report["load"]
+    assert [row["conversations"] for row in load] == [1, 3] and [row["requests"] for row in load] == [2, 6]
+    assert all(row["refused"] == 0 and row["tokens"] > 0 and row["ttft_s"]["max"] <= row["latency_s"]["max"]
+               for row in load)
+    assert load[1]["ttft_s"]["max"] > load[0]["ttft_s"]["median"]  # three at once: someone waited
     text = format_serve_report(report)
+    assert "edge serve under concurrent conversations" in text
     assert report["lookup"] and "the drafter behind prompt lookup, the adaptive schedule; kept arm median" in text
     assert f"vs {c['fastest']['tokens_per_s']:.2f} tok/s in free shapes, the fastest ({c['direct_over_fastest']:.2f}x)" in text

@@ -19,7 +19,8 @@ def add(subparsers: argparse._SubParsersAction) -> None:
         description="With a real cloud process behind the emulated link: a conversation of --turns turns kept in "
                     "one cloud session against a fresh session per turn (prompt tokens and bytes uploaded, time to "
                     "first token, identical replies), then one prompt streamed through the OpenAI server against "
-                    "the same generation called directly, then that prompt cloud-only through the same link from "
+                    "the same generation called directly, then edge serve under --concurrency concurrent conversations, then "
+                    "that prompt cloud-only through the same link from "
                     "a cloud in free shapes (the fastest) and from the split's own (canonical) on the same cores: "
                     "the direct split's tokens/s over each.")
     serve.add_argument("--scenario", default="acespec-50k", help="link scenario (default %(default)s)")
@@ -33,6 +34,9 @@ def add(subparsers: argparse._SubParsersAction) -> None:
                             "GGUF drafter alone; run both to see what lookup buys a conversation)")
     serve.add_argument("--schedule", choices=SCHEDULES, default=DEFAULT_SCHEDULE,
                        help="edge serve's --schedule (default %(default)s)")
+    serve.add_argument("--concurrency", type=positive_int, nargs="*", default=[1, 2, 4, 8],
+                       help="then edge serve under this many concurrent two-turn conversations, one level each, "
+                            "at most 8 (default: 1 2 4 8; none: skip): tok/s together, TTFT and latency")
     serve.add_argument("--json", action="store_true", help="print the result as JSON")
     serve.set_defaults(func=run_serve)
 
@@ -44,7 +48,8 @@ def run_serve(args: argparse.Namespace) -> int:
 
     report = run_serve_bench(ServeBench(
         scenario=args.scenario, turns=args.turns, max_tokens=args.max_tokens, repeats=args.repeats,
-        target=args.target, drafter=args.drafter, lookup=args.lookup, schedule=args.schedule),
+        target=args.target, drafter=args.drafter, lookup=args.lookup, schedule=args.schedule,
+        concurrency=tuple(args.concurrency)),
         progress=lambda line: print(line, file=sys.stderr, flush=True))
     print(json.dumps(report) if args.json else format_serve_report(report))
     return 0
