@@ -80,10 +80,8 @@ def run_serve_bench(bench: ServeBench, progress=lambda line: None) -> dict[str, 
     import httpx
 
     from cloud.models import resolve_target
-    from edge.drafter import common_prefix_length
     from edge.drafter_choice import open_llama_drafter
     from edge.serving import EdgeService, Job, ServeConfig
-    from shared import codec
     from shared.params import Mode, SamplingParams
     from sim.experiment.processes import BackgroundLink, CloudProcess, core_split
     from sim.link.scenario import load_scenario
@@ -102,37 +100,7 @@ def run_serve_bench(bench: ServeBench, progress=lambda line: None) -> dict[str, 
             config = ServeConfig(cloud=link.address, model_name=draft.model_name, schedule=schedule)
             service = EdgeService.for_drafter(draft, config)
             service.run(Job(service.text_prompt("Hello"), greedy, 4), lambda text: None, threading.Event())  # warm up
-            arms: dict[str, list[dict]] = {}
-            for arm in ("kept", "fresh"):
-                messages: list[dict] = []
-                rows = arms[arm] = []
-                held: list[int] = []  # tokens the kept session holds after the last turn
-                for turn, question in enumerate(QUESTIONS[:turns]):
-                    messages.append({"role": "user", "content": question})
-                    prompt, stops = service.chat_prompt(messages)
-                    if arm == "fresh":
-                        service.conversations.clear()  # a new session: the whole history goes up again
-                    new = prompt[common_prefix_length(held, prompt):] if arm == "kept" and turn else prompt
-                    out = service.run(Job(prompt, greedy, max_tokens, stops), lambda text: None, threading.Event())
-                    rows.append({
-                        "turn": turn + 1, "prompt_tokens": len(prompt), "tokens_sent": out.prompt_tokens_sent,
-                        "open_bytes": out.prompt_bytes_up, "new_tokens_packed_bytes": len(codec.encode_tokens(
-                            new, service.vocab.size).data), "ttft_s": out.ttft_s, "reply": out.text,
-                        "tokens_per_s": len(out.tokens) / out.wall_s if out.wall_s else 0.0,
-                    })
-                    held = [*prompt, *out.tokens]
-                    messages.append({"role": "assistant", "content": out.text})
-                    progress(f"{arm} turn {turn + 1}: {len(prompt)} prompt tokens, {out.prompt_tokens_sent} sent, "
-                             f"{out.prompt_bytes_up} B, ttft {out.ttft_s:.2f}s")
-            for kept, fresh in zip(arms["kept"], arms["fresh"]):
-                report["turns"].append({
-                    "turn": kept["turn"], "prompt_tokens": kept["prompt_tokens"],
-                    "kept_tokens_sent": kept["tokens_sent"], "kept_open_bytes": kept["open_bytes"],
-                    "new_tokens_packed_bytes": kept["new_tokens_packed_bytes"], "kept_ttft_s": kept["ttft_s"],
-                    "kept_tokens_per_s": kept["tokens_per_s"],
-                    "fresh_tokens_sent": fresh["tokens_sent"], "fresh_open_bytes": fresh["open_bytes"],
-                    "fresh_ttft_s": fresh["ttft_s"], "identical": kept["reply"] == fresh["reply"],
-                })
+            report["turns"] = _conversation_arms(service, turns, max_tokens, greedy, progress)
             with openai_server(service) as url:
                 report["http"] = _http_overhead(service, url, httpx, greedy, max_tokens * 2, repeats, progress)
                 service.conversations.clear()
@@ -155,6 +123,47 @@ def run_serve_bench(bench: ServeBench, progress=lambda line: None) -> dict[str, 
     finally:
         draft.close()
     return report
+
+
+def _conversation_arms(service, turns: int, max_tokens: int, greedy, progress) -> list[dict]:
+    """The conversation both ways, kept session and fresh session per turn: one row per turn."""
+    from edge.drafter import common_prefix_length
+    from edge.serving import Job
+    from shared import codec
+
+    rows_out: list[dict] = []
+    arms: dict[str, list[dict]] = {}
+    for arm in ("kept", "fresh"):
+        messages: list[dict] = []
+        rows = arms[arm] = []
+        held: list[int] = []  # tokens the kept session holds after the last turn
+        for turn, question in enumerate(QUESTIONS[:turns]):
+            messages.append({"role": "user", "content": question})
+            prompt, stops = service.chat_prompt(messages)
+            if arm == "fresh":
+                service.conversations.clear()  # a new session: the whole history goes up again
+            new = prompt[common_prefix_length(held, prompt):] if arm == "kept" and turn else prompt
+            out = service.run(Job(prompt, greedy, max_tokens, stops), lambda text: None, threading.Event())
+            rows.append({
+                "turn": turn + 1, "prompt_tokens": len(prompt), "tokens_sent": out.prompt_tokens_sent,
+                "open_bytes": out.prompt_bytes_up, "new_tokens_packed_bytes": len(codec.encode_tokens(
+                    new, service.vocab.size).data), "ttft_s": out.ttft_s, "reply": out.text,
+                "tokens_per_s": len(out.tokens) / out.wall_s if out.wall_s else 0.0,
+            })
+            held = [*prompt, *out.tokens]
+            messages.append({"role": "assistant", "content": out.text})
+            progress(f"{arm} turn {turn + 1}: {len(prompt)} prompt tokens, {out.prompt_tokens_sent} sent, "
+                     f"{out.prompt_bytes_up} B, ttft {out.ttft_s:.2f}s")
+    for kept, fresh in zip(arms["kept"], arms["fresh"]):
+        rows_out.append({
+            "turn": kept["turn"], "prompt_tokens": kept["prompt_tokens"],
+            "kept_tokens_sent": kept["tokens_sent"], "kept_open_bytes": kept["open_bytes"],
+            "new_tokens_packed_bytes": kept["new_tokens_packed_bytes"], "kept_ttft_s": kept["ttft_s"],
+            "kept_tokens_per_s": kept["tokens_per_s"],
+            "fresh_tokens_sent": fresh["tokens_sent"], "fresh_open_bytes": fresh["open_bytes"],
+            "fresh_ttft_s": fresh["ttft_s"], "identical": kept["reply"] == fresh["reply"],
+        })
+    return rows_out
 
 
 def _cloud_only(address: str, vocab: tuple, prompt: list[int], params, max_tokens: int, repeats: int) -> dict[str, float]:
