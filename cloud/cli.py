@@ -108,6 +108,12 @@ def add_cloud_commands(commands) -> None:
                        help="seconds a stream may go without a verdict that commits a token (stale blocks do not "
                        f"count) before its session is parked (default {limits.idle_timeout_s:g}); a full table "
                        "evicts parked sessions first")
+    serve.add_argument("--opens-per-client", type=float, default=limits.opens_per_client_s,
+                       help="new sessions (Opens, Generates) one client may start a second, after a burst of "
+                       f"--open-burst-per-client (default {limits.opens_per_client_s:g}; 0: no bound): each costs "
+                       "a prefill; past it RESOURCE_EXHAUSTED. Resumes and a conversation's next turn do not count")
+    serve.add_argument("--open-burst-per-client", type=positive_int, default=limits.open_burst_per_client,
+                       help=f"... and at once (default {limits.open_burst_per_client})")
     serve.add_argument("--min-tokens-to-keep-slot", type=int, default=limits.min_tokens_to_keep_slot,
                        help="when the table is full, an attached session that committed fewer tokens than this in "
                        "the last --idle-timeout seconds (a keep-alive block now and then) gives its slot to the new "
@@ -198,6 +204,8 @@ def run_serve(args: argparse.Namespace) -> int:
             max_sessions_per_client=args.max_sessions_per_client,
             idle_timeout_s=args.idle_timeout,
             min_tokens_to_keep_slot=args.min_tokens_to_keep_slot,
+            opens_per_client_s=args.opens_per_client,
+            open_burst_per_client=args.open_burst_per_client,
             write_timeout_s=args.write_timeout,
             max_streams_per_client=args.max_streams_per_client,
             max_new_tokens=args.max_new_tokens,

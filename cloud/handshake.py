@@ -27,6 +27,7 @@ from typing import NamedTuple
 import grpc
 
 from cloud.identity import granted
+from cloud.open_rate import OpenRate
 from cloud.service_part import ServicePart
 from cloud.session import SessionPolicy, VerifierSession
 from cloud.session_table import SessionEntry, TableFull
@@ -56,6 +57,7 @@ class Handshake(ServicePart):
 
     def __post_init__(self) -> None:
         self.replica = ""  # this replica's name, told to edges in Opened (their key to its MQTT load)
+        self.opens = OpenRate(self.limits.opens_per_client_s, self.limits.open_burst_per_client)
 
     @property
     def max_branches(self) -> int:
@@ -147,6 +149,8 @@ class Handshake(ServicePart):
         """``takes_rebased``: the edge reads stale verdicts' rebased drafts (``Open.takes_rebased``);
         ``takes_proposals``: and an empty block's, the cloud's own proposals (``Open.takes_proposals``)."""
         params, prompt, max_new_tokens = opened.params, opened.prompt, opened.max_new_tokens
+        if not self.opens.take(owner):
+            raise Abort(grpc.StatusCode.RESOURCE_EXHAUSTED, self.opens.refusal())
         try:
             # Refuse before spending a prefill on a session that cannot be kept.
             self.table.reserve(owner, len(prompt) + max_new_tokens)

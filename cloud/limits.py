@@ -19,6 +19,9 @@ class ServiceLimits:
     max_sessions: int = 64
     max_sessions_per_client: int = 16  # per identity (cloud.identity); parked ones included
     max_streams_per_client: int = 32  # Decode and Generate calls one identity may have open, before its Open too
+    # New sessions (Opens, Generates) per identity: a burst, then a rate (each costs a prefill; 0: no bound).
+    open_burst_per_client: int = 32
+    opens_per_client_s: float = 8.0
     write_timeout_s: float = 10.0  # a verdict or token not taken by the edge this long: its stream is parked (ended: Generate)
     idle_timeout_s: float = 5.0  # an attached stream with no verdict that commits a token this long is parked
     # When the table is full, an attached session that committed fewer tokens than this in the last idle_timeout_s
@@ -62,4 +65,4 @@ class ServiceLimits:
                 raise ValueError(f"{f.name} must be {'>= 0' if f.name in _MAY_BE_ZERO else '> 0'}, got {value}")
 
 
-_MAY_BE_ZERO = {"max_branches", "capped_draft_len", "min_tokens_to_keep_slot"}
+_MAY_BE_ZERO = {"max_branches", "capped_draft_len", "min_tokens_to_keep_slot", "opens_per_client_s"}

@@ -194,7 +194,8 @@ class _CapacityRun:
 
         most = max(self.bench.sessions)
         extra = ["--max-draft-len", str(self.bench.draft_len), "--max-sessions", str(max(64, 2 * most)),
-                 "--max-sessions-per-client", str(max(64, 2 * most)), "--shapes", shapes, *self.bench.cloud_args]
+                 "--max-sessions-per-client", str(max(64, 2 * most)), "--opens-per-client", "0",  # (one address, many sessions)
+                 "--shapes", shapes, *self.bench.cloud_args]
         cloud = within.enter_context(CloudProcess(self.target, self.cores,
                                                   extra_args=extra + ([] if batching else ["--no-batching"])))
         addresses = _links(self.bench.scenario, cloud.port, most, within) or [f"127.0.0.1:{cloud.port}"] * most

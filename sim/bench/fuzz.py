@@ -349,8 +349,9 @@ def soak_tiny_service(frames: int, *, seed: int = 0, workers: int = 8, session_t
         want = generate(engine, drafter, prompt, greedy, max_new_tokens=40, spec=SpecConfig(0)).tokens
         factory = HostileFrames(engine.vocab_size, engine.fingerprint, prompt, 16, random.Random(seed))
         # (rejection mode granted to all: forged rejection-mode drafts are among what it sends)
+        # (no Open rate bound: it opens as fast as it can from one address; the bound has its own test)
         extra = ["--max-draft-len", "16", "--session-ttl", str(session_ttl_s), "--idle-timeout", "2",
-                 "--rejection-to", "all"]
+                 "--rejection-to", "all", "--opens-per-client", "0"]
         try:
             with CloudProcess(paths["target"], None, extra_args=extra) as cloud:
                 address = f"127.0.0.1:{cloud.port}"

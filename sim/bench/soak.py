@@ -95,7 +95,8 @@ def run_soak_bench(bench: SoakBench, progress: Callable[[str], None] = lambda li
         real = open_llama_drafter(drafter, n_threads=1)
         sessions = 2 * bench.sessions + 8
         extra = ["--session-ttl", str(bench.session_ttl_s), "--max-sessions", str(sessions),
-                 "--max-sessions-per-client", str(sessions), "--max-draft-len", str(bench.draft_len), *bench.cloud_args]
+                 "--max-sessions-per-client", str(sessions), "--opens-per-client", "0",  # (one address, many sessions)
+                 "--max-draft-len", str(bench.draft_len), *bench.cloud_args]
         cores = (set(bench.cloud_cores) or None) if bench.cloud_cores is not None else first_core()
         with edges_off(cores), CloudProcess(target, cores, extra_args=extra) as cloud:
             progress("reference outputs and recorded drafts")

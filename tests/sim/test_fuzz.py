@@ -93,7 +93,10 @@ def test_draft_payloads_with_q_round_trip(vocab, top_k, prob_bits, data):
 
 @pytest.fixture(scope="module")
 def server(serve_module):
-    limits = ServiceLimits(max_draft_len=16, session_ttl_s=2.0, idle_timeout_s=1.0, rejection_to=("all",))
+    # No bound on the Open rate: the fuzzer and the soak open sessions as fast as they can from one address
+    # (the bound has its own test: tests/cloud/test_open_rate.py).
+    limits = ServiceLimits(max_draft_len=16, session_ttl_s=2.0, idle_timeout_s=1.0, rejection_to=("all",),
+                           opens_per_client_s=0)
     return serve_module(limits)
 
 
