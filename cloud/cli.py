@@ -108,6 +108,10 @@ def add_cloud_commands(commands) -> None:
                        help="seconds a stream may go without a verdict that commits a token (stale blocks do not "
                        f"count) before its session is parked (default {limits.idle_timeout_s:g}); a full table "
                        "evicts parked sessions first")
+    serve.add_argument("--max-kv-mib-per-client", type=positive_int, default=limits.max_kv_mib_per_client,
+                       help="KV cache one client's sessions may reserve together, in MiB: each reserves its prompt "
+                       "plus its new tokens at what a position costs this target (layers x KV heads x head size x "
+                       f"2 x dtype); past it RESOURCE_EXHAUSTED (default {limits.max_kv_mib_per_client})")
     serve.add_argument("--opens-per-client", type=float, default=limits.opens_per_client_s,
                        help="new sessions (Opens, Generates) one client may start a second, after a burst of "
                        f"--open-burst-per-client (default {limits.opens_per_client_s:g}; 0: no bound): each costs "
@@ -205,6 +209,7 @@ def run_serve(args: argparse.Namespace) -> int:
             idle_timeout_s=args.idle_timeout,
             min_tokens_to_keep_slot=args.min_tokens_to_keep_slot,
             opens_per_client_s=args.opens_per_client,
+            max_kv_mib_per_client=args.max_kv_mib_per_client,
             open_burst_per_client=args.open_burst_per_client,
             write_timeout_s=args.write_timeout,
             max_streams_per_client=args.max_streams_per_client,

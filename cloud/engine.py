@@ -144,6 +144,14 @@ def torch_threads(threads: int | None):
 
 
 SHAPES = ("auto", "canonical", "free")  # every forward padded by need, always, or never
+def kv_bytes_per_position(config, dtype: torch.dtype) -> int:
+    """The KV cache's bytes for one position of a session: keys and values, every layer and KV head."""
+    config = getattr(config, "text_config", config)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    return 2 * config.num_hidden_layers * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+
 class TargetEngine:
     """Loads a Hugging Face folder (or a GGUF file, dequantized by transformers).
 
@@ -195,6 +203,7 @@ class TargetEngine:
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
         # Positions the model was trained for (None when the config does not say).
         self.max_positions: int | None = getattr(self.model.config, "max_position_embeddings", None)
+        self.kv_bytes_per_position = kv_bytes_per_position(self.model.config, self.dtype)
         self.padding: RowPadding | None = None  # canonical shapes' rows (the linear layers' products)
         self.attention_padding: RowPadding | None = None  # canonical attention's products, when not ``padding``
         self.threads: int | None = None  # the products' thread count, where invariance needs one of its own

@@ -34,6 +34,7 @@ class ServiceLimits:
     max_prompt_tokens: int = 16384
     open_timeout_s: float = 30.0  # the first frame must arrive within this
     max_kv_tokens: int = 262_144  # KV positions all sessions may reserve (prompt + max new tokens each)
+    max_kv_mib_per_client: int = 2048  # KV cache one identity's sessions may reserve together, MiB (what positions cost)
     max_batch_rows: int = 256  # rows one target forward packs across sessions (prompts are prefilled in chunks)
     capped_draft_len: int = 2  # a new session's draft length for a client whose rows commit next to nothing (0: no cap)
     max_branches: int = 4  # hedge branches per block, each up to max_draft_len tokens (0: hedging off)

@@ -56,7 +56,8 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         self.metrics = metrics or ServiceMetrics()
         self.table = SessionTable(limits.max_sessions, limits.session_ttl_s, max_per_owner=limits.max_sessions_per_client,
                                   max_tokens=limits.max_kv_tokens,
-                                  keep_slot=(limits.idle_timeout_s, limits.min_tokens_to_keep_slot))
+                                  keep_slot=(limits.idle_timeout_s, limits.min_tokens_to_keep_slot),
+                                  kv_share=(engine.kv_bytes_per_position, limits.max_kv_mib_per_client << 20))
         # One engine thread: sessions' forwards are packed together; torch parallelises inside each.
         self.scheduler = Scheduler(engine, max_rows=limits.max_batch_rows, batching=batching,
                                    min_prefill_rows=min(32, limits.max_batch_rows), on_forward=self.metrics.observe_forward)

@@ -16,8 +16,9 @@ preempted session is dropped and its stream ends at its next step; its edge
 reopens with its committed tokens. Only sessions in use can make the table
 refuse. No owner (a verified identity,
 ``cloud.identity``) holds more than ``max_per_owner`` entries, attached or
-parked. Each session reserves its worst-case KV cache (prompt plus new
-tokens) against ``max_tokens``; a reservation that does not fit evicts parked
+parked, nor reserves more than its share of KV bytes (``kv_share``). Each
+session reserves its worst-case KV cache (prompt plus new tokens) against
+``max_tokens``; a reservation that does not fit evicts parked
 sessions first, then is refused. Everything here is bookkeeping: no I/O, and
 the clock is injectable.
 """
@@ -70,11 +71,14 @@ class SessionTable:
         max_per_owner: int | None = None,
         max_tokens: int | None = None,
         keep_slot: tuple[float, int] = (5.0, 4),
+        kv_share: tuple[int, int] = (0, 0),
     ) -> None:
         """``keep_slot``: (``window_s``, ``min_tokens``), what an attached session must commit to
-        keep its slot when the table is full (``min_tokens`` 0: never preempt)."""
+        keep its slot when the table is full (``min_tokens`` 0: never preempt). ``kv_share``: (KV bytes a
+        position costs, KV bytes one owner's sessions may reserve together; either 0: no bound)."""
         self.max_sessions = max_sessions
         self.window_s, self.min_tokens = keep_slot
+        self.kv_bytes_per_position, self.max_kv_bytes_per_owner = kv_share
         self.max_per_owner = max_per_owner or max_sessions
         self.max_tokens = max_tokens  # KV positions all sessions may reserve (None: no budget)
         self.ttl_s = ttl_s
@@ -113,12 +117,34 @@ class SessionTable:
             )
         if len(self._by_ticket) >= self.max_sessions and not self._make_room(list(self._by_ticket.values())):
             raise TableFull(f"the verifier is at its limit of {self.max_sessions} sessions; retry later")
+        self._fit_owner_bytes(owner, tokens)
         self._fit_tokens(tokens)
 
     def resize(self, entry: SessionEntry, tokens: int) -> None:
         """``entry`` now reserves ``tokens`` KV positions (a conversation's next turn), or ``TableFull``."""
+        self._fit_owner_bytes(entry.owner, tokens, keep=entry)
         self._fit_tokens(tokens, keep=entry)
         entry.tokens = tokens
+
+    def _fit_owner_bytes(self, owner: str, tokens: int, keep: SessionEntry | None = None) -> None:
+        """Room in ``owner``'s KV share for a reservation of ``tokens`` positions beside its sessions but
+        ``keep`` (``_make_room`` among them)."""
+        per_position, most = self.kv_bytes_per_position, self.max_kv_bytes_per_owner
+        if not (per_position and most):
+            return
+        if tokens * per_position > most:
+            raise TableFull(f"a session reserving {tokens} KV positions needs {_mib(tokens * per_position)} of KV "
+                            f"cache, over this client's share of {_mib(most)}; ask for fewer new tokens or a "
+                            "shorter prompt")
+
+        def mine() -> list[SessionEntry]:
+            return [e for e in self._by_ticket.values() if e.owner == owner and e is not keep]
+
+        while (sum(e.tokens for e in mine()) + tokens) * per_position > most:
+            if not self._make_room(mine()):
+                used = sum(e.tokens for e in mine()) * per_position
+                raise TableFull(f"this client's sessions reserve {_mib(used)} of KV cache and this one needs "
+                                f"{_mib(tokens * per_position)}: its share is {_mib(most)}; finish or close one first")
 
     def _fit_tokens(self, tokens: int, keep: SessionEntry | None = None) -> None:
         """Room for a reservation of ``tokens`` beside every session but ``keep`` (``_make_room``)."""
@@ -205,3 +231,7 @@ class SessionTable:
         victim.stream += 1  # its stream verifies nothing more (``BlockStream``)
         self.preempted += 1
         return True
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"

@@ -168,6 +168,31 @@ def test_the_kv_budget_evicts_parked_sessions_then_refuses_and_a_turn_can_grow_w
     assert table.reserved_tokens == 0
 
 
+def test_each_client_reserves_kv_bytes_within_its_share_and_others_are_not_touched():
+    """One client's sessions reserve at most its share of KV bytes (positions at what one costs), its own
+    parked sessions make room, another client is not touched, and a turn cannot grow past the share."""
+    table = SessionTable(max_sessions=10, ttl_s=60, kv_share=(1000, 100_000))  # 100 positions each client
+    first = table.add("s", "client:alice", 60)
+    bob = table.add("s", "client:bob", 90)
+    with pytest.raises(TableFull, match="its share is 0.1 MiB"):
+        table.add("s", "client:alice", 50)
+    with pytest.raises(TableFull, match="over this client's share"):
+        table.add("s", "client:carol", 101)
+    table.detach(first)  # her own parked session makes room; bob's is not touched
+    second = table.add("s", "client:alice", 50)
+    assert table.resume(first.ticket) is None and table.resume(bob.ticket) is bob
+    table.resize(second, 100)
+    with pytest.raises(TableFull, match="over this client's share"):
+        table.resize(second, 101)
+
+
+def test_the_service_sizes_the_share_by_what_a_position_costs(tiny_engine, serve):
+    server = serve(ServiceLimits(max_kv_mib_per_client=1))
+    table = server.server.servicer.table
+    assert table.kv_bytes_per_position == tiny_engine.kv_bytes_per_position > 0
+    assert table.max_kv_bytes_per_owner == 2**20
+
+
 def test_the_table_evicts_parked_sessions_and_caps_each_client():
     now = [0.0]
     table = SessionTable(max_sessions=3, ttl_s=60, clock=lambda: now[0], max_per_owner=2)
