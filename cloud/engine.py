@@ -31,6 +31,7 @@ from typing import Literal
 import torch
 
 from cloud import slot_attention
+from cloud.invariance.free_products import PRIOR, choose
 from cloud.invariance.padding import RowPaddedHead, RowPadding
 from cloud.invariance.probe import (
     ROW_TILES,
@@ -40,7 +41,7 @@ from cloud.invariance.probe import (
     invariant_row_padding,
     linear_products,
 )
-from cloud.invariance.products import pack_linears, unpack_linears
+from cloud.invariance.products import PackedLinear, pack_linears, unpack_linears
 from cloud.slot_attention import RowLayout, SlotKV
 from shared.vocab import vocab_fingerprint
 
@@ -203,7 +204,6 @@ class TargetEngine:
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
         # Positions the model was trained for (None when the config does not say).
         self.max_positions: int | None = getattr(self.model.config, "max_position_embeddings", None)
-        self.kv_bytes_per_position = kv_bytes_per_position(self.model.config, self.dtype)
         self.padding: RowPadding | None = None  # canonical shapes' rows (the linear layers' products)
         self.attention_padding: RowPadding | None = None  # canonical attention's products, when not ``padding``
         self.threads: int | None = None  # the products' thread count, where invariance needs one of its own
@@ -230,6 +230,14 @@ class TargetEngine:
             log.warning("this device's matrix products are not row-invariant under any padding tried: reproducible "
                         "sessions are refused; the others' batched logits may differ in the last bits from alone")
             self.padding = RowPadding(multiple=True)  # still the likeliest to agree
+        # Free shapes' path by row count, measured on this machine (``cloud.invariance.free_products``).
+        self.free_products = PRIOR
+        if self.products == "onednn" and shapes != "canonical":
+            packed = [m for m in self.model.modules() if isinstance(m, PackedLinear)]
+            self.free_products = choose(packed)
+            for module in packed:
+                module.free = self.free_products
+            log.info("free shapes' products: %s", self.free_products.describe())
         self.head = RowPaddedHead(self.model.get_output_embeddings())
         self.logit_softcap: float | None = getattr(self.model.config, "final_logit_softcapping", None)
         self.model_name = path.name
@@ -257,6 +265,11 @@ class TargetEngine:
                 padding = invariant_row_padding(products)
             return padding, 1 if padding is not None else None
         return padding, None
+
+    @property
+    def kv_bytes_per_position(self) -> int:
+        """What one position of a session's KV cache holds, in bytes (``kv_bytes_per_position``)."""
+        return kv_bytes_per_position(self.model.config, self.dtype)
 
     def _eos_ids(self) -> set[int]:
         eos = self.model.generation_config.eos_token_id if self.model.generation_config else None

@@ -49,8 +49,9 @@ class RowPaddedHead(torch.nn.Module):
     CPU BLAS takes other kernels for 1-3 row products: measured here on
     Gemma's 262144 x 640 head (one thread), 1 row 44 ms, 2 rows 91 ms,
     3 rows 137 ms, 4 rows 77 ms. Products of 2-3 rows are padded to 4 zero
-    rows (faster) unless the head runs on oneDNN (``cloud.invariance.products``,
-    2 rows 61 ms); in canonical mode every product is padded as ``padding``
+    rows (faster) unless the head is a ``PackedLinear``, whose free-shape path
+    per row count was measured on this machine (``cloud.invariance.free_products``);
+    in canonical mode every product is padded as ``padding``
     says (bit-identical to the same row in any bigger batch, see
     ``cloud.slot_attention``). The padding's outputs are dropped.
     """
@@ -67,7 +68,9 @@ class RowPaddedHead(torch.nn.Module):
         """The rows a product of ``rows`` rows runs on (``padding``: canonical shapes'; None: free)."""
         if padding:
             return padding(rows)
-        return ROW_TILE if 1 < rows < ROW_TILE and not getattr(self.head, "onednn", False) else rows
+        if hasattr(self.head, "onednn_at"):  # a measured choice of path per row count: no padding beats it
+            return rows
+        return ROW_TILE if 1 < rows < ROW_TILE else rows
 
     def forward(self, hidden: torch.Tensor, padding: RowPadding | None = None) -> torch.Tensor:
         rows = hidden.shape[-2]

@@ -20,7 +20,9 @@ tensor-parallel shard); ``unpack_linears`` undoes it. A ``PackedLinear``
 runs ``F.linear`` on a lone row in free shapes (MKL's one-row kernel is the
 fastest there) and oneDNN's product otherwise: always in canonical shapes,
 and on several rows in free shapes too, where it is the faster (the whole
-Gemma forward on one thread, 9 rows: 161 ms against 244 ms).
+Gemma forward on one thread, 9 rows: 161 ms against 244 ms). That free-shape
+rule is the prior; the engine replaces it with what it measures on its own
+machine (``cloud.invariance.free_products``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from __future__ import annotations
 import torch
 
 from cloud import slot_attention
+from cloud.invariance.free_products import PRIOR, FreeProducts
 
 __all__ = ["PackedLinear", "onednn_available", "pack_linears", "unpack_linears"]
 
@@ -42,9 +45,15 @@ def onednn_available(model: torch.nn.Module) -> bool:
 
 
 class PackedLinear(torch.nn.Linear):
-    """An ``nn.Linear`` whose canonical-shape products run on oneDNN (the module docstring)."""
+    """An ``nn.Linear`` whose canonical-shape products run on oneDNN (the module docstring); in free
+    shapes, on the path ``free`` chose for the row count on this machine (``free_products``)."""
 
-    onednn = True  # (``RowPaddedHead`` pads no 2-3 row product of it in free shapes: oneDNN is fast there)
+    free: FreeProducts = PRIOR  # (the engine sets what it measured)
+
+    def onednn_at(self, rows: int) -> bool:
+        """Whether a free-shape product of ``rows`` rows runs on oneDNN (``RowPaddedHead`` pads no free-shape
+        product of a head that has this: the path per row count was measured)."""
+        return self.free.onednn(rows)
 
     def __init__(self, linear: torch.nn.Linear) -> None:
         torch.nn.Module.__init__(self)
@@ -54,8 +63,8 @@ class PackedLinear(torch.nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         layout = slot_attention.current_layout()
-        if (layout is None or layout.padding is None) and x.numel() == x.shape[-1]:  # one row, free shapes
-            return torch.nn.functional.linear(x, self.weight, self.bias)
+        if (layout is None or layout.padding is None) and not self.free.onednn(x.numel() // x.shape[-1]):
+            return torch.nn.functional.linear(x, self.weight, self.bias)  # free shapes, where the BLAS is faster
         return self.padded_product(x)
 
     def padded_product(self, x: torch.Tensor) -> torch.Tensor:

@@ -48,7 +48,8 @@ def run_forward_rows(*, target: str | None = None, rows: tuple[int, ...] = ROWS,
                 engine.crop(seq, 300)
             by_rows[n] = {"median": round(statistics.median(times), 1), "min": round(min(times), 1),
                           "max": round(max(times), 1)}
-        return {"products": engine.products, "padding": repr(engine.padding),
+        return {"products": engine.products, "free_products": engine.free_products.describe(),
+                "padding": repr(engine.padding),
                 "attention_padding": repr(engine.attention_padding), "threads": engine.threads, "ms": by_rows}
 
     report: dict[str, Any] = {"target": str(path), "torch_threads": threads, "repeats": repeats, "engines": {}}

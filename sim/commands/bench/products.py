@@ -24,8 +24,10 @@ def add(subparsers: argparse._SubParsersAction) -> None:
     products.set_defaults(func=run_products)
     rows = subparsers.add_parser(
         "forward-rows", help="one target forward's cost by row count: free and canonical, as chosen and on BLAS alone",
-        description="Time forwards of 1-16 appended rows on the target in free shapes, canonical shapes as the "
-                    "engine picks them (oneDNN where it holds), and both on F.linear alone.")
+        description="Time forwards of 1-16 appended rows on the target in free shapes (each product on the path "
+                    "the engine measured fastest here for its row count: the report's free_products says which and "
+                    "why), canonical shapes as the engine picks them (oneDNN where it holds), and both on F.linear "
+                    "alone.")
     rows.add_argument("--target", default=None, help="target folder or GGUF (default: Gemma 3 270M)")
     rows.add_argument("--threads", type=positive_int, default=1,
                       help="torch threads (default %(default)s: one core, as sim run gives the cloud)")
