@@ -231,9 +231,9 @@ class BlockStream(ServicePart):
             raise Abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
         if step is None and entry.preempted:
             raise Abort(grpc.StatusCode.ABORTED,
-                        f"the session gave its slot to a new one: the verifier is full and it committed fewer than "
-                        f"{self.table.min_tokens} tokens in {self.table.window_s:.0f}s; reopen with the committed "
-                        "tokens as the prompt")
+                        "the session gave its slot to a new one: the verifier is full, and it committed fewer than "
+                        f"{self.table.min_tokens} tokens in {self.table.window_s:.0f}s or its client holds more "
+                        "sessions than the newcomer's; reopen with the committed tokens as the prompt")
         if step is None:
             raise Abort(grpc.StatusCode.ABORTED, "the session was resumed on another stream", park=True)
         self.table.touch(entry, sum(v.committed_count for v in step.verdicts))

@@ -13,8 +13,12 @@ convenience: its edge can reopen with its committed tokens); failing that, it
 for at least ``window_s`` and fewer than ``min_tokens`` tokens committed in the
 last ``window_s`` (a stream that sends a keep-alive block now and then). A
 preempted session is dropped and its stream ends at its next step; its edge
-reopens with its committed tokens. Only sessions in use can make the table
-refuse. No owner (a verified identity,
+reopens with its committed tokens. Failing that too, slots are shared
+max-min among owners: a new session of an owner holding at least two fewer
+than the owner holding the most preempts one of that owner's (the one that
+committed least lately), so identities that fill the table among them cannot
+keep another out. Only a table whose owners hold about equal shares, every
+session in use, can refuse. No owner (a verified identity,
 ``cloud.identity``) holds more than ``max_per_owner`` entries, attached or
 parked, nor reserves more than its share of KV bytes (``kv_share``). Each
 session reserves its worst-case KV cache (prompt plus new tokens) against
@@ -115,10 +119,11 @@ class SessionTable:
             raise TableFull(
                 f"this client already drives {len(mine)} sessions, the limit per client; finish or close one first"
             )
-        if len(self._by_ticket) >= self.max_sessions and not self._make_room(list(self._by_ticket.values())):
+        if (len(self._by_ticket) >= self.max_sessions and not self._make_room(list(self._by_ticket.values()))
+                and not self._take_from_the_largest(owner)):
             raise TableFull(f"the verifier is at its limit of {self.max_sessions} sessions; retry later")
         self._fit_owner_bytes(owner, tokens)
-        self._fit_tokens(tokens)
+        self._fit_tokens(tokens, owner=owner)
 
     def resize(self, entry: SessionEntry, tokens: int) -> None:
         """``entry`` now reserves ``tokens`` KV positions (a conversation's next turn), or ``TableFull``."""
@@ -146,7 +151,7 @@ class SessionTable:
                 raise TableFull(f"this client's sessions reserve {_mib(used)} of KV cache and this one needs "
                                 f"{_mib(tokens * per_position)}: its share is {_mib(most)}; finish or close one first")
 
-    def _fit_tokens(self, tokens: int, keep: SessionEntry | None = None) -> None:
+    def _fit_tokens(self, tokens: int, keep: SessionEntry | None = None, owner: str = "") -> None:
         """Room for a reservation of ``tokens`` beside every session but ``keep`` (``_make_room``)."""
         if self.max_tokens is None:
             return
@@ -158,7 +163,8 @@ class SessionTable:
             return [e for e in self._by_ticket.values() if e is not keep]
 
         while sum(e.tokens for e in others()) + tokens > self.max_tokens:
-            if not self._make_room(others()):
+            if not self._make_room(others()) and not self._take_from_the_largest(keep.owner if keep else owner,
+                                                                                  keep):
                 raise TableFull(f"the verifier's KV cache budget is full ({self.reserved_tokens} of "
                                 f"{self.max_tokens} positions reserved); retry later or ask for fewer new tokens")
 
@@ -211,6 +217,29 @@ class SessionTable:
             del self._by_ticket[ticket]
         return len(expired)
 
+    def _take_from_the_largest(self, owner: str, keep: SessionEntry | None = None) -> bool:
+        """Slots shared max-min among owners: when ``owner`` holds at least two sessions fewer than the
+        owner holding the most, preempt that owner's session that committed least lately (``keep``
+        spared). False when no owner holds that many more."""
+        counts: dict[str, int] = {}
+        for entry in self._by_ticket.values():
+            counts[entry.owner] = counts.get(entry.owner, 0) + 1
+        largest = max(counts, key=counts.__getitem__, default=None)
+        if largest is None or counts[largest] < counts.get(owner, 0) + 2:
+            return False
+        since = self._clock() - self.window_s
+        victims = [e for e in self._by_ticket.values() if e.owner == largest and e is not keep]
+        if not victims:
+            return False
+        self._preempt(min(victims, key=lambda e: (e.committed_since(since), e.last_active)))
+        return True
+
+    def _preempt(self, victim: SessionEntry) -> None:
+        self.remove(victim)
+        victim.preempted = True
+        victim.stream += 1  # its stream verifies nothing more (``BlockStream``)
+        self.preempted += 1
+
     def _make_room(self, entries: list[SessionEntry]) -> bool:
         """Drop one of ``entries``: the longest-parked, else the attached one that commits least while
         under ``min_tokens`` a window; False when every one is in use."""
@@ -225,11 +254,7 @@ class SessionTable:
         idle = {key: tokens for key, tokens in idle.items() if tokens < self.min_tokens}
         if not idle:
             return False
-        victim = min((e for e in entries if id(e) in idle), key=lambda e: (idle[id(e)], e.last_active))
-        self.remove(victim)
-        victim.preempted = True
-        victim.stream += 1  # its stream verifies nothing more (``BlockStream``)
-        self.preempted += 1
+        self._preempt(min((e for e in entries if id(e) in idle), key=lambda e: (idle[id(e)], e.last_active)))
         return True
 
 

@@ -96,12 +96,13 @@ def draft_frame(engine, epoch: int, start: int, tokens: list[int]) -> bytes:
 class Stream:
     """A raw Decode stream whose frames the test sends one by one and whose replies a thread reads."""
 
-    def __init__(self, address: str, first: bytes) -> None:
+    def __init__(self, address: str, first: bytes, token: str | None = None) -> None:
         self._frames: list[bytes | None] = [first]
         self._ready = threading.Condition()
         self.channel = grpc.insecure_channel(address)
         self.call = self.channel.stream_stream(DECODE, request_serializer=lambda b: b,
-                                               response_deserializer=pb.CloudFrame.FromString)(self._send(), timeout=60)
+                                               response_deserializer=pb.CloudFrame.FromString)(
+            self._send(), timeout=60, metadata=(("authorization", f"Bearer {token}"),) if token else None)
         self.replies: list[pb.CloudFrame] = []
         self.status: grpc.StatusCode | None = None
         self.details = ""
@@ -193,3 +194,31 @@ def test_stale_blocks_do_not_keep_a_stream_alive(tiny_engine, serve):
         assert wait_for(lambda: table.parked == 1, 5)
     finally:
         stream.close()
+
+
+def test_identities_that_fill_the_table_give_a_slot_to_one_that_holds_none(tiny_engine, serve):
+    """Slots are shared max-min among identities: one client holding every slot, each in use (a block every
+    0.2 s), still gives one to a client that holds none (before: RESOURCE_EXHAUSTED)."""
+    from cloud.identity import Credentials
+
+    credentials = Credentials({"heavy": "heavy-token", "light": "light-token"})
+    server = serve(ServiceLimits(max_sessions=3, max_sessions_per_client=3), credentials=credentials)
+    prompt = tiny_prompt(tiny_engine, "The cat sat")
+    heavy = [Stream(server.address, open_frame(tiny_engine, prompt), "heavy-token") for _ in range(3)]
+    light = None
+    try:
+        assert wait_for(lambda: all(s.replies for s in heavy), 20), "no Opened"
+        for _ in range(10):  # 2 s of use: ten tokens each, never idle
+            for stream in heavy:
+                stream.send(draft_frame(tiny_engine, 0, len(prompt), []))
+            time.sleep(0.2)
+        light = Stream(server.address, open_frame(tiny_engine, prompt, 8), "light-token")
+        assert wait_for(lambda: light.replies or light.status, 20)
+        assert light.status is None and light.replies[0].WhichOneof("kind") == "opened", light.details
+        for stream in heavy:
+            stream.send(draft_frame(tiny_engine, 0, len(prompt), []))
+        assert wait_for(lambda: sum(s.status == grpc.StatusCode.ABORTED for s in heavy) == 1, 20)
+        assert server.server.servicer.table.preempted == 1
+    finally:
+        for stream in [*heavy, *([light] if light else [])]:
+            stream.close()

@@ -203,16 +203,21 @@ def test_the_table_evicts_parked_sessions_and_caps_each_client():
     a3 = table.add("s", "alice")
     assert table.resume(a1.ticket) is None and table.evicted == 1
     b1 = table.add("s", "bob")
+    now[0] = 1.0
+    table.touch(a3)
+    # Every slot attached, alice holds two: carol takes the one of hers used least lately (slots max-min).
+    c1 = table.add("s", "carol")
+    assert a2.preempted and not a3.preempted and table.preempted == 1 and table.resume(a2.ticket) is None
     with pytest.raises(TableFull, match="limit of 3 sessions"):
-        table.add("s", "carol")  # every slot attached: refuse
+        table.add("s", "dave")  # one each, every one attached: refuse
     now[0] = 5.0
-    table.detach(a2)
+    table.detach(a3)
     now[0] = 6.0
     table.detach(b1)
-    c1 = table.add("s", "carol")  # evicts the longest-parked (alice's a2)
-    assert table.resume(a2.ticket) is None and table.resume(b1.ticket, "bob") is b1
+    d1 = table.add("s", "dave")  # evicts the longest-parked (alice's a3)
+    assert table.resume(a3.ticket) is None and table.resume(b1.ticket, "bob") is b1
     assert table.resume(c1.ticket, "mallory") is None  # a ticket only serves its owner
-    assert {a3.owner, b1.owner, c1.owner} == {"alice", "bob", "carol"} and len(table) == 3
+    assert {b1.owner, c1.owner, d1.owner} == {"bob", "carol", "dave"} and len(table) == 3
 
 
 # ---------------------------------------------------------------- ports and flags
