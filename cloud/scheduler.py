@@ -25,6 +25,7 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -50,9 +51,14 @@ class SchedulerStats:
     # equal (unweighted) max-min fair share of ``max_rows`` given what every client waited with.
     contended_rows: dict[str, int] = field(default_factory=dict)
     contended_owed: dict[str, float] = field(default_factory=dict)
+    # The latest contended forwards as they were: (rows each client waited with, rows each got), for a
+    # benchmark to judge the allocator by a fair share it computes itself.
+    contended_log: deque = field(default_factory=lambda: deque(maxlen=10_000))
+    max_rows: int = 0  # the most rows one forward fed
 
     def record(self, rows: int, sequences: int) -> None:
         self.forwards += 1
+        self.max_rows = max(self.max_rows, rows)
         self.rows += rows
         self.sequences += sequences
         self.max_sequences = max(self.max_sequences, sequences)
@@ -207,6 +213,7 @@ class Scheduler:
         for client, n in got:
             rows[client] = rows.get(client, 0) + n
         self.stats.record_contention(rows, fair_shares(demands, self.max_rows))
+        self.stats.contended_log.append((demands, rows))
 
     def _forward(self, jobs: list[_Job]) -> None:
         """One forward over what ``jobs`` wait for, chosen as the module docstring says."""
