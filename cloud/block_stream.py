@@ -27,6 +27,7 @@ from typing import NamedTuple
 
 import grpc
 
+from cloud.frame_queue import FrameQueue
 from cloud.metrics import client_bucket
 from cloud.next_block import NextBlockClock
 from cloud.service_part import ServicePart
@@ -45,6 +46,7 @@ log = logging.getLogger(__name__)
 
 EOF = object()  # the edge hung up without a Close: the session stays resumable
 CLOSE = object()  # the edge sent Close
+QUEUED_BYTES = 256 << 10  # a stream's frames read and not yet verified, at most (an honest edge's: kilobytes)
 _TOKEN_TIME_WINDOW = 32  # tokens decoded alone that ``BlockStream.hints`` takes the median of
 
 
@@ -116,12 +118,10 @@ class BlockStream(ServicePart):
         return StreamHints(pace[False], pace[True], self.limits.max_blocks_in_flight)
 
     # -- frames in ---------------------------------------------------------
-    def frame_queue(self) -> asyncio.Queue:
-        """A stream's queue of frames read and not yet taken by its verdict loop. Bounded: an honest edge
-        has at most ``max_blocks_in_flight`` blocks unanswered, then a Close; past that, ``read_frames``
-        waits, reads nothing more, and HTTP/2 flow control holds the edge's next frames on its side (a
-        stream that stops reading its verdicts cannot grow the verifier's memory by what it sends)."""
-        return asyncio.Queue(maxsize=self.limits.max_blocks_in_flight + 2)
+    def frame_queue(self) -> FrameQueue:
+        """A stream's queue of frames read and not yet taken by its verdict loop (``cloud.frame_queue``):
+        ``max_blocks_in_flight`` + 2 frames and ``QUEUED_BYTES`` at most; past that, ``read_frames`` waits."""
+        return FrameQueue(self.limits.max_blocks_in_flight + 2, QUEUED_BYTES)
 
     async def read_frames(self, context, frames: asyncio.Queue) -> None:
         """Move the edge's frames into ``frames`` (``frame_queue``) as (Draft, arrival time), waiting

@@ -21,7 +21,7 @@ class ServiceLimits:
     max_streams_per_client: int = 32  # Decode and Generate calls one identity may have open, before its Open too
     # New sessions (Opens, Generates) per identity: a burst, then a rate (each costs a prefill; 0: no bound).
     open_burst_per_client: int = 32
-    opens_per_client_s: float = 8.0
+    opens_per_client_s: float = 2.0
     write_timeout_s: float = 10.0  # a verdict or token not taken by the edge this long: its stream is parked (ended: Generate)
     idle_timeout_s: float = 5.0  # an attached stream with no verdict that commits a token this long is parked
     # When the table is full, an attached session that committed fewer tokens than this in the last idle_timeout_s

@@ -60,7 +60,10 @@ __all__ = [
     "unpack_bits",
 ]
 
-MAX_PAYLOAD_BYTES = 1 << 20  # largest payload accepted on the wire, compressed or not
+# Largest payload accepted on the wire, compressed or not: above the largest the protocol allows (a block
+# of 64 drafts, each with a q̃ over MAX_DRAFT_TOP_K ids of up to 32 bits and weights of up to 16: 384 KiB;
+# a 16,384-token prompt at 32 bits: 64 KiB), and no more, so a frame cannot cost the verifier more.
+MAX_PAYLOAD_BYTES = 512 << 10
 MAX_DECODED_BYTES = 8 << 20  # hard ceiling on decompressed size, whatever max_tokens says
 MAX_DRAFT_TOP_K = 1024  # largest q̃ support a session may configure
 ZSTD_LEVEL = 3

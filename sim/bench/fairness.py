@@ -26,9 +26,11 @@ no printing (flags are in ``sim.commands.bench.fairness``).
 
 from __future__ import annotations
 
+import os
 import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -76,8 +78,9 @@ def run_fairness_bench(bench: FairnessBench) -> dict[str, Any]:
     from cloud.server import BackgroundServer, ServerConfig
 
     bench = bench.checked()
-    with tempfile.TemporaryDirectory(prefix="splitspec-fairness-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="splitspec-fairness-") as tmp, _cores_apart() as attacker_core:
         run = _FairnessRun(bench, tmp)
+        run.attacker_core = attacker_core
         limits = ServiceLimits(max_draft_len=bench.max_draft_len, max_blocks_in_flight=bench.max_blocks_in_flight)
         with BackgroundServer(run.engine, ServerConfig(port=0, limits=limits, credentials=run.credentials)) as server:
             alone = run.honest_round(server)
@@ -147,6 +150,7 @@ class _FairnessRun:
         from sim.inprocess import generate
 
         self.bench = bench
+        self.attacker_core: int | None = None  # where the attackers' process runs (``_cores_apart``)
         # Every edge its own client (its token is its name: loopback only), each a share of the verifier.
         names = [f"honest-{i}" for i in range(bench.honest)] + [f"attacker-{j}" for j in range(bench.attackers)]
         self.credentials = Credentials({name: name for name in names})
@@ -231,7 +235,8 @@ class _FairnessRun:
             scheduler.fair = fair
             spawn = multiprocessing.get_context("spawn")
             stop = spawn.Event()
-            attack = spawn.Process(target=run_attackers, args=(self.targets(server), bench.strategies, stop), daemon=True)
+            attack = spawn.Process(target=run_attackers, daemon=True,
+                                   args=(self.targets(server), bench.strategies, stop, self.attacker_core))
             attack.start()
             try:
                 self._wait_until_judged(scheduler, limits)
@@ -285,8 +290,39 @@ class _FairnessRun:
             time.sleep(0.05)
 
 
-def run_attackers(targets: list[AttackTarget], strategies: tuple[str, ...], stop) -> None:
-    """(In a process of its own.) Every identity of ``targets`` runs every strategy at once until ``stop``."""
+ATTACKER_CORE = -1  # the attackers' process runs on the last core; the verifier and honest edges on the rest
+
+
+@contextmanager
+def _cores_apart():
+    """Where there are two cores or more, this process (the verifier and the honest edges, alone and
+    attacked alike) on all but the last for the block, which it yields for the attackers (else None):
+    the attackers' own CPU is not the verifier's."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if len(cores) < 2:
+        yield None
+        return
+    _pin(set(cores[:ATTACKER_CORE]))
+    try:
+        yield cores[ATTACKER_CORE]
+    finally:
+        _pin(set(cores))
+
+
+def _pin(cores: set[int]) -> None:
+    """Every thread of this process on ``cores`` (Linux sets affinity per thread)."""
+    for task in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(task), cores)
+        except OSError:  # (a thread that ended meanwhile)
+            pass
+
+
+def run_attackers(targets: list[AttackTarget], strategies: tuple[str, ...], stop, core: int | None = None) -> None:
+    """(In a process of its own, on ``core`` when given.) Every identity of ``targets`` runs every
+    strategy at once until ``stop``."""
+    if core is not None:
+        _pin({core})
     threads = [threading.Thread(target=STRATEGIES[name], args=(target, f"attacker-{j}", stop), daemon=True)
                for j, target in enumerate(targets) for name in strategies]
     for thread in threads:
