@@ -295,3 +295,18 @@ def make_certificate(folder: Path) -> tuple[bytes, bytes]:
         check=True, capture_output=True, timeout=60,
     )
     return cert.read_bytes(), key.read_bytes()
+
+
+GENERATE = "/splitspec.v1.Verifier/Generate"  # the RPC's path, for raw gRPC calls
+
+
+def generate_request(engine, prompt, max_new_tokens: int) -> bytes:
+    """A serialized greedy ``GenerateRequest`` for ``engine``'s vocabulary (raw gRPC calls)."""
+    from protos import splitspec_pb2 as pb
+    from shared import codec
+    from shared.wire import sampling_to_proto
+
+    encoded = codec.encode_tokens(prompt, engine.vocab_size)
+    return pb.GenerateRequest(vocab_size=engine.vocab_size, vocab_fingerprint=engine.fingerprint,
+                              sampling=sampling_to_proto(SamplingParams(mode=Mode.GREEDY)), prompt=encoded.data,
+                              max_new_tokens=max_new_tokens).SerializeToString()

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import grpc
-from helpers import tiny_prompt
-from test_slow_readers import GENERATE, generate_request
+from helpers import GENERATE, generate_request, tiny_prompt
 
 from cloud.limits import ServiceLimits
 from cloud.open_rate import OpenRate

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 import grpc
-from helpers import tiny_prompt
+from helpers import GENERATE, generate_request, tiny_prompt
 
 from cloud.limits import ServiceLimits
 from protos import splitspec_pb2 as pb
@@ -20,15 +20,7 @@ from shared import codec
 from shared.params import Mode, SamplingParams
 from shared.wire import sampling_to_proto
 
-GENERATE = "/splitspec.v1.Verifier/Generate"
 SMALL_WINDOW = (("grpc.http2.lookahead_bytes", 1024), ("grpc.http2.bdp_probe", 0))
-
-
-def generate_request(engine, prompt, max_new_tokens: int) -> bytes:
-    encoded = codec.encode_tokens(prompt, engine.vocab_size)
-    return pb.GenerateRequest(vocab_size=engine.vocab_size, vocab_fingerprint=engine.fingerprint,
-                              sampling=sampling_to_proto(SamplingParams(mode=Mode.GREEDY)), prompt=encoded.data,
-                              max_new_tokens=max_new_tokens).SerializeToString()
 
 
 def stop_reading_generate(address: str, request: bytes):
