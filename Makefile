@@ -6,6 +6,10 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.splitspec-installed
+# NVIDIA's aiperf, the field's benchmark client, in a venv of its own (its pins are not ours): the tests drive
+# edge serve with it and check the acceptance length it reads against ours (tests/edge/test_aiperf.py).
+AIPERF_VENV ?= .venv-aiperf
+AIPERF_STAMP := $(AIPERF_VENV)/.installed
 
 # llama.cpp's default -march=native enables instructions (AMX) that fault in
 # some VMs; build a portable AVX2 binary on x86_64 (see MACHINE-NOTES).
@@ -15,7 +19,14 @@ endif
 
 .PHONY: install test demo protos clean
 
-install: $(STAMP)
+install: $(STAMP) $(AIPERF_STAMP)
+
+$(AIPERF_STAMP): Makefile
+	@echo "==> creating $(AIPERF_VENV) with aiperf (about a minute)"
+	$(PYTHON) -m venv $(AIPERF_VENV)
+	$(AIPERF_VENV)/bin/pip install --quiet --upgrade pip
+	$(AIPERF_VENV)/bin/pip install --quiet "aiperf==0.13.0"
+	@touch $@
 
 $(STAMP): pyproject.toml Makefile
 	@echo "==> creating $(VENV) and installing splitspec (first time: ~10 min, llama.cpp compiles)"
@@ -43,4 +54,4 @@ protos: install
 	$(PY) -m protos.generate
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(AIPERF_VENV) .pytest_cache

@@ -120,19 +120,26 @@ def speculation_profile(histogram: Mapping[int, int], num_speculative_tokens: in
     }
 
 
-def vllm_request_metrics(histogram: Mapping[int, int], drafted: int, accepted: int) -> dict:
-    """vLLM's per-request ``speculative_decoding`` object: ``num_spec_steps`` steps that drafted
-    ``num_draft_tokens`` and had ``num_accepted_draft_tokens`` accepted; ``acceptance_histogram`` counts
-    steps by accepted drafts (length - 1)."""
+def vllm_request_metrics(histogram: Mapping[int, int], drafted: int) -> dict | None:
+    """vLLM's per-request ``speculative_decoding`` object (vLLM PR 48915, as aiperf reads it):
+    ``num_spec_steps`` steps that drafted ``num_draft_tokens`` and had ``num_accepted_draft_tokens``
+    accepted; ``acceptance_histogram`` a dense list, index j the steps that accepted j drafts. Every count
+    comes from ``histogram`` ({length: steps}, length = 1 + accepted), so they add up as aiperf checks.
+    None when nothing was drafted (no speculative step: vLLM sends no object then either)."""
     steps = sum(histogram.values())
-    mean = mean_accept_length(histogram)
+    if not steps:
+        return None
+    accepted = sum((int(length) - 1) * count for length, count in histogram.items())
+    dense = [0] * max(int(length) for length in histogram)
+    for length, count in histogram.items():
+        dense[int(length) - 1] += count
     return {
         "num_spec_steps": steps,
-        "num_draft_tokens": drafted,
+        "num_draft_tokens": max(drafted, accepted),
         "num_accepted_draft_tokens": accepted,
-        "mean_acceptance_length": round(mean, 4) if mean is not None else None,
-        "draft_acceptance_rate": round(accepted / drafted, 4) if drafted else None,
-        "acceptance_histogram": {str(int(k) - 1): v for k, v in sorted(histogram.items())},
+        "mean_acceptance_length": round(1 + accepted / steps, 4),
+        "draft_acceptance_rate": round(accepted / max(drafted, accepted), 4) if max(drafted, accepted) else 0.0,
+        "acceptance_histogram": dense,
     }
 
 

@@ -64,8 +64,8 @@ class DecodeStats:
     stale_decode_guesses: int = 0  # stale blocks' tokens (decoded for them) that a chain's first block had guessed
     stale_decode_guesses_hit: int = 0  # ... right (else that block was void: the next one guessed again)
     # Acceptance length per speculative step, as SPEED-Bench and vLLM count it: {length: steps}. A step is a
-    # drafted block's verdict; its length, the drafts it accepted plus the target's token (a block whose bonus
-    # was deferred to the next block of its chain counts that position: vLLM's 1 + accepted per draft). The
+    # drafted block's verdict; its length, 1 + the drafts it accepted (the target's token counted, also where
+    # its bonus was deferred to the next block of its chain, or the generation ended inside the block). The
     # cloud decoding alone takes no step. ``shared.spec_metrics`` reads it.
     accept_lengths: dict[int, int] = field(default_factory=dict)
 
@@ -73,8 +73,7 @@ class DecodeStats:
         """One verification round: ``committed`` tokens entered the sequence; ``chain_continues``: its
         block's bonus was deferred to the next block of its chain (``Verdict.is_deferred``)."""
         if drafted:
-            length = committed + chain_continues
-            self.accept_lengths[length] = self.accept_lengths.get(length, 0) + 1
+            self.accept_lengths[accepted + 1] = self.accept_lengths.get(accepted + 1, 0) + 1
         self.rounds += 1
         self.drafted += drafted
         self.accepted += accepted

@@ -75,7 +75,7 @@ def speculation_fields(outcome: Outcome) -> dict:
     stats = outcome.decode
     predicted_s = max(outcome.wall_s - outcome.ttft_s, 0.0)
     return {
-        "metrics": {"speculative_decoding": vllm_request_metrics(stats.accept_lengths, stats.drafted, stats.accepted)},
+        "metrics": {"speculative_decoding": vllm_request_metrics(stats.accept_lengths, stats.drafted)},
         "timings": llama_timings(prompt_tokens=outcome.prompt_tokens, prompt_s=outcome.ttft_s,
                                  predicted_tokens=max(len(outcome.tokens) - 1, 0), predicted_s=predicted_s,
                                  drafted=stats.drafted, accepted=stats.accepted),

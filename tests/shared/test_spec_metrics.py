@@ -50,10 +50,12 @@ def test_the_speculation_profile_passes_its_checks_and_fails_them_when_cut_short
 
 
 def test_vllm_and_llama_server_fields():
-    fields = vllm_request_metrics(HISTOGRAM, drafted=40, accepted=10)
+    fields = vllm_request_metrics(HISTOGRAM, drafted=40)
     assert fields == {"num_spec_steps": 10, "num_draft_tokens": 40, "num_accepted_draft_tokens": 10,
                       "mean_acceptance_length": 2.0, "draft_acceptance_rate": 0.25,
-                      "acceptance_histogram": {"0": 4, "1": 3, "2": 2, "3": 1}}
+                      "acceptance_histogram": [4, 3, 2, 1]}  # dense: index j, the steps that accepted j drafts
+    assert vllm_request_metrics({1: 2, 4: 1}, drafted=9)["acceptance_histogram"] == [2, 0, 0, 1]
+    assert vllm_request_metrics({}, drafted=0) is None  # no speculative step: no object, as vLLM
     timings = llama_timings(prompt_tokens=20, prompt_s=0.5, predicted_tokens=30, predicted_s=3.0, drafted=40,
                             accepted=10)
     assert (timings["prompt_ms"], timings["predicted_per_second"], timings["draft_n_accepted"]) == (500.0, 10.0, 10)
@@ -66,13 +68,16 @@ def test_each_drafted_block_is_a_step_its_target_token_counted():
     stats.record_round(4, 4, 5)  # four accepted and the bonus
     stats.record_round(0, 0, 1)  # the cloud decoding alone: no speculative step
     assert stats.accept_lengths == {5: 2, 2: 1}  # 1 + accepted each: vLLM's count
+    ended = DecodeStats()
+    ended.record_round(4, 3, 3)  # three accepted, and the generation ended there: still 1 + accepted
+    assert ended.accept_lengths == {4: 1}
     assert mean_accept_length(stats.accept_lengths) == pytest.approx(1 + stats.accepted / 3)
     assert DecodeStats.from_json(stats.to_json()).accept_lengths == {5: 2, 2: 1}
 
 
 def test_a_real_generation_s_steps_add_up_to_its_drafted_tokens(tiny_engine, tiny_models):
-    """Over a split generation, the histogram's steps account for every token a speculative step
-    committed: its mean is the field's acceptance length, 1 + accepted drafts per step, exactly."""
+    """Over a split generation, the histogram's steps are the rounds that drafted and account for every
+    accepted draft: its mean is the field's acceptance length, 1 + accepted drafts per step, exactly."""
     from helpers import GREEDY, tiny_drafter, tiny_prompt
 
     from edge.schedule import SpecConfig
@@ -87,6 +92,5 @@ def test_a_real_generation_s_steps_add_up_to_its_drafted_tokens(tiny_engine, tin
     stats = got.stats
     steps = sum(stats.accept_lengths.values())
     assert steps == stats.drafted_at[0] > 0  # every round that drafted is a step (lock-step: no chains)
-    undrafted = stats.rounds - steps  # the first token's round (answered with the Opened): one token each
-    assert sum(k * v for k, v in stats.accept_lengths.items()) == stats.generated - undrafted
+    assert sum((k - 1) * v for k, v in stats.accept_lengths.items()) == stats.accepted
     assert mean_accept_length(stats.accept_lengths) == pytest.approx(1 + stats.accepted / steps)
