@@ -32,6 +32,7 @@ __all__ = [
     "GRPC_PREFIX_BYTES",
     "HTTP2_FRAME_HEADER_BYTES",
     "MAX_MESSAGE_BYTES",
+    "SLOW_READER_OPTIONS",
     "REPLICA_HEADER",
     "StreamHints",
     "MAX_EARLY_DRAFTS",
@@ -59,6 +60,8 @@ GRPC_PREFIX_BYTES = 5  # gRPC length-prefixed message: 1 flag byte + 4 length by
 HTTP2_FRAME_HEADER_BYTES = 9  # each message rides in (at least) one HTTP/2 DATA frame
 # Largest gRPC message either side sends or accepts: a full codec payload plus the frame around it.
 MAX_MESSAGE_BYTES = codec.MAX_PAYLOAD_BYTES + (64 << 10)
+# A client that reads as little as it can (the benchmarks' slow readers): a 1 KiB receive window, never grown.
+SLOW_READER_OPTIONS = (("grpc.http2.lookahead_bytes", 1024), ("grpc.http2.bdp_probe", 0))
 _MAX_SERVER_US = 2**32 - 1  # a uint32 field
 # Request metadata naming the replica that holds a session (Opened.replica): a resume carries it,
 # so a proxy in front of several verifiers can route the stream back to its session.

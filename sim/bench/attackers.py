@@ -31,13 +31,12 @@ import grpc
 from edge.drafter import DraftBlock, ModelFreeDrafter, one_hot_block
 from protos import splitspec_pb2 as pb
 from shared import codec
-from shared.wire import sampling_to_proto
+from shared.wire import SLOW_READER_OPTIONS, sampling_to_proto
 
 __all__ = ["AttackTarget", "GarbageDrafter", "STRATEGIES", "SalamiDrafter"]
 
 DECODE = "/splitspec.v1.Verifier/Decode"
 SALAMI_RIGHT = 5  # right drafts at the head of each salami block
-SMALL_WINDOW = (("grpc.http2.lookahead_bytes", 1024), ("grpc.http2.bdp_probe", 0))
 JUNK = b"\x01" * (1 << 20)
 
 
@@ -172,7 +171,7 @@ def slow_reader(target: AttackTarget, token: str, stop: threading.Event) -> None
         for _ in _until(stop, 0.02):
             yield _empty_block(target)
 
-    _held_streams(target, token, stop, frames, options=SMALL_WINDOW)
+    _held_streams(target, token, stop, frames, options=SLOW_READER_OPTIONS)
 
 
 def keep_alive(target: AttackTarget, token: str, stop: threading.Event) -> None:
@@ -192,7 +191,7 @@ def flood(target: AttackTarget, token: str, stop: threading.Event) -> None:
         while not stop.is_set():
             yield junk
 
-    _held_streams(target, token, stop, frames, options=SMALL_WINDOW)
+    _held_streams(target, token, stop, frames, options=SLOW_READER_OPTIONS)
 
 
 def made_up(target: AttackTarget, token: str, stop: threading.Event) -> None:
