@@ -21,10 +21,12 @@ tokens decoded on that path alone; their keys and values are kept aside, and
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import time
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
@@ -244,6 +246,7 @@ class TargetEngine:
         self.eos_token_ids = self._eos_ids()
         self.pieces = self._pieces()
         self.fingerprint = vocab_fingerprint(self.pieces)
+        log.debug("target weights fingerprint %s", self.weights_fingerprint.hex())  # (hashed at load, not on an Open)
         self.load_s = time.perf_counter() - started
         log.info(
             "target %s loaded in %.1fs on %s/%s (vocab %d, %s shapes%s)",
@@ -270,6 +273,18 @@ class TargetEngine:
     def kv_bytes_per_position(self) -> int:
         """What one position of a session's KV cache holds, in bytes (``kv_bytes_per_position``)."""
         return kv_bytes_per_position(self.model.config, self.dtype)
+
+    @cached_property
+    def weights_fingerprint(self) -> bytes:
+        """16 bytes of BLAKE2b over the target's parameters and buffers, by name, as they run (dtype and
+        values; with tensor parallelism, this rank's shards): what ``Opened.target_fingerprint`` says."""
+        digest = hashlib.blake2b(digest_size=16)
+        for name, tensor in sorted(self.model.state_dict().items()):
+            local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+            data = local.detach().to("cpu").contiguous()
+            digest.update(f"{name}:{data.dtype}:{tuple(data.shape)};".encode())
+            digest.update(data.view(torch.uint8).numpy() if data.numel() else b"")
+        return digest.digest()
 
     def _eos_ids(self) -> set[int]:
         eos = self.model.generation_config.eos_token_id if self.model.generation_config else None

@@ -215,6 +215,7 @@ class Handshake(ServicePart):
             max_branches=session.policy.max_branches,
             replica=self.replica,
             row_tile=self.engine.row_tile(session.params.reproducible),
+            target_fingerprint=self.engine.weights_fingerprint,
         )
 
     async def _open(self, request: pb.Open, owner: str, context) -> SessionEntry:

@@ -202,7 +202,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             asked = handshake.parse_request(request)
             handshake.check_mode(asked.params, context)  # the modes this verifier serves, as for an Open
             entry = await handshake.new_session(asked, 0, handshake.owner(context))
-            session = entry.session
+            session, first_sent = entry.session, False
             while not session.done:
                 answer = await self.blocks.decode_alone(entry, arrived, entry.stream)
                 verdict, seconds = answer.verdict, answer.seconds
@@ -216,9 +216,10 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                         stop_reason=stop_reason_to_proto(verdict.stop_reason),
                         server_us=server_us(seconds),
                         forwards=session.forwards if verdict.done else 0,
+                        target_fingerprint=b"" if first_sent else self.engine.weights_fingerprint,
                     ),
                 )
-                arrived = time.perf_counter()
+                arrived, first_sent = time.perf_counter(), True
         except Abort as exc:
             failure = exc
             self.metrics.sessions_failed.labels(code=exc.code.name).inc()

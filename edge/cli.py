@@ -150,6 +150,10 @@ def _add_cloud_args(parser: argparse.ArgumentParser, report_flags: bool = True) 
     group.add_argument("--tls-ca", type=Path, default=None, help="PEM CA certificate: connect with TLS and trust this CA")
     group.add_argument("--connect-timeout", type=positive_float, default=10.0, help="seconds to reach the cloud (default 10)")
     group.add_argument("--verdict-timeout", type=positive_float, default=120.0, help="seconds to wait for any one answer (default 120)")
+    group.add_argument("--pin-target", type=_fingerprint, default=None, metavar="HEX",
+                       help="refuse a verifier whose target weights are not these (the `target` a report records, "
+                       "e.g. baseline --reproducible --json): a reproducible session is then bit-identical to that "
+                       "baseline, or refused, never silently served by a swapped checkpoint")
     if not report_flags:
         return
     parser.add_argument("--json", action="store_true", help="print tokens, text and stats (with bytes and RTT) as JSON")
@@ -169,7 +173,18 @@ def _cloud_options(args: argparse.Namespace) -> dict:
         "auth_token": args.auth_token_file.read_text().strip() if args.auth_token_file else None,
         "root_certificates": args.tls_ca.read_bytes() if args.tls_ca else None,
         "connect_timeout_s": args.connect_timeout,
+        "pinned_target": args.pin_target,
     }
+
+
+def _fingerprint(text: str) -> bytes:
+    try:
+        value = bytes.fromhex(text)
+    except ValueError:
+        value = b""
+    if len(value) != 16:
+        raise argparse.ArgumentTypeError(f"a target fingerprint is 32 hex digits (a report's `target`), got {text!r}")
+    return value
 
 
 def _emit(args: argparse.Namespace, report) -> bool:
@@ -271,6 +286,7 @@ def _run_edge(args, drafter, prompt, params, controller, options, fleet) -> int:
         switches=controller.switches if controller is not None else 0,
         recoveries=verifier.recoveries,
         error=str(failure or ""),
+        target=verifier.served_by.target_fingerprint.hex(),
     )
     if failure is not None:  # the report holds the tokens made before the failure
         _emit(args, report)
@@ -328,7 +344,7 @@ def run_serve(args: argparse.Namespace) -> int:
             cloud=args.cloud, model_name=drafter.model_name, auth_token=options["auth_token"],
             root_certificates=options["root_certificates"], connect_timeout_s=min(args.connect_timeout, 5.0),
             verdict_timeout_s=args.verdict_timeout, outage_budget_s=args.outage_budget, draft_len=args.draft_len,
-            schedule=args.schedule, window=args.window, fallback=args.fallback,
+            schedule=args.schedule, window=args.window, fallback=args.fallback, pinned_target=options["pinned_target"],
         )
         service = EdgeService.for_drafter(drafter, config, args.chat_format, fleet)
         if args.schedule == "adaptive":  # its controller starts from the link (``Controller.start``): measure it now
@@ -419,6 +435,7 @@ def run_baseline(args: argparse.Namespace) -> int:
         rtt_ms=0.0,
         decode=decode,
         blocks=result.chunk_log,
+        target=result.target_fingerprint.hex(),
     )
     if _emit(args, report):
         return 0

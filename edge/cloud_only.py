@@ -37,6 +37,7 @@ class CloudOnlyResult:
     bytes_down: int
     forwards: int  # target forwards the cloud reported, prefill included
     chunk_log: list[BlockTiming]  # [chunks], one token each
+    target_fingerprint: bytes = b""  # the target weights that served it (the first chunk's)
 
 
 def cloud_only_generate(
@@ -64,10 +65,13 @@ def cloud_only_generate(
     )
     tokens: list[int] = []
     chunk_log: list[BlockTiming] = []
-    bytes_down, ttft, stop, forwards = 0, 0.0, StopReason.NONE, 0
+    bytes_down, ttft, stop, forwards, target = 0, 0.0, StopReason.NONE, 0, None
     started = time.perf_counter()
     try:
         for chunk in pb_grpc.VerifierStub(channel).Generate(request, timeout=timeout_s):
+            if target is None:  # (the first chunk says which weights serve it)
+                target = chunk.target_fingerprint
+                endpoint.check_target(target)
             bytes_down += message_wire_bytes(chunk)
             chunk_log.append(BlockTiming(1, chunk.server_us * 1e-6, 0, message_wire_bytes(chunk)))
             new = codec.decode_tokens(chunk.tokens, chunk.compressed, vocab_size, max_tokens=max_new_tokens).tolist()
@@ -88,5 +92,6 @@ def cloud_only_generate(
     finally:
         channel.close()
     return CloudOnlyResult(
-        tokens, stop, time.perf_counter() - started, ttft, message_wire_bytes(request), bytes_down, forwards, chunk_log
+        tokens, stop, time.perf_counter() - started, ttft, message_wire_bytes(request), bytes_down, forwards, chunk_log,
+        target or b"",
     )

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from edge.endpoint import VerifierEndpoint
 from edge.grpc_verifier import GrpcVerifier
+from edge.verifier_protocol import ServedBy
 
 __all__ = ["Conversation"]
 
@@ -33,12 +34,12 @@ class Conversation:
         """A verifier for the next turn: it continues the session if there is one, and keeps it after."""
         continue_from = (self.ticket, self.tokens) if self.ticket else None
         link = GrpcVerifier(endpoint, keep_session=True, continue_from=continue_from, **kwargs)
-        link.replica = self.replica if self.ticket else ""
+        link.served_by = ServedBy(self.replica if self.ticket else "")
         return link
 
     def record(self, verifier: GrpcVerifier, prompt: Sequence[int], generated: Sequence[int]) -> None:
         """The turn finished: its session now holds ``prompt`` + ``generated``."""
-        self.ticket, self.replica = verifier.resume_ticket, verifier.replica
+        self.ticket, self.replica = verifier.resume_ticket, verifier.served_by.replica
         self.tokens = [*prompt, *generated]
         self.turns += 1
 

@@ -25,6 +25,19 @@ class VerifierEndpoint:
     root_certificates: bytes | None = None  # PEM CA bundle to trust: TLS (None: plaintext, or local credentials)
     auth_token: str | None = field(default=None, repr=False)  # bearer token for every call (TLS or loopback only)
     connect_timeout_s: float = 10.0  # no connection by then: the cloud is unreachable
+    # The target weights' fingerprint the session must be served by (``Opened.target_fingerprint``; None: any).
+    # A reproducible session that pins the one its baseline recorded cannot be served by a swapped checkpoint.
+    pinned_target: bytes | None = None
+
+    def check_target(self, served: bytes) -> None:
+        """Raise ``VerifierError`` when a target is pinned and ``served`` is another."""
+        if self.pinned_target is not None and served != self.pinned_target:
+            from edge.verifier_protocol import VerifierError
+
+            raise VerifierError(
+                f"the verifier serves target weights {served.hex() or '(not said: an older verifier)'}, not the "
+                f"pinned {self.pinned_target.hex()} (--pin-target): a different checkpoint would not reproduce "
+                "the pinned outputs")
 
     def open_channel(self) -> grpc.Channel:
         """A new channel with this endpoint's credentials (``edge.channel.make_channel``); the caller closes it."""

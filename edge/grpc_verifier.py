@@ -31,7 +31,16 @@ from edge.link_meter import LinkMeter, SentBlock
 from edge.opening import OpenRequest, open_message, session_terms
 from edge.report import Recovery
 from edge.verdict_checks import check_verdict_tokens
-from edge.verifier_protocol import CloudTiming, LinkHint, LinkLost, Received, Resumption, SessionTerms, VerifierError
+from edge.verifier_protocol import (
+    CloudTiming,
+    LinkHint,
+    LinkLost,
+    Received,
+    Resumption,
+    ServedBy,
+    SessionTerms,
+    VerifierError,
+)
 from protos import splitspec_pb2 as pb
 from shared import codec
 from shared.params import SamplingParams
@@ -110,7 +119,7 @@ class GrpcVerifier:
         self.forwards = 0
         self._forwards_offset = 0
         self.resume_ticket = b""
-        self.replica = ""  # the verifier replica serving the session (Opened)
+        self.served_by = ServedBy()  # the replica and the target weights serving the session (Opened)
         self._lost_at: float | None = None  # when the stream broke, until the first verdict after it
         # Blocks not yet answered, oldest first: each gets exactly one verdict, in order.
         self._in_flight: deque[SentBlock] = deque()
@@ -398,10 +407,11 @@ class GrpcVerifier:
         self.resume_ticket = opened.resume_ticket
         # The answer to the first position (Open.first_token), which ``receive`` returns first.
         self._first_verdict = opened.first_verdict if opened.HasField("first_verdict") else None
-        self.replica = opened.replica
+        self.served_by = ServedBy(opened.replica, opened.target_fingerprint)
         self._cloud_hints = StreamHints.from_metadata(self._stream.headers())
         if opened.vocab_size != self.endpoint.vocab_size:
             raise VerifierError(f"cloud vocabulary has {opened.vocab_size} tokens, ours {self.endpoint.vocab_size}")
+        self.endpoint.check_target(opened.target_fingerprint)
         return opened
 
     def _send_behind_open(self, start_position: int) -> int:
@@ -423,7 +433,7 @@ class GrpcVerifier:
         """A fresh Decode stream; what was in flight on the old one is forgotten."""
         self._in_flight.clear()
         self._first_verdict = None
-        self._stream.restart(self.replica)  # a resume names the session's replica, for a proxy that routes by it
+        self._stream.restart(self.served_by.replica)  # a resume names the session's replica, for a proxy that routes by it
 
     def _receive(self, kind: str, timeout_s: float | None = None) -> pb.CloudFrame:
         try:

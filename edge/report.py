@@ -66,6 +66,7 @@ class EdgeReport:
     switches: int = 0  # adaptive schedule: switches between drafting and the cloud decoding alone
     recoveries: list[Recovery] = field(default_factory=list)  # broken streams recovered from
     error: str = ""  # set when the generation failed: ``tokens`` holds what it made before
+    target: str = ""  # the target weights' fingerprint that served it, hex (pin it with --pin-target)
 
     def to_json(self) -> dict:
         out = {name: getattr(self, name) for name in self.__dataclass_fields__}
@@ -79,7 +80,8 @@ class EdgeReport:
     def from_json(cls, data: dict) -> EdgeReport:
         """The inverse of ``to_json``; ``ValueError`` names a missing or malformed field."""
         try:
-            fields = {name: data[name] for name in cls.__dataclass_fields__}
+            fields = {name: data[name] for name in cls.__dataclass_fields__ if name not in _ADDED}
+            fields.update({name: data.get(name, default) for name, default in _ADDED.items()})
             fields["decode"] = DecodeStats.from_json(data["decode"])
             fields["drafter"] = DrafterStats.from_json(data["drafter"])
             fields["blocks"] = [BlockTiming(**b) for b in data["blocks"]]
@@ -87,3 +89,6 @@ class EdgeReport:
         except (KeyError, TypeError) as exc:
             raise ValueError(f"not an edge report: {exc!r}") from exc
         return cls(**fields)
+
+
+_ADDED = {"target": ""}  # fields reports written before them lack (read as their default)

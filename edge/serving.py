@@ -53,6 +53,7 @@ class ServeConfig:
     schedule: str = DEFAULT_SCHEDULE
     window: int = DEFAULT_WINDOW
     fallback: str = "error"  # "local": answer from the drafter alone while the cloud is out of reach
+    pinned_target: bytes | None = None  # the target weights every session must be served by (--pin-target)
     offline_retry_s: float = 10.0  # after a failed connection, requests go straight to the fallback this long
     max_conversations: int = 8  # conversations whose cloud sessions are kept between requests
 
@@ -141,6 +142,7 @@ class EdgeService:
         self.endpoint = VerifierEndpoint(
             config.cloud, vocab.size, vocab.fingerprint, root_certificates=config.root_certificates,
             auth_token=config.auth_token, connect_timeout_s=config.connect_timeout_s,
+            pinned_target=config.pinned_target,
         )
         self.fleet = fleet
         self.last_replica = ""  # the replica that served the last split generation
@@ -234,7 +236,7 @@ class EdgeService:
             on_start(DRAFTER_ONLY)
             return self._fallback(job, emitter, emitted)
         self.offline_since = None
-        self.last_replica = verifier.replica
+        self.last_replica = verifier.served_by.replica
         self.last_link = verifier.measured_link() or self.last_link
         conversation.record(verifier, job.prompt, result.tokens)
         emitter.finish()

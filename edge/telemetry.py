@@ -50,7 +50,7 @@ class GenerationSample:
         stats = result.stats
         return cls(
             tokens=len(result.tokens), wall_s=stats.wall_s, mode=mode, draft_len=draft_len, window=window,
-            served_by=served_by, replica=verifier.replica if verifier else "",
+            served_by=served_by, replica=verifier.served_by.replica if verifier else "",
             rtt_ms=verifier.rtt_ms if verifier else 0.0, bytes_up=verifier.bytes_up if verifier else 0,
             bytes_down=verifier.bytes_down if verifier else 0, accepted_at=list(stats.accepted_at),
             drafted_at=list(stats.drafted_at),

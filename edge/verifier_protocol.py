@@ -19,7 +19,7 @@ from shared.stats import DecodeStats
 from shared.verdict import StopReason, Verdict
 from shared.wire import StreamHints
 
-__all__ = ["VerifierConnection", "LinkHint", "SessionTerms", "Resumption", "GenerationResult", "ProtocolError",
+__all__ = ["VerifierConnection", "LinkHint", "ServedBy", "SessionTerms", "Resumption", "GenerationResult", "ProtocolError",
            "VerifierError", "LinkLost", "CloudTiming", "Received"]
 
 
@@ -70,6 +70,14 @@ class Received:
 
     verdict: Verdict
     timing: CloudTiming = CloudTiming()
+
+
+@dataclass(frozen=True)
+class ServedBy:
+    """Who serves a session (its ``Opened``): the verifier replica, and the target weights' fingerprint."""
+
+    replica: str = ""
+    target_fingerprint: bytes = b""
 
 
 @dataclass(frozen=True)

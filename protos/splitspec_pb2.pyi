@@ -120,7 +120,7 @@ class EdgeFrame(_message.Message):
     def __init__(self, open: _Optional[_Union[Open, _Mapping]] = ..., draft: _Optional[_Union[Draft, _Mapping]] = ..., close: _Optional[_Union[Close, _Mapping]] = ...) -> None: ...
 
 class Opened(_message.Message):
-    __slots__ = ("resume_ticket", "vocab_size", "committed_length", "max_draft_len", "forwards", "max_blocks_in_flight", "epoch", "committed_tail", "committed_tail_compressed", "stop_reason", "replica", "first_verdict", "max_branches", "row_tile")
+    __slots__ = ("resume_ticket", "vocab_size", "committed_length", "max_draft_len", "forwards", "max_blocks_in_flight", "epoch", "committed_tail", "committed_tail_compressed", "stop_reason", "replica", "first_verdict", "max_branches", "row_tile", "target_fingerprint")
     RESUME_TICKET_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_LENGTH_FIELD_NUMBER: _ClassVar[int]
@@ -135,6 +135,7 @@ class Opened(_message.Message):
     FIRST_VERDICT_FIELD_NUMBER: _ClassVar[int]
     MAX_BRANCHES_FIELD_NUMBER: _ClassVar[int]
     ROW_TILE_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     resume_ticket: bytes
     vocab_size: int
     committed_length: int
@@ -149,7 +150,8 @@ class Opened(_message.Message):
     first_verdict: Verdict
     max_branches: int
     row_tile: int
-    def __init__(self, resume_ticket: _Optional[bytes] = ..., vocab_size: _Optional[int] = ..., committed_length: _Optional[int] = ..., max_draft_len: _Optional[int] = ..., forwards: _Optional[int] = ..., max_blocks_in_flight: _Optional[int] = ..., epoch: _Optional[int] = ..., committed_tail: _Optional[bytes] = ..., committed_tail_compressed: _Optional[bool] = ..., stop_reason: _Optional[_Union[StopReason, str]] = ..., replica: _Optional[str] = ..., first_verdict: _Optional[_Union[Verdict, _Mapping]] = ..., max_branches: _Optional[int] = ..., row_tile: _Optional[int] = ...) -> None: ...
+    target_fingerprint: bytes
+    def __init__(self, resume_ticket: _Optional[bytes] = ..., vocab_size: _Optional[int] = ..., committed_length: _Optional[int] = ..., max_draft_len: _Optional[int] = ..., forwards: _Optional[int] = ..., max_blocks_in_flight: _Optional[int] = ..., epoch: _Optional[int] = ..., committed_tail: _Optional[bytes] = ..., committed_tail_compressed: _Optional[bool] = ..., stop_reason: _Optional[_Union[StopReason, str]] = ..., replica: _Optional[str] = ..., first_verdict: _Optional[_Union[Verdict, _Mapping]] = ..., max_branches: _Optional[int] = ..., row_tile: _Optional[int] = ..., target_fingerprint: _Optional[bytes] = ...) -> None: ...
 
 class Verdict(_message.Message):
     __slots__ = ("epoch", "start_position", "accepted", "token", "bonus", "done", "stop_reason", "server_us", "forwards", "branch", "branch_accepted", "stale", "rebased", "rebased_verified", "forward_us", "draft_limit", "forward_rows")
@@ -214,17 +216,19 @@ class GenerateRequest(_message.Message):
     def __init__(self, vocab_fingerprint: _Optional[bytes] = ..., vocab_size: _Optional[int] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., prompt: _Optional[bytes] = ..., prompt_compressed: _Optional[bool] = ..., max_new_tokens: _Optional[int] = ...) -> None: ...
 
 class GenerateChunk(_message.Message):
-    __slots__ = ("tokens", "compressed", "done", "stop_reason", "server_us", "forwards")
+    __slots__ = ("tokens", "compressed", "done", "stop_reason", "server_us", "forwards", "target_fingerprint")
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPRESSED_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
     STOP_REASON_FIELD_NUMBER: _ClassVar[int]
     SERVER_US_FIELD_NUMBER: _ClassVar[int]
     FORWARDS_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     tokens: bytes
     compressed: bool
     done: bool
     stop_reason: StopReason
     server_us: int
     forwards: int
-    def __init__(self, tokens: _Optional[bytes] = ..., compressed: _Optional[bool] = ..., done: _Optional[bool] = ..., stop_reason: _Optional[_Union[StopReason, str]] = ..., server_us: _Optional[int] = ..., forwards: _Optional[int] = ...) -> None: ...
+    target_fingerprint: bytes
+    def __init__(self, tokens: _Optional[bytes] = ..., compressed: _Optional[bool] = ..., done: _Optional[bool] = ..., stop_reason: _Optional[_Union[StopReason, str]] = ..., server_us: _Optional[int] = ..., forwards: _Optional[int] = ..., target_fingerprint: _Optional[bytes] = ...) -> None: ...

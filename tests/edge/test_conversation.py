@@ -96,6 +96,6 @@ def test_a_next_turn_names_its_replica_and_a_misrouted_one_is_counted(serve, tin
     conversation.replica = "r2"  # as if a proxy had sent a turn for r2 here
     history = [*history, *words(tiny_engine, TURNS[2])]
     result, verifier = run_turn(conversation, server, tiny_engine, drafter, history, PARAMS[0])
-    assert metrics.registry.get_sample_value("splitspec_misrouted_streams_total") == 1 and verifier.replica == "r1"
+    assert metrics.registry.get_sample_value("splitspec_misrouted_streams_total") == 1 and verifier.served_by.replica == "r1"
     fresh = generate(tiny_engine, drafter, history, PARAMS[0], max_new_tokens=12, spec=SpecConfig(0))
     assert result.tokens == fresh.tokens
