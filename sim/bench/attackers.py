@@ -165,22 +165,23 @@ def _decode_loop(target: AttackTarget, token: str, stop: threading.Event, drafte
         seed += 1
 
 
-def slow_reader(target: AttackTarget, token: str, stop: threading.Event) -> None:
+def _empty_blocks_every(target: AttackTarget, token: str, stop: threading.Event, every_s: float, **kwargs) -> None:
+    """``target.streams`` streams that each open and then send an empty block every ``every_s``."""
+
     def frames():
         yield _open(target)
-        for _ in _until(stop, 0.02):
+        for _ in _until(stop, every_s):
             yield _empty_block(target)
 
-    _held_streams(target, token, stop, frames, options=SLOW_READER_OPTIONS)
+    _held_streams(target, token, stop, frames, **kwargs)
+
+
+def slow_reader(target: AttackTarget, token: str, stop: threading.Event) -> None:
+    _empty_blocks_every(target, token, stop, 0.02, options=SLOW_READER_OPTIONS)
 
 
 def keep_alive(target: AttackTarget, token: str, stop: threading.Event) -> None:
-    def frames():
-        yield _open(target)
-        for _ in _until(stop, 1.0):
-            yield _empty_block(target)
-
-    _held_streams(target, token, stop, frames, read=True)
+    _empty_blocks_every(target, token, stop, 1.0, read=True)
 
 
 def flood(target: AttackTarget, token: str, stop: threading.Event) -> None:
