@@ -21,6 +21,7 @@ from helpers import (
     tiny_prompt,
 )
 
+from cloud.limits import ServiceLimits
 from edge.decode_loop import run_decode
 from edge.endpoint import VerifierEndpoint
 from edge.grpc_verifier import GrpcVerifier
@@ -61,7 +62,10 @@ def test_edge_run_is_token_identical_to_target_only(tiny_models, tiny_engine, ti
 
 
 @pytest.mark.slow
-def test_rejection_mode_over_the_network_samples_the_target(tiny_models, tiny_engine, tiny_vocab, verifier):
+def test_rejection_mode_over_the_network_samples_the_target(tiny_models, tiny_engine, tiny_vocab, serve):
+    # A session per sample, a thousand from one address as fast as they go: no bound on the Open rate here
+    # (the bound has its own test: test_open_rate.py).
+    verifier = serve(ServiceLimits(max_draft_len=16, session_ttl_s=30, rejection_to=("all",), opens_per_client_s=0))
     prompt = tiny_prompt(tiny_engine, "It was the best of times")
 
     def params_for(seed: int) -> SamplingParams:
