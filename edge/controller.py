@@ -289,10 +289,12 @@ class Controller:
                 f"drafting {ms(self.draft_s_per_token)}/token, cloud alone {ms(self.cloud_s_per_token)}/token"
                 + self.hedge.describe(self.hedge_width, self.hedge_extra_s()))
 
-    def plan(self, drafting_only: bool = False) -> Plan:
+    def plan(self, drafting_only: bool = False, tokens_left: int | None = None) -> Plan:
         """The choice for the next chain (call when nothing live is in flight: a chain just ended).
         ``drafting_only``: within a chain, only its draft length and window may change (blocks of a
-        chain may differ in length; leaving drafting waits for the chain's end)."""
+        chain may differ in length; leaving drafting waits for the chain's end). ``tokens_left``: what the
+        token limit leaves (None: unbounded); drafting and the cloud alone swap only where the time the
+        swap saves over them outweighs what it costs (``swap_pays``)."""
         # Switching costs a drained pipeline (a round trip) each way: do it on enough evidence only.
         samples = self.acceptance.samples
         settled = self.draft_len != 0 or samples >= self.tunables.min_samples_to_leave_cloud
@@ -316,12 +318,15 @@ class Controller:
         for choice in sorted(known, key=order, reverse=True):
             if choice == self.draft_len:
                 break
-            margin = 1 + (self.tunables.hysteresis if (choice == 0) != (self.draft_len == 0) else self.tunables.change_tie)
+            swaps = (choice == 0) != (self.draft_len == 0)
+            if swaps and current is not None and not self.swap_pays(current, known[choice], choice, tokens_left):
+                continue
+            margin = 1 + (self.tunables.hysteresis if swaps else self.tunables.change_tie)
             if choice < self.draft_len:  # on few acceptance samples, only a wide gap makes blocks shorter or none
                 evidence = self.tunables.evidence_to_draft_less / max(samples, 1)
                 margin *= 1 + (evidence ** 2 if choice == 0 else evidence)
             if current is None or known[choice] > margin * current:
-                if (choice == 0) != (self.draft_len == 0):
+                if swaps:
                     self.switches += 1
                     self._shadow_run = 0  # (a chain ends at a miss: the stretch's first proposal is a first draft)
                 self.draft_len = choice
@@ -332,6 +337,19 @@ class Controller:
         self.hedge.choose(known.get(self.draft_len), self.forward_cost, self.draft_len, self.tunables.hysteresis,
                           self.drafted_blocks)
         return Plan(self.draft_len, window, known.get(self.draft_len))
+
+    def swap_pays(self, current: float, other: float, draft_len: int, tokens_left: int | None) -> bool:
+        """Whether swapping between drafting and the cloud alone (to ``draft_len``; 0: the cloud alone),
+        predicted ``other`` tokens/s against ``current``, pays back within ``tokens_left`` tokens (None:
+        unbounded, it does). A swap drains the pipeline: one network trip with nothing answered, and, to
+        drafting, its first block's drafting as well; the time it saves is ``tokens_left`` at the faster
+        rate. (Near the token limit a swap that the rates favour costs more than the rest of the
+        generation can win back: measured, a weak drafter's session went back to drafting at 62 of 64
+        tokens.)"""
+        if tokens_left is None or other <= current:
+            return tokens_left is None
+        cost = (self.network_s.value or 0.0) + draft_len * (self.draft_s_per_token.value or 0.0)
+        return tokens_left * (1.0 / current - 1.0 / other) > cost
 
     def hedge_extra_s(self) -> float:
         """Seconds a hedged block adds at the current draft length (``HedgeChoice.extra_s``)."""

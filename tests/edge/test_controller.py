@@ -96,6 +96,25 @@ def test_a_drafter_that_is_always_wrong_hands_decoding_to_the_cloud_and_comes_ba
     assert c.plan().draft_len > 0 and c.switches == 2
 
 
+def test_near_the_token_limit_a_swap_that_cannot_pay_back_is_not_made():
+    """A swap drains the pipeline (a network trip; to drafting, a block's drafting too): it is made only
+    where the rest of the generation wins that back at the faster rate."""
+    def settled(alpha: float, draft_len: int) -> Controller:
+        c = Controller.converged(8, 4, alpha_per_position=[alpha], draft_s_per_token=0.04, network_s=0.14,
+                                 forward_s=0.11, cloud_s_per_token=0.10)
+        c.draft_len = draft_len
+        return c
+
+    # One-draft blocks of a useless drafter: 8.5 tok/s against the cloud alone's 10 (stale decodes).
+    assert settled(0.0, 1).plan(tokens_left=200).draft_len == 0  # it leaves at once...
+    assert settled(0.0, 1).plan().draft_len == 0  # (no limit: as far as it goes)
+    near = settled(0.0, 1)
+    assert near.plan(tokens_left=4).draft_len == 1 and near.switches == 0  # ...but not four tokens from the end
+    best = settled(0.95, 0).plan().draft_len  # a good drafter is taken back from the cloud alone...
+    assert best > 0 and settled(0.95, 0).plan(tokens_left=200).draft_len == best
+    assert settled(0.95, 0).plan(tokens_left=4).draft_len == 0  # ...but not four tokens from the end
+
+
 def test_a_settled_controller_chooses_as_one_that_measured_at_length():
     """What the performance model asks the controller: its choice once its estimates have settled."""
     def settled(alpha: float) -> Controller:
@@ -349,7 +368,7 @@ class Alternating(Controller):
         super().__init__(max_draft_len=4, window=2, cloud_window=8)
         self.plans = []
 
-    def plan(self, drafting_only=False):
+    def plan(self, drafting_only=False, tokens_left=None):
         from edge.controller import Plan
 
         if drafting_only:  # within a chain: keep it
@@ -369,7 +388,7 @@ def test_a_long_chain_chooses_its_draft_length_again_on_the_way(tiny_engine, tin
     class Choosing(Controller):
         within = 0
 
-        def plan(self, drafting_only=False):
+        def plan(self, drafting_only=False, tokens_left=None):
             if not drafting_only:
                 return Plan(2, self.window, None)
             self.within += 1
@@ -403,7 +422,7 @@ def test_the_loop_keeps_the_controllers_window_from_the_first_chain_and_widens_i
     class Widening(Controller):
         first_plan_at = None  # blocks counted when the loop first asked for a plan
 
-        def plan(self, drafting_only=False):
+        def plan(self, drafting_only=False, tokens_left=None):
             if self.first_plan_at is None:
                 self.first_plan_at = len(most)
             self.chosen_window = 4  # what measurements would have chosen
