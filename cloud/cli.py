@@ -57,7 +57,7 @@ def add_cloud_commands(commands) -> None:
         "serve",
         help="serve the target model as a verifier over gRPC",
         description="Verify draft blocks from edge clients with the target model. The server listens on loopback "
-        "only unless --host is given (or a token with TLS, then 0.0.0.0). A bearer token on a non-loopback "
+        "only unless --host is given (or TLS with tokens or client certificates, then 0.0.0.0). A bearer token on a non-loopback "
         "address needs TLS (--tls-cert/--tls-key) or an explicit --insecure. SIGTERM drains in-flight verdicts, "
         "then exits. Tensor parallel: start it under torchrun (torchrun --nproc-per-node N -m cloud.cli serve "
         "...); the target is sharded across the N ranks and rank 0 serves.",
@@ -66,7 +66,7 @@ def add_cloud_commands(commands) -> None:
     serve.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     serve.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
                        help="target weights and activations (default: float32 on CPU, bfloat16 on GPU)")
-    serve.add_argument("--host", default=None, help="listen address (default: 127.0.0.1, or 0.0.0.0 with --auth-token-file and TLS)")
+    serve.add_argument("--host", default=None, help="listen address (default: 127.0.0.1, or 0.0.0.0 with TLS and tokens or client certificates)")
     serve.add_argument("--port", type=port_number, default=50051, help="listen port; 0 picks a free one (default 50051)")
     limits = ServiceLimits()
     serve.add_argument("--max-sessions", type=positive_int, default=limits.max_sessions,
@@ -154,6 +154,10 @@ def add_cloud_commands(commands) -> None:
                             "a client is its peer's address"),
     serve.add_argument("--tls-cert", type=Path, default=None, help="PEM certificate (with --tls-key)")
     serve.add_argument("--tls-key", type=Path, default=None, help="PEM private key (with --tls-cert)")
+    serve.add_argument("--tls-client-ca", type=Path, default=None,
+                       help="mutual TLS: refuse a connection without a client certificate this PEM CA signed; a "
+                       "stream without a bearer token is then the client its certificate's common name says (the "
+                       "identity for every per-client bound, share and --rejection-to grant)")
     serve.add_argument("--insecure", action="store_true",
                        help="accept --auth-token-file without TLS on a non-loopback --host: the token then crosses "
                        "the network in cleartext, readable by anyone on the path (splitspec-edge itself refuses to send a "
@@ -182,6 +186,14 @@ def read_secret(path: Path | None, what: str) -> str | None:
     return value
 
 
+def read_file(path: Path | None, what: str) -> bytes | None:
+    if path is None:
+        return None
+    if not path.is_file():
+        raise CliError(f"{what} not found: {path}", exit_code=2)
+    return path.read_bytes()
+
+
 def run_serve(args: argparse.Namespace) -> int:
     from cloud.engine import NotRowInvariant, pick_device
     from cloud.identity import Credentials
@@ -194,7 +206,8 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.auth_tokens is not None and not args.auth_tokens.is_file():
         raise CliError(f"auth tokens file not found: {args.auth_tokens}", exit_code=2)
     credentials = Credentials.from_file(args.auth_tokens) if args.auth_tokens else None
-    host = args.host or ("0.0.0.0" if (token or credentials) and args.tls_cert else "127.0.0.1")
+    verified = token or credentials or args.tls_client_ca  # clients prove who they are: listen beyond loopback
+    host = args.host or ("0.0.0.0" if verified and args.tls_cert else "127.0.0.1")
     config = ServerConfig(
         host=host,
         port=args.port,
@@ -225,6 +238,7 @@ def run_serve(args: argparse.Namespace) -> int:
         credentials=credentials,
         tls_cert=args.tls_cert.read_bytes() if args.tls_cert else None,
         tls_key=args.tls_key.read_bytes() if args.tls_key else None,
+        tls_client_ca=read_file(args.tls_client_ca, "TLS client CA file"),
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
         grace_s=args.grace,

@@ -3,9 +3,12 @@
 With credentials (``--auth-tokens FILE``, one ``client-id token`` per line; or ``--auth-token-file``,
 one token for the client ``default``), a stream's identity is the client whose token it presents. The
 server's interceptor refuses a stream with no known token (``UNAUTHENTICATED``) before it reaches the
-servicer, so every stream the servicer sees has a verified identity. Without credentials the identity
-is the peer's address (its host, not the port): never a header the client chose, so made-up tokens
-cannot multiply a client into many.
+servicer, so every stream the servicer sees has a verified identity. With client certificates
+(mutual TLS: ``--tls-client-ca``, the server refusing a handshake without a certificate that CA signed)
+and no token for the stream, the identity is the certificate's common name (``client:<CN>``; a name that
+is not a client id is the certificate's digest, ``cert:<hex>``); a token, where there are credentials,
+names the client over the certificate. Without either the identity is the peer's address (its host, not
+the port): never a header the client chose, so made-up tokens cannot multiply a client into many.
 
 A credentials file holds, per line, a client id (letters, digits, ``.``, ``_``, ``-``) and its token, or
 ``sha256:`` and the hex SHA-256 of the token (so the file need not hold the tokens themselves); ``#``
@@ -22,7 +25,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["Credentials", "Identities", "peer_host", "granted", "DEFAULT_CLIENT", "GRANT_ALL", "GRANT_CLIENTS"]
+__all__ = ["Credentials", "Identities", "certificate_identity", "peer_host", "granted", "DEFAULT_CLIENT", "GRANT_ALL", "GRANT_CLIENTS"]
 
 log = logging.getLogger(__name__)
 
@@ -126,17 +129,36 @@ class Credentials:
 
 
 class Identities:
-    """A stream's identity (``of``): its client's id under ``credentials``, else its peer's host."""
+    """A stream's identity (``of``): its client's id under ``credentials``, else its client certificate's
+    name where the server verifies certificates (``by_certificate``), else its peer's host."""
 
-    def __init__(self, credentials: Credentials | None = None) -> None:
+    def __init__(self, credentials: Credentials | None = None, by_certificate: bool = False) -> None:
         self.credentials = credentials
+        self.by_certificate = by_certificate
 
     def of(self, context) -> str:
         """``client:<id>`` for a stream that presented a client's token (the only kind the interceptor lets
-        through where there are credentials), else ``peer:<host>``."""
+        through where there are credentials), else ``certificate_identity`` of its verified client
+        certificate, else ``peer:<host>``."""
         if self.credentials is not None:
             header = str(dict(context.invocation_metadata() or ()).get("authorization", ""))
             client = self.credentials.client_of(header)
             if client is not None:
                 return f"client:{client}"
+        if self.by_certificate:
+            identity = certificate_identity(context.auth_context() or {})
+            if identity is not None:
+                return identity
         return f"peer:{peer_host(context.peer() or '')}"
+
+
+def certificate_identity(auth_context: Mapping[str, list[bytes]]) -> str | None:
+    """The identity a verified client certificate names, from gRPC's ``auth_context``: ``client:<CN>``
+    where its common name is a client id, else ``cert:<hex>`` (the first 16 bytes of the SHA-256 of the
+    certificate's PEM); None without a client certificate."""
+    names = auth_context.get("x509_common_name") or []
+    name = names[0].decode(errors="replace") if names else ""
+    if _CLIENT_ID.fullmatch(name):
+        return f"client:{name}"
+    pems = auth_context.get("x509_pem_cert") or []
+    return f"cert:{hashlib.sha256(pems[0]).hexdigest()[:32]}" if pems else None

@@ -42,6 +42,9 @@ class ServerConfig:
     credentials: Credentials | None = None  # or a token per client (--auth-tokens): the client is the identity
     tls_cert: bytes | None = None  # PEM
     tls_key: bytes | None = None  # PEM
+    # PEM CA bundle: mutual TLS, a handshake without a client certificate it signed is refused, and a stream
+    # without a token is the client its certificate names (``cloud.identity.certificate_identity``).
+    tls_client_ca: bytes | None = None
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"  # Prometheus listens here; off loopback only over the service's TLS (or insecure)
     grace_s: float = 10.0  # in-flight verdicts get this long on shutdown
@@ -53,7 +56,11 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ValueError("--tls-cert and --tls-key go together")
-        for pem, flag in ((self.tls_cert, "--tls-cert"), (self.tls_key, "--tls-key")):
+        if self.tls_client_ca and not self.tls_cert:
+            raise ValueError("--tls-client-ca needs --tls-cert and --tls-key: client certificates are checked in the "
+                             "TLS handshake")
+        for pem, flag in ((self.tls_cert, "--tls-cert"), (self.tls_key, "--tls-key"),
+                          (self.tls_client_ca, "--tls-client-ca")):
             if pem is not None and b"-----BEGIN " not in pem:
                 raise ValueError(f"{flag} is not a PEM file (no '-----BEGIN' line)")
         if not 0 <= self.port <= 65535:
@@ -61,9 +68,10 @@ class ServerConfig:
         if self.auth_token and self.credentials is not None:
             raise ValueError("--auth-token-file and --auth-tokens are alternatives: give one")
         by_client = [g for g in self.limits.rejection_to if g != GRANT_ALL and not g.startswith("peer:")]
-        if by_client and self.verified_by() is None:
+        if by_client and self.verified_by() is None and not self.tls_client_ca:
             raise ValueError(f"rejection mode granted to {', '.join(by_client)}: grants by client need bearer tokens "
-                             "(--auth-tokens or --auth-token-file); without them a client is its peer address "
+                             "(--auth-tokens or --auth-token-file) or client certificates (--tls-client-ca); without "
+                             "them a client is its peer address "
                              "(grant 'peer:ipv4:HOST', or 'all')")
         if self.verified_by() is not None and not self.tls_cert and not self.insecure and not is_loopback(self.host):
             raise ValueError(
@@ -121,7 +129,7 @@ class VerifierServer:
         self.metrics = metrics or ServiceMetrics()
         self.credentials = config.verified_by()  # (``reload`` it on SIGHUP: the servicer and the interceptor share it)
         self.servicer = VerifierServicer(engine, config.limits, self.metrics, batching=config.batching,
-                                         identities=Identities(self.credentials))
+                                         identities=Identities(self.credentials, by_certificate=bool(config.tls_client_ca)))
         self.port: int | None = None
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
@@ -145,7 +153,8 @@ class VerifierServer:
         address = f"{cfg.host}:{cfg.port}"
         try:
             if cfg.tls_cert and cfg.tls_key:
-                credentials = grpc.ssl_server_credentials([(cfg.tls_key, cfg.tls_cert)])
+                credentials = grpc.ssl_server_credentials([(cfg.tls_key, cfg.tls_cert)], root_certificates=cfg.tls_client_ca,
+                                                          require_client_auth=bool(cfg.tls_client_ca))
                 self.port = server.add_secure_port(address, credentials)
             else:
                 # Loopback without TLS: edges send their token over local credentials
@@ -177,7 +186,7 @@ class VerifierServer:
             self.fleet = FleetClient(cfg.mqtt_url, "cloud", self.servicer.replica).start()
             self.fleet.set_status(state="online", model=self.engine.model_name, port=self.port)
             self._fleet_task = asyncio.create_task(report_load_forever(self.servicer, self.fleet))
-        log.info("verifier listening on %s:%d%s", cfg.host, self.port, " (TLS)" if cfg.tls_cert else "")
+        log.info("verifier listening on %s:%d%s", cfg.host, self.port, " (mutual TLS)" if cfg.tls_client_ca else " (TLS)" if cfg.tls_cert else "")
         if self._metrics_http is not None:
             log.info("metrics on %s://%s:%d/metrics", "https" if cfg.tls_cert else "http", cfg.metrics_host,
                      self._metrics_http.server_port)

@@ -29,16 +29,22 @@ T = TypeVar("T")
 BAD_INPUT_CODES = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.OUT_OF_RANGE}
 
 
-def make_channel(address: str, root_certificates: bytes | None = None, auth_token: str | None = None) -> grpc.Channel:
+def make_channel(address: str, root_certificates: bytes | None = None, auth_token: str | None = None,
+                 client_certificate: tuple[bytes, bytes] | None = None) -> grpc.Channel:
     """A channel to the verifier; with ``auth_token``, every call carries it as a bearer token.
 
     gRPC sends call credentials only over a secure channel: TLS when
     ``root_certificates`` is given, else local credentials, which hold only for
     a loopback address. A token for a remote address without TLS is refused
-    (``ValueError``) rather than sent in cleartext.
+    (``ValueError``) rather than sent in cleartext. ``client_certificate``
+    (PEM certificate chain, PEM private key): presented in the TLS handshake, for
+    a verifier that requires one (mutual TLS); it needs ``root_certificates``.
     """
+    if client_certificate is not None and root_certificates is None:
+        raise ValueError("a client certificate is presented over TLS: give the verifier's CA (--tls-ca) as well")
     if root_certificates is not None:
-        credentials = grpc.ssl_channel_credentials(root_certificates)
+        chain, key = client_certificate or (None, None)
+        credentials = grpc.ssl_channel_credentials(root_certificates, private_key=key, certificate_chain=chain)
     elif auth_token:
         if not is_loopback(address):
             raise ValueError(

@@ -148,6 +148,10 @@ def _add_cloud_args(parser: argparse.ArgumentParser, report_flags: bool = True) 
                        help="verifier address HOST:PORT (default 127.0.0.1:50051)")
     group.add_argument("--auth-token-file", type=Path, default=None, help="bearer token for the verifier")
     group.add_argument("--tls-ca", type=Path, default=None, help="PEM CA certificate: connect with TLS and trust this CA")
+    group.add_argument("--tls-client-cert", type=Path, default=None,
+                       help="PEM client certificate (with --tls-client-key and --tls-ca) for a verifier that requires "
+                       "one (mutual TLS): its common name is this edge's identity there")
+    group.add_argument("--tls-client-key", type=Path, default=None, help="... and its PEM private key")
     group.add_argument("--connect-timeout", type=positive_float, default=10.0, help="seconds to reach the cloud (default 10)")
     group.add_argument("--verdict-timeout", type=positive_float, default=120.0, help="seconds to wait for any one answer (default 120)")
     group.add_argument("--pin-target", type=_fingerprint, default=None, metavar="HEX",
@@ -166,12 +170,19 @@ def _cloud_options(args: argparse.Namespace) -> dict:
 
     if args.drafter == NGRAM:
         raise ValueError("the edge needs a GGUF drafter (it also tokenizes the prompt); 'ngram' is for generate")
-    for path, what in ((args.tls_ca, "TLS CA file"), (args.auth_token_file, "auth token file")):
+    for path, what in ((args.tls_ca, "TLS CA file"), (args.auth_token_file, "auth token file"),
+                       (args.tls_client_cert, "TLS client certificate"), (args.tls_client_key, "TLS client key")):
         if path is not None and not path.is_file():
             raise FileNotFoundError(f"{what} not found: {path}")
+    if (args.tls_client_cert is None) != (args.tls_client_key is None):
+        raise ValueError("--tls-client-cert and --tls-client-key go together")
+    if args.tls_client_cert is not None and args.tls_ca is None:
+        raise ValueError("--tls-client-cert is shown over TLS: give the verifier's CA with --tls-ca")
+    client = (args.tls_client_cert.read_bytes(), args.tls_client_key.read_bytes()) if args.tls_client_cert else None
     return {
         "auth_token": args.auth_token_file.read_text().strip() if args.auth_token_file else None,
         "root_certificates": args.tls_ca.read_bytes() if args.tls_ca else None,
+        "client_certificate": client,
         "connect_timeout_s": args.connect_timeout,
         "pinned_target": args.pin_target,
     }
@@ -342,7 +353,8 @@ def run_serve(args: argparse.Namespace) -> int:
         fleet = _start_fleet(args, state="online", role="serve", model=drafter.model_name, cloud=args.cloud)
         config = ServeConfig(
             cloud=args.cloud, model_name=drafter.model_name, auth_token=options["auth_token"],
-            root_certificates=options["root_certificates"], connect_timeout_s=min(args.connect_timeout, 5.0),
+            root_certificates=options["root_certificates"], client_certificate=options["client_certificate"],
+            connect_timeout_s=min(args.connect_timeout, 5.0),
             verdict_timeout_s=args.verdict_timeout, outage_budget_s=args.outage_budget, draft_len=args.draft_len,
             schedule=args.schedule, window=args.window, fallback=args.fallback, pinned_target=options["pinned_target"],
         )

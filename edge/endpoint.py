@@ -24,6 +24,8 @@ class VerifierEndpoint:
     fingerprint: bytes
     root_certificates: bytes | None = None  # PEM CA bundle to trust: TLS (None: plaintext, or local credentials)
     auth_token: str | None = field(default=None, repr=False)  # bearer token for every call (TLS or loopback only)
+    # (PEM certificate chain, PEM private key) shown in the TLS handshake, for a verifier with mutual TLS.
+    client_certificate: tuple[bytes, bytes] | None = field(default=None, repr=False)
     connect_timeout_s: float = 10.0  # no connection by then: the cloud is unreachable
     # The target weights' fingerprint the session must be served by (``Opened.target_fingerprint``; None: any).
     # A reproducible session that pins the one its baseline recorded cannot be served by a swapped checkpoint.
@@ -41,4 +43,4 @@ class VerifierEndpoint:
 
     def open_channel(self) -> grpc.Channel:
         """A new channel with this endpoint's credentials (``edge.channel.make_channel``); the caller closes it."""
-        return make_channel(self.address, self.root_certificates, self.auth_token)
+        return make_channel(self.address, self.root_certificates, self.auth_token, self.client_certificate)

@@ -46,6 +46,7 @@ class ServeConfig:
     model_name: str
     auth_token: str | None = None
     root_certificates: bytes | None = None
+    client_certificate: tuple[bytes, bytes] | None = field(default=None, repr=False)  # mutual TLS: (chain, key) PEM
     connect_timeout_s: float = 5.0
     verdict_timeout_s: float = 120.0
     outage_budget_s: float = 30.0
@@ -141,7 +142,8 @@ class EdgeService:
         self.drafter, self.vocab, self.template, self.config = drafter, vocab, template, config
         self.endpoint = VerifierEndpoint(
             config.cloud, vocab.size, vocab.fingerprint, root_certificates=config.root_certificates,
-            auth_token=config.auth_token, connect_timeout_s=config.connect_timeout_s,
+            auth_token=config.auth_token, client_certificate=config.client_certificate,
+            connect_timeout_s=config.connect_timeout_s,
             pinned_target=config.pinned_target,
         )
         self.fleet = fleet

@@ -7,10 +7,12 @@ from __future__ import annotations
 import math
 import shutil
 import subprocess
+import threading
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 
@@ -20,8 +22,11 @@ from edge.endpoint import VerifierEndpoint
 from edge.grpc_verifier import GrpcVerifier
 from edge.schedule import SpecConfig
 from edge.serving import EdgeService
+from protos import splitspec_pb2 as pb
+from shared import codec
 from shared.logits import process_logits
 from shared.params import Mode, SamplingParams
+from shared.wire import sampling_to_proto
 
 GREEDY = SamplingParams(mode=Mode.GREEDY)
 TEXTS = ["The cat sat on the mat.", "We have 3 dogs and 12 cats!"]
@@ -297,6 +302,29 @@ def make_certificate(folder: Path) -> tuple[bytes, bytes]:
     return cert.read_bytes(), key.read_bytes()
 
 
+def make_client_certificates(folder: Path, names: list[str]) -> tuple[bytes, dict[str, tuple[bytes, bytes]]]:
+    """A certificate authority and a client certificate it signs for each common name in ``names``:
+    (the CA's PEM, {name: (cert PEM, key PEM)}); EC keys (fast to make)."""
+    if shutil.which("openssl") is None:
+        pytest.skip("the openssl command line is not installed; cannot make a test certificate")
+    folder.mkdir(parents=True, exist_ok=True)
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
+
+    ca, ca_key = folder / "ca.pem", folder / "ca-key.pem"
+    openssl("req", "-x509", *ec, "-keyout", str(ca_key), "-out", str(ca), "-days", "1", "-subj", "/CN=test-ca")
+    clients = {}
+    for name in names:
+        key, request, cert = folder / f"{name}-key.pem", folder / f"{name}.csr", folder / f"{name}.pem"
+        openssl("req", *ec, "-keyout", str(key), "-out", str(request), "-subj", f"/CN={name}")
+        openssl("x509", "-req", "-in", str(request), "-CA", str(ca), "-CAkey", str(ca_key), "-CAcreateserial",
+                "-out", str(cert), "-days", "1")
+        clients[name] = (cert.read_bytes(), key.read_bytes())
+    return ca.read_bytes(), clients
+
+
 GENERATE = "/splitspec.v1.Verifier/Generate"  # the RPC's path, for raw gRPC calls
 
 
@@ -310,3 +338,58 @@ def generate_request(engine, prompt, max_new_tokens: int) -> bytes:
     return pb.GenerateRequest(vocab_size=engine.vocab_size, vocab_fingerprint=engine.fingerprint,
                               sampling=sampling_to_proto(SamplingParams(mode=Mode.GREEDY)), prompt=encoded.data,
                               max_new_tokens=max_new_tokens).SerializeToString()
+
+
+DECODE = "/splitspec.v1.Verifier/Decode"  # the RPC's path, for raw gRPC calls
+
+
+class HeldSession:
+    """A Decode stream that sends its Open (``send_open``, else nothing at all) and then holds the stream
+    open, silent, until ``close``; over ``channel`` (a plaintext one to ``address`` by default), which it
+    closes."""
+
+    def __init__(self, address: str, engine, token: str | None, send_open: bool = True, channel=None) -> None:
+        self._send_open = send_open
+        prompt = tiny_prompt(engine, "The cat sat")
+        encoded = codec.encode_tokens(prompt, engine.vocab_size)
+        self._open = pb.EdgeFrame(open=pb.Open(vocab_size=engine.vocab_size, vocab_fingerprint=engine.fingerprint,
+                                               sampling=sampling_to_proto(SamplingParams(mode=Mode.GREEDY)),
+                                               prompt=encoded.data, max_new_tokens=8)).SerializeToString()
+        self._done = threading.Event()
+        self._channel = channel or grpc.insecure_channel(address)
+        metadata = (("authorization", f"Bearer {token}"),) if token else None
+        self._call = self._channel.stream_stream(DECODE, request_serializer=lambda b: b,
+                                                 response_deserializer=pb.CloudFrame.FromString)(
+            self._frames(), timeout=30, metadata=metadata)
+
+    def _frames(self):
+        if self._send_open:
+            yield self._open
+        self._done.wait(30)
+
+    def first(self) -> str:
+        """The first reply's kind, or the name of the status code that ended the stream instead."""
+        try:
+            return next(self._call).WhichOneof("kind")
+        except grpc.RpcError as error:
+            return error.code().name
+
+    def close(self) -> None:
+        self._done.set()
+        self._call.cancel()
+        self._channel.close()
+
+
+def opened_in_turn(server, engine, tokens: list[str | None], channels=None) -> list[str]:
+    """Open a session per token, one after another, every one held open until all have answered:
+    each one's first reply (``opened``, or the status that refused it). ``channels``: a channel for each
+    (plaintext ones by default)."""
+    sessions, replies = [], []
+    try:
+        for i, token in enumerate(tokens):
+            sessions.append(HeldSession(server.address, engine, token, channel=channels[i] if channels else None))
+            replies.append(sessions[-1].first())
+        return replies
+    finally:
+        for session in sessions:
+            session.close()

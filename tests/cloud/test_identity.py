@@ -8,71 +8,13 @@ again on ``Credentials.reload`` (SIGHUP) without a restart.
 from __future__ import annotations
 
 import hashlib
-import threading
 import time
 
-import grpc
 import pytest
-from helpers import tiny_prompt
+from helpers import HeldSession, opened_in_turn
 
 from cloud.identity import Credentials, parse_credentials, peer_host
 from cloud.limits import ServiceLimits
-from protos import splitspec_pb2 as pb
-from shared import codec
-from shared.params import Mode, SamplingParams
-from shared.wire import sampling_to_proto
-
-DECODE = "/splitspec.v1.Verifier/Decode"
-
-
-class HeldSession:
-    """A Decode stream that sends its Open (``send_open``, else nothing at all) and then holds the stream
-    open, silent, until ``close``."""
-
-    def __init__(self, address: str, engine, token: str | None, send_open: bool = True) -> None:
-        self._send_open = send_open
-        prompt = tiny_prompt(engine, "The cat sat")
-        encoded = codec.encode_tokens(prompt, engine.vocab_size)
-        self._open = pb.EdgeFrame(open=pb.Open(vocab_size=engine.vocab_size, vocab_fingerprint=engine.fingerprint,
-                                               sampling=sampling_to_proto(SamplingParams(mode=Mode.GREEDY)),
-                                               prompt=encoded.data, max_new_tokens=8)).SerializeToString()
-        self._done = threading.Event()
-        self._channel = grpc.insecure_channel(address)
-        metadata = (("authorization", f"Bearer {token}"),) if token else None
-        self._call = self._channel.stream_stream(DECODE, request_serializer=lambda b: b,
-                                                 response_deserializer=pb.CloudFrame.FromString)(
-            self._frames(), timeout=30, metadata=metadata)
-
-    def _frames(self):
-        if self._send_open:
-            yield self._open
-        self._done.wait(30)
-
-    def first(self) -> str:
-        """The first reply's kind, or the name of the status code that ended the stream instead."""
-        try:
-            return next(self._call).WhichOneof("kind")
-        except grpc.RpcError as error:
-            return error.code().name
-
-    def close(self) -> None:
-        self._done.set()
-        self._call.cancel()
-        self._channel.close()
-
-
-def opened_in_turn(server, engine, tokens: list[str | None]) -> list[str]:
-    """Open a session per token, one after another, every one held open until all have answered:
-    each one's first reply (``opened``, or the status that refused it)."""
-    sessions, replies = [], []
-    try:
-        for token in tokens:
-            sessions.append(HeldSession(server.address, engine, token))
-            replies.append(sessions[-1].first())
-        return replies
-    finally:
-        for session in sessions:
-            session.close()
 
 
 def test_made_up_tokens_are_one_client_without_credentials(tiny_engine, serve):
