@@ -14,6 +14,7 @@ from pathlib import Path
 
 from cloud.limits import ALL_MODES, ServiceLimits
 from shared.cli import (
+    MQTT_URL_FORMS,
     CliError,
     add_verbosity,
     mqtt_url,
@@ -168,7 +169,8 @@ def add_cloud_commands(commands) -> None:
                        "they are served over HTTPS with --tls-cert/--tls-key, and refused without them unless "
                        "--insecure")
     serve.add_argument("--mqtt", type=mqtt_url, default=None, metavar="URL",
-                       help="publish this replica's status and load to an MQTT broker (mqtt://HOST[:PORT])")
+                       help="publish this replica's status and load to an MQTT broker ("
+                       + MQTT_URL_FORMS + ")")
     serve.add_argument("--replica", default=None,
                        help="this replica's name on MQTT and to edges (default: HOSTNAME-PORT)")
     serve.add_argument("--grace", type=non_negative_float, default=10.0, help="seconds in-flight calls get on shutdown (default 10)")

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from shared.cli import (
+    MQTT_URL_FORMS,
     add_verbosity,
     host_port,
     mqtt_url,
@@ -113,7 +114,8 @@ def add_edge_commands(commands) -> None:
 def _add_fleet_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("fleet (MQTT)")
     group.add_argument("--mqtt", type=mqtt_url, default=None, metavar="URL",
-                       help="report status and telemetry to this broker and take commands from it (mqtt://HOST[:PORT])")
+                       help="report status and telemetry to this broker and take commands from it ("
+                       + MQTT_URL_FORMS + ")")
     group.add_argument("--edge-id", default=None, help="this device's name on MQTT (default: HOSTNAME-PID)")
     group.add_argument("--fleet-key-file", type=Path, default=None,
                        help="the fleet's command key: commands signed with it are applied (splitspec fleet send "

@@ -85,8 +85,12 @@ def host_port(text: str) -> str:
     return text
 
 
+MQTT_URL_FORMS = ("mqtt://HOST[:PORT]; over TLS with a password: mqtts://USER@HOST[:PORT][?ca=CA.pem], the password in "
+                  "$SPLITSPEC_MQTT_PASSWORD")  # (the --mqtt flags' help)
+
+
 def mqtt_url(text: str) -> str:
-    """An MQTT broker URL, ``mqtt://HOST[:PORT]`` (``shared.fleet.parse_mqtt_url``)."""
+    """An MQTT broker URL, ``mqtt[s]://[USER@]HOST[:PORT][?ca=PATH]`` (``shared.fleet.parse_mqtt_url``)."""
     from shared.fleet import parse_mqtt_url
 
     try:

@@ -18,6 +18,11 @@ its own event loop thread, so publishing never blocks decoding; it
 reconnects with exponential backoff (tenacity) when the broker goes away and
 republishes its retained state when it is back. Telemetry that does not fit
 the byte budget, or comes while disconnected, is dropped (it is periodic).
+
+A broker is a URL (``parse_mqtt_url``): ``mqtt://`` in the clear, ``mqtts://`` over TLS (port 8883 by
+default; the system's CAs, or ``?ca=PATH``), with ``user[:password]@`` for a broker that checks
+passwords (a user without one in the URL takes ``$SPLITSPEC_MQTT_PASSWORD``, so it need not show in a
+process list).
 """
 
 from __future__ import annotations
@@ -25,14 +30,16 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import ssl
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
-from urllib.parse import urlparse
+from dataclasses import dataclass, field
+from urllib.parse import parse_qs, unquote, urlparse
 
-__all__ = ["FleetClient", "FleetCounts", "parse_mqtt_url", "topic", "ByteBudget", "DEFAULT_TELEMETRY_PERIOD_S",
+__all__ = ["Broker", "FleetClient", "FleetCounts", "parse_mqtt_url", "PASSWORD_ENV", "topic", "ByteBudget", "DEFAULT_TELEMETRY_PERIOD_S",
            "DEFAULT_BUDGET_BPS", "PREFIX"]
 
 log = logging.getLogger(__name__)
@@ -50,16 +57,57 @@ def topic(kind: str, ident: str, leaf: str) -> str:
     return f"{PREFIX}/{kind}/{ident}/{leaf}"
 
 
-def parse_mqtt_url(url: str) -> tuple[str, int]:
-    """(host, port) from ``mqtt://HOST[:PORT]`` (or ``HOST[:PORT]``); ``ValueError`` otherwise."""
+PASSWORD_ENV = "SPLITSPEC_MQTT_PASSWORD"  # the broker password of a URL that names a user and no password
+
+
+@dataclass(frozen=True)
+class Broker:
+    """Where the broker is and how to reach it (``parse_mqtt_url``)."""
+
+    host: str
+    port: int
+    tls: bool = False  # mqtts://: the connection is TLS, the broker's certificate checked
+    ca_file: str | None = None  # the CA that signed the broker's certificate (None: the system's)
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+
+    def client(self, identifier: str, **kwargs):
+        """An ``aiomqtt.Client`` for this broker (``kwargs``: the rest of aiomqtt's, a will, say)."""
+        import aiomqtt
+
+        context = ssl.create_default_context(cafile=self.ca_file) if self.tls else None
+        return aiomqtt.Client(self.host, self.port, identifier=identifier, username=self.username,
+                              password=self.password, tls_context=context, **kwargs)
+
+    def __str__(self) -> str:
+        user = f"{self.username}@" if self.username else ""
+        return f"{'mqtts' if self.tls else 'mqtt'}://{user}{self.host}:{self.port}"
+
+
+def parse_mqtt_url(url: str) -> Broker:
+    """The broker ``mqtt[s]://[USER[:PASSWORD]@]HOST[:PORT][?ca=PATH]`` names (``HOST[:PORT]`` alone: plain
+    MQTT); ``ValueError`` for anything else. ``mqtts`` is TLS (port 8883 by default, else 1883); ``ca``,
+    only with ``mqtts``, is the PEM CA to trust; a user without a password takes ``$SPLITSPEC_MQTT_PASSWORD``."""
     parsed = urlparse(url if "://" in url else f"mqtt://{url}")
-    if parsed.scheme not in ("mqtt", "tcp") or not parsed.hostname:
-        raise ValueError(f"not an MQTT broker URL: {url!r} (expected mqtt://HOST[:PORT])")
+    if parsed.scheme not in ("mqtt", "tcp", "mqtts", "ssl") or not parsed.hostname:
+        raise ValueError(f"not an MQTT broker URL: {url!r} (expected mqtt://HOST[:PORT] or mqtts://HOST[:PORT])")
+    tls = parsed.scheme in ("mqtts", "ssl")
     try:
-        port = parsed.port or 1883
+        port = parsed.port or (8883 if tls else 1883)
     except ValueError as exc:
         raise ValueError(f"bad port in MQTT URL {url!r}") from exc
-    return parsed.hostname, port
+    query = parse_qs(parsed.query, keep_blank_values=True)
+    unknown = sorted(set(query) - {"ca"})
+    if unknown or any(len(values) != 1 for values in query.values()):
+        raise ValueError(f"MQTT URL {url!r}: the only query parameter is ca=PATH, once (got {', '.join(unknown)})")
+    ca_file = query["ca"][0] if "ca" in query else None
+    if ca_file is not None and not tls:
+        raise ValueError(f"MQTT URL {url!r}: ca= is for mqtts:// (TLS)")
+    username = unquote(parsed.username) if parsed.username else None
+    password = unquote(parsed.password) if parsed.password is not None else None
+    if username and password is None:
+        password = os.environ.get(PASSWORD_ENV)
+    return Broker(parsed.hostname, port, tls, ca_file, username, password)
 
 
 class ByteBudget:
@@ -110,7 +158,7 @@ class FleetClient:
 
     def __init__(self, url: str, kind: str, ident: str, *, budget_bps: float = DEFAULT_BUDGET_BPS,
                  on_command: Callable[[dict], None] | None = None, keepalive_s: int = 30) -> None:
-        self.host, self.port = parse_mqtt_url(url)
+        self.broker = parse_mqtt_url(url)
         self.kind, self.ident = kind, ident
         self.budget = ByteBudget(budget_bps)
         self.on_command = on_command
@@ -213,8 +261,8 @@ class FleetClient:
                                  retry=retry_if_exception_type(aiomqtt.MqttError), reraise=True)
         async for attempt in retrying:
             with attempt:
-                async with aiomqtt.Client(self.host, self.port, identifier=f"{self.kind}-{self.ident}", will=will,
-                                          keepalive=self.keepalive_s, clean_session=True) as client:
+                async with self.broker.client(f"{self.kind}-{self.ident}", will=will, keepalive=self.keepalive_s,
+                                              clean_session=True) as client:
                     await self._serve(client)
                     return
 
@@ -229,7 +277,7 @@ class FleetClient:
             for topic_filter, _ in self._watches:
                 await client.subscribe(topic_filter, qos=0)
             self.connected.set()  # (once subscribed: a command sent from now on reaches it)
-            log.info("fleet: %s %s connected to mqtt://%s:%d", self.kind, self.ident, self.host, self.port)
+            log.info("fleet: %s %s connected to %s", self.kind, self.ident, self.broker)
             # The listener's iteration is what notices a lost connection: wait on it and on the
             # queue together, so an idle client reconnects as soon as the broker goes away.
             listener = asyncio.create_task(self._listen(client))

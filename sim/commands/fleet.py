@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from shared.cli import mqtt_url, port_number, positive_float
+from shared.cli import MQTT_URL_FORMS, mqtt_url, port_number, positive_float
 
 __all__ = ["add_fleet_commands"]
 
@@ -14,17 +14,32 @@ __all__ = ["add_fleet_commands"]
 def add_fleet_commands(commands) -> None:
     broker = commands.add_parser(
         "broker", help="run an embedded MQTT broker (amqtt) for laptops, demos and tests",
-        description="A pure-Python MQTT broker: anonymous, in-memory retained messages. Fleets in production "
-        "run their own (mosquitto, EMQX) and pass its URL to --mqtt.")
+        description="A pure-Python MQTT broker, retained messages in memory: anonymous and in the clear by "
+        "default; with --users only those users with their passwords, with --tls-cert/--tls-key over TLS only "
+        "(clients then connect to mqtts://USER@HOST:PORT). Fleets in production run their own (mosquitto, EMQX) "
+        "and pass its URL to --mqtt.")
     broker.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
-    broker.add_argument("--port", type=port_number, default=1883, help="listen port (default 1883)")
+    broker.add_argument("--port", type=port_number, default=None, help="listen port (default 1883, 8883 with TLS)")
+    broker.add_argument("--tls-cert", type=Path, default=None, help="PEM certificate: MQTT over TLS (with --tls-key)")
+    broker.add_argument("--tls-key", type=Path, default=None, help="... and its PEM private key")
+    broker.add_argument("--users", type=Path, default=None,
+                        help="only these users, with their passwords: a file of 'user:hash' lines (splitspec fleet "
+                        "user NAME writes one)")
     broker.set_defaults(func=run_broker)
+
+    user = commands.add_parser(
+        "user", help="a line for the broker's --users file: NAME and a password read from stdin",
+        description="Reads a password from the terminal (or one line of stdin) and prints 'NAME:<Argon2 hash>' for "
+        "the broker's --users file. The client gives the password in $SPLITSPEC_MQTT_PASSWORD with "
+        "--mqtt mqtts://NAME@HOST.")
+    user.add_argument("name", help="the user name (an edge's, a verifier's, an operator's)")
+    user.set_defaults(func=run_user)
 
     watch = commands.add_parser(
         "watch", help="a live view of every edge and verifier replica on the broker",
         description="Subscribes to splitspec/v1/# and shows each edge (state, tokens/s, acceptance by position, "
         "D, W, RTT) and each verifier replica (state, sessions, free slots, verify latency, suggested D).")
-    watch.add_argument("--mqtt", type=mqtt_url, required=True, metavar="URL", help="the broker (mqtt://HOST[:PORT])")
+    watch.add_argument("--mqtt", type=mqtt_url, required=True, metavar="URL", help=f"the broker ({MQTT_URL_FORMS})")
     watch.add_argument("--once", action="store_true", help="collect for --settle seconds, print the view, exit")
     watch.add_argument("--settle", type=positive_float, default=1.0, help="--once: seconds to listen (default 1)")
     watch.add_argument("--json", action="store_true", help="--once: print the view as JSON")
@@ -35,7 +50,7 @@ def add_fleet_commands(commands) -> None:
         description="Publishes {\"id\", \"set\": {...}} to splitspec/v1/edge/ID/cmd at QoS 1. An edge applies each "
         "command id once, signed with the fleet's key and sent within the last 5 minutes: max_draft_len caps its "
         "draft length, mode sets the mode of sampled requests (coupled or rejection).")
-    send.add_argument("--mqtt", type=mqtt_url, required=True, metavar="URL", help="the broker (mqtt://HOST[:PORT])")
+    send.add_argument("--mqtt", type=mqtt_url, required=True, metavar="URL", help=f"the broker ({MQTT_URL_FORMS})")
     send.add_argument("--edge", required=True, metavar="ID", help="the edge's id (its --edge-id)")
     send.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                       help="max_draft_len=N or mode=coupled|rejection (repeatable)")
@@ -49,9 +64,24 @@ def add_fleet_commands(commands) -> None:
 def run_broker(args: argparse.Namespace) -> int:
     import asyncio
 
+    from sim.fleet.broker import BrokerSecurity
     from sim.fleet.broker import run_broker as serve
 
-    asyncio.run(serve(args.host, args.port, ready=lambda url: print(f"splitspec fleet: broker on {url}", flush=True)))
+    security = BrokerSecurity(args.tls_cert, args.tls_key, args.users)
+    port = args.port or (8883 if security.tls_cert else 1883)
+    asyncio.run(serve(args.host, port, ready=lambda url: print(f"splitspec fleet: broker on {url}", flush=True),
+                      security=security))
+    return 0
+
+
+def run_user(args: argparse.Namespace) -> int:
+    import getpass
+    import sys
+
+    from sim.fleet.broker import hash_password
+
+    password = getpass.getpass(f"password for {args.name}: ") if sys.stdin.isatty() else sys.stdin.readline().rstrip("\n")
+    print(hash_password(args.name, password))
     return 0
 
 

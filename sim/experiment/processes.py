@@ -167,7 +167,8 @@ class CloudProcess:
 class BrokerProcess:
     """``splitspec fleet broker`` (amqtt) as a child process on ``port`` (default: a free one)."""
 
-    def __init__(self, port: int = 0) -> None:
+    def __init__(self, port: int = 0, security_args: tuple[str, ...] = ()) -> None:
+        """``security_args``: the broker's --tls-cert/--tls-key/--users flags (its URL is then mqtts:// with them)."""
         import socket
 
         if not port:
@@ -175,11 +176,13 @@ class BrokerProcess:
                 s.bind(("127.0.0.1", 0))
                 port = s.getsockname()[1]
         self.port = port
-        self.url = f"mqtt://127.0.0.1:{port}"
+        self.security_args = tuple(security_args)
+        self.url = f"{'mqtts' if '--tls-cert' in security_args else 'mqtt'}://127.0.0.1:{port}"
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> BrokerProcess:
-        self.proc = subprocess.Popen([*side_command("splitspec", "sim.cli"), "fleet", "broker", "--port", str(self.port)],
+        self.proc = subprocess.Popen([*side_command("splitspec", "sim.cli"), "fleet", "broker", "--port", str(self.port),
+                                      *self.security_args],
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=_env(None))
         line = self.proc.stdout.readline()
         if not line.startswith("splitspec fleet: broker on"):

@@ -33,14 +33,12 @@ def parse_settings(pairs: list[str]) -> dict:
 def send_command(url: str, edge_id: str, settings: dict, key: bytes, command_id: str | None = None) -> str:
     """Publish ``{"id", "set"}``, signed with the fleet's command ``key`` (``shared.fleet_commands``), to the
     edge's command topic (QoS 1: the edge applies each id once); returns the id."""
-    import aiomqtt
-
-    host, port = parse_mqtt_url(url)
+    broker = parse_mqtt_url(url)
     command_id = command_id or secrets.token_hex(8)
     payload = json.dumps(sign(command_id, settings, key)).encode()
 
     async def publish() -> None:
-        async with aiomqtt.Client(host, port, identifier=f"fleet-send-{command_id}") as client:
+        async with broker.client(f"fleet-send-{command_id}") as client:
             await client.publish(topic("edge", edge_id, "cmd"), payload, qos=1)
 
     asyncio.run(publish())

@@ -40,10 +40,7 @@ class FleetView:
 
 
 async def _collect(url: str, view: FleetView, until) -> None:
-    import aiomqtt
-
-    host, port = parse_mqtt_url(url)
-    async with aiomqtt.Client(host, port, identifier=f"fleet-watch-{time.time_ns()}") as client:
+    async with parse_mqtt_url(url).client(f"fleet-watch-{time.time_ns()}") as client:
         await client.subscribe(f"{PREFIX}/#")
         async for message in client.messages:
             view.update(message.topic.value, message.payload)

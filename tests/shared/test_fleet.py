@@ -15,17 +15,26 @@ import threading
 import time
 
 import pytest
-from helpers import tiny_drafter, tiny_prompt
+from helpers import make_certificate, tiny_drafter, tiny_prompt
 
 from cloud.limits import ServiceLimits
 from cloud.server import BackgroundServer, ServerConfig
 from edge.schedule import SpecConfig
 from edge.serving import EdgeService, Job, ServeConfig
 from edge.telemetry import EdgeFleet, GenerationSample, telemetry_document
-from shared.fleet import DEFAULT_BUDGET_BPS, DEFAULT_TELEMETRY_PERIOD_S, ByteBudget, FleetClient, parse_mqtt_url
+from shared.fleet import (
+    DEFAULT_BUDGET_BPS,
+    DEFAULT_TELEMETRY_PERIOD_S,
+    PASSWORD_ENV,
+    Broker,
+    ByteBudget,
+    FleetClient,
+    parse_mqtt_url,
+)
 from shared.fleet_commands import sign
 from shared.params import Mode, SamplingParams
 from sim.experiment.processes import BrokerProcess
+from sim.fleet.broker import hash_password
 from sim.fleet.watch import watch_once
 from sim.inprocess import generate
 
@@ -54,9 +63,11 @@ def wait_for(predicate, timeout_s: float = 10.0, what: str = "condition"):
 
 
 def test_urls_and_the_byte_budget():
-    assert parse_mqtt_url("mqtt://broker.local") == ("broker.local", 1883)
-    assert parse_mqtt_url("10.0.0.2:1884") == ("10.0.0.2", 1884)
-    for bad in ("http://x", "mqtt://", "mqtt://h:99999"):
+    assert parse_mqtt_url("mqtt://broker.local") == Broker("broker.local", 1883)
+    assert parse_mqtt_url("10.0.0.2:1884") == Broker("10.0.0.2", 1884)
+    assert parse_mqtt_url("mqtts://edge-1:p%40ss@b.local?ca=/etc/ca.pem") == Broker(
+        "b.local", 8883, tls=True, ca_file="/etc/ca.pem", username="edge-1", password="p@ss")
+    for bad in ("http://x", "mqtt://", "mqtt://h:99999", "mqtt://h?ca=/ca.pem", "mqtts://h?cafile=x", "mqtts://h?ca=a&ca=b"):
         with pytest.raises(ValueError):
             parse_mqtt_url(bad)
     now = [0.0]
@@ -235,3 +246,28 @@ def test_a_broker_restart_mid_generation_loses_no_tokens(broker, tiny_models, ti
         idle.stop()
         fleet.stop()
         drafter.close()
+
+
+def test_a_broker_with_tls_and_passwords_lets_in_only_its_users_and_only_over_tls(tmp_path, monkeypatch):
+    """``fleet broker --tls-cert --tls-key --users``: a listed user with its password over TLS gets in (and
+    reads the fleet); a wrong password, no user, or the right password in the clear do not."""
+    make_certificate(tmp_path)  # (cert.pem and key.pem, for localhost and 127.0.0.1)
+    cert, key, users = tmp_path / "cert.pem", tmp_path / "key.pem", tmp_path / "users"
+    users.write_text(hash_password("edge-1", "pw-edge-1") + "\n" + hash_password("operator", "pw-op") + "\n")
+    with BrokerProcess(security_args=("--tls-cert", str(cert), "--tls-key", str(key), "--users", str(users))) as broker:
+        address = f"127.0.0.1:{broker.port}"
+        monkeypatch.setenv(PASSWORD_ENV, "pw-edge-1")  # a user without a password in the URL takes it from here
+        urls = {"listed": f"mqtts://edge-1@{address}?ca={cert}",
+                "wrong password": f"mqtts://edge-1:nope@{address}?ca={cert}",
+                "no user": f"mqtts://{address}?ca={cert}",
+                "in the clear": f"mqtt://edge-1:pw-edge-1@{address}"}
+        clients = {what: FleetClient(url, "edge", what.replace(" ", "-")).start() for what, url in urls.items()}
+        try:
+            assert clients["listed"].connected.wait(15), "a listed user over TLS did not get in"
+            time.sleep(2.0)  # (the others have had their tries by now)
+            assert [what for what, client in clients.items() if client.connected.is_set()] == ["listed"]
+            view = watch_once(f"mqtts://operator:pw-op@{address}?ca={cert}", settle_s=1.5)
+            assert _state(view["edges"], "listed") == "online" and set(view["edges"]) == {"listed"}
+        finally:
+            for client in clients.values():
+                client.stop(timeout_s=2.0)
