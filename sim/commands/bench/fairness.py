@@ -38,6 +38,9 @@ def add(subparsers: argparse._SubParsersAction) -> None:
                       help="the verifier's largest D, the attackers' (default %(default)s)")
     fair.add_argument("--window", type=positive_int, default=4,
                       help="the verifier's blocks in flight, the attackers' window (default %(default)s)")
+    fair.add_argument("--rounds", type=positive_int, default=5,
+                      help="honest rounds per verifier (alone, as shipped, oldest first); each one's tokens/s is "
+                           "their median (default %(default)s)")
     fair.add_argument("--forward-ms", type=positive_float, default=5.0,
                       help="each forward held this long, as a big target's (default %(default)s)")
     fair.add_argument("--row-ms", type=positive_float, default=0.2, help="... plus this per row (default %(default)s)")
@@ -52,6 +55,6 @@ def run_fairness(args: argparse.Namespace) -> int:
         honest=args.honest, attackers=args.attackers, max_new_tokens=args.max_new_tokens, draft_len=args.draft_len,
         strategies=tuple(STRATEGIES if "all" in args.strategies else args.strategies), streams=args.streams,
         max_draft_len=args.max_draft_len, max_blocks_in_flight=args.window, forward_ms=args.forward_ms,
-        row_ms=args.row_ms))
+        row_ms=args.row_ms, rounds=args.rounds))
     print(json.dumps(report))
     return 0 if report["identical"] else 1
