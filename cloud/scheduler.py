@@ -10,7 +10,9 @@ rows, so many sessions' verifies (and cloud-only decode steps) share one
 target forward. Fairness: verify items (all of their logits wanted) go whole,
 the oldest always, the rest as ``cloud.fair_share.allot_verifies`` shares
 ``max_rows`` across clients (a job's ``client``, weighted by what the
-client's rows commit: ``ClientLedger``, fed by the block stream); a prompt is
+client's rows commit: ``ClientLedger``, fed by the block stream), among the
+clients whose share of the verifier's time allows them this forward
+(``cloud.time_share``: what rows cost here, fitted to the forwards run); a prompt is
 prefilled in chunks that fill the rows the verifies leave, the oldest prompt
 getting at least ``min_prefill_rows`` per forward even past ``max_rows``, so a
 long prompt never starves and never stalls the others for more than a chunk.
@@ -32,6 +34,7 @@ from dataclasses import dataclass, field
 
 from cloud.engine import ForwardItem, Steps, TargetEngine
 from cloud.fair_share import ClientLedger, allot_oldest_first, allot_verifies, fair_shares
+from cloud.time_share import ForwardCost, TimeShare
 
 __all__ = ["Scheduler", "SchedulerStats"]
 
@@ -101,6 +104,8 @@ class Scheduler:
         self.fair = fair
         self.stats = SchedulerStats()
         self.ledger = ClientLedger()  # read and written on the engine thread only
+        self.cost = ForwardCost()  # what a forward's rows cost here (engine thread only)
+        self.time_share = TimeShare()  # ... and each client's share of that time (engine thread only)
         self.on_forward = on_forward
         self.pending = 0  # jobs submitted and not finished
         self._pending_lock = threading.Lock()
@@ -205,10 +210,15 @@ class Scheduler:
         except BaseException as exc:  # noqa: BLE001 - handed to the caller
             job.future.set_exception(exc)
 
-    def _note_contention(self, wanted: list[tuple[str, int]], got: list[tuple[str, int]]) -> None:
-        demands: dict[str, int] = {}
-        for client, n in wanted:
-            demands[client] = demands.get(client, 0) + n
+    def _charge(self, chosen: list[tuple[_Job, ForwardItem, bool]], rows: int, seconds: float) -> None:
+        """The forward's seconds into the cost fit, and each client's part of them onto its clock."""
+        self.cost.add(rows, seconds)
+        by_client: dict[str, int] = {}
+        for job, item, _ in chosen:
+            by_client[job.client] = by_client.get(job.client, 0) + item.rows
+        self.time_share.charge(by_client, self.cost, {c: self.ledger.weight(c) for c in by_client})
+
+    def _note_contention(self, demands: dict[str, int], got: list[tuple[str, int]]) -> None:
         rows: dict[str, int] = {}
         for client, n in got:
             rows[client] = rows.get(client, 0) + n
@@ -225,12 +235,20 @@ class Scheduler:
         verifies = [job for job in order if job.item.logits == "all"]  # first: latency-bound, never split
         weights = {job.client: self.ledger.weight(job.client) for job in verifies}
         wanted = [(job.client, job.item.rows) for job in verifies]
-        allotted = allot_verifies(wanted, self.max_rows, weights) if self.fair else allot_oldest_first(wanted, self.max_rows)
-        for i in allotted:
-            chosen.append((verifies[i], verifies[i].item, True))
-            rows += verifies[i].item.rows
+        demands: dict[str, int] = {}  # rows each client waits with
+        for client, n in wanted:
+            demands[client] = demands.get(client, 0) + n
+        if self.fair:
+            allowed = self.time_share.eligible(demands, self.cost)
+            turn = [job for job in verifies if job.client in allowed]
+            allotted = [turn[i] for i in allot_verifies([(job.client, job.item.rows) for job in turn], self.max_rows, weights)]
+        else:
+            allotted = [verifies[i] for i in allot_oldest_first(wanted, self.max_rows)]
+        for job in allotted:
+            chosen.append((job, job.item, True))
+            rows += job.item.rows
         if len(weights) > 1:
-            self._note_contention(wanted, [(job.client, item.rows) for job, item, _ in chosen])
+            self._note_contention(demands, [(job.client, item.rows) for job, item, _ in chosen])
         prompts = 0
         for job in order:  # then prompts, chunked into what is left (the oldest gets a minimum)
             if job.item.logits == "all":
@@ -257,10 +275,12 @@ class Scheduler:
                 job.steps.close()
                 job.future.set_exception(exc)
             return
+        seconds = time.perf_counter() - started
         self.stats.record(rows, len(chosen))
+        self._charge(chosen, rows, seconds)
         if self.on_forward is not None:
             try:
-                self.on_forward(rows=rows, sequences=len(chosen), seconds=time.perf_counter() - started)
+                self.on_forward(rows=rows, sequences=len(chosen), seconds=seconds)
             except Exception:  # noqa: BLE001 - an observer never stops the engine
                 log.exception("forward observer failed")
         for (job, item, finishes), logits in zip(chosen, outputs):
