@@ -130,6 +130,10 @@ def add_cloud_commands(commands) -> None:
                        help="seconds a verdict or token may wait for the edge to take it (a full HTTP/2 window: the "
                        "edge stopped reading) before its stream ends, a Decode's session parked "
                        f"(default {limits.write_timeout_s:g})")
+    serve.add_argument("--refusal-delay", type=non_negative_float, default=limits.refusal_delay_s,
+                       help="seconds a stream refused for its credentials, a grant or room waits to be told so: a "
+                       "client that retries at once is paced to a try per this per stream, and the verifier's core "
+                       f"is not spent on refusals (0: at once; default {limits.refusal_delay_s:g})")
     serve.add_argument("--max-kv-tokens", type=positive_int, default=limits.max_kv_tokens,
                        help="KV cache positions all sessions may reserve; each reserves its prompt plus max new "
                             "tokens, and an Open that does not fit gets RESOURCE_EXHAUSTED "
@@ -227,6 +231,7 @@ def run_serve(args: argparse.Namespace) -> int:
             max_kv_mib_per_client=args.max_kv_mib_per_client,
             open_burst_per_client=args.open_burst_per_client,
             write_timeout_s=args.write_timeout,
+            refusal_delay_s=args.refusal_delay,
             max_streams_per_client=args.max_streams_per_client,
             max_new_tokens=args.max_new_tokens,
             max_batch_rows=args.max_batch_rows,

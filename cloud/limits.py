@@ -33,6 +33,7 @@ class ServiceLimits:
     max_new_tokens: int = 4096
     max_prompt_tokens: int = 16384
     open_timeout_s: float = 30.0  # the first frame must arrive within this
+    refusal_delay_s: float = 1.0  # a stream refused (credentials, grant, room) is told so after this (cloud.refusals)
     max_kv_tokens: int = 262_144  # KV positions all sessions may reserve (prompt + max new tokens each)
     max_kv_mib_per_client: int = 2048  # KV cache one identity's sessions may reserve together, MiB (what positions cost)
     max_batch_rows: int = 256  # rows one target forward packs across sessions (prompts are prefilled in chunks)
@@ -66,4 +67,4 @@ class ServiceLimits:
                 raise ValueError(f"{f.name} must be {'>= 0' if f.name in _MAY_BE_ZERO else '> 0'}, got {value}")
 
 
-_MAY_BE_ZERO = {"max_branches", "capped_draft_len", "min_tokens_to_keep_slot", "opens_per_client_s"}
+_MAY_BE_ZERO = {"max_branches", "capped_draft_len", "min_tokens_to_keep_slot", "opens_per_client_s", "refusal_delay_s"}

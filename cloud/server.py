@@ -19,6 +19,7 @@ from cloud.engine import TargetEngine
 from cloud.identity import GRANT_ALL, Credentials, Identities
 from cloud.limits import ServiceLimits
 from cloud.metrics import ServiceMetrics
+from cloud.refusals import SlowRefusals
 from cloud.servicer import VerifierServicer
 from cloud.stream_end import ParseRequests
 from protos import splitspec_pb2 as pb
@@ -94,11 +95,12 @@ class ServerConfig:
 
 
 class _BearerAuth(grpc.aio.ServerInterceptor):
-    """Refuses Verifier calls without ``authorization: Bearer <token>`` of a known client; health and
-    reflection stay open."""
+    """Refuses Verifier calls without ``authorization: Bearer <token>`` of a known client (slowly:
+    ``cloud.refusals``); health and reflection stay open."""
 
-    def __init__(self, credentials: Credentials) -> None:
+    def __init__(self, credentials: Credentials, refusals: SlowRefusals) -> None:
         self._credentials = credentials
+        self._refusals = refusals
 
     async def intercept_service(self, continuation, details):
         handler = await continuation(details)
@@ -109,6 +111,7 @@ class _BearerAuth(grpc.aio.ServerInterceptor):
             return handler
 
         async def deny(request_or_iterator, context):
+            await self._refusals.hold(grpc.StatusCode.UNAUTHENTICATED)
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
 
         async def deny_stream(request_or_iterator, context):
@@ -141,7 +144,7 @@ class VerifierServer:
     async def start(self) -> int:
         cfg = self.config
         # Requests that do not parse reach the servicer as ``Malformed`` (INVALID_ARGUMENT), tokenless or not.
-        auth = [] if self.credentials is None else [_BearerAuth(self.credentials)]
+        auth = [] if self.credentials is None else [_BearerAuth(self.credentials, self.servicer.refusals)]
         interceptors = [ParseRequests(SERVICE_NAME), *auth]
         server = grpc.aio.server(
             interceptors=interceptors,

@@ -28,6 +28,7 @@ from cloud.identity import Identities
 from cloud.limits import ServiceLimits
 from cloud.metrics import ServiceMetrics
 from cloud.pending_block import MAX_BRANCH_LEN
+from cloud.refusals import SlowRefusals
 from cloud.scheduler import Scheduler
 from cloud.session_table import SessionTable
 from cloud.stream_count import StreamCount
@@ -66,6 +67,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         self.blocks = BlockStream(engine, limits, self.metrics, self.table, self.scheduler, identities)
         self._end_log = EndLog()
         self.streams = StreamCount(limits.max_streams_per_client)
+        self.refusals = SlowRefusals(limits.refusal_delay_s)  # (the server's token check holds its refusals too)
 
     @property
     def replica(self) -> str:
@@ -122,6 +124,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         if self.streams.enter(identity):
             return identity
         self.metrics.sessions_failed.labels(code=grpc.StatusCode.RESOURCE_EXHAUSTED.name).inc()
+        await self.refusals.hold(grpc.StatusCode.RESOURCE_EXHAUSTED)
         await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                             f"this client already has {self.streams.limit} streams open, the limit per client; "
                             "close one first")
@@ -191,6 +194,8 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             if entry is not None and entry.stream == stream:  # else a newer stream drives the session now
                 self.handshake.release(entry, finished)
         if failure is not None:  # (after the release: a stream that stopped reading may hold the abort too)
+            if entry is None:  # refused at its Open
+                await self.refusals.hold(failure.code)
             await context.abort(failure.code, str(failure))
 
     async def _generate(self, request, context) -> None:
@@ -227,4 +232,6 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         finally:
             self.handshake.release(entry, True)
         if failure is not None:  # (after the release, as for Decode)
+            if entry is None:  # refused before it started
+                await self.refusals.hold(failure.code)
             await context.abort(failure.code, str(failure))
