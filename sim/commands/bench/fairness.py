@@ -50,11 +50,13 @@ def add(subparsers: argparse._SubParsersAction) -> None:
 def run_fairness(args: argparse.Namespace) -> int:
     from sim.bench.attackers import STRATEGIES
     from sim.bench.fairness import FairnessBench, run_fairness_bench
+    from sim.experiment.provenance import provenance
 
     report = run_fairness_bench(FairnessBench(
         honest=args.honest, attackers=args.attackers, max_new_tokens=args.max_new_tokens, draft_len=args.draft_len,
         strategies=tuple(STRATEGIES if "all" in args.strategies else args.strategies), streams=args.streams,
         max_draft_len=args.max_draft_len, max_blocks_in_flight=args.window, forward_ms=args.forward_ms,
         row_ms=args.row_ms, rounds=args.rounds))
+    report["provenance"] = provenance()
     print(json.dumps(report))
     return 0 if report["identical"] else 1
