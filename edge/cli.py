@@ -15,7 +15,6 @@ from pathlib import Path
 from shared.cli import (
     MQTT_URL_FORMS,
     add_verbosity,
-    host_port,
     mqtt_url,
     non_negative_float,
     port_number,
@@ -44,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def add_edge_commands(commands) -> None:
-    from edge.cli_options import add_drafter_args, add_sampling_args
+    from edge.cli_options import add_cloud_args, add_drafter_args, add_sampling_args
 
     run = commands.add_parser(
         "run",
@@ -52,7 +51,7 @@ def add_edge_commands(commands) -> None:
         description="Drafts blocks with llama.cpp and has the cloud verifier accept or correct them over one gRPC "
         "stream. Output equals the target model's own (token for token in greedy and coupled modes).",
     )
-    _add_cloud_args(run)
+    add_cloud_args(run)
     _add_fleet_args(run)
     run.add_argument("--outage-budget", type=non_negative_float, default=30.0,
                      help="seconds a broken link may take to come back: the edge reconnects with backoff and "
@@ -70,7 +69,7 @@ def add_edge_commands(commands) -> None:
         "output is the target model's; a conversation keeps its cloud session between requests and uploads "
         "only what each turn adds. One generation runs at a time; others wait, up to --max-waiting.",
     )
-    _add_cloud_args(serve, report_flags=False)
+    add_cloud_args(serve, report_flags=False)
     serve.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1: this device only)")
     serve.add_argument("--port", type=port_number, default=8080, help="listen port (default 8080)")
     serve.add_argument("--api-key-file", type=Path, default=None,
@@ -105,7 +104,7 @@ def add_edge_commands(commands) -> None:
         help="cloud-only decoding: the cloud generates every token and streams it down",
         description="The baseline split decoding is compared with. Uses the drafter GGUF only for its tokenizer.",
     )
-    _add_cloud_args(baseline)
+    add_cloud_args(baseline)
     add_drafter_args(baseline)
     add_sampling_args(baseline)
     baseline.set_defaults(func=run_baseline)
@@ -144,62 +143,6 @@ def _start_fleet(args: argparse.Namespace, listen: bool = True, **status):
                      listen=listen, command_key=key).start(**status)
 
 
-def _add_cloud_args(parser: argparse.ArgumentParser, report_flags: bool = True) -> None:
-    group = parser.add_argument_group("cloud")
-    group.add_argument("--cloud", type=host_port, default="127.0.0.1:50051",
-                       help="verifier address HOST:PORT (default 127.0.0.1:50051)")
-    group.add_argument("--auth-token-file", type=Path, default=None, help="bearer token for the verifier")
-    group.add_argument("--tls-ca", type=Path, default=None, help="PEM CA certificate: connect with TLS and trust this CA")
-    group.add_argument("--tls-client-cert", type=Path, default=None,
-                       help="PEM client certificate (with --tls-client-key and --tls-ca) for a verifier that requires "
-                       "one (mutual TLS): its common name is this edge's identity there")
-    group.add_argument("--tls-client-key", type=Path, default=None, help="... and its PEM private key")
-    group.add_argument("--connect-timeout", type=positive_float, default=10.0, help="seconds to reach the cloud (default 10)")
-    group.add_argument("--verdict-timeout", type=positive_float, default=120.0, help="seconds to wait for any one answer (default 120)")
-    group.add_argument("--pin-target", type=_fingerprint, default=None, metavar="HEX",
-                       help="refuse a verifier whose target weights are not these (the `target` a report records, "
-                       "e.g. baseline --reproducible --json): a reproducible session is then bit-identical to that "
-                       "baseline, or refused, never silently served by a swapped checkpoint")
-    if not report_flags:
-        return
-    parser.add_argument("--json", action="store_true", help="print tokens, text and stats (with bytes and RTT) as JSON")
-    parser.add_argument("--timings", action="store_true", help="in the JSON: per-block cloud times and bytes")
-    parser.add_argument("--json-file", type=Path, default=None, help="also write that JSON to this file (text still streams)")
-
-
-def _cloud_options(args: argparse.Namespace) -> dict:
-    from edge.drafter_choice import NGRAM
-
-    if args.drafter == NGRAM:
-        raise ValueError("the edge needs a GGUF drafter (it also tokenizes the prompt); 'ngram' is for generate")
-    for path, what in ((args.tls_ca, "TLS CA file"), (args.auth_token_file, "auth token file"),
-                       (args.tls_client_cert, "TLS client certificate"), (args.tls_client_key, "TLS client key")):
-        if path is not None and not path.is_file():
-            raise FileNotFoundError(f"{what} not found: {path}")
-    if (args.tls_client_cert is None) != (args.tls_client_key is None):
-        raise ValueError("--tls-client-cert and --tls-client-key go together")
-    if args.tls_client_cert is not None and args.tls_ca is None:
-        raise ValueError("--tls-client-cert is shown over TLS: give the verifier's CA with --tls-ca")
-    client = (args.tls_client_cert.read_bytes(), args.tls_client_key.read_bytes()) if args.tls_client_cert else None
-    return {
-        "auth_token": args.auth_token_file.read_text().strip() if args.auth_token_file else None,
-        "root_certificates": args.tls_ca.read_bytes() if args.tls_ca else None,
-        "client_certificate": client,
-        "connect_timeout_s": args.connect_timeout,
-        "pinned_target": args.pin_target,
-    }
-
-
-def _fingerprint(text: str) -> bytes:
-    try:
-        value = bytes.fromhex(text)
-    except ValueError:
-        value = b""
-    if len(value) != 16:
-        raise argparse.ArgumentTypeError(f"a target fingerprint is 32 hex digits (a report's `target`), got {text!r}")
-    return value
-
-
 def _emit(args: argparse.Namespace, report) -> bool:
     """Write the report where asked; True when stdout got the JSON (no human summary then)."""
     if not args.timings:
@@ -216,10 +159,10 @@ def _summary(n_tokens: int, wall: float, extra: str) -> None:
 
 
 def run_edge(args: argparse.Namespace) -> int:
-    from edge.cli_options import controller_from_args, sampling_from_args
+    from edge.cli_options import cloud_options, controller_from_args, sampling_from_args
     from edge.drafter_choice import open_llama_drafter
 
-    options = _cloud_options(args)
+    options = cloud_options(args)
     params = sampling_from_args(args)
     drafter = open_llama_drafter(args.drafter, n_threads=args.drafter_threads, n_ctx=args.drafter_ctx,
                                  lookup=args.lookup)
@@ -326,12 +269,13 @@ def run_serve(args: argparse.Namespace) -> int:
     import socket
     import threading
 
+    from edge.cli_options import cloud_options
     from edge.drafter_choice import open_llama_drafter
     from edge.serving import EdgeService, ServeConfig
     from shared.cli import CliError
     from shared.wire import is_loopback
 
-    options = _cloud_options(args)
+    options = cloud_options(args)
     api_key = None
     if args.api_key_file is not None:
         if not args.api_key_file.is_file():
@@ -405,7 +349,7 @@ def serve_http(service, host: str, port: int, *, api_key: str | None, max_waitin
 
 
 def run_baseline(args: argparse.Namespace) -> int:
-    from edge.cli_options import sampling_from_args
+    from edge.cli_options import cloud_options, sampling_from_args
     from edge.cloud_only import cloud_only_generate
     from edge.endpoint import VerifierEndpoint
     from edge.gguf_vocab import GgufVocab
@@ -416,7 +360,7 @@ def run_baseline(args: argparse.Namespace) -> int:
     from shared.models import default_gguf_path
     from shared.stats import DecodeStats
 
-    options = _cloud_options(args)
+    options = cloud_options(args)
     params = sampling_from_args(args)
     vocab = GgufVocab.open(args.drafter or default_gguf_path())
     prompt = vocab.tokenize(args.prompt)

@@ -1,15 +1,16 @@
 """Command-line options the edge shares with every command that decodes
 (``splitspec generate``, ``splitspec edge run``): sampling flags and the
-drafter choice. Defaults come from ``shared.params``.
+drafter choice; and the verifier's address and credentials (``edge run``, ``serve``, ``baseline``). Defaults come from ``shared.params``.
 """
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from edge.drafter_choice import NGRAM
 from shared import params as defaults
-from shared.cli import non_negative_int, positive_int
+from shared.cli import host_port, non_negative_int, positive_float, positive_int
 from shared.params import Mode, SamplingParams
 
 __all__ = [
@@ -18,6 +19,9 @@ __all__ = [
     "window_from_args",
     "controller_from_args",
     "add_drafter_args",
+    "add_cloud_args",
+    "cloud_options",
+    "target_fingerprint",
     "NGRAM",
 ]
 
@@ -112,3 +116,62 @@ def add_drafter_args(parser: argparse.ArgumentParser) -> None:
                             "holds up. --no-lookup: the GGUF drafter alone")
     group.add_argument("--drafter-threads", type=positive_int, default=None, help="llama.cpp threads (default: half the cores, at most 4)")
     group.add_argument("--drafter-ctx", type=positive_int, default=4096, help="llama.cpp context size (default 4096)")
+
+
+def add_cloud_args(parser: argparse.ArgumentParser, report_flags: bool = True) -> None:
+    """The verifier's address and how to reach it (``cloud_options`` reads them), and with ``report_flags``
+    the report's."""
+    group = parser.add_argument_group("cloud")
+    group.add_argument("--cloud", type=host_port, default="127.0.0.1:50051",
+                       help="verifier address HOST:PORT (default 127.0.0.1:50051)")
+    group.add_argument("--auth-token-file", type=Path, default=None, help="bearer token for the verifier")
+    group.add_argument("--tls-ca", type=Path, default=None, help="PEM CA certificate: connect with TLS and trust this CA")
+    group.add_argument("--tls-client-cert", type=Path, default=None,
+                       help="PEM client certificate (with --tls-client-key and --tls-ca) for a verifier that requires "
+                       "one (mutual TLS): its common name is this edge's identity there")
+    group.add_argument("--tls-client-key", type=Path, default=None, help="... and its PEM private key")
+    group.add_argument("--connect-timeout", type=positive_float, default=10.0, help="seconds to reach the cloud (default 10)")
+    group.add_argument("--verdict-timeout", type=positive_float, default=120.0, help="seconds to wait for any one answer (default 120)")
+    group.add_argument("--pin-target", type=target_fingerprint, default=None, metavar="HEX",
+                       help="refuse a verifier whose target weights are not these (the `target` a report records, "
+                       "e.g. baseline --reproducible --json): a reproducible session is then bit-identical to that "
+                       "baseline, or refused, never silently served by a swapped checkpoint")
+    if not report_flags:
+        return
+    parser.add_argument("--json", action="store_true", help="print tokens, text and stats (with bytes and RTT) as JSON")
+    parser.add_argument("--timings", action="store_true", help="in the JSON: per-block cloud times and bytes")
+    parser.add_argument("--json-file", type=Path, default=None, help="also write that JSON to this file (text still streams)")
+
+
+def cloud_options(args: argparse.Namespace) -> dict:
+    """``edge.endpoint.VerifierEndpoint``'s keyword arguments from ``add_cloud_args``' flags (files read);
+    ValueError or FileNotFoundError for flags that do not go together or files that are not there."""
+    if args.drafter == NGRAM:
+        raise ValueError("the edge needs a GGUF drafter (it also tokenizes the prompt); 'ngram' is for generate")
+    for path, what in ((args.tls_ca, "TLS CA file"), (args.auth_token_file, "auth token file"),
+                       (args.tls_client_cert, "TLS client certificate"), (args.tls_client_key, "TLS client key")):
+        if path is not None and not path.is_file():
+            raise FileNotFoundError(f"{what} not found: {path}")
+    if (args.tls_client_cert is None) != (args.tls_client_key is None):
+        raise ValueError("--tls-client-cert and --tls-client-key go together")
+    if args.tls_client_cert is not None and args.tls_ca is None:
+        raise ValueError("--tls-client-cert is shown over TLS: give the verifier's CA with --tls-ca")
+    client = (args.tls_client_cert.read_bytes(), args.tls_client_key.read_bytes()) if args.tls_client_cert else None
+    return {
+        "auth_token": args.auth_token_file.read_text().strip() if args.auth_token_file else None,
+        "root_certificates": args.tls_ca.read_bytes() if args.tls_ca else None,
+        "client_certificate": client,
+        "connect_timeout_s": args.connect_timeout,
+        "pinned_target": args.pin_target,
+    }
+
+
+def target_fingerprint(text: str) -> bytes:
+    """``--pin-target``'s value: 16 bytes from 32 hex digits."""
+    try:
+        value = bytes.fromhex(text)
+    except ValueError:
+        value = b""
+    if len(value) != 16:
+        raise argparse.ArgumentTypeError(f"a target fingerprint is 32 hex digits (a report's `target`), got {text!r}")
+    return value
