@@ -8,11 +8,12 @@ returns ``Steps`` (a generator of ``ForwardItem``), the scheduler drives it:
 each forward packs the items every waiting job yields, up to ``max_rows``
 rows, so many sessions' verifies (and cloud-only decode steps) share one
 target forward. Fairness: verify items (all of their logits wanted) go whole,
-the oldest always, the rest as ``cloud.fair_share.allot_verifies`` shares
-``max_rows`` across clients (a job's ``client``, weighted by what the
-client's rows commit: ``ClientLedger``, fed by the block stream), among the
-clients whose share of the verifier's time allows them this forward
-(``cloud.time_share``: what rows cost here, fitted to the forwards run); a prompt is
+from the clients whose share of the verifier's time allows them this forward
+(``cloud.time_share``: what rows cost here, fitted to the forwards run; the
+least-served client waiting always may): of theirs the oldest always, the rest
+as ``cloud.fair_share.allot_verifies`` shares ``max_rows`` across clients (a
+job's ``client``, weighted by what the client's rows commit: ``ClientLedger``,
+fed by the block stream); a prompt is
 prefilled in chunks that fill the rows the verifies leave, the oldest prompt
 getting at least ``min_prefill_rows`` per forward even past ``max_rows``, so a
 long prompt never starves and never stalls the others for more than a chunk.
