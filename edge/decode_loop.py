@@ -126,6 +126,7 @@ class _Decode:
         self.kept_early = False
         self.early_guess: int | None = None  # the first token the kept early block was drafted on, until read
         self.last_arrival = time.perf_counter()
+        self.restarting = False  # a correction ended a chain: the next block sent begins the next one
         # A chain's first block's drafts at tokens decoded for stale blocks are acceptance trials where a
         # draft is accepted exactly when it is the target's token (rejection mode accepts by odds).
         self.guesses_are_trials = params.is_greedy or params.mode is not Mode.REJECTION
@@ -279,6 +280,9 @@ class _Decode:
             sent_at = time.perf_counter()
             follows = more_follows(len(block.tokens), drafting.drafts_left, pipe.window)
             verifier.send(self.epoch, drafting.start, block, follows)
+            if self.restarting:
+                self.stats.record_restart(drafting.draft_s)
+                self.restarting = False
             pipe.sent(InFlight(self.epoch, drafting.start, block, follows, sent_at, drafting.draft_s,
                                 sent_at - drafted_at))
             self.drafting = None
@@ -339,6 +343,8 @@ class _Decode:
             self.stop = verdict.stop_reason if verdict.done else StopReason.STOP
             return True
         self.epoch = next_epoch(self.epoch, verdict)
+        if verdict.is_correction and not verdict.stale and drafts:  # (not the cloud decoding alone)
+            self.restarting = True
         if voids or (self.drafting is not None and not self.drafting.continues(self.generated, prompt_len)):
             # The next chain is drafted from the committed tokens (a block being drafted went past them, or
             # was a chain's first block that guessed a token decoded for a void block wrong).

@@ -63,6 +63,8 @@ class DecodeStats:
     proposed_accepted: int = 0  # ... accepted (committed before the token decoded)
     stale_decode_guesses: int = 0  # stale blocks' tokens (decoded for them) that a chain's first block had guessed
     stale_decode_guesses_hit: int = 0  # ... right (else that block was void: the next one guessed again)
+    restarts: int = 0  # chains begun after a correction (the blocks after it void): a drained pipeline
+    restart_draft_s: float = 0.0  # drafting those chains' first blocks: the most a speculation cache could hide
     # Acceptance length per speculative step, as SPEED-Bench and vLLM count it: {length: steps}. A step is a
     # drafted block's verdict; its length, 1 + the drafts it accepted (the target's token counted, also where
     # its bonus was deferred to the next block of its chain, or the generation ended inside the block). The
@@ -110,6 +112,13 @@ class DecodeStats:
         positions a chain's first block had drafted guesses for: ``hit``, they were its drafts."""
         self.stale_decode_guesses += 1
         self.stale_decode_guesses_hit += hit
+
+    def record_restart(self, draft_s: float) -> None:
+        """A chain's first block after a correction was sent, drafted in ``draft_s`` seconds after the
+        verdict that ended the chain before it (the time a block drafted ahead for that correction,
+        a speculation cache's, would have saved at most: the verifier decodes stale blocks meanwhile)."""
+        self.restarts += 1
+        self.restart_draft_s += draft_s
 
     def record_correction_guess(self, hit: bool) -> None:
         """A correction the drafter's second choice predicted (``hit``) or not: the hit rate h
@@ -171,6 +180,8 @@ class DecodeStats:
             "proposed_accepted": self.proposed_accepted,
             "stale_decode_guesses": self.stale_decode_guesses,
             "stale_decode_guesses_hit": self.stale_decode_guesses_hit,
+            "restarts": self.restarts,
+            "restart_draft_s": round(self.restart_draft_s, 4),
             "accept_lengths": {str(length): steps for length, steps in sorted(self.accept_lengths.items())},
         }
 

@@ -40,3 +40,16 @@ def test_corrections_are_scored_against_the_drafters_second_choice(tiny_engine, 
     assert stats.corrections_guessed >= 10
     assert stats.corrections_hit == (stats.corrections_guessed if right else 0)
     assert stats.correction_hit_rate == (1.0 if right else 0.0)
+
+
+def test_each_chain_a_correction_ends_is_counted_as_a_restart(tiny_engine, greedy_path):
+    """The drafting a speculation cache could hide: every chain a correction ends begins again with a
+    block drafted after it (``DecodeStats.restarts``); a drafter that is never wrong restarts nothing."""
+    prompt, want = greedy_path
+    wrong = ScriptedDrafter(tiny_engine.vocab_size, want, len(prompt), True)
+    stats = generate(tiny_engine, wrong, prompt, GREEDY, max_new_tokens=20, spec=SpecConfig(3, window=2)).stats
+    assert stats.corrections_guessed - 1 <= stats.restarts <= stats.corrections_guessed and stats.restarts >= 10
+    assert stats.restart_draft_s > 0 and stats.to_json()["restarts"] == stats.restarts
+    right = ScriptedDrafter(tiny_engine.vocab_size, want, len(prompt), True, wrong_every=1000)
+    stats = generate(tiny_engine, right, prompt, GREEDY, max_new_tokens=20, spec=SpecConfig(3, window=2)).stats
+    assert stats.accepted > 0 and stats.restarts == 0 and stats.restart_draft_s == 0

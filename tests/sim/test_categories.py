@@ -34,15 +34,15 @@ def test_a_second_turn_is_the_conversation_so_far_with_the_first_answer():
 
 
 def report(tokens: int, wall_s: float, lengths: dict[int, int], *, drafted: int = 0, accepted: int = 0,
-           up: int = 0) -> EdgeReport:
-    stats = DecodeStats(drafted=drafted, accepted=accepted, accept_lengths=lengths)
+           up: int = 0, restart_s: float = 0.0) -> EdgeReport:
+    stats = DecodeStats(drafted=drafted, accepted=accepted, accept_lengths=lengths, restart_draft_s=restart_s)
     return EdgeReport("split", [1] * tokens, "", "length", 5, wall_s, 0.5, 0.0, 0.0, up, 0, 0.0, decode=stats)
 
 
 def test_per_category_figures_from_known_reports():
     categories = ["math", "math", "coding"]
     cloud_only = [report(10, 2.0, {}), report(10, 2.0, {}), report(10, 1.0, {})]  # 5, 5, 10 tok/s
-    split = [report(10, 1.0, {3: 2, 1: 1}, drafted=12, accepted=4, up=100),  # 10 tok/s: 2.0x
+    split = [report(10, 1.0, {3: 2, 1: 1}, drafted=12, accepted=4, up=100, restart_s=0.25),  # 10 tok/s: 2.0x
              report(10, 0.5, {4: 1}, drafted=4, accepted=3, up=60),  # 20 tok/s: 4.0x
              report(10, 2.0, {1: 2}, drafted=8, accepted=0, up=50)]  # 5 tok/s: 0.5x, lost
     samples = [[(5, 0.1)], [(5, 0.1)], [(5, 0.2)]]
@@ -52,6 +52,8 @@ def test_per_category_figures_from_known_reports():
     assert math["acceptance_length_per_request"] == pytest.approx(((7 / 3) + 4) / 2)
     assert math["speedup"] == {"median": 3.0, "min": 2.0, "max": 4.0} and math["lost_share"] == 0.0
     assert math["bytes_per_accepted_token"] == pytest.approx(160 / 7)
+    assert math["restart_draft_share"] == pytest.approx(0.25 / 1.5)
+    assert overall["restart_draft_share"] == pytest.approx(0.25 / 3.5)
     assert coding["speedup"]["median"] == 0.5 and coding["lost_share"] == 1.0 and coding["acceptance_length"] == 1.0
     assert coding["bytes_per_accepted_token"] is None  # nothing accepted
     assert overall["lost_share"] == pytest.approx(1 / 3) and overall["speedup"]["median"] == 2.0
