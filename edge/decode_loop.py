@@ -127,9 +127,12 @@ class _Decode:
         self.early_guess: int | None = None  # the first token the kept early block was drafted on, until read
         self.last_arrival = time.perf_counter()
         self.restarting = False  # a correction ended a chain: the next block sent begins the next one
-        # A chain's first block's drafts at tokens decoded for stale blocks are acceptance trials where a
-        # draft is accepted exactly when it is the target's token (rejection mode accepts by odds).
-        self.guesses_are_trials = params.is_greedy or params.mode is not Mode.REJECTION
+
+    @property
+    def guesses_are_trials(self) -> bool:
+        """A chain's first block's drafts at tokens decoded for stale blocks are acceptance trials where a
+        draft is accepted exactly when it is the target's token (rejection mode accepts by odds)."""
+        return self.params.is_greedy or self.params.mode is not Mode.REJECTION
 
     @property
     def committed_end(self) -> int:
