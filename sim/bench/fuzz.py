@@ -76,6 +76,8 @@ class SoakReport:
     forged_refused: int = 0  # streams ended INVALID_ARGUMENT "draft not sampled from its q̃"
     shaped_sessions: int = 0
     shaped_ended: int = 0  # ... ended by the draft audit (others finished first: EOS, or their length)
+    # Over every shaped forgery, ended by the audit or not (one that samples EOS first ends there: the
+    # session's coins are keyed on a secret of the verifier's, so where is not the forger's to choose):
     shaped_undetected_positions: int | None = None  # most positions a shaped forgery ran before its end
     shaped_low_weight_positions: int | None = None  # most drafts at q̃ weight <= 2^-8 before its end ("tail")
     # Hostile unary Generate requests (``fuzz_generate``); their odd endings and hangs count above too:
@@ -310,9 +312,8 @@ def _forge(channel: grpc.Channel, address: str, factory: HostileFrames, report: 
                                      seed=factory.rng.randrange(2**63), strategy=strategy)
         report.shaped_sessions += 1
         report.shaped_ended += outcome.ended
-        if outcome.ended:
-            count = outcome.positions if strategy == "shaped" else outcome.low_weight
-            worst[strategy] = max(worst.get(strategy, 0), count)
+        count = outcome.positions if strategy == "shaped" else outcome.low_weight
+        worst[strategy] = max(worst.get(strategy, 0), count)
     report.shaped_undetected_positions = worst.get("shaped")
     report.shaped_low_weight_positions = worst.get("tail")
 
