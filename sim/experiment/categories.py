@@ -13,8 +13,9 @@ category (the second turns on their own, under ``second_turns``):
   step and per request, conditional and joint acceptance per length;
 - ours: speedup against the fastest cloud-only of the same prompt in the same run (median and range
   over prompts), how often the split lost (< 1.0x), the cloud's verify seconds per token against
-  cloud-only's, bytes on the link per accepted draft, TTFT, the share of the split's wall time spent
-  drafting a chain's first block after a correction; and over all prompts the machine's ceiling
+  cloud-only's, bytes on the link per accepted draft, TTFT; where the split's wall time went on the edge
+  (drafting, and of it a chain's first block after a correction) and the share of drafted tokens never
+  verified; and over all prompts the machine's ceiling
   for the drafter (``sim.perf.ceiling``: the best steady rate here, rejections free) and the run's
   efficiency against it;
 
@@ -127,10 +128,15 @@ def _figures(split: list[EdgeReport], cloud_only: list[EdgeReport], split_sample
         "cloud_only_cloud_s_per_token": _cloud_s_per_token(cloud_samples, cloud_only),
         "bytes_per_accepted_token": (sum(r.bytes_up + r.bytes_down for r in split) / accepted) if accepted else None,
         "ttft_s": _spread([r.ttft_s for r in split]),
-        # The split's wall time spent drafting a chain's first block after a correction (the pipeline
-        # drained): the most an edge speculation cache could hide (``DecodeStats.restart_draft_s``).
-        "restart_draft_share": (sum(r.decode.restart_draft_s for r in split) / wall
-                                if (wall := sum(r.wall_s for r in split)) else None),
+        # Where the split's wall time went, on the edge: drafting (the drafter busy; the rest it waited on
+        # the link and the verifier), of it the first blocks of chains after a correction (the pipeline
+        # drained: the most an edge speculation cache could hide, ``DecodeStats.restart_draft_s``), and the
+        # share of drafted tokens never verified (drafted past a correction, stopped by a verdict, or the
+        # shadow's one-token proposals while the cloud decodes alone).
+        "drafting_share": sum(r.drafter.draft_s for r in split) / wall if (wall := sum(r.wall_s for r in split)) else None,
+        "restart_draft_share": sum(r.decode.restart_draft_s for r in split) / wall if wall else None,
+        "drafts_never_verified": (1 - sum(r.decode.drafted for r in split) / drafted_all
+                                  if (drafted_all := sum(r.drafter.drafted for r in split)) else None),
         "cloud_only_ttft_s": _spread([r.ttft_s for r in cloud_only]),
     }
 
@@ -207,8 +213,8 @@ def run_categories(bench: CategoryBench, progress=lambda line: print(line, file=
 
 def table(result: dict) -> str:
     """The terminal table: per drafter and category, AL, speedup (median and range), how often the split
-    lost, bytes per accepted draft, TTFT, the share of wall time spent drafting chain restarts (and the
-    same for second turns, where they ran)."""
+    lost, bytes per accepted draft, TTFT, the shares of wall time spent drafting and drafting chain restarts,
+    the share of drafts never verified (and the same for second turns, where they ran)."""
     lines = []
     for drafter, figures in result["drafters"].items():
         lines.append(f"{drafter}:")
@@ -223,7 +229,7 @@ def _turn_table(figures: dict) -> list[str]:
     """One drafter's lines for one turn."""
     lines = []
     lines.append(f"  {'category':<12} {'n':>2} {'AL':>5} {'speedup (range)':>20} {'lost':>5} {'B/acc':>6} "
-                 f"{'TTFT s':>7} {'restart':>7}")
+                 f"{'TTFT s':>7} {'drafting':>8} {'restart':>7} {'unsent':>6}")
     for name, f in [*figures["categories"].items(), ("all", figures["all"])]:
         s = f["speedup"]
         spread = f"{s['median']:.2f}x ({s['min']:.2f}-{s['max']:.2f})" if s else "-"
@@ -231,8 +237,10 @@ def _turn_table(figures: dict) -> list[str]:
         per = f"{f['bytes_per_accepted_token']:.1f}" if f["bytes_per_accepted_token"] is not None else "-"
         lost = f"{f['lost_share']:.0%}" if f["lost_share"] is not None else "-"
         ttft = f"{f['ttft_s']['median']:.2f}" if f["ttft_s"] else "-"
-        restart = f"{f['restart_draft_share']:.0%}" if f.get("restart_draft_share") is not None else "-"
-        lines.append(f"  {name:<12} {f['prompts']:>2} {al:>5} {spread:>20} {lost:>5} {per:>6} {ttft:>7} {restart:>7}")
+        shares = [f"{f[key]:.0%}" if f.get(key) is not None else "-"
+                  for key in ("drafting_share", "restart_draft_share", "drafts_never_verified")]
+        lines.append(f"  {name:<12} {f['prompts']:>2} {al:>5} {spread:>20} {lost:>5} {per:>6} {ttft:>7} "
+                     f"{shares[0]:>8} {shares[1]:>7} {shares[2]:>6}")
     top = figures.get("ceiling") or {}
     if top.get("ceiling_tokens_per_s"):
         lines.append(f"  this machine's ceiling: {top['ceiling_tokens_per_s']:.2f} tok/s (D={top['ceiling_draft_len']}, "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from edge.drafter import DrafterStats
 from edge.report import EdgeReport
 from shared.stats import DecodeStats
 from sim.experiment.categories import CategoryBench, render_first_turn, second_turn_prompts, summarize
@@ -34,16 +35,19 @@ def test_a_second_turn_is_the_conversation_so_far_with_the_first_answer():
 
 
 def report(tokens: int, wall_s: float, lengths: dict[int, int], *, drafted: int = 0, accepted: int = 0,
-           up: int = 0, restart_s: float = 0.0) -> EdgeReport:
+           up: int = 0, restart_s: float = 0.0, drafter: DrafterStats | None = None) -> EdgeReport:
     stats = DecodeStats(drafted=drafted, accepted=accepted, accept_lengths=lengths, restart_draft_s=restart_s)
-    return EdgeReport("split", [1] * tokens, "", "length", 5, wall_s, 0.5, 0.0, 0.0, up, 0, 0.0, decode=stats)
+    return EdgeReport("split", [1] * tokens, "", "length", 5, wall_s, 0.5, 0.0, 0.0, up, 0, 0.0, decode=stats,
+                      drafter=drafter or DrafterStats())
 
 
 def test_per_category_figures_from_known_reports():
     categories = ["math", "math", "coding"]
     cloud_only = [report(10, 2.0, {}), report(10, 2.0, {}), report(10, 1.0, {})]  # 5, 5, 10 tok/s
-    split = [report(10, 1.0, {3: 2, 1: 1}, drafted=12, accepted=4, up=100, restart_s=0.25),  # 10 tok/s: 2.0x
-             report(10, 0.5, {4: 1}, drafted=4, accepted=3, up=60),  # 20 tok/s: 4.0x
+    split = [report(10, 1.0, {3: 2, 1: 1}, drafted=12, accepted=4, up=100, restart_s=0.25,  # 10 tok/s: 2.0x
+                    drafter=DrafterStats(drafted=16, draft_s=0.5)),
+             report(10, 0.5, {4: 1}, drafted=4, accepted=3, up=60,  # 20 tok/s: 4.0x
+                    drafter=DrafterStats(drafted=8, draft_s=0.1)),
              report(10, 2.0, {1: 2}, drafted=8, accepted=0, up=50)]  # 5 tok/s: 0.5x, lost
     samples = [[(5, 0.1)], [(5, 0.1)], [(5, 0.2)]]
     out = summarize(categories, (cloud_only, samples), {"d": (split, samples)})["d"]
@@ -54,6 +58,8 @@ def test_per_category_figures_from_known_reports():
     assert math["bytes_per_accepted_token"] == pytest.approx(160 / 7)
     assert math["restart_draft_share"] == pytest.approx(0.25 / 1.5)
     assert overall["restart_draft_share"] == pytest.approx(0.25 / 3.5)
+    assert math["drafting_share"] == pytest.approx(0.6 / 1.5) and math["drafts_never_verified"] == pytest.approx(1 - 16 / 24)
+    assert coding["drafts_never_verified"] is None  # its drafter's counters say nothing
     assert coding["speedup"]["median"] == 0.5 and coding["lost_share"] == 1.0 and coding["acceptance_length"] == 1.0
     assert coding["bytes_per_accepted_token"] is None  # nothing accepted
     assert overall["lost_share"] == pytest.approx(1 / 3) and overall["speedup"]["median"] == 2.0
