@@ -84,25 +84,35 @@ class Broker:
         return f"{'mqtts' if self.tls else 'mqtt'}://{user}{self.host}:{self.port}"
 
 
+def _redacted(url: str) -> str:
+    """``url`` with any password in it replaced (error messages must not carry it)."""
+    scheme, sep, rest = url.rpartition("://")
+    userinfo, at, hostpart = rest.rpartition("@")
+    if not at or ":" not in userinfo:
+        return url
+    return f"{scheme}{sep}{userinfo.split(':', 1)[0]}:***@{hostpart}"
+
+
 def parse_mqtt_url(url: str) -> Broker:
     """The broker ``mqtt[s]://[USER[:PASSWORD]@]HOST[:PORT][?ca=PATH]`` names (``HOST[:PORT]`` alone: plain
     MQTT); ``ValueError`` for anything else. ``mqtts`` is TLS (port 8883 by default, else 1883); ``ca``,
     only with ``mqtts``, is the PEM CA to trust; a user without a password takes ``$SPLITSPEC_MQTT_PASSWORD``."""
     parsed = urlparse(url if "://" in url else f"mqtt://{url}")
+    shown = _redacted(url)
     if parsed.scheme not in ("mqtt", "tcp", "mqtts", "ssl") or not parsed.hostname:
-        raise ValueError(f"not an MQTT broker URL: {url!r} (expected mqtt://HOST[:PORT] or mqtts://HOST[:PORT])")
+        raise ValueError(f"not an MQTT broker URL: {shown!r} (expected mqtt://HOST[:PORT] or mqtts://HOST[:PORT])")
     tls = parsed.scheme in ("mqtts", "ssl")
     try:
         port = parsed.port or (8883 if tls else 1883)
     except ValueError as exc:
-        raise ValueError(f"bad port in MQTT URL {url!r}") from exc
+        raise ValueError(f"bad port in MQTT URL {shown!r}") from exc
     query = parse_qs(parsed.query, keep_blank_values=True)
     unknown = sorted(set(query) - {"ca"})
     if unknown or any(len(values) != 1 for values in query.values()):
-        raise ValueError(f"MQTT URL {url!r}: the only query parameter is ca=PATH, once (got {', '.join(unknown)})")
+        raise ValueError(f"MQTT URL {shown!r}: the only query parameter is ca=PATH, once (got {', '.join(unknown)})")
     ca_file = query["ca"][0] if "ca" in query else None
     if ca_file is not None and not tls:
-        raise ValueError(f"MQTT URL {url!r}: ca= is for mqtts:// (TLS)")
+        raise ValueError(f"MQTT URL {shown!r}: ca= is for mqtts:// (TLS)")
     username = unquote(parsed.username) if parsed.username else None
     password = unquote(parsed.password) if parsed.password is not None else None
     if username and password is None:

@@ -70,7 +70,7 @@ def watch_live(url: str, refresh_s: float = 1.0) -> None:
     view = FleetView()
 
     def render() -> Table:
-        table = Table(title=f"splitspec fleet on {url}")
+        table = Table(title=f"splitspec fleet on {parse_mqtt_url(url)}")  # (its str names no password)
         for column in ("kind", "name", "state", "tok/s", "α by position", "D", "W", "RTT ms", "load"):
             table.add_column(column)
         for name, docs in sorted(view.clouds.items()):

@@ -70,6 +70,9 @@ def test_urls_and_the_byte_budget():
     for bad in ("http://x", "mqtt://", "mqtt://h:99999", "mqtt://h?ca=/ca.pem", "mqtts://h?cafile=x", "mqtts://h?ca=a&ca=b"):
         with pytest.raises(ValueError):
             parse_mqtt_url(bad)
+    with pytest.raises(ValueError) as error:  # an error names the URL, never its password
+        parse_mqtt_url("mqtts://edge-1:s3cret@h:99999")
+    assert "s3cret" not in str(error.value) and "edge-1:***@h:99999" in str(error.value)
     now = [0.0]
     budget = ByteBudget(800, burst_s=1.0, clock=lambda: now[0])  # 100 B/s, 100 B of burst
     assert budget.take(100) and not budget.take(1)
