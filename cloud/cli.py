@@ -181,23 +181,24 @@ def add_cloud_commands(commands) -> None:
     serve.set_defaults(func=run_serve)
 
 
-def read_secret(path: Path | None, what: str) -> str | None:
+def read_file(path: Path | None, what: str) -> bytes | None:
+    """``path``'s bytes (None: no path); FileNotFoundError naming ``what`` for a path that is no file."""
     if path is None:
         return None
     if not path.is_file():
         raise FileNotFoundError(f"{what} not found: {path}")
-    value = path.read_text().strip()
+    return path.read_bytes()
+
+
+def read_secret(path: Path | None, what: str) -> str | None:
+    """``path``'s text, stripped (None: no path); ValueError for an empty one."""
+    data = read_file(path, what)
+    if data is None:
+        return None
+    value = data.decode().strip()
     if not value:
         raise ValueError(f"{what} {path} is empty")
     return value
-
-
-def read_file(path: Path | None, what: str) -> bytes | None:
-    if path is None:
-        return None
-    if not path.is_file():
-        raise CliError(f"{what} not found: {path}", exit_code=2)
-    return path.read_bytes()
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -243,8 +244,8 @@ def run_serve(args: argparse.Namespace) -> int:
         batching=not args.no_batching,
         auth_token=token,
         credentials=credentials,
-        tls_cert=args.tls_cert.read_bytes() if args.tls_cert else None,
-        tls_key=args.tls_key.read_bytes() if args.tls_key else None,
+        tls_cert=read_file(args.tls_cert, "TLS certificate"),
+        tls_key=read_file(args.tls_key, "TLS key"),
         tls_client_ca=read_file(args.tls_client_ca, "TLS client CA file"),
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,

@@ -76,7 +76,8 @@ class TimeShare:
     def eligible(self, waiting: Mapping[str, int], cost: ForwardCost) -> set[str]:
         """Of the ``waiting`` clients (the rows each waits with), those no more than a quantum ahead of the
         least served: a forward's cost with the most rows any of them waits with (two clients waiting with
-        the same rows are never kept apart by when each arrived)."""
+        the same rows are never kept apart by when each arrived). Moves ``now`` to the least-served waiting
+        client's clock: a client back from away starts there."""
         if not waiting:
             return set()
         clocks = {c: max(self.clocks.get(c, self.now), self.now) for c in waiting}  # (no credit for time away)
