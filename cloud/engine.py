@@ -36,12 +36,12 @@ from cloud import slot_attention
 from cloud.invariance.free_products import PRIOR, choose
 from cloud.invariance.padding import RowPaddedHead, RowPadding
 from cloud.invariance.probe import (
-    ROW_TILES,
     NotRowInvariant,
     Product,
     attention_products,
     invariant_row_padding,
     linear_products,
+    row_tiles_for,
 )
 from cloud.invariance.products import PackedLinear, pack_linears, unpack_linears
 from cloud.slot_attention import RowLayout, SlotKV
@@ -187,7 +187,6 @@ class TargetEngine:
         if shapes not in SHAPES:
             raise ValueError(f"shapes must be one of {', '.join(SHAPES)}, not {shapes!r}")
         self.shapes = shapes
-        canonical = shapes != "free"  # find the invariant padding: reproducible forwards can be run
         started = time.perf_counter()
         kwargs: dict = {"dtype": self.dtype}
         if path.is_file():  # a GGUF file
@@ -199,10 +198,32 @@ class TargetEngine:
             from transformers.distributed import DistributedConfig
 
             kwargs["distributed_config"] = DistributedConfig(tp_size=tensor_parallel)
+        model = AutoModelForCausalLM.from_pretrained(folder, **kwargs).to(self.device).eval()
+        tokenizer = AutoTokenizer.from_pretrained(folder, **({"gguf_file": path.name} if path.is_file() else {}))
+        self._adopt(model, tokenizer, path.name, started, tensor_parallel)
+        log.debug("target weights fingerprint %s", self.weights_fingerprint.hex())  # (hashed at load, not on an Open)
+
+    @classmethod
+    def from_model(cls, model, tokenizer=None, *, name: str, shapes: str = "canonical") -> TargetEngine:
+        """An engine over a model already built on its device (random weights of a real model's shapes, say:
+        the GPU check builds them there, no download). ``tokenizer`` None: placeholder pieces, and the
+        end-of-sequence ids the config names."""
+        if shapes not in SHAPES:
+            raise ValueError(f"shapes must be one of {', '.join(SHAPES)}, not {shapes!r}")
+        engine = cls.__new__(cls)
+        weight = next(model.parameters())
+        engine.device, engine.dtype, engine.shapes = weight.device, weight.dtype, shapes
+        engine._adopt(model.eval(), tokenizer, name, time.perf_counter(), 1)
+        return engine
+
+    def _adopt(self, model, tokenizer, name: str, started: float, tensor_parallel: int) -> None:
+        """Serve ``model`` (on ``self.device``) in ``self.shapes``: slot attention, the invariance probes, the
+        products' paths, the vocabulary."""
+        canonical = self.shapes != "free"
         slot_attention.register()
-        self.model = AutoModelForCausalLM.from_pretrained(folder, **kwargs).to(self.device).eval()
+        self.model = model
         self.model.config._attn_implementation = slot_attention.ATTENTION_NAME
-        self.tokenizer = AutoTokenizer.from_pretrained(folder, **({"gguf_file": path.name} if path.is_file() else {}))
+        self.tokenizer = tokenizer
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
         # Positions the model was trained for (None when the config does not say).
         self.max_positions: int | None = getattr(self.model.config, "max_position_embeddings", None)
@@ -213,7 +234,7 @@ class TargetEngine:
         # several rows), or "blas" (F.linear).
         self.products = "onednn" if self.device.type == "cpu" and pack_linears(self.model) else "blas"
         if canonical and self.products == "onednn":
-            self.padding = invariant_row_padding(linear_products(self.model))
+            self.padding = invariant_row_padding(linear_products(self.model), self.row_tiles)
             self.attention_padding, self.threads = self._invariant(attention_products(self.model))
             if self.padding is None or self.attention_padding is None:  # canonical shapes try F.linear instead
                 self.padding = self.attention_padding = self.threads = None
@@ -223,10 +244,10 @@ class TargetEngine:
             self.padding, self.threads = self._invariant(linear_products(self.model))
         self.invariant = self.padding is not None
         if canonical and self.padding is None:
-            if shapes == "canonical":  # every forward is promised batch-invariant logits: refuse, do not pretend
+            if self.shapes == "canonical":  # every forward is promised batch-invariant logits: refuse, do not pretend
                 raise NotRowInvariant(
                     f"canonical shapes refused: this device's matrix products are not row-invariant under any row "
-                    f"padding tried (at least or a multiple of {', '.join(map(str, ROW_TILES))} rows"
+                    f"padding tried (at least or a multiple of {', '.join(map(str, self.row_tiles))} rows"
                     f"{', and on one thread' if self.device.type == 'cpu' else ''}), so a session's logits would "
                     "depend on its batch-mates; use --shapes auto (reproducible sessions are then refused) or free")
             log.warning("this device's matrix products are not row-invariant under any padding tried: reproducible "
@@ -234,7 +255,7 @@ class TargetEngine:
             self.padding = RowPadding(multiple=True)  # still the likeliest to agree
         # Free shapes' path by row count, measured on this machine (``cloud.invariance.free_products``).
         self.free_products = PRIOR
-        if self.products == "onednn" and shapes != "canonical":
+        if self.products == "onednn" and self.shapes != "canonical":
             packed = [m for m in self.model.modules() if isinstance(m, PackedLinear)]
             self.free_products = choose(packed)
             for module in packed:
@@ -242,32 +263,36 @@ class TargetEngine:
             log.info("free shapes' products: %s", self.free_products.describe())
         self.head = RowPaddedHead(self.model.get_output_embeddings())
         self.logit_softcap: float | None = getattr(self.model.config, "final_logit_softcapping", None)
-        self.model_name = path.name
+        self.model_name = name
         self.eos_token_ids = self._eos_ids()
         self.pieces = self._pieces()
         self.fingerprint = vocab_fingerprint(self.pieces)
-        log.debug("target weights fingerprint %s", self.weights_fingerprint.hex())  # (hashed at load, not on an Open)
         self.load_s = time.perf_counter() - started
         log.info(
             "target %s loaded in %.1fs on %s/%s (vocab %d, %s shapes%s)",
-            path.name, self.load_s, self.device, str(self.dtype).removeprefix("torch."), self.vocab_size,
+            name, self.load_s, self.device, str(self.dtype).removeprefix("torch."), self.vocab_size,
             "free" if not canonical else (f"batch-invariant ({self.products} products, {self.padding})" if self.invariant
                                           else "canonical but NOT row-invariant")
-            + (" for reproducible sessions, free for the others" if shapes == "auto" else ""),
+            + (" for reproducible sessions, free for the others" if self.shapes == "auto" else ""),
             (" on one thread: this CPU's products split between threads by row count" if self.threads else "")
             + (f", tensor parallel over {tensor_parallel} ranks" if tensor_parallel > 1 else ""),
         )
 
     def _invariant(self, products: list[Product]) -> tuple[RowPadding | None, int | None]:
         """``products``' invariant padding, and the thread count it needs (None: any)."""
-        padding = invariant_row_padding(products)
+        padding = invariant_row_padding(products, self.row_tiles)
         if padding is None and self.device.type == "cpu" and torch.get_num_threads() > 1:
             # Some CPUs (an Intel Xeon with AVX-512, measured) split a BLAS product between threads by its
             # row count at every padding tried, but are row-invariant on one thread.
             with torch_threads(1):
-                padding = invariant_row_padding(products)
+                padding = invariant_row_padding(products, self.row_tiles)
             return padding, 1 if padding is not None else None
         return padding, None
+
+    @property
+    def row_tiles(self) -> tuple[int, ...]:
+        """The row tiles canonical shapes may pad to on this device (``cloud.invariance.probe.row_tiles_for``)."""
+        return row_tiles_for(self.device)
 
     @property
     def kv_bytes_per_position(self) -> int:
@@ -290,11 +315,13 @@ class TargetEngine:
         eos = self.model.generation_config.eos_token_id if self.model.generation_config else None
         if eos is None:
             eos = self.model.config.eos_token_id
-        if eos is None:
+        if eos is None and self.tokenizer is not None:
             eos = self.tokenizer.eos_token_id
         return set(eos) if isinstance(eos, (list, tuple, set)) else ({int(eos)} if eos is not None else set())
 
     def _pieces(self) -> list[str]:
+        if self.tokenizer is None:
+            return [f"<pad_{i}>" for i in range(self.vocab_size)]
         pieces = self.tokenizer.convert_ids_to_tokens(list(range(min(len(self.tokenizer), self.vocab_size))))
         # Embedding rows past the tokenizer (padding) get a stable placeholder.
         return [p if p is not None else "" for p in pieces] + [f"<pad_{i}>" for i in range(len(pieces), self.vocab_size)]

@@ -18,10 +18,19 @@ from cloud import slot_attention
 from cloud.invariance.padding import KEY_BUCKET, ROW_TILE, RowPadding
 from cloud.invariance.products import PackedLinear
 
-__all__ = ["ROW_TILES", "Product", "linear_products", "attention_products", "invariant_row_padding",
-           "NotRowInvariant"]
+__all__ = ["ROW_TILES", "ACCELERATOR_ROW_TILES", "Product", "linear_products", "attention_products",
+           "invariant_row_padding", "holding_paddings", "row_tiles_for", "NotRowInvariant"]
 
-ROW_TILES = (2, ROW_TILE, 8, 16)  # tiles tried, the smallest (cheapest) first
+ROW_TILES = (2, ROW_TILE, 8, 16)  # a CPU's tiles tried, the smallest (cheapest) first
+# An accelerator's forward costs nearly alike up to its ridge (a hundred rows and more on a GPU), so a
+# bigger tile costs next to nothing there, and its matrix kernels change with the row count more often.
+ACCELERATOR_ROW_TILES = (*ROW_TILES, 32, 64, 128)
+_COUNTS = (1, 2, 3, 5, 6, 7, 9, 13, 17, 31, 33, 47, 63, 65, 95, 127, 129, 191, 255, 257, 383, 511)
+
+
+def row_tiles_for(device: torch.device) -> tuple[int, ...]:
+    """The tiles the probe tries on ``device``: a CPU's, or an accelerator's (bigger ones too)."""
+    return ROW_TILES if device.type == "cpu" else ACCELERATOR_ROW_TILES
 
 
 class Product(NamedTuple):
@@ -69,11 +78,24 @@ def attention_products(model: torch.nn.Module) -> list[Product]:
     return products
 
 
-def invariant_row_padding(products: Sequence[Product], max_rows: int = 64) -> RowPadding | None:
+def invariant_row_padding(products: Sequence[Product], tiles: Sequence[int] = ROW_TILES,
+                          max_rows: int | None = None) -> RowPadding | None:
     """The row padding under which ``products`` give each row the same bits for any row count and
-    order (with torch's current thread count): the first of ``ROW_TILES`` for which at least a tile
+    order (with torch's current thread count): the first of ``tiles`` for which at least a tile
     of rows, else multiples of it, holds; else None. Checked on random rows, up to ``max_rows`` rows
-    (more than any tile, so every padded count is compared)."""
+    (default: 64, or four of the biggest tile; more than any tile, so every padded count is compared)."""
+    return next(_holding(products, tiles, max_rows), None)
+
+
+def holding_paddings(products: Sequence[Product], tiles: Sequence[int] = ROW_TILES,
+                     max_rows: int | None = None) -> list[RowPadding]:
+    """Every padding of ``tiles`` (at least a tile, and multiples of it) that ``invariant_row_padding``
+    would accept, in its order: what the GPU check reports."""
+    return list(_holding(products, tiles, max_rows))
+
+
+def _holding(products: Sequence[Product], tiles: Sequence[int], max_rows: int | None):
+    max_rows = max_rows or max(64, 4 * max(tiles))
     gen = torch.Generator().manual_seed(0)
     with slot_attention.using_layout(slot_attention.RowLayout([], [], RowPadding(multiple=False))):  # (PackedLinear's canonical path)
         checks = []
@@ -81,13 +103,12 @@ def invariant_row_padding(products: Sequence[Product], max_rows: int = 64) -> Ro
             rows = torch.randn(max_rows, columns, generator=gen).to(like.device, like.dtype)
             full = product(rows)
             if not torch.equal(product(rows.flip(0)).flip(0), full):
-                return None
+                return
             checks.append((rows, product, full))
-        for padding in (RowPadding(multiple, tile) for tile in ROW_TILES for multiple in (False, True)):
-            counts = sorted({padding(m) for m in (1, 2, 3, 5, 6, 7, 9, 13, 17, 31, 33, 47, 63) if m < max_rows} - {max_rows})
+        for padding in (RowPadding(multiple, tile) for tile in tiles for multiple in (False, True)):
+            counts = sorted({padding(m) for m in _COUNTS if m < max_rows} - {max_rows})
             if all(torch.equal(product(rows[:m]), full[:m]) for rows, product, full in checks for m in counts):
-                return padding
-    return None
+                yield padding
 
 
 class NotRowInvariant(ValueError):
