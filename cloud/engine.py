@@ -39,6 +39,7 @@ from cloud.invariance.probe import (
     NotRowInvariant,
     Product,
     attention_products,
+    fixed_shape_padding,
     invariant_row_padding,
     linear_products,
     row_tiles_for,
@@ -242,13 +243,21 @@ class TargetEngine:
                 self.products = "blas"
         if canonical and self.padding is None:
             self.padding, self.threads = self._invariant(linear_products(self.model))
+        if canonical and self.padding is None and self.device.type != "cpu":
+            # An accelerator whose products change with the row count at every tile: one fixed forward shape
+            # may still hold (free below its ridge), with attention at a tile of its own.
+            attention = invariant_row_padding(attention_products(self.model), self.row_tiles)
+            fixed = fixed_shape_padding(linear_products(self.model)) if attention is not None else None
+            if fixed is not None:
+                self.padding, self.attention_padding = fixed, attention
         self.invariant = self.padding is not None
         if canonical and self.padding is None:
             if self.shapes == "canonical":  # every forward is promised batch-invariant logits: refuse, do not pretend
                 raise NotRowInvariant(
                     f"canonical shapes refused: this device's matrix products are not row-invariant under any row "
                     f"padding tried (at least or a multiple of {', '.join(map(str, self.row_tiles))} rows"
-                    f"{', and on one thread' if self.device.type == 'cpu' else ''}), so a session's logits would "
+                    f"{', and on one thread' if self.device.type == 'cpu' else ', nor at a fixed shape'}), so a "
+                    "session's logits would "
                     "depend on its batch-mates; use --shapes auto (reproducible sessions are then refused) or free")
             log.warning("this device's matrix products are not row-invariant under any padding tried: reproducible "
                         "sessions are refused; the others' batched logits may differ in the last bits from alone")
@@ -288,6 +297,11 @@ class TargetEngine:
                 padding = invariant_row_padding(products, self.row_tiles)
             return padding, 1 if padding is not None else None
         return padding, None
+
+    @property
+    def max_forward_rows(self) -> int | None:
+        """The most rows one forward may hold: a fixed canonical shape's (``RowPadding.fixed``); None: any."""
+        return self.padding.tile if self.padding is not None and self.padding.fixed else None
 
     @property
     def row_tiles(self) -> tuple[int, ...]:

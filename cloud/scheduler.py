@@ -96,6 +96,10 @@ class Scheduler:
     ) -> None:
         """``on_forward(rows=, sequences=, seconds=)`` is called on the engine thread after each forward.
         ``fair=False`` packs verifies oldest first whatever their clients (to compare against)."""
+        # A fixed canonical shape (a GPU's, ``TargetEngine.max_forward_rows``) bounds every forward, prefills included.
+        self.hard_cap: int | None = getattr(engine, "max_forward_rows", None)
+        if self.hard_cap is not None:
+            max_rows, min_prefill_rows = min(max_rows, self.hard_cap), min(min_prefill_rows, self.hard_cap)
         if max_rows < 1 or not 0 < min_prefill_rows <= max_rows:
             raise ValueError("need max_rows >= min_prefill_rows >= 1")
         self.engine = engine
@@ -239,12 +243,15 @@ class Scheduler:
         demands: dict[str, int] = {}  # rows each client waits with
         for client, n in wanted:
             demands[client] = demands.get(client, 0) + n
+        budget = self.max_rows  # under a hard cap a waiting prompt keeps its minimum: verifies leave it room
+        if self.hard_cap is not None and any(job.item.logits != "all" for job in order):
+            budget = max(self.max_rows - self.min_prefill_rows, 1)
         if self.fair:
             allowed = self.time_share.eligible(demands, self.cost)
             turn = [job for job in verifies if job.client in allowed]
-            allotted = [turn[i] for i in allot_verifies([(job.client, job.item.rows) for job in turn], self.max_rows, weights)]
+            allotted = [turn[i] for i in allot_verifies([(job.client, job.item.rows) for job in turn], budget, weights)]
         else:
-            allotted = [verifies[i] for i in allot_oldest_first(wanted, self.max_rows)]
+            allotted = [verifies[i] for i in allot_oldest_first(wanted, budget)]
         for job in allotted:
             chosen.append((job, job.item, True))
             rows += job.item.rows
@@ -257,6 +264,8 @@ class Scheduler:
             room = self.max_rows - rows
             if not prompts:
                 room = max(room, self.min_prefill_rows)
+            if self.hard_cap is not None:
+                room = min(room, self.hard_cap - rows)
             if room <= 0:
                 break
             remaining = job.item.tokens[job.prefilled :]

@@ -16,8 +16,10 @@ in ``cloud.block_stream``.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
+from dataclasses import replace
 
 import grpc
 
@@ -38,6 +40,8 @@ from protos import splitspec_pb2_grpc as pb_grpc
 from shared import codec
 from shared.wire import message_wire_bytes, server_us, stop_reason_to_proto
 
+log = logging.getLogger(__name__)
+
 __all__ = ["ServiceLimits", "VerifierServicer"]
 
 
@@ -47,6 +51,11 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         identities: Identities | None = None,
     ) -> None:
         """``identities``: who a stream is (``cloud.identity``; default: its peer's host)."""
+        cap = getattr(engine, "max_forward_rows", None)
+        if cap is not None and limits.max_batch_rows > cap:
+            log.info("--max-batch-rows %d lowered to %d: this device keeps a row's bits only at that forward shape",
+                     limits.max_batch_rows, cap)
+            limits = replace(limits, max_batch_rows=cap)
         block_rows = limits.max_draft_len + 1 + limits.max_branches * min(limits.max_draft_len, MAX_BRANCH_LEN)
         if limits.max_batch_rows < block_rows:  # one block is verified in one forward: it must fit
             raise ValueError(f"max_batch_rows {limits.max_batch_rows} is below one block's rows, {block_rows} "

@@ -22,12 +22,20 @@ ROW_TILE = 4  # products run on at least (or a multiple of) this many rows, or a
 @dataclass(frozen=True)
 class RowPadding:
     """How many rows a product of ``rows`` runs on in canonical mode: at least ``tile``, and a
-    multiple of it when ``multiple`` (several threads split products by rows)."""
+    multiple of it when ``multiple`` (several threads split products by rows); exactly ``tile`` when
+    ``fixed`` (a GPU whose kernels change with the row count at every tile: one shape holds, so a
+    canonical forward may hold no more than ``tile`` rows, ``ValueError`` past it)."""
 
     multiple: bool
     tile: int = ROW_TILE
+    fixed: bool = False
 
     def __call__(self, rows: int) -> int:
+        if self.fixed:
+            if rows > self.tile:
+                raise ValueError(f"a canonical forward of {rows} rows: this device's products keep a row's bits "
+                                 f"only at one shape, {self.tile} rows")
+            return self.tile
         if self.multiple:
             return max(-(-rows // self.tile), 1) * self.tile
         return max(rows, self.tile)

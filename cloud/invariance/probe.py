@@ -19,12 +19,17 @@ from cloud.invariance.padding import KEY_BUCKET, ROW_TILE, RowPadding
 from cloud.invariance.products import PackedLinear
 
 __all__ = ["ROW_TILES", "ACCELERATOR_ROW_TILES", "Product", "linear_products", "attention_products",
-           "invariant_row_padding", "holding_paddings", "row_tiles_for", "NotRowInvariant"]
+           "invariant_row_padding", "holding_paddings", "row_tiles_for", "fixed_shape_holds", "fixed_shape_padding",
+           "FIXED_SHAPES", "NotRowInvariant"]
 
 ROW_TILES = (2, ROW_TILE, 8, 16)  # a CPU's tiles tried, the smallest (cheapest) first
 # An accelerator's forward costs nearly alike up to its ridge (a hundred rows and more on a GPU), so a
 # bigger tile costs next to nothing there, and its matrix kernels change with the row count more often.
 ACCELERATOR_ROW_TILES = (*ROW_TILES, 32, 64, 128)
+# Fixed forward shapes tried where no tile holds (an accelerator only: a CPU pays for every row), the
+# biggest first (the scheduler's forwards are bounded by it). Measured on an H200 (cuBLAS, bfloat16,
+# ``docs/results/2026-12-04-gpu-check/``): no tile held for Llama-3.1-8B's products, every fixed shape did.
+FIXED_SHAPES = (256, 128, 64)
 _COUNTS = (1, 2, 3, 5, 6, 7, 9, 13, 17, 31, 33, 47, 63, 65, 95, 127, 129, 191, 255, 257, 383, 511)
 
 
@@ -109,6 +114,32 @@ def _holding(products: Sequence[Product], tiles: Sequence[int], max_rows: int | 
             counts = sorted({padding(m) for m in _COUNTS if m < max_rows} - {max_rows})
             if all(torch.equal(product(rows[:m]), full[:m]) for rows, product, full in checks for m in counts):
                 yield padding
+
+
+def fixed_shape_holds(products: Sequence[Product], rows: int) -> bool:
+    """Whether, at exactly ``rows`` rows, each product's first rows keep their bits whatever the other rows
+    hold (other random rows, zeros) and wherever they sit: invariance if every forward ran that one shape."""
+    gen = torch.Generator().manual_seed(rows)
+    part = max(rows // 4, 1)
+    with slot_attention.using_layout(slot_attention.RowLayout([], [], RowPadding(multiple=False))):
+        for columns, like, run in products:
+            x = torch.randn(rows, columns, generator=gen).to(like.device, like.dtype)
+            first = run(x)[:part]
+            others = torch.randn(rows, columns, generator=gen).to(like.device, like.dtype)
+            others[:part] = x[:part]
+            zeros = torch.zeros_like(x)
+            zeros[:part] = x[:part]
+            moved = torch.cat([x[part:], x[:part]])  # the same rows at the end
+            if not (torch.equal(run(others)[:part], first) and torch.equal(run(zeros)[:part], first)
+                    and torch.equal(run(moved)[rows - part:], first)):
+                return False
+    return True
+
+
+def fixed_shape_padding(products: Sequence[Product], shapes: Sequence[int] = FIXED_SHAPES) -> RowPadding | None:
+    """The first of ``shapes`` at which ``products`` hold (``fixed_shape_holds``), as a fixed padding; else None."""
+    return next((RowPadding(multiple=False, tile=rows, fixed=True) for rows in shapes
+                 if fixed_shape_holds(products, rows)), None)
 
 
 class NotRowInvariant(ValueError):

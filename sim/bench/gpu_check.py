@@ -61,7 +61,7 @@ from sim.bench.gpu_models import (
     new_sessions,
 )
 
-__all__ = ["GpuCheck", "run_gpu_check", "main"]
+__all__ = ["GpuCheck", "run_gpu_check", "serve_sessions", "main"]
 
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128)  # one session's forward, by rows appended
 BATCHED = (1, 8, 32)  # sessions in one forward
@@ -70,8 +70,9 @@ CONTEXT = 512  # tokens each session holds before the timed forwards
 FIXED_ROWS = (64, 128, 256)  # a fixed forward shape's rows, checked for invariance (``_fixed_shape_holds``)
 ALIKE = 1.10  # rows "cost alike" to one while a forward costs at most this much more
 SLICE_LAYERS = (1, 2, 4)  # the 70B slice's layer counts
-SECTIONS = ("machine", "products", "rows_8b", "identity_8b", "rows_70b", "service")
-SHARE = {"machine": 0.04, "products": 0.06, "rows_8b": 0.30, "identity_8b": 0.20, "rows_70b": 0.20, "service": 0.20}
+SECTIONS = ("machine", "products", "rows_8b", "identity_8b", "rows_70b", "service", "service_8b")
+SHARE = {"machine": 0.04, "products": 0.06, "rows_8b": 0.25, "identity_8b": 0.15, "rows_70b": 0.15, "service": 0.15,
+         "service_8b": 0.20}
 
 
 @dataclass(frozen=True)
@@ -155,7 +156,13 @@ def machine(check: GpuCheck, deadline: _Deadline) -> dict[str, Any]:
 
 def products(check: GpuCheck, deadline: _Deadline) -> dict[str, Any]:
     """Which paddings hold for the 8B shape's products (one layer and the head: the other layers repeat it)."""
-    from cloud.invariance.probe import attention_products, holding_paddings, linear_products, row_tiles_for
+    from cloud.invariance.probe import (
+        attention_products,
+        fixed_shape_holds,
+        holding_paddings,
+        linear_products,
+        row_tiles_for,
+    )
 
     big, _ = check.shapes
     engine = build_engine(big, device=check.device, dtype=check.torch_dtype, shapes="free", layers=1)
@@ -165,28 +172,10 @@ def products(check: GpuCheck, deadline: _Deadline) -> dict[str, Any]:
         each = {f"{kind} {i}: {product.columns} columns against {tuple(product.like.shape)}":
                 [repr(p) for p in holding_paddings([product], tiles)] for i, product in enumerate(listed)}
         out[kind] = {"each": each, "all": [repr(p) for p in holding_paddings(listed, tiles)],
-                     "fixed_rows": {rows: _fixed_shape_holds(listed, rows) for rows in FIXED_ROWS}}
+                     "fixed_rows": {rows: fixed_shape_holds(listed, rows) for rows in FIXED_ROWS}}
     del engine
     _release(check.device)
     return out
-
-
-def _fixed_shape_holds(listed, rows: int) -> bool:
-    """Whether, at exactly ``rows`` rows, each product's first rows keep their bits whatever the other rows
-    hold (other random rows, zeros) and wherever they sit: a path that holds if every forward ran that shape."""
-    gen = torch.Generator().manual_seed(rows)
-    for columns, like, run in listed:
-        x = torch.randn(rows, columns, generator=gen).to(like.device, like.dtype)
-        first = run(x)[: rows // 4]
-        others = torch.randn(rows, columns, generator=gen).to(like.device, like.dtype)
-        others[: rows // 4] = x[: rows // 4]
-        zeros = torch.zeros_like(x)
-        zeros[: rows // 4] = x[: rows // 4]
-        moved = torch.cat([x[rows // 4:], x[: rows // 4]])  # the same rows at the end
-        if not (torch.equal(run(others)[: rows // 4], first) and torch.equal(run(zeros)[: rows // 4], first)
-                and torch.equal(run(moved)[rows - rows // 4:], first)):
-            return False
-    return True
 
 
 @contextlib.contextmanager
@@ -353,13 +342,12 @@ def _tiny_target(check: GpuCheck, folder: str) -> str:
     return write_tiny_models(folder, seed=0)["target"]
 
 
-def service(check: GpuCheck, deadline: _Deadline) -> dict[str, Any]:
-    """The verifier service on the device with the tiny target over loopback gRPC: reproducible greedy and
-    coupled sessions at once, split and cloud-only, each against target-only decoding."""
-    import tempfile
+def serve_sessions(engine, prompts: list[list[int]], tokens: int) -> dict[str, Any]:
+    """Reproducible greedy and coupled sessions on ``engine`` behind a loopback gRPC server: each alone
+    cloud-only (target-only: a token a forward), then all at once split (prompt-lookup drafts) and
+    cloud-only; how many of each were identical to target-only."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from cloud.engine import NotRowInvariant, TargetEngine
     from cloud.limits import ServiceLimits
     from cloud.server import BackgroundServer, ServerConfig
     from edge.cloud_only import cloud_only_generate
@@ -370,57 +358,94 @@ def service(check: GpuCheck, deadline: _Deadline) -> dict[str, Any]:
     from edge.schedule import SpecConfig
     from shared.params import Mode, SamplingParams
 
+    out: dict[str, Any] = {"device": str(engine.device), "dtype": str(engine.dtype), "padding": repr(engine.padding),
+                           "attention_padding": repr(engine.attention_padding),
+                           "serves_reproducible": engine.serves_reproducible}
+    sessions = [(prompt, SamplingParams(mode=Mode.GREEDY, reproducible=True)) for prompt in prompts]
+    sessions += [(prompt, SamplingParams(mode=Mode.COUPLED, temperature=0.7, seed=7 + i, reproducible=True))
+                 for i, prompt in enumerate(prompts)]
+    server = BackgroundServer(engine, ServerConfig(port=0, limits=ServiceLimits(max_draft_len=16))).start()
+    endpoint = VerifierEndpoint(server.address, engine.vocab_size, engine.fingerprint)
+    try:
+        def cloud_only(session):
+            return cloud_only_generate(endpoint, session[0], session[1], max_new_tokens=tokens).tokens
+
+        def split(session):
+            result = run_decode(NgramDrafter(engine.vocab_size), GrpcVerifier(endpoint), session[0], session[1],
+                                max_new_tokens=tokens, spec=SpecConfig(6))
+            return result.tokens, result.stats.drafted, result.stats.accepted
+
+        try:
+            reference = [cloud_only(session) for session in sessions]  # target-only: each alone, a token a forward
+        except Exception as exc:  # noqa: BLE001 - a refusal is the finding, said as it was said
+            out["refused"] = f"{type(exc).__name__}: {exc}"
+            return out
+        with ThreadPoolExecutor(len(sessions)) as pool:
+            started = time.perf_counter()
+            split_runs = list(pool.map(split, sessions))
+            split_s = time.perf_counter() - started
+            batched_cloud_only = list(pool.map(cloud_only, sessions))
+        out["largest_forward_rows"] = server.server.servicer.scheduler.stats.max_rows
+    finally:
+        server.stop()
+    out.update(
+        sessions=len(sessions), tokens_each=tokens,
+        split_identical=sum(run[0] == ref for run, ref in zip(split_runs, reference)),
+        cloud_only_batched_identical=sum(got == ref for got, ref in zip(batched_cloud_only, reference)),
+        drafted=sum(run[1] for run in split_runs), accepted=sum(run[2] for run in split_runs),
+        split_wall_s=round(split_s, 2))
+    out["all_identical"] = out["split_identical"] == out["cloud_only_batched_identical"] == len(sessions)
+    return out
+
+
+def service(check: GpuCheck, deadline: _Deadline) -> dict[str, Any]:
+    """The verifier service on the device with the tiny target (its tokenizer, its text prompts)."""
+    import tempfile
+
+    from cloud.engine import NotRowInvariant, TargetEngine
+
     with tempfile.TemporaryDirectory(prefix="splitspec-gpu-check-") as tmp:
         target = _tiny_target(check, tmp)
-        out: dict[str, Any] = {}
+        refused = None
         try:
             engine = TargetEngine(target, device=check.device, dtype=check.dtype, shapes="canonical")
-        except NotRowInvariant as refused:  # said, and the sessions below are then refused in turn
-            out["canonical_refused"] = str(refused)
+        except NotRowInvariant as exc:  # said, and the reproducible sessions are then refused in turn
+            refused = str(exc)
             engine = TargetEngine(target, device=check.device, dtype=check.dtype, shapes="auto")
-        out.update(device=str(engine.device), dtype=str(engine.dtype), padding=repr(engine.padding),
-                   serves_reproducible=engine.serves_reproducible)
         texts = ["The cat sat on the mat.", "We have 3 dogs and 12 cats!", "the sun is big and red", "I see a new day"]
         prompts = [[1, *engine.tokenizer(text, add_special_tokens=False).input_ids] for text in texts]
-        sessions = [(prompt, SamplingParams(mode=Mode.GREEDY, reproducible=True)) for prompt in prompts]
-        sessions += [(prompt, SamplingParams(mode=Mode.COUPLED, temperature=0.7, seed=7 + i, reproducible=True))
-                     for i, prompt in enumerate(prompts)]
-        tokens = 48 if not check.dry_run else 24
-        server = BackgroundServer(engine, ServerConfig(port=0, limits=ServiceLimits(max_draft_len=16))).start()
-        endpoint = VerifierEndpoint(server.address, engine.vocab_size, engine.fingerprint)
-        try:
-            def cloud_only(session):
-                return cloud_only_generate(endpoint, session[0], session[1], max_new_tokens=tokens).tokens
+        out = serve_sessions(engine, prompts, 48 if not check.dry_run else 24)
+    return {**out, **({"canonical_refused": refused} if refused else {})}
 
-            def split(session):
-                result = run_decode(NgramDrafter(engine.vocab_size), GrpcVerifier(endpoint), session[0], session[1],
-                                    max_new_tokens=tokens, spec=SpecConfig(6))
-                return result.tokens, result.stats.drafted, result.stats.accepted
 
-            try:
-                reference = [cloud_only(session) for session in sessions]  # target-only: each alone, a token a forward
-            except Exception as exc:  # noqa: BLE001 - a refusal is the finding, said as it was said
-                out["refused"] = f"{type(exc).__name__}: {exc}"
-                return out
-            with ThreadPoolExecutor(len(sessions)) as pool:
-                started = time.perf_counter()
-                split_runs = list(pool.map(split, sessions))
-                split_s = time.perf_counter() - started
-                batched_cloud_only = list(pool.map(cloud_only, sessions))
-        finally:
-            server.stop()
-        out.update(
-            sessions=len(sessions), tokens_each=tokens,
-            split_identical=sum(run[0] == ref for run, ref in zip(split_runs, reference)),
-            cloud_only_batched_identical=sum(got == ref for got, ref in zip(batched_cloud_only, reference)),
-            drafted=sum(run[1] for run in split_runs), accepted=sum(run[2] for run in split_runs),
-            split_wall_s=round(split_s, 2))
-        out["all_identical"] = out["split_identical"] == out["cloud_only_batched_identical"] == len(sessions)
-        return out
+def service_8b(check: GpuCheck, deadline: _Deadline) -> dict[str, Any]:
+    """The verifier service on the 8B shape (random weights, random prompts of token ids): the engine's
+    canonical shapes for it under the scheduler's real batching, against target-only."""
+    import random
+
+    big, _ = check.shapes
+    engine = build_engine(big, device=check.device, dtype=check.torch_dtype, shapes="auto")
+    rng = random.Random(3)
+    prompts = [[1, *(rng.randrange(3, min(engine.vocab_size, 20_000)) for _ in range(rng.randrange(20, 120)))]
+               for _ in range(4)]
+    out = serve_sessions(engine, prompts, 32 if not check.dry_run else 16)
+    del engine
+    _release(check.device)
+    return out
 
 
 SECTION_RUNS = {"machine": machine, "products": products, "rows_8b": rows_8b, "identity_8b": identity_8b,
-                "rows_70b": rows_70b, "service": service}
+                "rows_70b": rows_70b, "service": service, "service_8b": service_8b}
+
+
+def _provenance(check: GpuCheck) -> dict[str, Any]:
+    from sim.experiment.provenance import provenance
+
+    made = provenance()
+    made["command"] = " ".join(["python -m sim.bench.gpu_check", *sys.argv[1:]])
+    if check.device.startswith("cuda") and torch.cuda.is_available():
+        made["machine"] += f", {torch.cuda.get_device_name()}"
+    return made
 
 
 def run_gpu_check(check: GpuCheck) -> dict[str, Any]:
@@ -428,8 +453,9 @@ def run_gpu_check(check: GpuCheck) -> dict[str, Any]:
     ``check.out / "gpu_check.json"`` after each section."""
     check.out.mkdir(parents=True, exist_ok=True)
     path = check.out / "gpu_check.json"
-    report: dict[str, Any] = {"command": " ".join(sys.argv), "device": check.device, "dtype": check.dtype,
-                              "dry_run": check.dry_run, "budget_s": check.budget_s, "sections": {}}
+    report: dict[str, Any] = { "device": check.device, "dtype": check.dtype,
+                              "dry_run": check.dry_run, "budget_s": check.budget_s, "provenance": _provenance(check),
+                              "sections": {}}
     started = time.perf_counter()
     for name in check.sections:
         left = check.budget_s - (time.perf_counter() - started)
@@ -471,8 +497,12 @@ def main(argv: list[str] | None = None) -> int:
                                     sections=tuple(args.sections)))
     print(summary(report))
     failed = [name for name, section in report["sections"].items() if "error" in section]
-    service_run = report["sections"].get("service", {})
-    return 1 if failed or service_run.get("all_identical") is False else 0
+    differed = [name for name in ("service", "service_8b") if report["sections"].get(name, {}).get("all_identical") is False]
+    return 1 if failed or differed else 0
+
+
+SERVICE_KEYS = ("padding", "serves_reproducible", "split_identical", "cloud_only_batched_identical", "sessions", "refused",
+                "largest_forward_rows", "accepted", "drafted")
 
 
 def summary(report: dict[str, Any]) -> str:
@@ -485,8 +515,7 @@ def summary(report: dict[str, Any]) -> str:
         keys = {"machine": ("device", "copy_gb_per_s", "matmul_tflop_per_s"), "products": ("linear", "attention"),
                 "rows_8b": ("padding", "ridge_rows_free", "ridge_rows_canonical", "prefill_ms"),
                 "identity_8b": ("canonical", "free", "fixed 128 rows"), "rows_70b": ("extrapolated_ms", "per_layer_ms"),
-                "service": ("serves_reproducible", "split_identical", "cloud_only_batched_identical", "sessions",
-                            "refused", "accepted", "drafted")}[name]
+                "service": SERVICE_KEYS, "service_8b": SERVICE_KEYS}[name]
         shown = {key: ({k: section[key][k] for k in ("all", "fixed_rows")} if name == "products" else section[key])
                  for key in keys if key in section}
         lines.append(f"  {name} ({section['seconds']}s): {json.dumps(shown, default=str)}")

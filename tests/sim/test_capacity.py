@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -153,16 +152,20 @@ def test_sim_model_prints_the_capacity_table_labelled_modelled():
     assert report["capacity"]["ridge_rows"] == 300 and len(report["capacity"]["rows"]) >= 5
 
 
-@pytest.mark.slow
-def test_the_gpu_check_script_runs_its_cpu_variant():
-    env = dict(os.environ, DEVICE="cpu", DTYPE="float32", TINY="1", SESSIONS="1 2", TOKENS="8",
-               SPLITSPEC=str(Path(sys.executable).with_name("splitspec")))
-    out = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh")], capture_output=True, text=True,
-                         timeout=600, env=env)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert "bit_identical: True" in out.stdout
-    assert re.search(r"SLO: [\d.e+-]+ tokens/s per session \(p50\), 0.5 x the fastest lone cloud-only", out.stdout)
-    assert "capacity at " in out.stdout and "cloud-only in free shapes (its fastest)" in out.stdout
+def test_the_gpu_check_script_runs_its_cpu_dry_run(tmp_path):
+    """``scripts/gpu_check.sh`` at tiny shapes on the CPU: every section runs, canonical rows are bit-identical,
+    the service's sessions match target-only; the report says what it measured."""
+    env = dict(os.environ, DEVICE="cpu", OUT_DIR=str(tmp_path), PYTHON=sys.executable)
+    out = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--dry-run", "--repeats", "2"],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-3000:] + out.stdout[-2000:]
+    sections = json.loads((tmp_path / "gpu_check.json").read_text())["sections"]
+    assert not [name for name, section in sections.items() if "error" in section or "skipped" in section]
+    assert sections["identity_8b"]["canonical"]["bit_identical"] and sections["identity_8b"]["canonical"]["trials"] == 3
+    assert sections["rows_8b"]["one_session_free"].keys() == sections["rows_8b"]["one_session_canonical"].keys()
+    assert len(sections["rows_8b"]["batched"]) == 6 and sections["rows_70b"]["layers"] == 8
+    assert all(sections[name]["all_identical"] and sections[name]["sessions"] == 8 for name in ("service", "service_8b"))
+    assert "gpu check on cpu/float32" in out.stdout
 
 
 def test_bench_invariance_reports_the_row_tile_the_engine_chose(monkeypatch):
