@@ -9,7 +9,7 @@ __all__ = ["provenance"]
 
 
 def provenance() -> dict:
-    """What made this result: the command line, the commit (from git, else ``$SPLITSPEC_COMMIT``), the machine."""
+    """What made this result: the command line, the commit (``$SPLITSPEC_COMMIT``, else git's), the machine."""
     import datetime
     import os
     import platform
@@ -20,7 +20,8 @@ def provenance() -> dict:
                                 cwd=Path(__file__).resolve().parent).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         commit = None
-    commit = commit or os.environ.get("SPLITSPEC_COMMIT") or None  # a copy of the tree without its git (a GPU machine)
+    # A copy of the tree whose git is absent or stale (a GPU machine's) names its commit itself.
+    commit = os.environ.get("SPLITSPEC_COMMIT") or commit
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else None
     return {
