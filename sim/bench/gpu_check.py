@@ -348,10 +348,27 @@ def _tiny_target(check: GpuCheck, folder: str) -> str:
     return write_tiny_models(folder, seed=0)["target"]
 
 
-def serve_sessions(engine, prompts: list[list[int]], tokens: int) -> dict[str, Any]:
+def _answer_drafter(vocab_size: int, prompt: list[int], answer: list[int], wrong_every: int = 5):
+    """A drafter that proposes target-only's own continuation with every ``wrong_every``-th token wrong:
+    blocks accepted in part, rejected, corrected, as a drafter fit for a random-weight target would be
+    (prompt lookup finds nothing to draft in such a target's output)."""
+    from edge.drafter import ModelFreeDrafter, one_hot_block
+
+    class AnswerDrafter(ModelFreeDrafter):
+        def propose_block(self, n: int):
+            at = len(self._spec.tokens) - len(prompt)
+            tokens = [answer[i] if (i + 1) % wrong_every else (answer[i] + 1) % vocab_size
+                      for i in range(max(at, 0), min(at + n, len(answer)))]
+            return one_hot_block(tokens, self._params)
+
+    return AnswerDrafter(vocab_size)
+
+
+def serve_sessions(engine, prompts: list[list[int]], tokens: int, lookup: bool = True) -> dict[str, Any]:
     """Reproducible greedy and coupled sessions on ``engine`` behind a loopback gRPC server: each alone
-    cloud-only (target-only: a token a forward), then all at once split (prompt-lookup drafts) and
-    cloud-only; how many of each were identical to target-only."""
+    cloud-only (target-only: a token a forward), then all at once split and cloud-only; how many of each
+    were identical to target-only. The split drafts by prompt lookup (``lookup``), else target-only's
+    answer with every fifth token wrong (``_answer_drafter``)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from cloud.limits import ServiceLimits
@@ -376,9 +393,11 @@ def serve_sessions(engine, prompts: list[list[int]], tokens: int) -> dict[str, A
         def cloud_only(session):
             return cloud_only_generate(endpoint, session[0], session[1], max_new_tokens=tokens).tokens
 
-        def split(session):
-            result = run_decode(NgramDrafter(engine.vocab_size), GrpcVerifier(endpoint), session[0], session[1],
-                                max_new_tokens=tokens, spec=SpecConfig(6))
+        def split(session_and_answer):
+            (prompt, params), answer = session_and_answer
+            drafter = NgramDrafter(engine.vocab_size) if lookup else _answer_drafter(engine.vocab_size, prompt, answer)
+            result = run_decode(drafter, GrpcVerifier(endpoint), prompt, params, max_new_tokens=tokens,
+                                spec=SpecConfig(6))
             return result.tokens, result.stats.drafted, result.stats.accepted
 
         try:
@@ -388,7 +407,7 @@ def serve_sessions(engine, prompts: list[list[int]], tokens: int) -> dict[str, A
             return out
         with ThreadPoolExecutor(len(sessions)) as pool:
             started = time.perf_counter()
-            split_runs = list(pool.map(split, sessions))
+            split_runs = list(pool.map(split, zip(sessions, reference)))
             split_s = time.perf_counter() - started
             batched_cloud_only = list(pool.map(cloud_only, sessions))
         out["largest_forward_rows"] = server.server.servicer.scheduler.stats.max_rows
@@ -426,15 +445,16 @@ def service(check: GpuCheck, deadline: _Deadline) -> dict[str, Any]:
 
 def service_8b(check: GpuCheck, deadline: _Deadline) -> dict[str, Any]:
     """The verifier service on the 8B shape (random weights, random prompts of token ids): the engine's
-    canonical shapes for it under the scheduler's real batching, against target-only."""
+    canonical shapes for it under the scheduler's real batching, against target-only; the split drafts
+    target-only's answer with every fifth token wrong (``_answer_drafter``)."""
     import random
 
     big, _ = check.shapes
     engine = build_engine(big, device=check.device, dtype=check.torch_dtype, shapes="auto")
     rng = random.Random(3)
-    pieces = [[rng.randrange(3, min(engine.vocab_size, 20_000)) for _ in range(rng.randrange(6, 30))] for _ in range(4)]
-    prompts = [[1, *piece * 4] for piece in pieces]  # repeated: prompt lookup finds what to draft
-    out = serve_sessions(engine, prompts, 32 if not check.dry_run else 16)
+    prompts = [[1, *(rng.randrange(3, min(engine.vocab_size, 20_000)) for _ in range(rng.randrange(20, 120)))]
+               for _ in range(4)]
+    out = serve_sessions(engine, prompts, 32 if not check.dry_run else 16, lookup=False)
     del engine
     _release(check.device)
     return out
