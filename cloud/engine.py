@@ -20,7 +20,6 @@ tokens decoded on that path alone; their keys and values are kept aside, and
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import time
@@ -33,6 +32,7 @@ from typing import Literal
 import torch
 
 from cloud import slot_attention
+from cloud.device import pick_device, torch_threads
 from cloud.invariance.free_products import PRIOR, choose
 from cloud.invariance.padding import RowPaddedHead, RowPadding
 from cloud.invariance.probe import (
@@ -115,36 +115,6 @@ def run_alone(steps: Steps, engine: TargetEngine):
             item = steps.send(engine.forward_batch([item])[0])
     except StopIteration as done:
         return done.value
-
-
-def pick_device(device: str | None) -> torch.device:
-    """``device`` as a torch device (None: cuda when present, else cpu); ``ValueError`` for a name
-    torch does not know or an accelerator this machine lacks."""
-    if not device:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        chosen = torch.device(device)
-    except RuntimeError as exc:
-        raise ValueError(f"--device {device!r} is not a torch device (cpu, cuda, cuda:1, mps, ...)") from exc
-    if chosen.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {device}: no CUDA device on this machine (use --device cpu)")
-    if chosen.type == "mps" and not torch.backends.mps.is_available():
-        raise ValueError(f"--device {device}: no MPS device on this machine (use --device cpu)")
-    return chosen
-
-
-@contextlib.contextmanager
-def torch_threads(threads: int | None):
-    """torch's intra-op threads set to ``threads`` inside the block (None: left as they are)."""
-    before = torch.get_num_threads()
-    if threads is None or threads == before:
-        yield
-        return
-    torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 SHAPES = ("auto", "canonical", "free")  # every forward padded by need, always, or never

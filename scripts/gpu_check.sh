@@ -7,7 +7,8 @@
 #   scripts/gpu_check.sh                # there: cuda, bfloat16, every section
 #   DEVICE=cpu scripts/gpu_check.sh --dry-run    # the CPU dry run at tiny shapes (the test suite runs it)
 #
-# Extra arguments go to `python -m sim.bench.gpu_check` (--sections, --budget-s, --repeats; --help).
+# Extra arguments go to `splitspec bench gpu-check` (--sections, --budget-s, --repeats; --help), which runs
+# here as `python -m sim.cli bench gpu-check`.
 # On the GPU machine the repo is not installed: it runs from the checkout (PYTHONPATH), with the wheels in
 # .whl/ installed under /tmp/site first where they travelled and the image lacks them. Exit status: 0 when every section ran and
 # every service session was identical to target-only decoding.
@@ -41,4 +42,4 @@ fi
 export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$ROOT" PYTHONUNBUFFERED=1
 TINY=()
 if [[ -d .gpu/target ]]; then TINY=(--tiny-target .gpu/target); fi
-exec "$PYTHON" -m sim.bench.gpu_check --out "$OUT_DIR" --device "$DEVICE" "${TINY[@]}" "$@"
+exec "$PYTHON" -m sim.cli bench gpu-check --out "$OUT_DIR" --device "$DEVICE" "${TINY[@]}" "$@"

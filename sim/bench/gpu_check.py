@@ -1,6 +1,6 @@
 """The GPU check: the verifier on one accelerator, measured in one command that fits a short lease.
 
-``scripts/gpu_check.sh`` runs it on the GPU machine (``python3 -m sim.bench.gpu_check --out DIR``);
+``scripts/gpu_check.sh`` runs it on the GPU machine (``splitspec bench gpu-check --out DIR``);
 the test suite runs its CPU dry run (``--dry-run``: the same code at tiny shapes, in seconds), so it
 cannot rot. Nothing is downloaded: the big targets are random weights of real models' shapes made on
 the device (``sim.bench.gpu_models``), served by the product's own engine.
@@ -34,34 +34,27 @@ command line. The profiles made from a report are ``sim.bench.gpu_profiles``'.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import platform
-import sys
 import time
 import traceback
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from sim.bench.gpu_models import (
-    DRY_8B,
-    DRY_70B,
-    LLAMA_8B,
-    LLAMA_70B,
-    Shape,
     build_engine,
     device_sync,
     forward_ms,
     layers_in_use,
     new_sessions,
+    release_memory,
 )
+from sim.bench.gpu_plan import SHARE, Deadline, GpuCheck
+from sim.bench.gpu_service import service, service_8b
 
-__all__ = ["GpuCheck", "run_gpu_check", "serve_sessions", "main"]
+__all__ = ["run_gpu_check", "ridge", "summary", "exit_status"]
 
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)  # one session's forward, by rows appended (to find the ridge)
 BATCHED = (1, 8, 32)  # sessions in one forward
@@ -70,52 +63,9 @@ CONTEXT = 512  # tokens each session holds before the timed forwards
 FIXED_ROWS = (64, 128, 256)  # a fixed forward shape's rows, checked for invariance (``_fixed_shape_holds``)
 ALIKE = 1.25  # rows "cost alike" to one while a forward costs at most this much more (a GPU's host-bound noise: 10-20%)
 SLICE_LAYERS = (1, 2, 4)  # the 70B slice's layer counts
-SECTIONS = ("machine", "products", "rows_8b", "identity_8b", "rows_70b", "service", "service_8b")
-SHARE = {"machine": 0.04, "products": 0.06, "rows_8b": 0.25, "identity_8b": 0.15, "rows_70b": 0.15, "service": 0.15,
-         "service_8b": 0.20}
 
 
-@dataclass(frozen=True)
-class GpuCheck:
-    """What to run: ``device``/``dtype`` as torch names them; ``dry_run``: tiny shapes (CPU, seconds)."""
-
-    out: Path
-    device: str = "cuda"
-    dtype: str = "bfloat16"
-    dry_run: bool = False
-    budget_s: float = 420.0
-    repeats: int = 10
-    tiny_target: str | None = None  # the tiny target's folder (default: generated, which needs ``gguf``)
-    sections: tuple[str, ...] = SECTIONS
-    progress: Callable[[str], None] = field(default=lambda line: print(line, file=sys.stderr, flush=True))
-
-    @property
-    def shapes(self) -> tuple[Shape, Shape]:
-        return (DRY_8B, DRY_70B) if self.dry_run else (LLAMA_8B, LLAMA_70B)
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return getattr(torch, self.dtype)
-
-
-class _Deadline:
-    def __init__(self, seconds: float) -> None:
-        self.until = time.perf_counter() + seconds
-
-    @property
-    def passed(self) -> bool:
-        return time.perf_counter() > self.until
-
-
-def _release(device: str) -> None:
-    import gc
-
-    gc.collect()
-    if device.startswith("cuda"):
-        torch.cuda.empty_cache()
-
-
-def machine(check: GpuCheck, deadline: _Deadline) -> dict[str, Any]:
+def machine(check: GpuCheck, deadline: Deadline) -> dict[str, Any]:
     """The device and its two ceilings, measured here."""
     device = torch.device(check.device)
     sync = device_sync(device)
@@ -154,7 +104,7 @@ def machine(check: GpuCheck, deadline: _Deadline) -> dict[str, Any]:
     return out
 
 
-def products(check: GpuCheck, deadline: _Deadline) -> dict[str, Any]:
+def products(check: GpuCheck, deadline: Deadline) -> dict[str, Any]:
     """Which paddings hold for the 8B shape's products (one layer and the head: the other layers repeat it)."""
     from cloud.invariance.probe import (
         attention_products,
@@ -174,7 +124,7 @@ def products(check: GpuCheck, deadline: _Deadline) -> dict[str, Any]:
         out[kind] = {"each": each, "all": [repr(p) for p in holding_paddings(listed, tiles)],
                      "fixed_rows": {rows: fixed_shape_holds(listed, rows) for rows in FIXED_ROWS}}
     del engine
-    _release(check.device)
+    release_memory(check.device)
     return out
 
 
@@ -189,14 +139,11 @@ def _padded_to(engine, padding):
         engine.padding, engine.attention_padding = before
 
 
-def _ridge(curve: dict[int, dict]) -> int:
-    """The rows measured before the first forward that costs more than ``ALIKE`` times one row's."""
-    one, alike = curve[min(curve)]["median"], min(curve)
-    for rows in sorted(curve):
-        if curve[rows]["median"] > ALIKE * one:
-            break
-        alike = rows
-    return alike
+def ridge(curve: dict) -> int:
+    """The most rows whose forward costs at most ``ALIKE`` times the cheapest one measured (the cheapest,
+    not the first: a GPU's first timings can still be warming up)."""
+    medians = {int(rows): ms["median"] for rows, ms in curve.items()}
+    return max(rows for rows, ms in medians.items() if ms <= ALIKE * min(medians.values()))
 
 
 @contextlib.contextmanager
@@ -235,7 +182,7 @@ def _by_layers(check: GpuCheck, engine, layer_counts, rows_list, repeats) -> dic
             "per_layer_ms": {rows: round(line[1], 4) for rows, line in lines.items()}}
 
 
-def rows_8b(check: GpuCheck, deadline: _Deadline) -> dict[str, Any]:
+def rows_8b(check: GpuCheck, deadline: Deadline) -> dict[str, Any]:
     """The 8B shape's forward by rows and by sessions, free and canonical; the ridge; the layer extrapolation's error."""
     big, _ = check.shapes
     engine = build_engine(big, device=check.device, dtype=check.torch_dtype, shapes="auto")
@@ -256,7 +203,7 @@ def rows_8b(check: GpuCheck, deadline: _Deadline) -> dict[str, Any]:
             curve[rows] = forward_ms(engine, seqs, rows, reproducible=reproducible, repeats=check.repeats)
         out[f"one_session_{name}"] = curve
         if curve:
-            out[f"ridge_rows_{name}"] = _ridge(curve)
+            out[f"ridge_rows_{name}"] = ridge(curve)
     batched: dict[str, Any] = {}
     for sessions in BATCHED:
         if deadline.passed:
@@ -279,11 +226,11 @@ def rows_8b(check: GpuCheck, deadline: _Deadline) -> dict[str, Any]:
                                       "predicted_over_measured": {r: round(predicted[r] / whole[r], 3)
                                                                   for r in (1, 8) if whole[r]}}
     del engine, seqs, fresh
-    _release(check.device)
+    release_memory(check.device)
     return out
 
 
-def identity_8b(check: GpuCheck, deadline: _Deadline) -> dict[str, Any]:
+def identity_8b(check: GpuCheck, deadline: Deadline) -> dict[str, Any]:
     """Rows alone against the same rows in blocks beside batch-mates, bit for bit, canonical and free."""
     import random
 
@@ -319,11 +266,11 @@ def identity_8b(check: GpuCheck, deadline: _Deadline) -> dict[str, Any]:
         out[name] = {"trials": done, "identical_trials": identical, "rows_compared": rows,
                      "bit_identical": done > 0 and identical == done, "max_abs_diff": worst}
     del engine
-    _release(check.device)
+    release_memory(check.device)
     return out
 
 
-def rows_70b(check: GpuCheck, deadline: _Deadline) -> dict[str, Any]:
+def rows_70b(check: GpuCheck, deadline: Deadline) -> dict[str, Any]:
     """The 70B shape's first layers: a forward by rows, per layer, and extrapolated to all its layers."""
     _, big = check.shapes
     engine = build_engine(big, device=check.device, dtype=check.torch_dtype, shapes="free", layers=max(SLICE_LAYERS))
@@ -331,133 +278,13 @@ def rows_70b(check: GpuCheck, deadline: _Deadline) -> dict[str, Any]:
     fit = _by_layers(check, engine, SLICE_LAYERS, rows_list, max(3, check.repeats // 2))
     extrapolated = {rows: round(fit["fixed_ms"][rows] + big.layers * fit["per_layer_ms"][rows], 2) for rows in rows_list}
     del engine
-    _release(check.device)
+    release_memory(check.device)
     return {"model": big.name, "layers_measured": list(SLICE_LAYERS), "layers": big.layers,
             "params_b": round(big.params / 1e9, 2), "weights_gb_bf16": round(2 * big.params / 1e9, 1), **fit,
             "extrapolated_ms": extrapolated,
             "how": f"fixed + {big.layers} x per-layer ms, each a least-squares line over the slice's layer counts; "
                    "one GPU's time if the whole model fit on it (it does not: 8 GPUs share it under tensor "
                    "parallelism, each streaming an eighth of the weights plus two all-reduces a layer)"}
-
-
-def _tiny_target(check: GpuCheck, folder: str) -> str:
-    if check.tiny_target:
-        return check.tiny_target
-    from sim.fixtures.tiny_models import write_tiny_models
-
-    return write_tiny_models(folder, seed=0)["target"]
-
-
-def _answer_drafter(vocab_size: int, prompt: list[int], answer: list[int], wrong_every: int = 5):
-    """A drafter that proposes target-only's own continuation with every ``wrong_every``-th token wrong:
-    blocks accepted in part, rejected, corrected, as a drafter fit for a random-weight target would be
-    (prompt lookup finds nothing to draft in such a target's output)."""
-    from edge.drafter import ModelFreeDrafter, one_hot_block
-
-    class AnswerDrafter(ModelFreeDrafter):
-        def propose_block(self, n: int):
-            at = len(self._spec.tokens) - len(prompt)
-            tokens = [answer[i] if (i + 1) % wrong_every else (answer[i] + 1) % vocab_size
-                      for i in range(max(at, 0), min(at + n, len(answer)))]
-            return one_hot_block(tokens, self._params)
-
-    return AnswerDrafter(vocab_size)
-
-
-def serve_sessions(engine, prompts: list[list[int]], tokens: int, lookup: bool = True) -> dict[str, Any]:
-    """Reproducible greedy and coupled sessions on ``engine`` behind a loopback gRPC server: each alone
-    cloud-only (target-only: a token a forward), then all at once split and cloud-only; how many of each
-    were identical to target-only. The split drafts by prompt lookup (``lookup``), else target-only's
-    answer with every fifth token wrong (``_answer_drafter``)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from cloud.limits import ServiceLimits
-    from cloud.server import BackgroundServer, ServerConfig
-    from edge.cloud_only import cloud_only_generate
-    from edge.decode_loop import run_decode
-    from edge.endpoint import VerifierEndpoint
-    from edge.grpc_verifier import GrpcVerifier
-    from edge.ngram_drafter import NgramDrafter
-    from edge.schedule import SpecConfig
-    from shared.params import Mode, SamplingParams
-
-    out: dict[str, Any] = {"device": str(engine.device), "dtype": str(engine.dtype), "padding": repr(engine.padding),
-                           "attention_padding": repr(engine.attention_padding),
-                           "serves_reproducible": engine.serves_reproducible}
-    sessions = [(prompt, SamplingParams(mode=Mode.GREEDY, reproducible=True)) for prompt in prompts]
-    sessions += [(prompt, SamplingParams(mode=Mode.COUPLED, temperature=0.7, seed=7 + i, reproducible=True))
-                 for i, prompt in enumerate(prompts)]
-    server = BackgroundServer(engine, ServerConfig(port=0, limits=ServiceLimits(max_draft_len=16))).start()
-    endpoint = VerifierEndpoint(server.address, engine.vocab_size, engine.fingerprint)
-    try:
-        def cloud_only(session):
-            return cloud_only_generate(endpoint, session[0], session[1], max_new_tokens=tokens).tokens
-
-        def split(session_and_answer):
-            (prompt, params), answer = session_and_answer
-            drafter = NgramDrafter(engine.vocab_size) if lookup else _answer_drafter(engine.vocab_size, prompt, answer)
-            result = run_decode(drafter, GrpcVerifier(endpoint), prompt, params, max_new_tokens=tokens,
-                                spec=SpecConfig(6))
-            return result.tokens, result.stats.drafted, result.stats.accepted
-
-        try:
-            reference = [cloud_only(session) for session in sessions]  # target-only: each alone, a token a forward
-        except Exception as exc:  # noqa: BLE001 - a refusal is the finding, said as it was said
-            out["refused"] = f"{type(exc).__name__}: {exc}"
-            return out
-        with ThreadPoolExecutor(len(sessions)) as pool:
-            started = time.perf_counter()
-            split_runs = list(pool.map(split, zip(sessions, reference)))
-            split_s = time.perf_counter() - started
-            batched_cloud_only = list(pool.map(cloud_only, sessions))
-        out["largest_forward_rows"] = server.server.servicer.scheduler.stats.max_rows
-    finally:
-        server.stop()
-    out.update(
-        sessions=len(sessions), tokens_each=tokens,
-        split_identical=sum(run[0] == ref for run, ref in zip(split_runs, reference)),
-        cloud_only_batched_identical=sum(got == ref for got, ref in zip(batched_cloud_only, reference)),
-        drafted=sum(run[1] for run in split_runs), accepted=sum(run[2] for run in split_runs),
-        split_wall_s=round(split_s, 2))
-    out["all_identical"] = out["split_identical"] == out["cloud_only_batched_identical"] == len(sessions)
-    return out
-
-
-def service(check: GpuCheck, deadline: _Deadline) -> dict[str, Any]:
-    """The verifier service on the device with the tiny target (its tokenizer, its text prompts)."""
-    import tempfile
-
-    from cloud.engine import NotRowInvariant, TargetEngine
-
-    with tempfile.TemporaryDirectory(prefix="splitspec-gpu-check-") as tmp:
-        target = _tiny_target(check, tmp)
-        refused = None
-        try:
-            engine = TargetEngine(target, device=check.device, dtype=check.dtype, shapes="canonical")
-        except NotRowInvariant as exc:  # said, and the reproducible sessions are then refused in turn
-            refused = str(exc)
-            engine = TargetEngine(target, device=check.device, dtype=check.dtype, shapes="auto")
-        texts = ["The cat sat on the mat.", "We have 3 dogs and 12 cats!", "the sun is big and red", "I see a new day"]
-        prompts = [[1, *engine.tokenizer(text, add_special_tokens=False).input_ids] for text in texts]
-        out = serve_sessions(engine, prompts, 48 if not check.dry_run else 24)
-    return {**out, **({"canonical_refused": refused} if refused else {})}
-
-
-def service_8b(check: GpuCheck, deadline: _Deadline) -> dict[str, Any]:
-    """The verifier service on the 8B shape (random weights, random prompts of token ids): the engine's
-    canonical shapes for it under the scheduler's real batching, against target-only; the split drafts
-    target-only's answer with every fifth token wrong (``_answer_drafter``)."""
-    import random
-
-    big, _ = check.shapes
-    engine = build_engine(big, device=check.device, dtype=check.torch_dtype, shapes="auto")
-    rng = random.Random(3)
-    prompts = [[1, *(rng.randrange(3, min(engine.vocab_size, 20_000)) for _ in range(rng.randrange(20, 120)))]
-               for _ in range(4)]
-    out = serve_sessions(engine, prompts, 32 if not check.dry_run else 16, lookup=False)
-    del engine
-    _release(check.device)
-    return out
 
 
 SECTION_RUNS = {"machine": machine, "products": products, "rows_8b": rows_8b, "identity_8b": identity_8b,
@@ -468,7 +295,6 @@ def _provenance(check: GpuCheck) -> dict[str, Any]:
     from sim.experiment.provenance import provenance
 
     made = provenance()
-    made["command"] = " ".join(["python -m sim.bench.gpu_check", *sys.argv[1:]])
     if check.device.startswith("cuda") and torch.cuda.is_available():
         made["machine"] += f", {torch.cuda.get_device_name()}"
     return made
@@ -491,10 +317,10 @@ def run_gpu_check(check: GpuCheck) -> dict[str, Any]:
         check.progress(f"gpu check: {name} (up to {SHARE[name] * check.budget_s:.0f}s; {left:.0f}s of the budget left)")
         begun = time.perf_counter()
         try:
-            result = SECTION_RUNS[name](check, _Deadline(SHARE[name] * check.budget_s))
+            result = SECTION_RUNS[name](check, Deadline(SHARE[name] * check.budget_s))
         except Exception as exc:  # noqa: BLE001 - one section's failure is reported, the others still run
             result = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(limit=8)}
-            _release(check.device)
+            release_memory(check.device)
         result["seconds"] = round(time.perf_counter() - begun, 1)
         report["sections"][name] = result
         check.progress(f"gpu check: {name} done in {result['seconds']}s" + (f": {result['error']}" if "error" in result else ""))
@@ -503,25 +329,8 @@ def run_gpu_check(check: GpuCheck) -> dict[str, Any]:
     return report
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m sim.bench.gpu_check", description=__doc__.split("\n\n")[0],
-        epilog="Writes OUT/gpu_check.json after every section; exit 1 if a section failed or a service session "
-               "differed from target-only.")
-    parser.add_argument("--out", type=Path, required=True, help="folder for gpu_check.json")
-    parser.add_argument("--device", default="cuda", help="torch device (default %(default)s)")
-    parser.add_argument("--dtype", default=None, help="default: bfloat16 on an accelerator, float32 on a CPU")
-    parser.add_argument("--dry-run", action="store_true", help="tiny shapes: the CPU run the test suite makes")
-    parser.add_argument("--budget-s", type=float, default=420.0, help="seconds for every section together")
-    parser.add_argument("--repeats", type=int, default=10, help="timed forwards per point (default %(default)s)")
-    parser.add_argument("--tiny-target", default=None, help="the tiny target's folder (default: generated here)")
-    parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS))
-    args = parser.parse_args(argv)
-    dtype = args.dtype or ("float32" if args.device == "cpu" else "bfloat16")
-    report = run_gpu_check(GpuCheck(out=args.out, device=args.device, dtype=dtype, dry_run=args.dry_run,
-                                    budget_s=args.budget_s, repeats=args.repeats, tiny_target=args.tiny_target,
-                                    sections=tuple(args.sections)))
-    print(summary(report))
+def exit_status(report: dict[str, Any]) -> int:
+    """1 if a section failed or a service session differed from target-only, else 0."""
     failed = [name for name, section in report["sections"].items() if "error" in section]
     differed = [name for name in ("service", "service_8b") if report["sections"].get(name, {}).get("all_identical") is False]
     return 1 if failed or differed else 0
@@ -547,6 +356,3 @@ def summary(report: dict[str, Any]) -> str:
         lines.append(f"  {name} ({section['seconds']}s): {json.dumps(shown, default=str)}")
     return "\n".join(lines)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 __all__ = ["Shape", "LLAMA_8B", "LLAMA_70B", "DRY_8B", "DRY_70B", "build_engine", "device_sync", "forward_ms",
-           "new_sessions", "layers_in_use"]
+           "new_sessions", "layers_in_use", "release_memory"]
 
 
 @dataclass(frozen=True)
@@ -102,6 +102,15 @@ def layers_in_use(engine, layers: int):
         yield
     finally:
         config.num_hidden_layers = before
+
+
+def release_memory(device: str) -> None:
+    """Give what dropped engines held back to the device (between sections that build big models)."""
+    import gc
+
+    gc.collect()
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
 
 
 def device_sync(device: torch.device) -> Callable[[], None]:

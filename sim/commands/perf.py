@@ -22,8 +22,10 @@ def add_model_command(subparsers: Any) -> None:
         description="Predict, with the performance model, cloud-only decoding and split decoding, lock-step "
                     "and pipelined (--window blocks in flight), for D = 1..max on a network scenario. Nothing is run: the numbers are "
                     "MODELLED, not measured.")
-    p.add_argument("--hardware", required=True, metavar="NAME|FILE",
-                   help="shipped profile (llama70b-8xh100-mac, gemma270m-cpu) or a .toml path")
+    p.add_argument("--hardware", required=True, nargs="+", metavar="NAME|FILE",
+                   help="shipped profile (llama70b-8xh100-mac, the assumed one; h200-llama8b and h200-llama70b, "
+                        "from the H200 check; gemma270m-cpu) or a .toml path; several: a row each side by side "
+                        "first, then each one's report")
     p.add_argument("--scenario", default="acespec-50k", metavar="NAME|FILE",
                    help="network scenario name or .toml path (default: acespec-50k)")
     p.add_argument("--max-draft-len", type=int, default=16, metavar="D", help="largest D to model (default 16)")
@@ -36,8 +38,13 @@ def add_model_command(subparsers: Any) -> None:
 
 
 def run_model(args: argparse.Namespace) -> int:
-    from sim.perf.report import format_report, model_report
+    from sim.perf.report import format_comparison, format_report, model_report
 
-    report = model_report(args.hardware, args.scenario, args.max_draft_len, args.window, args.slo)
-    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    reports = [model_report(hardware, args.scenario, args.max_draft_len, args.window, args.slo)
+               for hardware in args.hardware]
+    if args.json:
+        print(json.dumps(reports[0] if len(reports) == 1 else reports, indent=2))
+    else:
+        texts = [format_report(report) for report in reports]
+        print("\n\n".join([format_comparison(reports), *texts] if len(reports) > 1 else texts))
     return 0

@@ -1,7 +1,7 @@
 """Modelled capacity: sessions per verifier at a per-session SLO, split against cloud-only, both batched.
 
 With N sessions sharing every forward (the scheduler packs what all of them
-wait for), a forward over R rows costs ``HardwareProfile.batch_forward_s(R)``
+wait for), a forward over R rows of N sessions costs ``HardwareProfile.batch_forward_s(R, N)``
 (a roofline: memory-bound until the ridge point). Cloud-only: each forward
 carries one row per session, so each session gets one token per forward.
 Split: each forward carries D+1 rows per session (more where a session's
@@ -39,10 +39,10 @@ def _batched(profile: HardwareProfile, sessions: int, rows_per_session: int):
     rows each cost that forward, and each row a session adds (blocks verified together, rebased drafts) what one
     row more adds to it (the per-row cost; the fixed part too once the forward is compute-bound): one session's
     rows at a time, not every session's at once (that would add ``sessions`` rows, an upper bound)."""
-    forward = profile.batch_forward_s(sessions * rows_per_session)
-    per_row = profile.batch_forward_s(sessions * rows_per_session + 1) - forward
+    forward = profile.batch_forward_s(sessions * rows_per_session, sessions)
+    per_row = profile.batch_forward_s(sessions * rows_per_session + 1, sessions) - forward
     return dataclasses.replace(profile.to_timings(), verify_fixed_s=forward - per_row * rows_per_session,
-                               verify_per_token_s=per_row, verify_one_s=profile.batch_forward_s(sessions))
+                               verify_per_token_s=per_row, verify_one_s=profile.batch_forward_s(sessions, sessions))
 
 
 def _drafting(profile: HardwareProfile, link: NetworkModel, sessions: int, max_draft_len: int, window: int) -> Prediction:

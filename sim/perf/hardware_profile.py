@@ -10,7 +10,7 @@ problem is one ``ValueError`` that names the file and every bad field as
 
 File layout: ``name``, ``description``; ``[target]`` model, verify_fixed_ms,
 verify_per_token_ms, prefill_ms, vocab_size, ridge_rows (default 1: compute-bound
-at once); ``[drafter]`` model, draft_ms_per_token, draft_prefill_ms;
+at once), verify_per_sequence_ms (default 0); ``[drafter]`` model, draft_ms_per_token, draft_prefill_ms;
 ``[acceptance]`` alpha (a number or a list per position), rebased_per_stale_decode and
 rebased_verified_per_stale_decode (a stale block's forward: rebased drafts accepted and
 verified; default 0); optional ``[bytes]`` up_fixed, up_per_draft, down_per_round,
@@ -58,12 +58,15 @@ class HardwareProfile:
     ridge_rows: float = 1.0
     rebased_per_stale_decode: float = 0.0  # Timings.rebased_per_stale_decode
     rebased_verified_per_stale_decode: float = 0.0
+    # What each sequence past the first adds to a packed forward whatever its rows (its attention's launches:
+    # measured 4-5 ms on an H200 through transformers, where the forward is host-bound; 0: not modelled).
+    verify_per_sequence_ms: float = 0.0
 
-    def batch_forward_s(self, rows: int) -> float:
-        """One packed forward over ``rows`` rows (many sessions'): memory-bound until ``ridge_rows``,
-        then the fixed part grows with the rows (compute-bound); plus the per-row part."""
+    def batch_forward_s(self, rows: int, sequences: int = 1) -> float:
+        """One packed forward over ``rows`` rows of ``sequences`` sessions: memory-bound until ``ridge_rows``,
+        then the fixed part grows with the rows (compute-bound); plus the per-row and per-sequence parts."""
         fixed = self.verify_fixed_ms * max(1.0, rows / self.ridge_rows)
-        return (fixed + self.verify_per_token_ms * rows) / 1e3
+        return (fixed + self.verify_per_token_ms * rows + self.verify_per_sequence_ms * (max(sequences, 1) - 1)) / 1e3
 
     def to_timings(self) -> Timings:
         return Timings(
@@ -104,6 +107,7 @@ class _Target(_Table):
     prefill_ms: Amount = 0.0
     vocab_size: int = 262144
     ridge_rows: Amount = 1.0
+    verify_per_sequence_ms: Amount = 0.0
 
 
 class _Drafter(_Table):
@@ -161,6 +165,7 @@ class _ProfileFile(_Table):
             draft_prefill_ms=drafter.draft_prefill_ms,
             open_bytes=given.open,
             ridge_rows=max(target.ridge_rows, 1.0),
+            verify_per_sequence_ms=target.verify_per_sequence_ms,
             rebased_per_stale_decode=acceptance.rebased_per_stale_decode,
             rebased_verified_per_stale_decode=acceptance.rebased_verified_per_stale_decode,
         )

@@ -82,6 +82,8 @@ def model_report(hardware: str, scenario: str, max_draft_len: int = 16, window: 
             "alpha_per_position": profile.alpha,
             "rebased_per_stale_decode": profile.rebased_per_stale_decode,
             "rebased_verified_per_stale_decode": profile.rebased_verified_per_stale_decode,
+            "verify_per_sequence_ms": profile.verify_per_sequence_ms,
+            "ridge_rows": profile.ridge_rows,
         },
         "rows": rows,
         "best_draft_len": best,
@@ -200,3 +202,22 @@ def _capacity_text(c: dict[str, Any], tablefmt: str) -> str:
         f"{c['split_drafting']}), cloud-only {c['cloud-only']}; the split stops paying at "
         + (f"N = {stops}" if stops else "no N up to the largest modelled"),
     ])
+
+
+def format_comparison(reports: list[dict[str, Any]], tablefmt: str = "simple") -> str:
+    """One row a profile (each report's): its target's costs, cloud-only, the best pipelined split and the
+    adaptive one on the same scenario, and the sessions one verifier carries at the SLO."""
+    cells = []
+    for r in reports:
+        t, base, p, a = r["timings"], r["rows"][0], r["best_pipelined"], r["adaptive"]
+        cells.append([r["hardware"]["name"], f"{t['verify_fixed_ms'] + t['verify_per_token_ms']:.1f}",
+                      f"{t['verify_fixed_ms'] + 9 * t['verify_per_token_ms']:.1f}", f"{t['ridge_rows']:g}",
+                      f"{t['verify_per_sequence_ms']:g}", f"{base['tokens_per_s']:.1f}",
+                      f"{p['tokens_per_s']:.1f} ({p['speedup_vs_cloud_only']:.2f}x, D={p['draft_len']})",
+                      f"{a['speedup_vs_cloud_only']:.2f}x", f"{p['cloud_compute_vs_cloud_only']:.2f}",
+                      f"{r['capacity'].get('split', 0)} / {r['capacity'].get('cloud-only', 0)}"])
+    table = tabulate(cells, headers=["profile", "t_verify(1) ms", "t_verify(9) ms", "ridge rows", "+ms a session",
+                                     "cloud-only tok/s", "best pipelined tok/s", "adaptive", "cloud compute/token",
+                                     "sessions at SLO (split / cloud-only)"], tablefmt=tablefmt, disable_numparse=True)
+    scenario = reports[0]["scenario"]["name"]
+    return f"{LABEL}: the profiles side by side on {scenario} (each profile's full report follows)\n\n{table}"

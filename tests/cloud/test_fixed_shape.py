@@ -28,7 +28,7 @@ def test_a_fixed_padding_runs_its_shape_and_refuses_more_rows():
 
 def test_sessions_on_a_fixed_shape_engine_match_target_only_and_no_forward_passes_it(tiny_models):
     from cloud.engine import ForwardItem, TargetEngine
-    from sim.bench.gpu_check import serve_sessions
+    from sim.bench.gpu_service import serve_sessions
 
     engine = TargetEngine(tiny_models["target"], shapes="canonical")
     engine.padding = RowPadding(multiple=False, tile=64, fixed=True)  # as the engine picks on an H200 (at 256)

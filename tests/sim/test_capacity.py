@@ -136,7 +136,7 @@ def test_modelled_capacity_never_has_the_split_below_cloud_only_and_says_where_i
     rows = capacity_rows(profile, link, sessions=(1, 8, 64, 512))
     for row in rows:
         assert row["split_tokens_per_s"] >= row["cloud_only_tokens_per_s"] - 1e-9
-        assert row["cloud_only_cloud_s_per_token"] == pytest.approx(profile.batch_forward_s(row["sessions"]) / row["sessions"])
+        assert row["cloud_only_cloud_s_per_token"] == pytest.approx(profile.batch_forward_s(row["sessions"], row["sessions"]) / row["sessions"])
     # Past the ridge a forward grows with its rows: per-session rates fall.
     assert rows[-1]["cloud_only_tokens_per_s"] < rows[0]["cloud_only_tokens_per_s"]
     summary = modelled_capacity_at_slo(rows, 15.0)
@@ -230,3 +230,27 @@ def test_bench_serve_compares_the_split_with_the_fastest_cloud_only_on_the_same_
     assert "edge serve under concurrent conversations" in text
     assert report["lookup"] and "the drafter behind prompt lookup, the adaptive schedule; kept arm median" in text
     assert f"vs {c['fastest']['tokens_per_s']:.2f} tok/s in free shapes, the fastest ({c['direct_over_fastest']:.2f}x)" in text
+
+
+def test_the_shipped_h200_profiles_are_what_the_committed_gpu_check_makes():
+    """The H200 profiles are generated from the committed report (``sim.bench.gpu_profiles``), never edited."""
+    from sim.bench.gpu_profiles import profiles_from_report
+    from sim.perf.hardware_profile import load_hardware
+
+    source = "docs/results/2026-12-04-gpu-check/h200.json"
+    made = profiles_from_report(json.loads((ROOT / source).read_text()), source)
+    for name, text in made.items():
+        assert (ROOT / "sim" / "perf" / "hardware" / name).read_text() == text
+    eight = load_hardware("h200-llama8b")
+    assert eight.verify_per_sequence_ms > 1 and eight.ridge_rows > 100 and eight.vocab_size == 128256
+    assert eight.batch_forward_s(8, sequences=8) == pytest.approx(eight.batch_forward_s(8) + 7 * eight.verify_per_sequence_ms / 1e3)
+
+
+def test_sim_model_sets_several_profiles_side_by_side():
+    out = subprocess.run([sys.executable, "-m", "sim.cli", "sim", "model", "--hardware", "llama70b-8xh100-mac",
+                          "h200-llama70b"], capture_output=True, text=True, timeout=120, check=True, cwd=ROOT)
+    table = out.stdout.split("\n\n")[1]
+    assert "llama70b-8xh100-mac" in table and "h200-llama70b" in table and "+ms a session" in table
+    assert [line.split(" on ")[0] for line in out.stdout.splitlines() if line.startswith("MODELLED, not measured: ")][:3] == [
+        "MODELLED, not measured: the profiles side by side", "MODELLED, not measured: llama70b-8xh100-mac",
+        "MODELLED, not measured: h200-llama70b"]  # the comparison, then each report

@@ -1,5 +1,6 @@
 """``splitspec bench …`` subcommands, one module each: ``wire``, ``split``, ``service``, ``fuzz``, ``serve``,
-``capacity``, ``invariance``, ``fairness``, ``products``, ``categories`` (and ``forward-rows``).
+``capacity``, ``invariance``, ``fairness``, ``products``, ``categories`` (and ``forward-rows``), ``gpu``
+(``gpu-check``, ``gpu-profiles``).
 
 Flags only: each module's ``add`` declares its flags beside the run that turns them into the arguments of
 the matching ``sim.bench`` function and prints the result (text or JSON). The benches' heavy imports happen
@@ -16,6 +17,7 @@ from sim.commands.bench import (
     categories,
     fairness,
     fuzz,
+    gpu,
     invariance,
     products,
     serve,
@@ -29,5 +31,5 @@ __all__ = ["add_bench_commands"]
 
 def add_bench_commands(subparsers: argparse._SubParsersAction) -> None:
     """Add the bench subcommands to a ``bench`` subparsers object."""
-    for bench in (wire, split, service, fuzz, serve, capacity, invariance, fairness, products, categories):
+    for bench in (wire, split, service, fuzz, serve, capacity, invariance, fairness, products, categories, gpu):
         bench.add(subparsers)
