@@ -234,7 +234,7 @@ def identity_8b(check: GpuCheck, deadline: Deadline) -> dict[str, Any]:
     """Rows alone against the same rows in blocks beside batch-mates, bit for bit, canonical and free."""
     import random
 
-    from sim.bench.invariance import chunked_beside_mates, one_at_a_time
+    from sim.bench.invariance import compare_trial
 
     big, _ = check.shapes
     engine = build_engine(big, device=check.device, dtype=check.torch_dtype, shapes="auto")
@@ -255,14 +255,8 @@ def identity_8b(check: GpuCheck, deadline: Deadline) -> dict[str, Any]:
                 if deadline.passed:
                     out["cut_short"] = True
                     break
-                tokens = [rng.randrange(3, min(engine.vocab_size, 20_000)) for _ in range(rng.randrange(40, 64))]
-                start = rng.randrange(5, 24)
-                alone = one_at_a_time(engine, tokens, start)
-                packed = chunked_beside_mates(engine, tokens, start, rng)
-                identical += bool(torch.equal(alone, packed))
-                worst = max(worst, float((alone - packed).abs().max()))
-                rows += alone.shape[0]
-                done += 1
+                same, diff, compared = compare_trial(engine, rng, length=(40, 64), start=(5, 24))
+                identical, worst, rows, done = identical + same, max(worst, diff), rows + compared, done + 1
         out[name] = {"trials": done, "identical_trials": identical, "rows_compared": rows,
                      "bit_identical": done > 0 and identical == done, "max_abs_diff": worst}
     del engine

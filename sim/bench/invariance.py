@@ -21,7 +21,7 @@ import torch
 
 from cloud.engine import ForwardItem
 
-__all__ = ["one_at_a_time", "chunked_beside_mates", "run_invariance_check"]
+__all__ = ["one_at_a_time", "chunked_beside_mates", "compare_trial", "run_invariance_check"]
 
 
 def one_at_a_time(engine, tokens, start):
@@ -62,6 +62,17 @@ def chunked_beside_mates(engine, tokens, start, rng):
     return torch.stack(rows[: len(tokens) - start])
 
 
+def compare_trial(engine, rng: random.Random, length: tuple[int, int] = (70, 200),
+                  start: tuple[int, int] = (5, 60)) -> tuple[bool, float, int]:
+    """One random sequence (``length`` tokens, its rows compared from ``start``; both drawn from those
+    ranges) alone and beside batch-mates: (bit-identical, the largest difference, rows compared)."""
+    tokens = [rng.randrange(3, min(engine.vocab_size, 20_000)) for _ in range(rng.randrange(*length))]
+    first = rng.randrange(*start)
+    alone = one_at_a_time(engine, tokens, first)
+    packed = chunked_beside_mates(engine, tokens, first, rng)
+    return bool(torch.equal(alone, packed)), float((alone - packed).abs().max()), alone.shape[0]
+
+
 def run_invariance_check(*, target: str | None = None, tiny: bool = False, device: str | None = None,
                          dtype: str | None = None, trials: int = 5, canonical: bool = True,
                          seed: int = 0) -> dict[str, Any]:
@@ -81,14 +92,8 @@ def run_invariance_check(*, target: str | None = None, tiny: bool = False, devic
         rng = random.Random(seed)
         identical, worst, rows = 0, 0.0, 0
         for _ in range(trials):
-            high = min(engine.vocab_size, 20_000)
-            tokens = [rng.randrange(3, high) for _ in range(rng.randrange(70, 200))]
-            start = rng.randrange(5, 60)
-            alone = one_at_a_time(engine, tokens, start)
-            packed = chunked_beside_mates(engine, tokens, start, rng)
-            identical += bool(torch.equal(alone, packed))
-            worst = max(worst, float((alone - packed).abs().max()))
-            rows += alone.shape[0]
+            same, diff, compared = compare_trial(engine, rng)
+            identical, worst, rows = identical + same, max(worst, diff), rows + compared
     return {
         "device": str(engine.device), "dtype": str(engine.dtype).removeprefix("torch."),
         "shapes": "canonical" if canonical else "free", "row_invariant_products": engine.invariant,
