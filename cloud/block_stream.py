@@ -4,11 +4,12 @@ Contract. ``read_frames`` moves an open stream's frames into a queue (a Close
 or the end of the stream ends it); ``decode_draft`` turns a Draft into a
 ``PendingBlock``, decoding no more than the session's limits allow;
 ``verdicts`` verifies what is pending, the chain at its front in one forward
-on the engine thread, and yields one ``Answered`` per block in order. A bad
-frame (rejection-mode drafts the session's audit refuses included), a block
-past the session's draft length, more than ``max_blocks_in_flight`` blocks
-waiting, or an idle stream is an ``Abort`` of this stream alone (an idle one
-parks its session). A session another stream
+on the engine thread, and yields one ``Answered`` per block in order (a frame
+of ``Draft.empty_blocks`` stands for that many blocks). A bad frame
+(rejection-mode drafts the session's audit refuses included), a block past the
+session's draft length, more than ``max_blocks_in_flight`` blocks waiting (or
+in one frame), or an idle stream is an ``Abort`` of this stream alone (an idle
+one parks its session). A session another stream
 has resumed is never verified here. Every verify is observed once, in
 ``ServiceMetrics`` and the recent-latency windows; ``hints`` are what a new
 stream's headers tell the edge (``shared.wire.StreamHints``). It opens no session and
@@ -150,6 +151,12 @@ class BlockStream(ServicePart):
         never decoded); None for a block sent before the Opened that exceeds the session's draft
         length (dropped unanswered)."""
         session = entry.session
+        if draft.empty_blocks > 1:
+            if draft.payload or draft.branches or draft.more_follows or draft.before_opened:
+                raise Abort(grpc.StatusCode.INVALID_ARGUMENT, "bad draft block: empty_blocks on a block that is not empty")
+            if draft.empty_blocks > self.limits.max_blocks_in_flight:
+                raise Abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad draft block: {draft.empty_blocks} empty blocks, "
+                            f"the limit is {self.limits.max_blocks_in_flight}")
         stale = draft.epoch < session.epoch
         if stale and not session.rebases:
             return PendingBlock(draft.epoch, draft.start_position, [], more_follows=False)
@@ -312,7 +319,9 @@ class BlockStream(ServicePart):
                 block = self.decode_draft(entry, item[0])
                 if block is None:
                     continue
-                pending.append(replace(block, arrived_at=item[1]))
+                # (``Draft.empty_blocks``: one frame for that many empty blocks at consecutive positions)
+                pending.extend(replace(block, start_position=block.start_position + i, arrived_at=item[1])
+                               for i in range(max(item[0].empty_blocks, 1)))
                 next_block.arrived(item[1], item[0].epoch)
                 if len(pending) > self.limits.max_blocks_in_flight:
                     raise Abort(

@@ -209,7 +209,7 @@ class _Decode:
         """Fit the schedule to what the verifier allows (``Schedule.adopt``); with nothing to draft, the
         cloud decodes alone, one block at a time."""
         pipe, (draft_len_cap, hedge_cap) = self.pipeline, self.caps
-        pipe.draft_limit = terms.max_draft_len
+        pipe.draft_limit, pipe.max_empty_blocks = terms.max_draft_len, terms.max_empty_blocks
         if min(draft_len_cap, terms.max_draft_len) == 0:
             pipe.schedule = FixedSchedule(0, 1)
         pipe.follow(pipe.schedule.adopt(terms, draft_len_cap, hedge_cap, self.branch_len))
@@ -266,7 +266,8 @@ class _Decode:
                 if nxt is None:
                     break
                 self._finish_early_block()
-                self.drafting = Drafting(nxt.start_position, nxt.drafts, nxt.drafts_left)
+                self.drafting = Drafting(nxt.start_position, nxt.drafts, nxt.drafts_left,
+                                         empty_blocks=nxt.empty_blocks)
             drafting = self.drafting
             if len(drafting.block.tokens) < drafting.drafts:
                 # A verdict that arrives meanwhile is read first: it may void this block.
@@ -282,12 +283,17 @@ class _Decode:
                               committed=max(self.committed_end - drafting.start, 0))
             sent_at = time.perf_counter()
             follows = more_follows(len(block.tokens), drafting.drafts_left, pipe.window)
-            verifier.send(self.epoch, drafting.start, block, follows)
+            if drafting.empty_blocks > 1:  # the cloud alone: one frame for several empty blocks
+                verifier.send(self.epoch, drafting.start, block, follows, empty_blocks=drafting.empty_blocks)
+            else:
+                verifier.send(self.epoch, drafting.start, block, follows)
             if self.restarting:
                 self.stats.record_restart(drafting.draft_s)
                 self.restarting = False
             pipe.sent(InFlight(self.epoch, drafting.start, block, follows, sent_at, drafting.draft_s,
                                 sent_at - drafted_at))
+            for i in range(1, drafting.empty_blocks):
+                pipe.sent(InFlight(self.epoch, drafting.start + i, DraftBlock([]), False, sent_at))
             self.drafting = None
 
     def _resume(self, lost: LinkLost) -> bool:

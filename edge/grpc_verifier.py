@@ -45,13 +45,7 @@ from protos import splitspec_pb2 as pb
 from shared import codec
 from shared.params import SamplingParams
 from shared.verdict import StopReason
-from shared.wire import (
-    StreamHints,
-    message_wire_bytes,
-    session_id_of,
-    stop_reason_from_proto,
-    verdict_from_proto,
-)
+from shared.wire import StreamHints, message_wire_bytes, session_id_of, stop_reason_from_proto, verdict_from_proto
 
 __all__ = ["GrpcVerifier"]
 
@@ -222,12 +216,14 @@ class GrpcVerifier:
         return resumed
 
     def send(self, epoch: int, start_position: int, block: DraftBlock, more_follows: bool, *,
-             before_opened: bool = False) -> None:
-        self._send(epoch, start_position, block, more_follows, before_opened=before_opened)
+             before_opened: bool = False, empty_blocks: int = 1) -> None:
+        self._send(epoch, start_position, block, more_follows, before_opened=before_opened, empty_blocks=empty_blocks)
 
     def _send(self, epoch: int, start_position: int, block: DraftBlock, more_follows: bool, *,
-              before_opened: bool = False) -> SentBlock:
-        """``send``; returns the block's record in flight."""
+              before_opened: bool = False, empty_blocks: int = 1) -> SentBlock:
+        """``send``; returns the (first) block's record in flight."""
+        if empty_blocks > 1 and (block.tokens or block.branches or more_follows or before_opened):
+            raise ValueError("empty_blocks stands for empty blocks only")
         params, vocab_size = self._request.params, self.endpoint.vocab_size
         encoded = codec.encode_draft(
             block.tokens, vocab_size, block.q, draft_top_k=params.draft_top_k if block.q is not None else None
@@ -245,10 +241,13 @@ class GrpcVerifier:
                 more_follows=more_follows,
                 branches=branches,
                 before_opened=before_opened,
+                empty_blocks=empty_blocks if empty_blocks > 1 else 0,
             )
         )
-        sent = SentBlock(time.perf_counter(), start_position, len(block.tokens), message_wire_bytes(frame))
+        now, frame_bytes = time.perf_counter(), message_wire_bytes(frame)
+        sent = SentBlock(now, start_position, len(block.tokens), frame_bytes)
         self._in_flight.append(sent)
+        self._in_flight.extend(SentBlock(now, start_position + i, 0, 0) for i in range(1, empty_blocks))
         self._stream.send(frame)
         return sent
 

@@ -29,6 +29,7 @@ class Drafting:
     drafts_left: int  # tokens the limit leaves from ``start``, the correction or bonus aside
     block: DraftBlock = field(default_factory=lambda: DraftBlock([]))  # drafted so far
     draft_s: float = 0.0  # ... in this many seconds
+    empty_blocks: int = 1  # an empty block: how many its frame stands for, at consecutive positions
 
     def grown(self, more: DraftBlock, seconds: float) -> Drafting:
         return replace(self, block=self.block.then(more), draft_s=self.draft_s + seconds)

@@ -67,4 +67,5 @@ def session_terms(opened: pb.Opened, request: OpenRequest, early_drafts: int | N
         kept_early_block=early_drafts is not None and early_drafts <= max_draft_len and answers_first,
         row_tile=opened.row_tile,
         head_start=head_start if answers_first else 0,
+        max_empty_blocks=max(opened.max_empty_blocks, 1),
     )

@@ -5,7 +5,8 @@ defined in ``docs/glossary.md``). ``Pipeline`` says
 
 - whether another block may go now (the window has room, the last block in
   flight asks for a follower or is void, no hold, no switch out of a cloud
-  stretch pending, the first position answered first);
+  stretch pending, the first position answered first; a stretch's empty
+  blocks go a frame of several at a time, ``stretch_top_up``);
 - where the next block starts and how many drafts it holds: a new chain starts
   at the committed end, its first drafts guessing the tokens that the void
   blocks in flight will bring (one each); a block that continues a live chain
@@ -33,12 +34,12 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
-from edge.controller import REPLAN_TOKENS, Plan
+from edge.controller import REPLAN_TOKENS, Plan, stretch_top_up
 from edge.schedule import Schedule
 from edge.verifier_protocol import CloudTiming
 
 __all__ = ["Flight", "NextBlock", "Pipeline", "LiveVerdict", "StaleVerdict", "observe_verdict", "observe_stale_verdict",
-           "may_follow", "more_follows", "first_live"]
+           "may_follow", "more_follows", "first_live", "stretch_top_up"]
 
 
 class Flight(Protocol):
@@ -77,6 +78,7 @@ class NextBlock:
     drafts: int  # drafts to draft, its guesses included
     guesses: int  # ... of them, guesses of the tokens the void blocks in flight bring (a new chain's first block)
     drafts_left: int  # tokens the limit leaves from ``start_position``, the correction or bonus aside
+    empty_blocks: int = 1  # an empty block: how many go in its frame, at consecutive positions (``Draft.empty_blocks``)
 
 
 def more_follows(drafted: int, drafts_left: int, window: int) -> bool:
@@ -102,6 +104,7 @@ class Pipeline(Generic[F]):
         self.in_flight: deque[F] = deque()
         self.draft_len, self.window, self.schedule = draft_len, window, schedule
         self.draft_limit = draft_limit
+        self.max_empty_blocks = 1  # empty blocks one frame may stand for (the verifier's terms)
         self.hold = False  # blocks in flight rest on a wrong guess of the first token: send none until they drain
         self.leaving_cloud = False  # a switch from a cloud stretch to drafting waits for the empty blocks to drain
         self.since_plan = 0  # tokens committed since the schedule last chose
@@ -165,7 +168,13 @@ class Pipeline(Generic[F]):
             return False
         if self.in_flight and self.in_flight[0].first:  # the first token is in hand: it reaches the caller first
             return False
+        if self._in_stretch() and self.window - len(self.in_flight) < stretch_top_up(self.window, self.max_empty_blocks):
+            return False
         return may_follow(self.in_flight, self.draft_len)
+
+    def _in_stretch(self) -> bool:
+        """The cloud decodes alone and the last block in flight is one of its empty blocks."""
+        return self.draft_len == 0 and bool(self.in_flight) and self.in_flight[-1].size == 0
 
     def live(self) -> list[F]:
         return [f for f in self.in_flight if not f.void]
@@ -185,7 +194,10 @@ class Pipeline(Generic[F]):
             drafts = min(drafts, self.draft_limit)
         if drafts <= 0 and live and live[-1].size:
             return None
-        return NextBlock(start, max(drafts, 0), min(guesses, max(drafts, 0)), drafts_left)
+        empty_blocks = 1
+        if self.draft_len == 0:  # the cloud alone: as many empty blocks as the window has room for, in one frame
+            empty_blocks = max(min(self.window - len(self.in_flight), self.max_empty_blocks, end_limit - start), 1)
+        return NextBlock(start, max(drafts, 0), min(guesses, max(drafts, 0)), drafts_left, empty_blocks)
 
     def sent(self, flight: F) -> None:
         self.in_flight.append(flight)

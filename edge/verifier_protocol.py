@@ -91,6 +91,7 @@ class SessionTerms:
     kept_early_block: bool = False  # the block drafted while the Open was in flight went out and fits these terms
     row_tile: int = 0  # rows the verifier's forwards cost alike (Opened.row_tile; 0: not said)
     head_start: int = 0  # empty blocks sent behind the Open that stand, for the positions after the first
+    max_empty_blocks: int = 1  # empty blocks one frame may stand for (Opened.max_empty_blocks; 1: an older verifier)
 
 
 @dataclass(frozen=True)
@@ -127,8 +128,11 @@ class VerifierConnection(Protocol):
         the cloud decodes on alone from its prefill without waiting a round trip for them;
         ``SessionTerms.head_start`` says how many went (none when the Open had to be sent again)."""
 
-    def send(self, epoch: int, start_position: int, block: DraftBlock, more_follows: bool) -> None:
-        """Queue one block for verification (returns at once)."""
+    def send(self, epoch: int, start_position: int, block: DraftBlock, more_follows: bool, *,
+             empty_blocks: int = 1) -> None:
+        """Queue one block for verification (returns at once); an empty ``block`` with ``empty_blocks``
+        > 1 stands for that many at consecutive positions, each answered by a verdict of its own
+        (within ``SessionTerms.max_empty_blocks``)."""
 
     def receive(self) -> Received:
         """The next verdict with its timing (blocks until it arrives); ``LinkLost`` when the stream broke."""

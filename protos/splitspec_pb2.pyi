@@ -78,7 +78,7 @@ class Open(_message.Message):
     def __init__(self, vocab_fingerprint: _Optional[bytes] = ..., vocab_size: _Optional[int] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., prompt: _Optional[bytes] = ..., prompt_compressed: _Optional[bool] = ..., max_new_tokens: _Optional[int] = ..., max_draft_len: _Optional[int] = ..., resume_ticket: _Optional[bytes] = ..., committed_length: _Optional[int] = ..., first_token: _Optional[bool] = ..., extend: _Optional[bool] = ..., takes_rebased: _Optional[bool] = ..., takes_proposals: _Optional[bool] = ...) -> None: ...
 
 class Draft(_message.Message):
-    __slots__ = ("epoch", "start_position", "payload", "compressed", "more_follows", "branches", "before_opened")
+    __slots__ = ("epoch", "start_position", "payload", "compressed", "more_follows", "branches", "before_opened", "empty_blocks")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     START_POSITION_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
@@ -86,6 +86,7 @@ class Draft(_message.Message):
     MORE_FOLLOWS_FIELD_NUMBER: _ClassVar[int]
     BRANCHES_FIELD_NUMBER: _ClassVar[int]
     BEFORE_OPENED_FIELD_NUMBER: _ClassVar[int]
+    EMPTY_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     start_position: int
     payload: bytes
@@ -93,7 +94,8 @@ class Draft(_message.Message):
     more_follows: bool
     branches: _containers.RepeatedCompositeFieldContainer[Branch]
     before_opened: bool
-    def __init__(self, epoch: _Optional[int] = ..., start_position: _Optional[int] = ..., payload: _Optional[bytes] = ..., compressed: _Optional[bool] = ..., more_follows: _Optional[bool] = ..., branches: _Optional[_Iterable[_Union[Branch, _Mapping]]] = ..., before_opened: _Optional[bool] = ...) -> None: ...
+    empty_blocks: int
+    def __init__(self, epoch: _Optional[int] = ..., start_position: _Optional[int] = ..., payload: _Optional[bytes] = ..., compressed: _Optional[bool] = ..., more_follows: _Optional[bool] = ..., branches: _Optional[_Iterable[_Union[Branch, _Mapping]]] = ..., before_opened: _Optional[bool] = ..., empty_blocks: _Optional[int] = ...) -> None: ...
 
 class Branch(_message.Message):
     __slots__ = ("at", "payload", "compressed")
@@ -120,7 +122,7 @@ class EdgeFrame(_message.Message):
     def __init__(self, open: _Optional[_Union[Open, _Mapping]] = ..., draft: _Optional[_Union[Draft, _Mapping]] = ..., close: _Optional[_Union[Close, _Mapping]] = ...) -> None: ...
 
 class Opened(_message.Message):
-    __slots__ = ("resume_ticket", "vocab_size", "committed_length", "max_draft_len", "forwards", "max_blocks_in_flight", "epoch", "committed_tail", "committed_tail_compressed", "stop_reason", "replica", "first_verdict", "max_branches", "row_tile", "target_fingerprint")
+    __slots__ = ("resume_ticket", "vocab_size", "committed_length", "max_draft_len", "forwards", "max_blocks_in_flight", "epoch", "committed_tail", "committed_tail_compressed", "stop_reason", "replica", "first_verdict", "max_branches", "row_tile", "target_fingerprint", "max_empty_blocks")
     RESUME_TICKET_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_LENGTH_FIELD_NUMBER: _ClassVar[int]
@@ -136,6 +138,7 @@ class Opened(_message.Message):
     MAX_BRANCHES_FIELD_NUMBER: _ClassVar[int]
     ROW_TILE_FIELD_NUMBER: _ClassVar[int]
     TARGET_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    MAX_EMPTY_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     resume_ticket: bytes
     vocab_size: int
     committed_length: int
@@ -151,7 +154,8 @@ class Opened(_message.Message):
     max_branches: int
     row_tile: int
     target_fingerprint: bytes
-    def __init__(self, resume_ticket: _Optional[bytes] = ..., vocab_size: _Optional[int] = ..., committed_length: _Optional[int] = ..., max_draft_len: _Optional[int] = ..., forwards: _Optional[int] = ..., max_blocks_in_flight: _Optional[int] = ..., epoch: _Optional[int] = ..., committed_tail: _Optional[bytes] = ..., committed_tail_compressed: _Optional[bool] = ..., stop_reason: _Optional[_Union[StopReason, str]] = ..., replica: _Optional[str] = ..., first_verdict: _Optional[_Union[Verdict, _Mapping]] = ..., max_branches: _Optional[int] = ..., row_tile: _Optional[int] = ..., target_fingerprint: _Optional[bytes] = ...) -> None: ...
+    max_empty_blocks: int
+    def __init__(self, resume_ticket: _Optional[bytes] = ..., vocab_size: _Optional[int] = ..., committed_length: _Optional[int] = ..., max_draft_len: _Optional[int] = ..., forwards: _Optional[int] = ..., max_blocks_in_flight: _Optional[int] = ..., epoch: _Optional[int] = ..., committed_tail: _Optional[bytes] = ..., committed_tail_compressed: _Optional[bool] = ..., stop_reason: _Optional[_Union[StopReason, str]] = ..., replica: _Optional[str] = ..., first_verdict: _Optional[_Union[Verdict, _Mapping]] = ..., max_branches: _Optional[int] = ..., row_tile: _Optional[int] = ..., target_fingerprint: _Optional[bytes] = ..., max_empty_blocks: _Optional[int] = ...) -> None: ...
 
 class Verdict(_message.Message):
     __slots__ = ("epoch", "start_position", "accepted", "token", "bonus", "done", "stop_reason", "server_us", "forwards", "branch", "branch_accepted", "stale", "rebased", "rebased_verified", "forward_us", "draft_limit", "forward_rows")

@@ -60,11 +60,13 @@ class LocalVerifier:
             self.send(0, len(prompt) + 1 + i, DraftBlock([]), False)
         return SessionTerms(max_draft_len, self.max_blocks_in_flight, answers_first_position=True,
                             max_branches=self.max_branches, kept_early_block=kept,
-                            row_tile=self.engine.row_tile(params.reproducible), head_start=head_start)
+                            row_tile=self.engine.row_tile(params.reproducible), head_start=head_start,
+                            max_empty_blocks=self.max_blocks_in_flight)
 
-    def send(self, epoch: int, start_position: int, block: DraftBlock, more_follows: bool) -> None:
-        self._pending.append(PendingBlock(epoch, start_position, list(block.tokens), block.q, more_follows,
-                                          tuple(block.branches)))
+    def send(self, epoch: int, start_position: int, block: DraftBlock, more_follows: bool, *,
+             empty_blocks: int = 1) -> None:
+        self._pending.extend(PendingBlock(epoch, start_position + i, list(block.tokens), block.q, more_follows,
+                                          tuple(block.branches)) for i in range(empty_blocks))
 
     def receive(self) -> Received:
         assert self.session is not None, "open() first"
@@ -91,7 +93,8 @@ class LocalVerifier:
             raise ValueError(f"resume from {len(committed)} committed tokens; the session has {len(session.tokens)}")
         self._pending.clear()
         self._verdicts.clear()
-        terms = SessionTerms(session.draft_limit.opened, self.max_blocks_in_flight, max_branches=self.max_branches)
+        terms = SessionTerms(session.draft_limit.opened, self.max_blocks_in_flight, max_branches=self.max_branches,
+                             max_empty_blocks=self.max_blocks_in_flight)
         return Resumption(terms, session.epoch, session.tokens[len(committed) :], session.stop_reason)
 
     def close(self) -> None:

@@ -26,6 +26,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import fields, replace
 
+from cloud.limits import ServiceLimits
 from edge.controller import Controller
 from edge.pipeline import (
     LiveVerdict,
@@ -88,6 +89,7 @@ class _Generation:
                  rng: random.Random) -> None:
         self.costs, self.rng = costs, rng
         self.pipeline: Pipeline[SimBlock] = Pipeline(draft_len, window, schedule)
+        self.pipeline.max_empty_blocks = ServiceLimits.max_blocks_in_flight  # (the service's Opened says so)
         self.pending: deque[SimBlock] = deque()  # sent, not yet answered by the cloud
         self.cloud = VerifierSim(costs, rng, self.pending)
         self.tally = SimulatedRun()
@@ -165,10 +167,13 @@ class _Generation:
                     return False
             self.chain += opens_chain
             self.now = done_at
+            at_cloud = self.now + costs.up_s(nxt.drafts) + costs.rtt_s / 2
             self.send(SimBlock(self.chain, drafts, guesses, opens_chain,
                              more_follows(nxt.drafts, nxt.drafts_left, pipe.window), sent_at=self.now,
-                             at_cloud=self.now + costs.up_s(nxt.drafts) + costs.rtt_s / 2,
-                             start_position=nxt.start_position, size=nxt.drafts))
+                             at_cloud=at_cloud, start_position=nxt.start_position, size=nxt.drafts))
+            for i in range(1, nxt.empty_blocks):  # (the cloud alone: one frame for several empty blocks)
+                self.send(SimBlock(self.chain, 0, 0, False, False, sent_at=self.now, at_cloud=at_cloud,
+                                   start_position=nxt.start_position + i))
         return True
 
     def run(self, tokens_wanted: int) -> SimulatedRun:

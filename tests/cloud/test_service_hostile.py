@@ -279,6 +279,12 @@ BAD_DRAFTS = {
                      INVALID, "epoch 3 is ahead of the session's epoch 0"),
     "second-open": (lambda c: [open_frame(c.vocab, c.prompt)], INVALID, "unexpected open frame"),
     "empty-frame": (lambda c: [pb.EdgeFrame()], INVALID, "unexpected"),
+    "more-empty-blocks-than-may-be-in-flight": (
+        lambda c: [pb.EdgeFrame(draft=pb.Draft(start_position=c.P, empty_blocks=ServiceLimits.max_blocks_in_flight + 1))],
+        INVALID, f"{ServiceLimits.max_blocks_in_flight + 1} empty blocks, the limit is {ServiceLimits.max_blocks_in_flight}"),
+    "empty-blocks-on-a-drafted-block": (
+        lambda c: [pb.EdgeFrame(draft=pb.Draft(start_position=c.P, payload=b"\x01", empty_blocks=2))],
+        INVALID, "empty_blocks on a block that is not empty"),
 }
 
 
@@ -429,6 +435,21 @@ def test_past_epoch_blocks_are_answered_stale_and_the_session_goes_on(stub, tiny
     second = talk.receive().verdict
     assert not second.stale and (second.epoch, second.start_position, second.accepted, second.token) == (
         1, P + 1 + len(filled), 5 - len(filled), want[6])
+    talk.send(CLOSE)
+    assert talk.finish() == (grpc.StatusCode.OK, [])
+
+
+def test_a_frame_of_empty_blocks_is_answered_block_by_block(stub, tiny_vocab, prompt, want):
+    """``Draft.empty_blocks``: each of the frame's blocks gets the verdict a frame of its own would,
+    the target's next token, in order."""
+    P = len(prompt)
+    talk = Conversation(stub)
+    talk.send(open_frame(tiny_vocab, prompt))
+    opened = talk.receive().opened
+    assert opened.max_empty_blocks == opened.max_blocks_in_flight == ServiceLimits.max_blocks_in_flight
+    talk.send(pb.EdgeFrame(draft=pb.Draft(epoch=0, start_position=P, empty_blocks=4)))
+    verdicts = [talk.receive().verdict for _ in range(4)]
+    assert [(v.start_position, v.token, v.stale) for v in verdicts] == [(P + i, want[i], False) for i in range(4)]
     talk.send(CLOSE)
     assert talk.finish() == (grpc.StatusCode.OK, [])
 

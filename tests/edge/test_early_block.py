@@ -58,9 +58,10 @@ def test_the_first_block_leaves_before_the_opened(tiny_engine, tiny_models, tiny
     sent: list = []
 
     class Watching(GrpcVerifier):
-        def _send(self, epoch, start_position, block, more_follows, *, before_opened=False):
-            sent.append((before_opened, start_position, len(block.tokens)))
-            return super()._send(epoch, start_position, block, more_follows, before_opened=before_opened)
+        def _send(self, epoch, start_position, block, more_follows, *, before_opened=False, empty_blocks=1):
+            sent.extend((before_opened, start_position + i, len(block.tokens)) for i in range(empty_blocks))
+            return super()._send(epoch, start_position, block, more_follows, before_opened=before_opened,
+                                 empty_blocks=empty_blocks)
 
         def _send_behind_open(self, start_position):  # over loopback the Opened could beat the drafting
             head_start = super()._send_behind_open(start_position)

@@ -70,9 +70,9 @@ class Recording(LocalVerifier):
         super().__init__(engine, link_hint=link_hint)
         self.blocks: list[tuple[int, int]] = []
 
-    def send(self, epoch, start_position, block, more_follows):
-        super().send(epoch, start_position, block, more_follows)
-        self.blocks.append((start_position, len(block.tokens)))
+    def send(self, epoch, start_position, block, more_follows, *, empty_blocks=1):
+        super().send(epoch, start_position, block, more_follows, empty_blocks=empty_blocks)
+        self.blocks.extend((start_position + i, len(block.tokens)) for i in range(empty_blocks))
 
 
 @pytest.mark.parametrize("params", PARAMS, ids=["greedy", "coupled"])

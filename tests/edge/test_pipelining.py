@@ -63,10 +63,11 @@ class PacedVerifier(LocalVerifier):
         self.sent_at.appendleft(self.asked - (self.lag or 0))  # the first position's, answered with the Opened
         return terms
 
-    def send(self, epoch, start_position, block, more_follows):
-        super().send(epoch, start_position, block, more_follows)
-        self.sent_at.append(self.asked)
-        self.blocks.append((start_position, len(block.tokens)))
+    def send(self, epoch, start_position, block, more_follows, *, empty_blocks=1):
+        for i in range(empty_blocks):  # (a frame of several empty blocks: each is timed as its own)
+            super().send(epoch, start_position + i, block, more_follows)
+            self.sent_at.append(self.asked)
+            self.blocks.append((start_position + i, len(block.tokens)))
 
     def ready(self) -> bool:
         self.asked += 1

@@ -119,9 +119,10 @@ class FarVerifier(LocalVerifier):
         super().__init__(engine)
         self._on_the_way: list[PendingBlock] = []
 
-    def send(self, epoch, start_position, block, more_follows):
-        super().send(epoch, start_position, block, more_follows)
-        self._on_the_way.append(self._pending.pop())
+    def send(self, epoch, start_position, block, more_follows, *, empty_blocks=1):
+        super().send(epoch, start_position, block, more_follows, empty_blocks=empty_blocks)
+        self._on_the_way.extend(self._pending[-empty_blocks:])
+        del self._pending[-empty_blocks:]
 
     def ready(self) -> bool:
         return False
