@@ -114,15 +114,12 @@ class Controller:
         """Before the Open, from a round trip measured with no cloud work in it and the cloud's hint of
         its seconds per token decoding alone (0: not known): the cloud alone from the first token, where
         a round trip and a token cost more tokens of the cloud's alone than ``Tunables.start_chain_tokens`` (then
-        both seed the estimates, and the plan is returned); else None, and the session starts drafting.
-        Either way the hint seeds the price of the cloud alone: the first plans weigh drafting against
-        what the cloud said a token alone costs it, not against a lone forward between blocks (measured,
-        1.2-1.5x a token of a stretch on a CPU: a weak drafter kept drafting where the cloud alone was faster)."""
-        if token_s > 0:
-            self.cloud_s_per_token.add(token_s)
+        both seed the estimates, and the plan is returned); else None, and the session starts
+        drafting as it would without them."""
         if token_s <= 0 or round_trip_s <= 0 or (round_trip_s + token_s) / token_s < self.tunables.start_chain_tokens:
             return None
         self.network_s.add(round_trip_s)
+        self.cloud_s_per_token.add(token_s)
         self.draft_len = 0
         return Plan(0, self.cloud_window, self.predict_cloud())
 
@@ -268,7 +265,7 @@ class Controller:
         alphas = self.acceptance.per_position(draft_len)
         if None in (alphas, self.network_s.value, self.draft_s_per_token.value) or not verify:
             return None
-        stale_decode_s = self.one_token_s.value or self.cloud_s_per_token.value or verify
+        stale_decode_s = self.cloud_s_per_token.value or self.one_token_s.value or verify
         costs = ChainCosts(self.draft_s_per_token.value, self.network_s.value, verify, stale_decode_s,
                            stale_share=self.stale_decoded.value, rebased_per_stale_decode=self.stale_rebased.value)
         chain = pipelined_chain(alphas, draft_len, window, costs)

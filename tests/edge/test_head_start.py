@@ -61,9 +61,6 @@ def test_the_controller_starts_with_the_cloud_alone_only_where_a_round_trip_outw
         short = Controller(8, 4, 16)
         assert short.start(round_trip_s, token_s) is None, (round_trip_s, token_s)
         assert short.draft_len == 4 and short.network_s.value is None  # as without a hint
-        # ... but the cloud alone is priced at what the cloud said a token costs it (0: not said, not priced)
-        assert short.cloud_s_per_token.value == (token_s or None)
-        assert short.predict_cloud() == (pytest.approx(1 / token_s) if token_s else None)
 
 
 class Recording(LocalVerifier):
