@@ -54,7 +54,7 @@ from sim.bench.gpu_models import (
 from sim.bench.gpu_plan import SHARE, Deadline, GpuCheck
 from sim.bench.gpu_service import service, service_8b
 
-__all__ = ["run_gpu_check", "ridge", "summary", "exit_status"]
+__all__ = ["run_gpu_check", "fit_line", "ridge", "summary", "exit_status"]
 
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)  # one session's forward, by rows appended (to find the ridge)
 BATCHED = (1, 8, 32)  # sessions in one forward
@@ -158,9 +158,10 @@ def _every_forward_canonical(engine):
         engine.shapes = before
 
 
-def _line(points: dict[int, float]) -> tuple[float, float]:
-    """Least squares ``ms = fixed + per_layer * layers`` over ``points`` {layers: ms}: (fixed, per_layer)."""
-    xs, ys = list(points), list(points.values())
+def fit_line(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """Least squares ``y = fixed + slope * x`` over (x, y) ``points`` (an x may repeat): (fixed, slope);
+    slope 0 where every point has the same x."""
+    xs, ys = [x for x, _ in points], [y for _, y in points]
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
     slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / (sum((x - mx) ** 2 for x in xs) or 1.0)
     return my - slope * mx, slope
@@ -176,7 +177,7 @@ def _by_layers(check: GpuCheck, engine, layer_counts, rows_list, repeats) -> dic
             measured[layers] = {rows: forward_ms(engine, seqs, rows, reproducible=False, repeats=repeats)["median"]
                                 for rows in rows_list}
             del seqs
-    lines = {rows: _line({layers: measured[layers][rows] for layers in layer_counts}) for rows in rows_list}
+    lines = {rows: fit_line([(layers, measured[layers][rows]) for layers in layer_counts]) for rows in rows_list}
     return {"ms_by_layers": measured,
             "fixed_ms": {rows: round(line[0], 3) for rows, line in lines.items()},
             "per_layer_ms": {rows: round(line[1], 4) for rows, line in lines.items()}}

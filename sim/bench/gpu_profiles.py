@@ -23,7 +23,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from sim.bench.gpu_check import ALIKE, ridge
+from sim.bench.gpu_check import ALIKE, fit_line, ridge
 
 __all__ = ["profiles_from_report", "write_profiles"]
 
@@ -31,9 +31,8 @@ ASSUMED = "llama70b-8xh100-mac"
 
 
 def _slope(points: list[tuple[float, float]]) -> float:
-    xs, ys = [x for x, _ in points], [y for _, y in points]
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    return sum((x - mx) * (y - my) for x, y in points) / (sum((x - mx) ** 2 for x in xs) or 1.0)
+    """The least-squares slope over (x, y) points (``fit_line``)."""
+    return fit_line(points)[1]
 
 
 def measured_8b(report: dict[str, Any]) -> dict[str, float]:
