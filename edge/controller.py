@@ -125,14 +125,16 @@ class Controller:
 
     # -- what the loop measured ------------------------------------------
     def observe_block(self, drafted: int, accepted: int, trip_s: float, draft_s: float, cloud_s: float = 0.0,
-                      forward_s: float = 0.0) -> None:
+                      forward_s: float = 0.0, first: int = 0) -> None:
         """A drafted block's verdict: ``accepted`` of ``drafted``, its trip (send to verdict), its
         drafting time, the cloud's time on it (arrival there to verdict, queueing included) and
-        the forward's alone (0: not reported)."""
+        the forward's alone (0: not reported). ``first``: the block's draft index of the first draft
+        verified (its drafts before it were committed already, as a chain's first block's guesses of
+        tokens decoded for stale blocks, which counted as trials of their own indices then)."""
         if drafted <= 0:
             return
         self.drafted_blocks += 1
-        self.observe_acceptance(drafted, accepted)
+        self.observe_acceptance(drafted, accepted, first)
         self.draft_s_per_token.add(draft_s / drafted)
         self.block_cloud_s.add(cloud_s)
         _add_reported(self.forward_s, forward_s)

@@ -398,7 +398,8 @@ class _Decode:
         cloud_token = observe_verdict(schedule, LiveVerdict(
             drafted, sent.size, verdict.accepted, time.perf_counter() - sent.sent_at, draft_s, received.timing,
             tokens=len(committed), interval_s=interval_s, early=sent.early, wrong_guess=self.pipeline.hold,
-            hedged=bool(sent.block.branches), gained=branch_gain(verdict, committed), hedge_s=sent.hedge_s))
+            hedged=bool(sent.block.branches), gained=branch_gain(verdict, committed), hedge_s=sent.hedge_s,
+            skipped=max(verdict.start_position - sent.start_position, 0)))
         if cloud_token and committed and self.pipeline.shadow_due():
             started = time.perf_counter()
             shadow = self.drafter.draft(1).tokens  # what the drafter would have proposed for this position

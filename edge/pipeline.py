@@ -244,6 +244,7 @@ class LiveVerdict:
     hedged: bool = False  # the block carried hedge branches
     gained: int = 0  # ... tokens a taken branch committed past the correction
     hedge_s: float = 0.0  # ... drafting time of its branches
+    skipped: int = 0  # drafts it held that were committed before it was verified: the verified start at this index
 
 
 @dataclass(frozen=True)
@@ -272,12 +273,12 @@ def observe_verdict(schedule: Schedule, seen: LiveVerdict) -> bool:
     timing = seen.timing
     if seen.early and seen.held:
         if not seen.wrong_guess:
-            schedule.observe_acceptance(seen.drafted, seen.accepted)
+            schedule.observe_acceptance(seen.drafted, seen.accepted, first=seen.skipped)
         return False
     schedule.observe_forward(timing.forward_rows, timing.forward_s)
     if seen.drafted:
         schedule.observe_block(seen.drafted, seen.accepted, seen.trip_s, seen.draft_s, timing.cloud_s,
-                                 0.0 if seen.hedged else timing.forward_s)
+                                 0.0 if seen.hedged else timing.forward_s, first=seen.skipped)
         if seen.hedged:
             schedule.observe_hedge(seen.gained, seen.hedge_s)
         return False

@@ -144,3 +144,16 @@ def test_what_each_verdict_feeds_the_schedule():
     observe_stale_verdict(seen, StaleVerdict(2, 1, 0.3, timing, 4, 0.1, guess_trials=(1, 2, 1)))
     assert [c[0] for c in seen.calls] == ["observe_acceptance", "observe_forward", "observe_stale"]
     assert seen.calls[0][1:] == ((2, 1), {"first": 1})
+
+
+def test_a_block_whose_first_drafts_were_committed_counts_its_verified_drafts_at_their_own_indices():
+    """A chain's first block guessed two tokens decoded for stale blocks (trials of its drafts 0 and 1,
+    counted as those verdicts came); its verdict verifies drafts 2.. and says nothing of draft 0."""
+    seen = Recording()
+    observe_verdict(seen, LiveVerdict(3, 5, 1, 0.3, 0.1, CloudTiming(0.05, 0.04, 4), skipped=2))
+    assert [c[0] for c in seen.calls] == ["observe_forward", "observe_block"]
+    assert seen.calls[1][2]["first"] == 2
+    controller = Controller(8, 4, CLOUD_WINDOW)
+    controller.observe_block(3, 1, 0.3, 0.1, first=2)
+    assert controller.acceptance.trials[:2] == [0.0, 0.0] and controller.acceptance.trials[2:4] == [1.0, 1.0]
+    assert controller.acceptance.hits[2:4] == [1.0, 0.0]  # draft 2 accepted, draft 3 the first rejected
