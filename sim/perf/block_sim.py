@@ -113,7 +113,7 @@ class _Generation:
             return 0.0
         cloud_token = observe_verdict(control, LiveVerdict(
             block.drafts, block.size, block.accepted, block.verdict_at - block.sent_at, block.drafts * costs.draft_s,
-            timing, interval_s=interval_s, early=block.early, wrong_guess=block.guess_wrong))
+            timing, interval_s=interval_s, early=block.early, wrong_guess=block.guess_wrong, skipped=block.judged))
         if cloud_token and self.pipeline.shadow_due():
             alpha = costs.alpha[min(control.shadow_position, len(costs.alpha) - 1)]
             control.observe_shadow(self.rng.random() < alpha, costs.draft_s)
