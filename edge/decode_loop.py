@@ -335,7 +335,7 @@ class _Decode:
         if not sent.first and not verdict.stale:
             # In a stretch the cloud decodes alone, the interval between its tokens is its real rate.
             interval = arrived - self.last_arrival if not drafts and pipe.since_plan > 0 else None
-            self._observe(sent, len(drafts), received, committed, interval)
+            self._observe(sent, len(drafts), max(skip, 0), received, committed, interval)
         self.last_arrival = arrived
         if sent.first and self.early_guess is not None:
             # The early block rests on a wrong guess: it is verified all the same, but nothing is chained on it.
@@ -389,17 +389,17 @@ class _Decode:
             self.stats.record_proposals(verdict.rebased_verified, len(verdict.rebased))
         self.stats.record_round(len(drafts), verdict.accepted, len(committed), chain_continues=verdict.is_deferred)
 
-    def _observe(self, sent: InFlight, drafted: int, received: Received, committed: list[int],
+    def _observe(self, sent: InFlight, drafted: int, skipped: int, received: Received, committed: list[int],
                  interval_s: float | None) -> None:
         """Feed one verdict's measurements to the schedule (before the drafter commits it); ``drafted``:
-        the block's drafts the verifier verified."""
+        the block's drafts the verifier verified, after the ``skipped`` it held that were committed already."""
         schedule, verdict = self.pipeline.schedule, received.verdict
         draft_s = sent.draft_s * drafted / len(sent.block.tokens) if drafted else 0.0
         cloud_token = observe_verdict(schedule, LiveVerdict(
             drafted, sent.size, verdict.accepted, time.perf_counter() - sent.sent_at, draft_s, received.timing,
             tokens=len(committed), interval_s=interval_s, early=sent.early, wrong_guess=self.pipeline.hold,
             hedged=bool(sent.block.branches), gained=branch_gain(verdict, committed), hedge_s=sent.hedge_s,
-            skipped=max(verdict.start_position - sent.start_position, 0)))
+            skipped=skipped))
         if cloud_token and committed and self.pipeline.shadow_due():
             started = time.perf_counter()
             shadow = self.drafter.draft(1).tokens  # what the drafter would have proposed for this position

@@ -464,7 +464,7 @@ def _health_becomes(http: Http, status: int, serving: str | None = None, within_
         code, body = _health(http)
         arrived = code == status and (serving is None or body.get("serving") == serving)
         if arrived or time.monotonic() > deadline:
-            assert code == status and (serving is None or body.get("serving") == serving), body
+            assert arrived, body
             return body
         time.sleep(0.2)
 
