@@ -17,7 +17,8 @@ category (the second turns on their own, under ``second_turns``):
   (drafting, and of it a chain's first block after a correction) and the share of drafted tokens never
   verified; and over all prompts the machine's ceiling
   for the drafter (``sim.perf.ceiling``: the best steady rate here, rejections free) and the run's
-  efficiency against it;
+  efficiency against it, pooled and per prompt (each prompt's rate after its first token against its own
+  ceiling, and the share of that ceiling the model's best schedule leaves once rejections are paid);
 
 and per drafter a ``speculation_profile.json`` (schema 1.0), its categories under ``per_category``.
 ``summarize`` is pure (reports in, figures out); ``run_categories`` runs the processes.
@@ -198,7 +199,8 @@ def run_categories(bench: CategoryBench, progress=lambda line: print(line, file=
                             target_model=bench.target, measurement_conditions=conditions)
         for run in measured.runs:
             figures[run.row["drafter"]]["ceiling"] = {key: run.row[key] for key in (
-                "ceiling_tokens_per_s", "ceiling_draft_len", "ceiling_limited_by", "efficiency", "tokens_per_s")}
+                "ceiling_tokens_per_s", "ceiling_draft_len", "ceiling_limited_by", "efficiency", "tokens_per_s",
+                "per_prompt_efficiency")}
         return figures, base
 
     figures, base = run_turn([render_first_turn(q.turns[0]) for _, q in questions])
@@ -246,6 +248,12 @@ def _turn_table(figures: dict) -> list[str]:
         lines.append(f"  this machine's ceiling: {top['ceiling_tokens_per_s']:.2f} tok/s (D={top['ceiling_draft_len']}, "
                      f"{top['ceiling_limited_by']}-bound); the run made {top['tokens_per_s']:.2f}, "
                      f"efficiency {top['efficiency']:.0%}")
+    each = top.get("per_prompt_efficiency")
+    if each:
+        lines.append(f"  per prompt, after its first token, against its own ceiling: median {each['median']:.0%} "
+                     f"({each['min']:.0%}-{each['max']:.0%})" + (
+                         f"; the model's best schedule (rejections paid) reaches {each['best_schedule']:.0%} of it, "
+                         f"the run {each['of_best_schedule']:.0%} of that" if each["best_schedule"] is not None else ""))
     check = figures["speculation_profile"]["validation"] or {}
     passed = all(v.get("passed") for v in check.values()) if check else False
     lines.append(f"  speculation profile: mean AL {figures['speculation_profile']['mean_accept_length']}, "

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from edge.report import EdgeReport
 from sim.perf import fit as model_fit
 from sim.perf import model as perf_model
-from sim.perf.ceiling import ceiling
+from sim.perf.ceiling import ceiling, per_prompt_efficiency, steady_rate
 
 __all__ = ["MeasuredRow", "BaselineRow", "attach_predictions"]
 
@@ -60,7 +60,9 @@ def _predict(row: dict, timings: perf_model.Timings, link: perf_model.NetworkMod
 
 def attach_predictions(measured: list[MeasuredRow], baselines: list[BaselineRow], link: perf_model.NetworkModel,
                        n_prompts: int) -> dict:
-    """Set each row's ``ceiling_tokens_per_s`` and ``efficiency`` (``sim.perf.ceiling``, on the fitted timings),
+    """Set each row's ``ceiling_tokens_per_s`` and ``efficiency`` (``sim.perf.ceiling``, on the fitted timings;
+    per prompt: ``per_prompt_ceiling_tokens_per_s``, ``per_prompt_steady_tokens_per_s`` and their
+    ``per_prompt_efficiency`` summary, ``sim.perf.ceiling.per_prompt_efficiency``),
     ``predicted_tokens_per_s`` / ``prediction_error`` (in sample), ``predicted_best_tokens_per_s``
     (adaptive rows: the best schedule's, beside its controller's) and ``prediction_error_out_of_sample`` (None
     with one prompt), and the ``baselines``' in-sample predictions. ``measured`` and ``baselines`` share their
@@ -71,7 +73,7 @@ def attach_predictions(measured: list[MeasuredRow], baselines: list[BaselineRow]
     for m in measured:
         run = m.timings(everything)
         _attach_ceiling(m.row, fitted.for_timings(run))
-        parts, best = [], []
+        parts, best, ceilings = [], [], []
         for i in everything:  # each prompt with its own acceptance, over its own length
             prompt = m.timings([i])
             timings = fitted.for_prompt(run, prompt)
@@ -79,6 +81,12 @@ def attach_predictions(measured: list[MeasuredRow], baselines: list[BaselineRow]
             if m.row["schedule"] == "adaptive":
                 best.append((_predict(m.row, timings, link, prompt.tokens, best=True), prompt.tokens,
                              timings.draft_prefill_s))
+            own = ceiling(timings)
+            ceilings.append(own.tokens_per_s if own else None)
+        m.row["per_prompt_ceiling_tokens_per_s"] = ceilings
+        m.row["per_prompt_steady_tokens_per_s"] = [steady_rate(len(r.tokens), r.wall_s, r.ttft_s) for r in m.reports]
+        m.row["per_prompt_efficiency"] = per_prompt_efficiency(
+            m.row["per_prompt_steady_tokens_per_s"], ceilings, [p.tokens_per_s for p, _, _ in best] if best else None)
         m.row["predicted_tokens_per_s"], m.row["limited_by"] = _predicted_rate(parts)
         m.row["prediction_error"] = _error(m.row["predicted_tokens_per_s"], m.row["tokens_per_s"])
         m.row["predicted_best_tokens_per_s"] = _predicted_rate(best)[0] if best else None

@@ -50,6 +50,10 @@ FIGURE_MEANINGS = {
     "worst": "the category with the lowest median speedup, and its AL",
     "efficiency": "the run's tok/s over the machine's ceiling (the best steady rate its measured costs "
                   "allow, rejections free)",
+    "efficiency-per-prompt": "each prompt's tok/s after its first token over its own ceiling (its own "
+                             "acceptance): the median and range over prompts",
+    "best-schedule": "the share of each prompt's ceiling that the performance model's best schedule reaches "
+                     "once rejections cost what they cost here: the median over prompts",
     "machine": "the machines the folder's files name",
     "commits": "the commits the folder's files name",
 }
@@ -162,7 +166,9 @@ def capacity_figures(file: ResultFile) -> list[Figure]:
 
 
 def categories_figures(file: ResultFile) -> list[Figure]:
-    """Per drafter over all prompts: AL, speedup and its range, prompts lost, worst category, efficiency."""
+    """Per drafter over all prompts: AL, speedup and its range, prompts lost, worst category, efficiency
+    (pooled; per prompt, its median and range, and what the model's best schedule leaves of the ceiling,
+    where the result has them)."""
     figures = []
     for drafter, result in file.data["drafters"].items():
         key, overall, ceiling = Path(drafter).stem, result["all"], result["ceiling"]
@@ -178,6 +184,12 @@ def categories_figures(file: ResultFile) -> list[Figure]:
             Figure(f"{key}/efficiency", f"{ceiling['efficiency']:.0%} of {ceiling['ceiling_tokens_per_s']:.1f} tok/s",
                    (file,)),
         ]
+        each = ceiling.get("per_prompt_efficiency")  # (results from 2026-12-05 on)
+        if each:
+            figures.append(Figure(f"{key}/efficiency-per-prompt", f"{each['median']:.0%} "
+                                  f"({each['min']:.0%}-{each['max']:.0%})", (file,)))
+            if each["best_schedule"] is not None:
+                figures.append(Figure(f"{key}/best-schedule", f"{each['best_schedule']:.0%}", (file,)))
     return figures
 
 

@@ -65,7 +65,10 @@ def _cell(run: dict, key: str) -> str:
         return "—" if value is None else f"{value:+.0%}"
     if key == "ceiling":
         best, efficiency = run.get("ceiling_tokens_per_s"), run.get("efficiency")
-        return f"{best:.2f} ({efficiency:.0%})" if best and efficiency is not None else "—"
+        if not best or efficiency is None:
+            return "—"
+        each = run.get("per_prompt_efficiency")  # (each prompt against its own ceiling, after its first token)
+        return f"{best:.2f} ({efficiency:.0%}" + (f"; per prompt {each['median']:.0%})" if each else ")")
     if key == "predicted":
         err = run.get("prediction_error")
         return f"{run['predicted_tokens_per_s']:.2f} ({err:+.0%})" if err is not None else "—"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sim.perf.ceiling import ceiling
+from sim.perf.ceiling import ceiling, per_prompt_efficiency, steady_rate
 from sim.perf.model import Timings
 
 
@@ -20,9 +20,27 @@ def test_a_perfect_free_drafter_drafts_as_long_as_the_ceiling_allows():
     assert best.tokens_per_s == pytest.approx(17 / (0.1 + 0.01 * 17))
 
 
-def test_a_drafter_never_right_gets_one_token_a_forward():
-    best = ceiling(timings(0.001, [0.0]))
-    assert best.draft_len == 1 and best.tokens_per_s == pytest.approx(1 / (0.1 + 0.01 * 2))
+def test_a_drafter_never_right_leaves_the_cloud_alone_as_the_ceiling():
+    best = ceiling(timings(0.001, [0.0]))  # a block of one draft: one token a forward over two rows
+    assert best.draft_len == 0 and best.tokens_per_s == pytest.approx(1 / (0.1 + 0.01 * 1))
+    weak = ceiling(timings(0.001, [0.1]))  # AL(1) = 1.1 over two rows beats one row's forward
+    assert weak.draft_len >= 1 and weak.tokens_per_s > 1 / (0.1 + 0.01 * 1)
+
+
+def test_the_steady_rate_leaves_the_first_token_out():
+    assert steady_rate(11, wall_s=2.5, ttft_s=0.5) == pytest.approx(10 / 2.0)
+    assert steady_rate(1, wall_s=2.5, ttft_s=0.5) is None and steady_rate(5, wall_s=0.5, ttft_s=0.5) is None
+
+
+def test_per_prompt_efficiency_reads_each_prompt_against_its_own_ceiling():
+    # Prompt 0 made half its ceiling, prompt 1 a fifth, prompt 2 has no steady rate (one token).
+    out = per_prompt_efficiency([10.0, 4.0, None], [20.0, 20.0, 30.0], best=[16.0, 8.0, 30.0])
+    assert out["prompts"] == 2 and out["min"] == pytest.approx(0.2) and out["max"] == pytest.approx(0.5)
+    assert out["median"] == pytest.approx(0.35)
+    assert out["best_schedule"] == pytest.approx((0.8 + 0.4) / 2)  # what the best schedule leaves of the ceiling
+    assert out["of_best_schedule"] == pytest.approx((10 / 16 + 4 / 8) / 2)  # what the run made of that
+    assert per_prompt_efficiency([10.0], [20.0])["best_schedule"] is None
+    assert per_prompt_efficiency([None], [20.0]) is None
 
 
 def test_a_slow_drafter_sets_the_pace():

@@ -115,6 +115,11 @@ def test_split_is_identical_to_cloud_only_and_cheaper(sim_result):
         # The machine's ceiling for this drafter, and how close the run came (rejections cost: below it).
         assert run["ceiling_tokens_per_s"] > 0 and 0 < run["efficiency"] == pytest.approx(
             run["tokens_per_s"] / run["ceiling_tokens_per_s"])
+        # ... and per prompt, each after its first token against its own ceiling.
+        each, prompts = run["per_prompt_efficiency"], len(run["per_prompt_tokens_per_s"])
+        assert len(run["per_prompt_ceiling_tokens_per_s"]) == len(run["per_prompt_steady_tokens_per_s"]) == prompts
+        assert each["prompts"] == prompts and 0 < each["min"] <= each["median"] <= each["max"]
+        assert (each["best_schedule"] is not None) == (run["schedule"] == "adaptive")
     for run in [*result["baselines"].values(), *result["runs"]]:  # the cloud's share of the first token
         assert 0 < run["ttft_cloud_s"] < run["ttft_s"]
 
