@@ -17,7 +17,7 @@ _COLUMNS = [
     ("tok/s", "tokens_per_s"),
     ("× fastest cloud-only", "ratio_tokens_per_s"),
     ("× reproducible", "reproducible_tokens_per_s"),
-    ("ceiling tok/s (eff)", "ceiling"),
+    ("ceiling tok/s (eff; per prompt)", "ceiling"),
     ("predicted tok/s (err)", "predicted"),
     ("err out of sample", "prediction_error_out_of_sample"),
     ("TTFT s", "ttft_s"),
