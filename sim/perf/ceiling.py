@@ -5,12 +5,12 @@ verify line by rows, acceptance by position) the ceiling is the steady pipelined
 rejection free: blocks of D drafts leave back to back, enough of them in flight to hide the round trip,
 each committing AL(D) tokens on average (``shared.acceptance.expected_acceptance_length``), one every
 max(t_verify(D + 1), D * t_draft) seconds, whichever side is slower. The ceiling is the best such rate
-over D, the cloud alone (D = 0: a forward a token) included, and a run's *efficiency* is its tokens/s over it: what a rejection's drained pipeline, stale
-blocks, the schedule's choices and the link cost that run, on this machine. A slow machine shows a
-low ceiling and a slow design a low efficiency.
+over D, the cloud alone (D = 0: a forward a token) included, and a run's *efficiency* is its tokens/s
+over it: what a rejection's drained pipeline, stale blocks, the schedule's choices and the link cost
+that run, on this machine. A slow machine shows a low ceiling and a slow design a low efficiency.
 
-Per prompt (``per_prompt_efficiency``), what the issue's target reads: each prompt's ceiling on its
-own acceptance, against that prompt's rate after its first token (``steady_rate``: the prefill and the
+Per prompt (``per_prompt_efficiency``), what a target stated as a median over prompts reads: each
+prompt's ceiling on its own acceptance, against that prompt's rate after its first token (``steady_rate``: the prefill and the
 first token are the same for any schedule), and, where the performance model's best schedule for the
 prompt is known (rejections paid: a drained pipeline per correction, stale blocks), how much of the
 ceiling that schedule leaves (what the design allows) and how much of it the run made (what the

@@ -21,7 +21,7 @@ def test_a_perfect_free_drafter_drafts_as_long_as_the_ceiling_allows():
 
 
 def test_a_drafter_never_right_leaves_the_cloud_alone_as_the_ceiling():
-    best = ceiling(timings(0.001, [0.0]))  # a block of one draft: one token a forward over two rows
+    best = ceiling(timings(0.001, [0.0]))  # any block commits one token, over more rows than alone
     assert best.draft_len == 0 and best.tokens_per_s == pytest.approx(1 / (0.1 + 0.01 * 1))
     weak = ceiling(timings(0.001, [0.1]))  # AL(1) = 1.1 over two rows beats one row's forward
     assert weak.draft_len >= 1 and weak.tokens_per_s > 1 / (0.1 + 0.01 * 1)
