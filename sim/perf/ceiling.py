@@ -11,11 +11,12 @@ that run, on this machine. A slow machine shows a low ceiling and a slow design 
 
 Per prompt (``per_prompt_efficiency``), what a target stated as a median over prompts reads: each
 prompt's ceiling on its own acceptance, against that prompt's rate after its first token
-(``steady_rate``: the prefill and the first token are the same for any schedule), and, where the performance model's best schedule for the
-prompt is known (rejections paid: a drained pipeline per correction, stale blocks), how much of the
-ceiling that schedule leaves (what the design allows) and how much of it the run made (what the
-controller and the implementation lose). Medians over prompts: a pooled acceptance over prompts
-overstates the deep positions (only the easy prompts reach them) and so the pooled ceiling.
+(``steady_rate``: the prefill and the first token are the same for any schedule), and, where the
+performance model's best schedule for the prompt is known (rejections paid: a drained pipeline per
+correction, stale blocks), how much of the ceiling that schedule leaves (what the design allows) and how
+much of it the run made (what the controller and the implementation lose). Medians over prompts: a
+pooled acceptance over prompts overstates the deep positions (only the easy prompts reach them) and so
+the pooled ceiling.
 """
 
 from __future__ import annotations
