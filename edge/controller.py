@@ -90,10 +90,12 @@ class Controller:
         self.drafted_blocks = 0  # drafted blocks observed
         # The current choice. A session starts drafting (measured here: starting with the cloud decoding
         # alone cost the self-drafting Gemma pair 1.47x instead of 2.2x cloud-only on acespec-50k; ``start``
-        # says where a round trip outweighs any drafter), two blocks in flight, the first plan weighing draft
-        # lengths from ``Tunables.start_draft_len``, until the measurements say more pay.
+        # says where a round trip outweighs any drafter), the whole window in flight (the stale blocks behind
+        # an early correction keep the cloud decoding while the next chain is drafted and on its way:
+        # measured against two, docs/history.md), the first plan weighing draft lengths from
+        # ``Tunables.start_draft_len``, until the measurements say fewer blocks or other lengths pay.
         self.draft_len = min(max_draft_len, tunables.start_draft_len)
-        self.chosen_window = min(tunables.min_window, window)
+        self.chosen_window = window
         self.switches = 0
         self._shadow_run = 0  # shadow hits in a row since the last miss (``observe_shadow``)
 

@@ -19,7 +19,7 @@ class Tunables:
     samples) for shorter blocks, and (1 + margin) * (1 + (this / samples)^2) for none (5 on one
     sample, 1.04 on ten): one unlucky first block must not hand a useful drafter to the cloud or to
     short blocks. ``min_window``: blocks in flight the controller chooses at least (it never goes
-    lock-step), and starts with. ``start_draft_len``: the draft length the first plan weighs others
+    lock-step; a session starts with the whole window). ``start_draft_len``: the draft length the first plan weighs others
     against (the cap where lower; a first chain of this length was measured, no faster).
     ``shadow_every``: a drafter slower than half the cloud's pace is measured on every this many
     tokens of a cloud stretch. ``shrink_strength``: pseudo-trials at the pooled rate that a

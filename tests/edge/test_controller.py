@@ -49,10 +49,10 @@ def test_a_session_starts_with_short_blocks_and_a_good_drafter_lengthens_them_af
     assert c.plan().draft_len == 8
 
 
-def test_the_window_starts_at_two_and_takes_the_blocks_in_flight_that_pay():
+def test_the_window_starts_whole_and_keeps_the_blocks_in_flight_that_pay():
     def measured(trip_s: float) -> Controller:
         c = Controller(max_draft_len=4, window=4, cloud_window=16)
-        assert c.plan().window == 2  # nothing measured: two blocks in flight
+        assert c.plan().window == 4  # nothing measured: the whole window in flight
         for _ in range(20):
             c.observe_block(drafted=4, accepted=4, trip_s=trip_s, draft_s=0.04, cloud_s=0.1)
         return c
@@ -69,8 +69,8 @@ def test_the_window_starts_at_two_and_takes_the_blocks_in_flight_that_pay():
 
 def test_a_session_starts_drafting_and_leaves_the_cloud_only_on_evidence():
     c = Controller(max_draft_len=6, window=3, cloud_window=16, tunables=Tunables(hysteresis=0.0))
-    plan = c.plan()  # nothing measured yet: draft (the common case is a useful drafter), two blocks in flight
-    assert plan.draft_len == 4 and plan.window == 2 and plan.predicted_tokens_per_s is None
+    plan = c.plan()  # nothing measured yet: draft (the common case is a useful drafter), the whole window in flight
+    assert plan.draft_len == 4 and plan.window == 3 and plan.predicted_tokens_per_s is None
     assert Controller(max_draft_len=3, window=3, cloud_window=16).plan().draft_len == 3  # (within the cap)
     c.draft_len = 0  # the cloud decodes alone; a few lucky shadow hits are not enough to leave
     for _ in range(5):
@@ -416,7 +416,7 @@ def test_a_long_chain_chooses_its_draft_length_again_on_the_way(tiny_engine, tin
 
 
 def test_the_loop_keeps_the_controllers_window_from_the_first_chain_and_widens_it_on_the_way(tiny_engine, tiny_models):
-    """A session starts with the controller's window (two blocks in flight, however wide the cap),
+    """A session starts with the controller's window (here two blocks in flight, however wide the cap),
     the early block's chain included, and takes a wider one when a plan chooses it, within a chain too."""
     from edge.controller import Plan
 
@@ -452,6 +452,7 @@ def test_the_loop_keeps_the_controllers_window_from_the_first_chain_and_widens_i
                 return super().receive()
 
         controller = Widening(max_draft_len=3, window=4, cloud_window=8)
+        controller.chosen_window = 2  # (a session starts with the whole window unless its controller says less)
         got = run_decode(drafter, Counting(tiny_engine), prompt, GREEDY_PARAMS, max_new_tokens=48,
                          spec=SpecConfig(3, window=4, controller=controller))
         assert got.tokens == want.tokens
