@@ -20,7 +20,9 @@ category (the second turns on their own, under ``second_turns``):
   efficiency against it, pooled and per prompt (each prompt's rate after its first token against its own
   ceiling, and the share of that ceiling the model's best schedule leaves once rejections are paid);
 
-and per drafter a ``speculation_profile.json`` (schema 1.0), its categories under ``per_category``.
+and per drafter each prompt's own record under ``prompts`` (its category and MT-bench question id, speedup,
+tokens, tok/s of both arms, AL, TTFT; the table names the prompts slower than cloud-only), and a
+``speculation_profile.json`` (schema 1.0), its categories under ``per_category``.
 ``summarize`` is pure (reports in, figures out); ``run_categories`` runs the processes.
 
 Not yet: plots. A second turn is a new session with the whole conversation as its prompt (the edge's
@@ -164,8 +166,17 @@ def summarize(categories: list[str], cloud_only: tuple[list[EdgeReport], list], 
             per_category={c: {"mean_accept_length": f["acceptance_length"], "prompts": f["prompts"]}
                           for c, f in per_category.items()},
             measurement_conditions=measurement_conditions)
-        out[drafter] = {"categories": per_category, "all": overall, "speculation_profile": profile}
+        out[drafter] = {"categories": per_category, "all": overall, "speculation_profile": profile,
+                        "prompts": [_prompt_record(category, split, base)
+                                    for category, split, base in zip(categories, reports, base_reports)]}
     return out
+
+
+def _prompt_record(category: str, split: EdgeReport, cloud_only: EdgeReport) -> dict:
+    """One prompt's own figures, so the worst prompt can be named and rerun, not only counted."""
+    return {"category": category, "speedup": _tok_s(split) / _tok_s(cloud_only) if _tok_s(cloud_only) else None,
+            "tokens": len(split.tokens), "tokens_per_s": _tok_s(split), "cloud_only_tokens_per_s": _tok_s(cloud_only),
+            "acceptance_length": mean_accept_length(split.decode.accept_lengths), "ttft_s": split.ttft_s}
 
 
 def run_categories(bench: CategoryBench, progress=lambda line: print(line, file=sys.stderr, flush=True)) -> dict:
@@ -204,6 +215,9 @@ def run_categories(bench: CategoryBench, progress=lambda line: print(line, file=
         return figures, base
 
     figures, base = run_turn([render_first_turn(q.turns[0]) for _, q in questions])
+    for drafter_figures in figures.values():
+        for record, (_, question) in zip(drafter_figures["prompts"], questions):
+            record["question_id"] = question.question_id
     if bench.turns == 2:
         progress("MT-bench: second turns, after each first turn and the fastest cloud-only's answer to it")
         second, _ = run_turn(second_turn_prompts([q.turns for _, q in questions], [r.text for r in base.reports]))
@@ -227,6 +241,10 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def _fixed(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
 def _turn_table(figures: dict) -> list[str]:
     """One drafter's lines for one turn."""
     lines = []
@@ -235,7 +253,7 @@ def _turn_table(figures: dict) -> list[str]:
     for name, f in [*figures["categories"].items(), ("all", figures["all"])]:
         s = f["speedup"]
         spread = f"{s['median']:.2f}x ({s['min']:.2f}-{s['max']:.2f})" if s else "-"
-        al = f"{f['acceptance_length']:.2f}" if f["acceptance_length"] is not None else "-"
+        al = _fixed(f["acceptance_length"])
         per = f"{f['bytes_per_accepted_token']:.1f}" if f["bytes_per_accepted_token"] is not None else "-"
         lost = f"{f['lost_share']:.0%}" if f["lost_share"] is not None else "-"
         ttft = f"{f['ttft_s']['median']:.2f}" if f["ttft_s"] else "-"
@@ -254,6 +272,12 @@ def _turn_table(figures: dict) -> list[str]:
                      f"({each['min']:.0%}-{each['max']:.0%})" + (
                          f"; the model's best schedule (rejections paid) reaches {each['best_schedule']:.0%} of it, "
                          f"the run {each['of_best_schedule']:.0%} of that" if each["best_schedule"] is not None else ""))
+    lost = sorted((p for p in figures.get("prompts", []) if p["speedup"] is not None and p["speedup"] < 1.0),
+                  key=lambda p: p["speedup"])
+    if lost:
+        lines.append("  slower than cloud-only: " + ", ".join(
+            f"{p['category']}{' #' + str(p['question_id']) if 'question_id' in p else ''} {p['speedup']:.2f}x "
+            f"(AL {_fixed(p['acceptance_length'])}, {p['tokens']} tokens)" for p in lost))
     check = figures["speculation_profile"]["validation"] or {}
     passed = all(v.get("passed") for v in check.values()) if check else False
     lines.append(f"  speculation profile: mean AL {figures['speculation_profile']['mean_accept_length']}, "

@@ -8,7 +8,7 @@ import pytest
 from edge.drafter import DrafterStats
 from edge.report import EdgeReport
 from shared.stats import DecodeStats
-from sim.experiment.categories import CategoryBench, render_first_turn, second_turn_prompts, summarize
+from sim.experiment.categories import CategoryBench, render_first_turn, second_turn_prompts, summarize, table
 from sim.workloads.mtbench import questions, sample_by_category
 
 CATEGORIES = ["writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"]
@@ -64,6 +64,9 @@ def test_per_category_figures_from_known_reports():
     assert coding["bytes_per_accepted_token"] is None  # nothing accepted
     assert overall["lost_share"] == pytest.approx(1 / 3) and overall["speedup"]["median"] == 2.0
     assert overall["cloud_s_per_token"] == pytest.approx(0.4 / 30)
+    assert [(p["category"], p["speedup"], p["tokens"], p["acceptance_length"]) for p in out["prompts"]] == [
+        ("math", 2.0, 10, pytest.approx(7 / 3)), ("math", 4.0, 10, 4.0), ("coding", 0.5, 10, 1.0)]
+    assert "\n  slower than cloud-only: coding 0.50x (AL 1.00, 10 tokens)\n" in table({"drafters": {"d": out}})
     profile = out["speculation_profile"]
     assert profile["num_speculative_tokens"] == 3 and profile["validation"]["mean_consistency"]["passed"]
     assert profile["per_category"]["math"]["prompts"] == 2
