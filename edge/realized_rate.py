@@ -1,0 +1,62 @@
+"""How fast the controller's choices turned out against what it predicted for them (``edge.controller``).
+
+The controller weighs drafting against the cloud alone on a model of each (``shared.acceptance`` through
+``Controller.predict_drafting``, and ``Controller.predict_cloud``). The model leaves things out (a chain's
+restart after a correction on a long trip, the edge's own bookkeeping, a drafter's cost that varies with
+the context), and what it leaves out does not weigh alike on both sides: measured, a weak drafter's chains
+on acespec-50k made 8.0 tok/s where the model said 9.4-10.4, while the cloud alone made 12.0 where it said
+10.9, so a drafter 25% slower than the cloud alone stayed chosen for a third of the session. Here each
+side's predictions are held to what they delivered: the ratio of the seconds its predictions gave the
+tokens committed under it to the seconds those tokens took.
+"""
+
+from __future__ import annotations
+
+import math
+
+__all__ = ["RealizedRates"]
+
+
+class RealizedRates:
+    """Per side (drafting, the cloud alone), predicted over taken seconds of what was committed under it.
+
+    ``begin`` opens an interval where the controller chose (its side, its predicted tokens/s, the tokens
+    the limit left, the time); ``end`` at the next choice closes it and counts it: the tokens committed
+    in it at the predicted rate, against the seconds it took. An interval that began with a swap is not
+    counted (it pays the drained pipeline, which ``Controller.swap_pays`` already prices). Older intervals
+    fade with the seconds counted after them (``memory_s``), and each side starts from ``prior_s`` seconds
+    at a ratio of 1, so one short chain moves it little.
+    """
+
+    def __init__(self, prior_s: float = 1.0, memory_s: float = 10.0) -> None:
+        if prior_s <= 0 or memory_s <= 0:
+            raise ValueError("prior_s and memory_s must be > 0")
+        self.memory_s = memory_s
+        self.sums = {side: [prior_s, prior_s] for side in (True, False)}  # drafting? -> [predicted s, taken s]
+        self._open: tuple[bool, float, int, float] | None = None  # (drafting, predicted tok/s, tokens left, began)
+
+    def ratio(self, drafting: bool) -> float:
+        """What that side delivered against its predictions: scale them by this (1.0 before any interval)."""
+        predicted, taken = self.sums[drafting]
+        return predicted / taken
+
+    def end(self, tokens_left: int | None, now: float | None) -> None:
+        """Close the open interval at ``now`` with ``tokens_left`` left (None for either: not measured)."""
+        opened, self._open = self._open, None
+        if opened is None or tokens_left is None or now is None:
+            return
+        drafting, rate, left, began = opened
+        tokens, seconds = left - tokens_left, now - began
+        if tokens <= 0 or seconds <= 0:
+            return
+        fade = math.exp(-seconds / self.memory_s)
+        sums = self.sums[drafting]
+        sums[0] = sums[0] * fade + tokens / rate
+        sums[1] = sums[1] * fade + seconds
+
+    def begin(self, drafting: bool, predicted: float | None, tokens_left: int | None, now: float | None) -> None:
+        """Open an interval: the side chosen at ``now``, predicted ``predicted`` tokens/s (None, or a
+        token limit or a time not given: nothing is counted)."""
+        self._open = None
+        if predicted and predicted > 0 and tokens_left is not None and now is not None:
+            self._open = (drafting, predicted, tokens_left, now)
