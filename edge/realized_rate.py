@@ -23,40 +23,43 @@ class RealizedRates:
     ``begin`` opens an interval where the controller chose (its side, its predicted tokens/s, the tokens
     the limit left, the time); ``end`` at the next choice closes it and counts it: the tokens committed
     in it at the predicted rate, against the seconds it took. An interval that began with a swap is not
-    counted (it pays the drained pipeline, which ``Controller.swap_pays`` already prices). Older intervals
-    fade with the seconds counted after them (``memory_s``), and each side starts from ``prior_s`` seconds
-    at a ratio of 1, so one short chain moves it little.
+    counted (it pays the drained pipeline, which ``Controller.swap_pays`` already prices). Every interval's
+    seconds fade both sides' counts (``memory_s``), and each side's ratio is taken over ``prior_s`` seconds
+    at a ratio of 1 besides its counts: one short chain moves it little, and a side not chosen for a while
+    (a drafter handed to the cloud) returns to its bare predictions, to be measured again.
     """
 
     def __init__(self, prior_s: float = 1.0, memory_s: float = 10.0) -> None:
         if prior_s <= 0 or memory_s <= 0:
             raise ValueError("prior_s and memory_s must be > 0")
-        self.memory_s = memory_s
-        self.sums = {side: [prior_s, prior_s] for side in (True, False)}  # drafting? -> [predicted s, taken s]
-        self._open: tuple[bool, float, int, float] | None = None  # (drafting, predicted tok/s, tokens left, began)
+        self.prior_s, self.memory_s = prior_s, memory_s
+        self.sums = {side: [0.0, 0.0] for side in (True, False)}  # drafting? -> [predicted s, taken s]
+        self._open: tuple[bool, float | None, int | None, float] | None = None  # (side, tok/s, tokens left, began)
 
     def ratio(self, drafting: bool) -> float:
         """What that side delivered against its predictions: scale them by this (1.0 before any interval)."""
         predicted, taken = self.sums[drafting]
-        return predicted / taken
+        return (self.prior_s + predicted) / (self.prior_s + taken)
 
     def end(self, tokens_left: int | None, now: float | None) -> None:
         """Close the open interval at ``now`` with ``tokens_left`` left (None for either: not measured)."""
         opened, self._open = self._open, None
-        if opened is None or tokens_left is None or now is None:
+        if opened is None or now is None:
             return
         drafting, rate, left, began = opened
-        tokens, seconds = left - tokens_left, now - began
-        if tokens <= 0 or seconds <= 0:
+        seconds = now - began
+        if seconds <= 0:
             return
         fade = math.exp(-seconds / self.memory_s)
-        sums = self.sums[drafting]
-        sums[0] = sums[0] * fade + tokens / rate
-        sums[1] = sums[1] * fade + seconds
+        for sums in self.sums.values():
+            sums[0], sums[1] = sums[0] * fade, sums[1] * fade
+        tokens = left - tokens_left if left is not None and tokens_left is not None else 0
+        if rate and tokens > 0:
+            sums = self.sums[drafting]
+            sums[0], sums[1] = sums[0] + tokens / rate, sums[1] + seconds
 
     def begin(self, drafting: bool, predicted: float | None, tokens_left: int | None, now: float | None) -> None:
-        """Open an interval: the side chosen at ``now``, predicted ``predicted`` tokens/s (None, or a
-        token limit or a time not given: nothing is counted)."""
-        self._open = None
-        if predicted and predicted > 0 and tokens_left is not None and now is not None:
-            self._open = (drafting, predicted, tokens_left, now)
+        """Open an interval at ``now`` (None: not timed, nothing counted) on the side chosen, predicted
+        ``predicted`` tokens/s (None, or no token limit: the interval only fades the counts)."""
+        self._open = None if now is None else (drafting, predicted if predicted and predicted > 0 else None,
+                                                tokens_left, now)
