@@ -24,11 +24,10 @@ while it measurably pays). The rules and their reasons:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from edge.acceptance_estimate import AcceptanceEstimate
 from edge.hedge_choice import HedgeChoice
-from edge.realized_rate import RealizedRates
 from edge.row_cost import RowCost
 from edge.tunables import TUNABLES, Tunables
 from edge.verifier_protocol import SessionTerms
@@ -59,15 +58,6 @@ def controller_for(schedule: str, max_draft_len: int, window: int) -> Controller
     return Controller(max_draft_len, window, CLOUD_WINDOW)
 
 
-@dataclass
-class StaleDecodes:
-    """What stale blocks bring back: the share answered with a token, and the rebased drafts accepted
-    before it per such block."""
-
-    share: Ewma = field(default_factory=lambda: Ewma(value=1.0))
-    rebased: Ewma = field(default_factory=lambda: Ewma(value=0.0))
-
-
 @dataclass(frozen=True)
 class Plan:
     draft_len: int  # drafts per block; 0: the cloud decodes alone (empty blocks)
@@ -94,8 +84,8 @@ class Controller:
         self.forward_cost = RowCost()  # a forward's seconds by the session's rows in it (Verdict.forward_rows)
         self.one_token_s = Ewma()  # a forward that decoded one token (stale block's or alone), alone
         self.cloud_s_per_token = Ewma()  # seconds per token while the cloud decodes alone
-        self.stale = StaleDecodes()
-        self.realized = RealizedRates()  # each side's delivered rate against its predictions
+        self.stale_decoded = Ewma(value=1.0)  # share of stale blocks answered with a token
+        self.stale_rebased = Ewma(value=0.0)  # ... the rebased drafts accepted before it, per such block
         self.hedge = HedgeChoice()  # hedge branches: the width allowed (``HedgeChoice.allow``) and the choice
         self.drafted_blocks = 0  # drafted blocks observed
         # The current choice. A session starts drafting (measured here: starting with the cloud decoding
@@ -184,9 +174,9 @@ class Controller:
         (a weak one on a long round trip: each chain's first block guessed a token decoded for a void
         block wrong) is thus still measured: without these, drafting could not be predicted, and the
         cloud alone never weighed against it."""
-        self.stale.share.add(float(committed > 0))
+        self.stale_decoded.add(float(committed > 0))
         if committed:
-            self.stale.rebased.add(rebased)
+            self.stale_rebased.add(rebased)
             _add_reported(self.one_token_s, forward_s)
         if trip_s is not None:
             self.network_s.add(max(trip_s - cloud_s, 0.0))
@@ -281,7 +271,7 @@ class Controller:
             return None
         stale_decode_s = self.cloud_s_per_token.value or self.one_token_s.value or verify
         costs = ChainCosts(self.draft_s_per_token.value, self.network_s.value, verify, stale_decode_s,
-                           stale_share=self.stale.share.value, rebased_per_stale_decode=self.stale.rebased.value)
+                           stale_share=self.stale_decoded.value, rebased_per_stale_decode=self.stale_rebased.value)
         chain = pipelined_chain(alphas, draft_len, window, costs)
         return chain.tokens / chain.seconds
 
@@ -316,15 +306,12 @@ class Controller:
                 f"drafting {ms(self.draft_s_per_token)}/token, cloud alone {ms(self.cloud_s_per_token)}/token"
                 + self.hedge.describe(self.hedge_width, self.hedge_extra_s()))
 
-    def plan(self, drafting_only: bool = False, tokens_left: int | None = None, now: float | None = None) -> Plan:
+    def plan(self, drafting_only: bool = False, tokens_left: int | None = None) -> Plan:
         """The choice for the next chain (call when nothing live is in flight: a chain just ended).
         ``drafting_only``: within a chain, only its draft length and window may change (blocks of a
         chain may differ in length; leaving drafting waits for the chain's end). ``tokens_left``: what the
         token limit leaves (None: unbounded); drafting and the cloud alone swap only where the time the
-        swap saves over them outweighs what it costs (``swap_pays``). ``now``: the caller's clock, seconds
-        (None: not timed); with ``tokens_left`` it measures what each side delivered against its
-        predictions between choices, and each side's predictions are scaled by that (``RealizedRates``)."""
-        was_drafting = self.draft_len > 0
+        swap saves over them outweighs what it costs (``swap_pays``)."""
         # Switching costs a drained pipeline (a round trip) each way: do it on enough evidence only.
         samples = self.acceptance.samples
         settled = self.draft_len != 0 or samples >= self.tunables.min_samples_to_leave_cloud
@@ -335,10 +322,7 @@ class Controller:
         options = {d: value for d, (value, _) in chosen.items()}
         if not drafting_only and (self.draft_len == 0 or options[self.draft_len] is not None):
             options[0] = self.predict_cloud()  # (drafting is left on a prediction for it, not for want of one)
-        raw = {d: v for d, v in options.items() if v is not None}
-        if not drafting_only:
-            self.realized.end(tokens_left, now, raw)
-        known = {d: v * self.realized.ratio(d > 0) for d, v in raw.items()}
+        known = {d: v for d, v in options.items() if v is not None}
         current = known.get(self.draft_len)
         best = max(known.values(), default=0.0)
 
@@ -369,9 +353,6 @@ class Controller:
         window = self.cloud_window if self.draft_len == 0 else self.drafting_window
         self.hedge.choose(known.get(self.draft_len), self.forward_cost, self.draft_len, self.tunables.hysteresis,
                           self.drafted_blocks)
-        if not drafting_only:  # (a swap's interval pays the drained pipeline: not a measure of either side)
-            swapped = (self.draft_len > 0) != was_drafting
-            self.realized.begin(self.draft_len, not swapped, tokens_left, now)
         return Plan(self.draft_len, window, known.get(self.draft_len))
 
     def swap_pays(self, current: float, other: float, draft_len: int, tokens_left: int | None) -> bool:

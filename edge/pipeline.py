@@ -119,22 +119,22 @@ class Pipeline(Generic[F]):
     def follow(self, plan: Plan) -> None:
         self.draft_len, self.window = plan.draft_len, plan.window
 
-    def replan(self, drafting: bool = False, tokens_left: int | None = None, now: float | None = None) -> Plan | None:
+    def replan(self, drafting: bool = False, tokens_left: int | None = None) -> Plan | None:
         """Let the schedule choose again where the decode loop asks it: when a new chain starts (every
         block in flight void, none being drafted), and every ``REPLAN_TOKENS`` tokens of a chain (drafting
         only) or of a cloud stretch (there a switch to drafting waits for the pipeline to drain);
-        ``tokens_left``: what the token limit leaves of the generation (None: unbounded); ``now``: the
-        caller's clock, seconds (None: not timed). Returns the plan a new chain follows (None: no new chain)."""
+        ``tokens_left``: what the token limit leaves of the generation (None: unbounded). Returns the
+        plan a new chain follows (None: no new chain)."""
         control = self.schedule
         if not drafting and all(f.void for f in self.in_flight):
-            plan = control.plan(tokens_left=tokens_left, now=now)
+            plan = control.plan(tokens_left=tokens_left)
             self.follow(plan)
             self.since_plan, self.leaving_cloud = 0, False
             return plan
         if self.since_plan >= REPLAN_TOKENS:
             self.since_plan = 0
             if self.draft_len == 0:
-                self.leaving_cloud = control.plan(tokens_left=tokens_left, now=now).draft_len > 0
+                self.leaving_cloud = control.plan(tokens_left=tokens_left).draft_len > 0
             else:
                 self.follow(control.plan(drafting_only=True, tokens_left=tokens_left))
         return None

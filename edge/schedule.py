@@ -41,9 +41,9 @@ class Schedule(Protocol):
     def lower_draft_limit(self, limit: int, branch_len: int) -> None:
         """The verifier lowered the drafts per block (guesses included) to ``limit``."""
 
-    def plan(self, drafting_only: bool = False, tokens_left: int | None = None, now: float | None = None) -> Plan:
+    def plan(self, drafting_only: bool = False, tokens_left: int | None = None) -> Plan:
         """The choice for the next chain (``drafting_only``: within a chain; ``tokens_left``: what the
-        token limit leaves, None: unbounded; ``now``: the caller's clock in seconds, None: not timed)."""
+        token limit leaves, None: unbounded)."""
 
     def shadow_due(self, since_plan: int) -> bool:
         """In a cloud stretch, ``since_plan`` tokens since the last plan: whether the drafter's would-be
@@ -92,7 +92,7 @@ class FixedSchedule:
     def lower_draft_limit(self, limit: int, branch_len: int) -> None:
         self.draft_len = min(self.draft_len, limit)
 
-    def plan(self, drafting_only: bool = False, tokens_left: int | None = None, now: float | None = None) -> Plan:
+    def plan(self, drafting_only: bool = False, tokens_left: int | None = None) -> Plan:
         return Plan(self.draft_len, self.window, None)
 
     def shadow_due(self, since_plan: int) -> bool:

@@ -193,7 +193,7 @@ class _Generation:
             self.send(block)
             pipe.hold_if(block.guess_wrong)
         while tally.tokens < tokens_wanted:
-            pipe.replan(tokens_left=tokens_wanted - tally.tokens, now=self.now)  # (``edge.decode_loop``'s choices, at the same points)
+            pipe.replan(tokens_left=tokens_wanted - tally.tokens)  # (``edge.decode_loop``'s choices, at the same points)
             if self.draft_and_send(tokens_wanted) and len(pipe) and tally.tokens < tokens_wanted:
                 self.read()
         tally.tokens, tally.seconds, tally.cloud_s = min(tally.tokens, tokens_wanted), self.now, self.cloud.busy_s

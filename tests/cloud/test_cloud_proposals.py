@@ -67,7 +67,7 @@ class CloudAlone(Controller):
     def __init__(self) -> None:
         super().__init__(max_draft_len=4, window=2, cloud_window=8)
 
-    def plan(self, drafting_only=False, tokens_left=None, now=None):
+    def plan(self, drafting_only=False, tokens_left=None):
         return Plan(0, self.cloud_window, None)
 
 

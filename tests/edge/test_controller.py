@@ -369,7 +369,7 @@ class Alternating(Controller):
         super().__init__(max_draft_len=4, window=2, cloud_window=8)
         self.plans = []
 
-    def plan(self, drafting_only=False, tokens_left=None, now=None):
+    def plan(self, drafting_only=False, tokens_left=None):
         from edge.controller import Plan
 
         if drafting_only:  # within a chain: keep it
@@ -389,7 +389,7 @@ def test_a_long_chain_chooses_its_draft_length_again_on_the_way(tiny_engine, tin
     class Choosing(Controller):
         within = 0
 
-        def plan(self, drafting_only=False, tokens_left=None, now=None):
+        def plan(self, drafting_only=False, tokens_left=None):
             if not drafting_only:
                 return Plan(2, self.window, None)
             self.within += 1
@@ -423,7 +423,7 @@ def test_the_loop_keeps_the_controllers_window_from_the_first_chain_and_widens_i
     class Widening(Controller):
         first_plan_at = None  # blocks counted when the loop first asked for a plan
 
-        def plan(self, drafting_only=False, tokens_left=None, now=None):
+        def plan(self, drafting_only=False, tokens_left=None):
             if self.first_plan_at is None:
                 self.first_plan_at = len(most)
             self.chosen_window = 4  # what measurements would have chosen
