@@ -214,13 +214,17 @@ def run_categories(bench: CategoryBench, progress=lambda line: print(line, file=
                 "per_prompt_efficiency")}
         return figures, base
 
+    def name_prompts(turn_figures: dict) -> None:
+        for drafter_figures in turn_figures.values():
+            for record, (_, question) in zip(drafter_figures["prompts"], questions):
+                record["question_id"] = question.question_id
+
     figures, base = run_turn([render_first_turn(q.turns[0]) for _, q in questions])
-    for drafter_figures in figures.values():
-        for record, (_, question) in zip(drafter_figures["prompts"], questions):
-            record["question_id"] = question.question_id
+    name_prompts(figures)
     if bench.turns == 2:
         progress("MT-bench: second turns, after each first turn and the fastest cloud-only's answer to it")
         second, _ = run_turn(second_turn_prompts([q.turns for _, q in questions], [r.text for r in base.reports]))
+        name_prompts(second)
         for drafter, turn_figures in second.items():
             figures[drafter]["second_turns"] = turn_figures
     return {"bench": "categories", "scenario": bench.scenario.name, "conditions": conditions,
