@@ -99,6 +99,11 @@ def _tok_s(report: EdgeReport) -> float:
     return len(report.tokens) / report.wall_s if report.wall_s else 0.0
 
 
+def _speedup(split: EdgeReport, cloud_only: EdgeReport) -> float | None:
+    """The split's tokens/s over cloud-only's on the same prompt (None: cloud-only made nothing)."""
+    return _tok_s(split) / _tok_s(cloud_only) if _tok_s(cloud_only) else None
+
+
 def _spread(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)} if values else None
 
@@ -113,7 +118,7 @@ def _figures(split: list[EdgeReport], cloud_only: list[EdgeReport], split_sample
     histograms = [r.decode.accept_lengths for r in split]
     histogram = merge(histograms)
     conditional, joint = acceptance_rates(histogram)
-    speedups = [_tok_s(s) / _tok_s(c) for s, c in zip(split, cloud_only) if _tok_s(c)]
+    speedups = [x for x in map(_speedup, split, cloud_only) if x is not None]
     accepted = sum(r.decode.accepted for r in split)
     return {
         "prompts": len(split),
@@ -174,7 +179,7 @@ def summarize(categories: list[str], cloud_only: tuple[list[EdgeReport], list], 
 
 def _prompt_record(category: str, split: EdgeReport, cloud_only: EdgeReport) -> dict:
     """One prompt's own figures, so the worst prompt can be named and rerun, not only counted."""
-    return {"category": category, "speedup": _tok_s(split) / _tok_s(cloud_only) if _tok_s(cloud_only) else None,
+    return {"category": category, "speedup": _speedup(split, cloud_only),
             "tokens": len(split.tokens), "tokens_per_s": _tok_s(split), "cloud_only_tokens_per_s": _tok_s(cloud_only),
             "acceptance_length": mean_accept_length(split.decode.accept_lengths), "ttft_s": split.ttft_s}
 

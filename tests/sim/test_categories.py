@@ -67,6 +67,8 @@ def test_per_category_figures_from_known_reports():
     assert [(p["category"], p["speedup"], p["tokens"], p["acceptance_length"]) for p in out["prompts"]] == [
         ("math", 2.0, 10, pytest.approx(7 / 3)), ("math", 4.0, 10, 4.0), ("coding", 0.5, 10, 1.0)]
     assert "\n  slower than cloud-only: coding 0.50x (AL 1.00, 10 tokens)\n" in table({"drafters": {"d": out}})
+    out["prompts"][2]["question_id"] = 126  # (run_categories names each prompt by its MT-bench question)
+    assert "\n  slower than cloud-only: coding #126 0.50x (AL 1.00, 10 tokens)\n" in table({"drafters": {"d": out}})
     profile = out["speculation_profile"]
     assert profile["num_speculative_tokens"] == 3 and profile["validation"]["mean_consistency"]["passed"]
     assert profile["per_category"]["math"]["prompts"] == 2
