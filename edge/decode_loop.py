@@ -40,7 +40,7 @@ from collections.abc import Callable, Sequence
 from edge.drafter import DraftBlock, Drafter, common_prefix_length
 from edge.early_block import EARLY_DRAFT_LEN, EarlyBlock
 from edge.hedging import BRANCH_LEN, hedge
-from edge.in_flight import Drafting, InFlight, branch_gain, first_live_continues, guesses_of
+from edge.in_flight import Drafting, InFlight, branch_gain, describe_verdict, first_live_continues, guesses_of
 from edge.pipeline import (
     LiveVerdict,
     Pipeline,
@@ -287,6 +287,9 @@ class _Decode:
                 verifier.send(self.epoch, drafting.start, block, follows, empty_blocks=drafting.empty_blocks)
             else:
                 verifier.send(self.epoch, drafting.start, block, follows)
+            log.debug("%.3f s: sent block @%d: %s", sent_at - self.started, drafting.start,
+                      f"{len(block.tokens)} drafts, drafted in {drafting.draft_s * 1e3:.0f} ms" if block.tokens
+                      else f"{drafting.empty_blocks} empty")
             if self.restarting:
                 self.stats.record_restart(drafting.draft_s)
                 self.restarting = False
@@ -343,6 +346,9 @@ class _Decode:
             self.early_guess = None
         if verdict.draft_limit:
             self._hold_to(verdict.draft_limit)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%.3f s: %s", arrived - self.started, describe_verdict(sent, verdict, len(drafts), committed,
+                                                                             len(self.generated), len(pipe)))
         halt = self._commit(committed)
         chain_broken = bool(verdict.stale and committed) and not first_live_continues(pipe, self.generated,
                                                                                          prompt_len)

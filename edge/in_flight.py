@@ -3,7 +3,8 @@
 ``Drafting`` is a block being drafted, ``InFlight`` one sent and not yet
 answered (an ``edge.pipeline.Flight``). ``guesses_of`` and
 ``first_live_continues`` read a stale verdict's tokens against the live
-chain's drafts; ``branch_gain`` what a taken hedge branch committed.
+chain's drafts; ``branch_gain`` what a taken hedge branch committed;
+``describe_verdict`` one answer as the decode loop's debug log tells it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from edge.pipeline import first_live
 from shared.verdict import Verdict
 from shared.wire import committed_skip
 
-__all__ = ["Drafting", "InFlight", "branch_gain", "guesses_of", "first_live_continues"]
+__all__ = ["Drafting", "InFlight", "branch_gain", "describe_verdict", "guesses_of", "first_live_continues"]
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,25 @@ class InFlight:
 def branch_gain(verdict: Verdict, committed: list[int]) -> int:
     """Tokens a taken hedge branch committed past the correction (0: none taken)."""
     return len(committed) - verdict.accepted - 1 if verdict.branch else 0
+
+
+def describe_verdict(sent: InFlight, verdict: Verdict, verified: int, committed: list[int], generated: int,
+                     in_flight: int) -> str:
+    """One line of a session's timeline: which block was answered (its position and drafts, ``verified``
+    of them checked past the tokens already committed), how, what it committed (``generated`` before it)
+    and the blocks still in flight behind it."""
+    kind = ("first token" if sent.first else "empty" if not sent.block.tokens
+            else f"{sent.size} drafts" + (f", {verified} verified" if verified != sent.size else ""))
+    if verdict.stale:
+        how = f"stale, {len(verdict.rebased)} rebased + decode" if committed else "stale, no forward"
+    elif not sent.block.tokens:
+        how = f"decoded ({len(verdict.rebased)} proposals taken)" if verdict.rebased else "decoded"
+    elif verdict.is_correction:
+        how = f"{verdict.accepted} accepted, corrected"
+    else:
+        how = f"{verdict.accepted} accepted, " + ("bonus" if verdict.bonus else "deferred" if verdict.is_deferred else "done")
+    return (f"block @{sent.start_position} ({kind}{', early' if sent.early else ''}): {how}; "
+            f"+{len(committed)} -> {generated + len(committed)} tokens, {in_flight} in flight")
 
 
 def guesses_of(in_flight: Iterable[InFlight], drafting: Drafting | None, position: int,
