@@ -28,6 +28,7 @@ from typing import NamedTuple
 
 import grpc
 
+from cloud.decode_ahead import breaks_chain, decode_ahead_steps, decodes_ahead
 from cloud.frame_queue import FrameQueue
 from cloud.metrics import client_bucket
 from cloud.next_block import NextBlockClock
@@ -205,33 +206,43 @@ class BlockStream(ServicePart):
         """
         session = entry.session
 
-        def observed():  # (on the engine thread, where the step ran: no later step can come between)
-            step = yield from session.verify_chain_steps(pending, stale_decode_deadline)
-            if step.rows:
-                self.metrics.observe_step(rows=step.rows, seconds=step.seconds)
-                # The cloud's own proposals are neither the client's rows nor its tokens.
-                rows, committed = step.client_rows, step.client_tokens
-                ledger = self.scheduler.ledger  # (acceptance over every draft row the forward fed)
-                ledger.record(entry.owner, rows=rows, committed=committed, drafted=step.drafts,
-                              accepted=step.drafts_accepted)
-                capped = ledger.capped(entry.owner)
-                self.metrics.observe_client(entry.owner, rows=rows, committed=committed, capped=capped)
-                if capped and self.limits.capped_draft_len and session.penalise(self.limits.capped_draft_len):
-                    log.info("session %s: its client (metrics bucket %s) has next to no drafts accepted: its blocks "
-                             "are held to %d drafts", entry.session_id, client_bucket(entry.owner),
-                             session.draft_limit.lowered)
-            if session.draft_limit.lowered:  # every verdict says so (the edge obeys from the first it reads)
-                step = replace(step, verdicts=[replace(v, draft_limit=session.draft_limit.lowered)
-                                               for v in step.verdicts])
-            return step
-
         def verify_if_current():
-            return observed() if entry.stream == stream else None
+            return self._accounted(entry, session.verify_chain_steps(pending, stale_decode_deadline)) \
+                if entry.stream == stream else None
 
         forward_before, forwards_before = session.seq.forward_s, session.forwards
         waiting = list(pending)  # the step removes what it answers
+        step = await self._run(entry, stream, verify_if_current)
+        self.table.touch(entry, sum(v.committed_count for v in step.verdicts))
+        return self._observe(session, step, waiting[:len(step.verdicts)], forwards_before, forward_before)
+
+    def _accounted(self, entry: SessionEntry, steps):
+        """Run a session's step (``steps``) and charge what it fed to its client (fair share: a client whose
+        drafts are next to never accepted gets its blocks held short); its verdicts say the lowered limit."""
+        session = entry.session
+        step = yield from steps  # (on the engine thread, where the step ran: no later step can come between)
+        if step.rows:
+            self.metrics.observe_step(rows=step.rows, seconds=step.seconds)
+            # The cloud's own proposals are neither the client's rows nor its tokens.
+            rows, committed = step.client_rows, step.client_tokens
+            ledger = self.scheduler.ledger  # (acceptance over every draft row the forward fed)
+            ledger.record(entry.owner, rows=rows, committed=committed, drafted=step.drafts,
+                          accepted=step.drafts_accepted)
+            capped = ledger.capped(entry.owner)
+            self.metrics.observe_client(entry.owner, rows=rows, committed=committed, capped=capped)
+            if capped and self.limits.capped_draft_len and session.penalise(self.limits.capped_draft_len):
+                log.info("session %s: its client (metrics bucket %s) has next to no drafts accepted: its blocks "
+                         "are held to %d drafts", entry.session_id, client_bucket(entry.owner),
+                         session.draft_limit.lowered)
+        if session.draft_limit.lowered:  # every verdict says so (the edge obeys from the first it reads)
+            step = replace(step, verdicts=[replace(v, draft_limit=session.draft_limit.lowered) for v in step.verdicts])
+        return step
+
+    async def _run(self, entry: SessionEntry, stream: int, step_if_current) -> StepResult:
+        """Run ``step_if_current`` for the session on the engine thread; a refused block, a session that gave
+        its slot away or was resumed on another stream ends this stream (``Abort``)."""
         try:
-            step = await self.scheduler.run(verify_if_current, session, client=entry.owner)
+            step = await self.scheduler.run(step_if_current, entry.session, client=entry.owner)
         except BlockRejected as exc:
             if isinstance(exc, ForgedDraft):
                 self.metrics.forged_drafts.labels(check=exc.check).inc()
@@ -243,8 +254,7 @@ class BlockStream(ServicePart):
                         "sessions than the newcomer's; reopen with the committed tokens as the prompt")
         if step is None:
             raise Abort(grpc.StatusCode.ABORTED, "the session was resumed on another stream", park=True)
-        self.table.touch(entry, sum(v.committed_count for v in step.verdicts))
-        return self._observe(session, step, waiting[:len(step.verdicts)], forwards_before, forward_before)
+        return step
 
     def _observe(self, session: VerifierSession, step: StepResult, blocks: list[PendingBlock],
                  forwards_before: int, forward_before: float) -> list[Answered]:
@@ -259,11 +269,12 @@ class BlockStream(ServicePart):
         for i, (verdict, block) in enumerate(zip(step.verdicts, blocks)):
             arrived, start, drafts = block.arrived_at, block.start_position, len(block.drafts)
             # Verified drafts only: a stale block's were not, drafts before the verdict's start were committed.
-            drafted = 0 if verdict.stale else max(drafts - (verdict.start_position - start), 0)
+            # (Drafts that matched tokens decoded ahead were not verified by this forward either.)
+            drafted = 0 if verdict.stale else max(drafts - (verdict.start_position - start) - verdict.ahead, 0)
             seconds = now - arrived
             out.append(Answered(verdict, seconds, forward_s, forward_rows))
             if i == 0:  # the chain shared one forward: its cost and overhead go to its first block
-                tokens = verdict.committed_count
+                tokens = verdict.committed_count - verdict.ahead  # (those decoded ahead ran in earlier forwards)
                 if forwards == 1 and not drafts and not verdict.stale and tokens:  # decoded alone
                     self.recent_token_s[session.params.reproducible].append(forward_s / tokens)
                 overhead = max(seconds - forward_s, 0.0)
@@ -272,7 +283,7 @@ class BlockStream(ServicePart):
             self.metrics.observe_round(
                 RoundRecord(
                     drafted=drafted,
-                    accepted=verdict.accepted,
+                    accepted=verdict.accepted - min(verdict.ahead, verdict.accepted),
                     committed=verdict.committed_count,
                     forwards=forwards if i == 0 else 0,
                 ),
@@ -280,6 +291,12 @@ class BlockStream(ServicePart):
                 overhead_s=overhead if i == 0 else 0.0,
             )
         return out
+
+    async def _decode_ahead(self, entry: SessionEntry, stream: int) -> None:
+        """The session's next token, decoded before the edge's next block comes (``cloud.decode_ahead``):
+        held for that block's verdict, its forward charged to the client."""
+        await self._run(entry, stream, lambda: self._accounted(entry, decode_ahead_steps(entry.session))
+                        if entry.stream == stream else None)
 
     async def decode_alone(self, entry: SessionEntry, arrived: float, stream: int) -> Answered:
         """The session's next token, decoded alone (an empty block that arrived at ``arrived``)."""
@@ -296,7 +313,8 @@ class BlockStream(ServicePart):
         (``VerifierSession.verify_chain``), or one stale block.
 
         Stops when the edge closes or hangs up (``ending`` gets ``CLOSE`` or
-        ``EOF``); refuses more than ``max_blocks_in_flight`` blocks waiting;
+        ``EOF``); refuses more than ``max_blocks_in_flight`` blocks waiting; with nothing pending after a
+        verdict that breaks the edge's chain, decodes ahead while ``decodes_ahead`` says so;
         parks a session none of whose verdicts committed a token for
         ``idle_timeout_s``, whatever the stream sends (stale blocks keep no slot).
         """
@@ -304,10 +322,17 @@ class BlockStream(ServicePart):
         idle_s = self.limits.idle_timeout_s
         progress = time.monotonic()  # the last verdict that committed a token (or the open): stale ones do not count
         next_block = NextBlockClock()  # no stale decode that would still run when the edge's next block is due
+        broken_chain = False  # the last verdict left the edge to start a new chain (``breaks_chain``)
         while not ending:
             if time.monotonic() - progress > idle_s:  # (however fast blocks that commit nothing come)
                 raise _idle()
-            items = [] if pending else [await _next_frame(frames, idle_s - (time.monotonic() - progress))]
+            if pending:
+                items = []
+            elif broken_chain and frames.empty() and decodes_ahead(entry.session, next_block.deadline()):
+                await self._decode_ahead(entry, stream)
+                items = []
+            else:
+                items = [await _next_frame(frames, idle_s - (time.monotonic() - progress))]
             while not frames.empty():
                 items.append(frames.get_nowait())
             for item in items:
@@ -335,6 +360,7 @@ class BlockStream(ServicePart):
                     yield answer
                     if answer.verdict.committed_count:
                         progress = time.monotonic()
+                broken_chain = breaks_chain(answered[-1].verdict)
                 if entry.session.epoch != epoch:
                     next_block.corrected(time.perf_counter(), entry.session.epoch)
 

@@ -83,8 +83,9 @@ def add_cloud_commands(commands) -> None:
                        "correction costs no idle round trip, in a forward that also verifies the drafts sent "
                        "for the positions after it, where they lie, as many as cost no more than the token "
                        "alone (greedy and coupled modes, to edges that ask; rejection mode decodes the token "
-                       "alone); 'decode': the token alone; 'drop': an empty answer, less "
-                       f"cloud compute per token (default {_stale_policy(limits)})")
+                       "alone); 'decode': the token alone; with either, once no stale block is left the cloud decodes "
+                       "on until the edge's next block comes (greedy and coupled modes, to edges that ask); "
+                       f"'drop': an empty answer, less cloud compute per token (default {_stale_policy(limits)})")
     serve.add_argument("--modes", nargs="+", choices=ALL_MODES, default=list(limits.modes), metavar="MODE",
                        help="verification modes served, of greedy, coupled, rejection (default: all three); an Open "
                        "for another is refused with FAILED_PRECONDITION (temperature 0 is greedy in every mode)")

@@ -145,9 +145,11 @@ class Handshake(ServicePart):
         self.metrics.sessions_active.set(len(self.table))
 
     async def new_session(self, opened: OpenRequest, max_draft_len: int, owner: str,
-                          takes_rebased: bool = False, takes_proposals: bool = False) -> SessionEntry:
+                          takes_rebased: bool = False, takes_proposals: bool = False, takes_ahead: bool = False
+                          ) -> SessionEntry:
         """``takes_rebased``: the edge reads stale verdicts' rebased drafts (``Open.takes_rebased``);
-        ``takes_proposals``: and an empty block's, the cloud's own proposals (``Open.takes_proposals``)."""
+        ``takes_proposals``: and an empty block's, the cloud's own proposals (``Open.takes_proposals``);
+        ``takes_ahead``: and tokens decoded before its next block came (``Open.takes_ahead``)."""
         params, prompt, max_new_tokens = opened.params, opened.prompt, opened.max_new_tokens
         if not self.opens.take(owner):
             raise Abort(grpc.StatusCode.RESOURCE_EXHAUSTED, self.opens.refusal())
@@ -163,6 +165,7 @@ class Handshake(ServicePart):
                     policy=SessionPolicy(
                         max_branches=self.max_branches, decode_stale=self.limits.decode_stale and not capped,
                         rebase_stale=self.limits.rebase_stale and takes_rebased, propose=takes_proposals,
+                        decode_ahead=takes_ahead,
                         audit_drafts=self.limits.audit_drafts, max_rows=self.limits.max_batch_rows,
                         coin_key=secrets.randbits(63) or 1),
                     prefill=False,
@@ -224,7 +227,7 @@ class Handshake(ServicePart):
         self.check_mode(opened.params, context)
         max_draft_len = self._max_draft_len(request)
         entry = await self.new_session(opened, max_draft_len, owner, takes_rebased=request.takes_rebased,
-                                       takes_proposals=request.takes_proposals)
+                                       takes_proposals=request.takes_proposals, takes_ahead=request.takes_ahead)
         params = opened.params
         log.info(
             "session %s opened: %d prompt tokens, mode %s, T=%.2f, D<=%d, max %d new",
@@ -255,6 +258,7 @@ class Handshake(ServicePart):
                     f"resume from {request.committed_length} committed tokens, but the session has {committed}"
                 )
             start = max(request.committed_length, session.prompt_len)  # below the prompt reads as the prompt
+            session.ahead.clear()  # the Opened tells every token committed, those decoded ahead too
             return session.tokens[start:], session.epoch, committed
 
         try:
@@ -307,7 +311,8 @@ class Handshake(ServicePart):
                 capped = self.limits.capped_draft_len and self.scheduler.ledger.capped(owner)  # as for a new session
                 limit = min(max_draft_len, self.limits.capped_draft_len) if capped else max_draft_len
                 yield from entry.session.extend_steps(kept, turn.prompt, turn.params, max_new_tokens=turn.max_new_tokens,
-                                                      max_draft_len=limit, propose=request.takes_proposals)
+                                                      max_draft_len=limit, propose=request.takes_proposals,
+                                                      ahead=request.takes_ahead)
 
             try:
                 await self.scheduler.run(extend, entry.session)

@@ -1,30 +1,25 @@
 """One generation's verifier state: committed tokens, KV cache, epoch, counters, and its verify step.
 
-Transport-agnostic: the gRPC servicer and the in-process decoder both drive a
-``VerifierSession``. A chain of pending blocks (each sent with ``more_follows``
-continued by the next; no bonus is sampled inside a chain, its distribution checks
-the next block's first draft) is verified in one forward of ``SessionPolicy.max_rows`` at most.
-
-Every block gets exactly one verdict, in order. A *stale* block (an older
-epoch, or drafts that do not continue the committed tokens) is answered
-unverified, or with a *stale decode* (the next token, decoded alone) when
-``cloud.next_block.decodes_stale`` says so; in greedy and coupled modes that
-forward also verifies *rebased* drafts where they lie. An empty block gets the
-next token, with the cloud's own *proposals* verified on the way for an edge
-that takes them (``cloud.spare_drafts``); accepted ones ride as the verdict's
-``rebased``. A block whose first drafts guess tokens committed since is cut to
-the drafts past them. A block that breaks the protocol is refused with
-``BlockRejected``; in rejection mode so are drafts not sampled from their q̃
-(``ForgedDraft``, ``cloud.audit_state``), which end the session. The session
-never trusts the caller. Why and how: ``docs/pipelining.md``.
+Transport-agnostic: the gRPC servicer and the in-process decoder both drive a ``VerifierSession``. A
+chain of pending blocks (each sent with ``more_follows`` continued by the next; no bonus is sampled
+inside a chain, its distribution checks the next block's first draft) is verified in one forward of
+``SessionPolicy.max_rows`` at most. Every block gets exactly one verdict, in order. A *stale* block (an
+older epoch, or drafts that do not continue the committed tokens) is answered unverified, or with a
+*stale decode* (the next token, decoded alone) when ``cloud.next_block.decodes_stale`` says so; in
+greedy and coupled modes that forward also verifies *rebased* drafts where they lie. An empty block
+gets the next token, with the cloud's own *proposals* verified on the way for an edge that takes them
+(``cloud.spare_drafts``); accepted ones ride as the verdict's ``rebased``. A block whose first drafts
+guess tokens committed since is cut to the drafts past them. A block that breaks the protocol is
+refused with ``BlockRejected``; in rejection mode so are drafts not sampled from their q̃
+(``ForgedDraft``, ``cloud.audit_state``), which end the session. The session never trusts the caller.
+Why and how: ``docs/pipelining.md``.
 
 Rooms of their own: drafts per block (``cloud.draft_limit``), the audit (``cloud.audit_state``), spare
-drafts (``cloud.spare_drafts``), the stale-decode rule (``cloud.next_block``). A step's measurements
-come back in its ``StepResult`` (``cloud.step_result``), never as fields left on the session.
-
-Work that needs the target comes in two forms: ``*_steps`` generators yield
-the ``ForwardItem`` they need and are sent its logits (the scheduler packs
-many sessions' items into one forward); the plain methods run them alone.
+drafts (``cloud.spare_drafts``), the stale-decode rule (``cloud.next_block``), decoding ahead of the
+edge's next block (``cloud.decode_ahead``). A step's measurements come back in its ``StepResult``
+(``cloud.step_result``), never as fields left on the session. ``*_steps`` generators yield the
+``ForwardItem`` they need and are sent its logits (the scheduler packs many sessions' items into one
+forward); the plain methods run them alone.
 """
 
 from __future__ import annotations
@@ -37,6 +32,7 @@ import numpy as np
 import torch
 
 from cloud.audit_state import DraftAuditState
+from cloud.decode_ahead import DecodedAhead
 from cloud.draft_limit import DraftLimit
 from cloud.engine import ForwardItem, Steps, TargetEngine, run_alone
 from cloud.next_block import decodes_stale
@@ -100,16 +96,15 @@ class VerifierSession:
         self.seq = engine.new_sequence()
         self.seq.slot.limit = len(self.tokens) + max_new_tokens + max_draft_len  # the most it will ever hold
         self.broken = False  # an extend failed half-way: the cache is inconsistent
-        # The cache holds every committed token but the last, which is fed with the next block;
-        # after a deferred bonus it holds them all, and ``_deferred`` is the logits row [V] for
-        # the next position (what the bonus would have been sampled from). The prefill reads the
-        # whole prompt and keeps its last row so: the first position is answered without another
-        # forward (the first token can leave right after the prefill, as in cloud-only decoding).
+        # The cache holds every committed token but the last, fed with the next block; after a deferred
+        # bonus it holds them all, and ``_deferred`` is the logits row [V] for the next position. The
+        # prefill keeps its last row so: the first token can leave right after it, as in cloud-only decoding.
         self.verify_s = 0.0  # wall time inside verify(), forward included
         self.one_token_s = Ewma()  # seconds a forward for the next token takes (a stale block's: with rebased drafts)
         self._deferred: torch.Tensor | None = None
         self._taken_branch: tuple[int, int] | None = None  # (position, tokens) of a branch to adopt into the cache
         self._spare = SpareDrafts()  # what a stale block's forward verifies where they lie
+        self.ahead = DecodedAhead()  # tokens decoded before the edge's next block came (``cloud.decode_ahead``)
         if prefill:
             run_alone(self.prefill_steps(), engine)
 
@@ -132,10 +127,10 @@ class VerifierSession:
 
     def extend_steps(
         self, keep: int, tokens: Sequence[int], params: SamplingParams, *, max_new_tokens: int, max_draft_len: int,
-        propose: bool = False,
+        propose: bool = False, ahead: bool = False,
     ) -> Steps:
         """A new turn on this session's cache: keep the first ``keep`` committed tokens, append
-        ``tokens``, and decode anew (``params``, ``max_new_tokens``, ``max_draft_len``, ``propose``: as
+        ``tokens``, and decode anew (``params``, ``max_new_tokens``, ``max_draft_len``, ``propose``, ``ahead``: as
         the turn's Open asks).
 
         The cache keeps what it holds of the first ``keep`` tokens; the rest is
@@ -155,10 +150,11 @@ class VerifierSession:
             raise
         self.tokens, self.prompt_len = full, len(full)
         self.params, self.max_new_tokens = params, max_new_tokens
-        self.policy = replace(self.policy, propose=propose)
+        self.policy = replace(self.policy, propose=propose, decode_ahead=ahead)
         self.draft_limit.reopen(max_draft_len)  # a new turn starts from the limit it asked for
         self.epoch, self.done, self.stop_reason = 0, False, StopReason.NONE
         self._spare.clear()
+        self.ahead.clear()
         self.stats.target_forwards = self.forwards
 
     @property
@@ -187,18 +183,17 @@ class VerifierSession:
     def verify_chain_steps(self, pending: list[PendingBlock], stale_decode_deadline: float | None = None) -> Steps:
         """Answer the front of ``pending`` and remove what was answered (at least one block).
 
-        A usable front block (``_overlap``), cut to its drafts past the committed
-        tokens, and the blocks that continue it (``more_follows``, contiguous, this
-        epoch) are verified in one forward; verification walks the chain in order
-        and stops at the first correction, bonus or end, leaving the blocks after
-        it pending (after a correction they are stale). A stale front block gets a
-        stale verdict: with the next token (after the rebased drafts accepted) when
-        no usable block is pending behind it and that forward would be over by
-        ``stale_decode_deadline`` (``time.perf_counter()`` seconds; None: no deadline) or
-        its overrun pays (``stale_decode_overrun_pays``), without one (and no forward)
-        otherwise. Returns the step's ``StepResult`` (at least one verdict).
+        A usable front block (``_overlap``), cut to its drafts past the committed tokens, and the blocks
+        that continue it (``more_follows``, contiguous, this epoch) are verified in one forward;
+        verification walks the chain in order and stops at the first correction, bonus or end, leaving
+        the blocks after it pending (after a correction they are stale). A stale front block gets a stale
+        verdict: with the next token (after the rebased drafts accepted) when no usable block is pending
+        behind it and that forward would be over by ``stale_decode_deadline`` (``time.perf_counter()``
+        seconds; None: no deadline) or its overrun pays (``stale_decode_overrun_pays``), without one (and
+        no forward) otherwise. The first verdict tells the tokens decoded ahead (``DecodedAhead.fold``).
+        Returns the step's ``StepResult`` (at least one verdict).
         """
-        if self.done:
+        if self.done and not self.ahead:
             raise BlockRejected("session already finished")
         if self.broken:
             raise BlockRejected("the session's last turn failed half-way; reopen it")
@@ -206,13 +201,18 @@ class VerifierSession:
             return StepResult()
         front = pending[0]
         self._check(front)
+        if self.done:  # tokens decoded ahead ended it: this block's verdict tells them
+            del pending[0]
+            end = Verdict(front.epoch, len(self.tokens), 0, None, False, True, self.stop_reason, stale=True)
+            return StepResult([self.ahead.fold(end, verified=False)])
         skip = self._overlap(front)
         if skip is None:
             if self.rebases:
                 self._spare.add(front.start_position, front.drafts)
             if not self._decodes_stale(pending, stale_decode_deadline):
                 del pending[0]
-                return StepResult([Verdict(front.epoch, len(self.tokens), 0, None, False, False, stale=True)])
+                return StepResult([self.ahead.fold(Verdict(front.epoch, len(self.tokens), 0, None, False, False,
+                                                           stale=True), verified=False)])
             chain = [PendingBlock(self.epoch, len(self.tokens), self._rebased())]  # the next token, and drafts where they lie
         else:  # (an empty block: the cloud decodes alone, with what it proposes itself)
             chain = [past(front, skip) if front.drafts else PendingBlock(self.epoch, len(self.tokens), self._proposals())]
@@ -258,13 +258,15 @@ class VerifierSession:
             self._spare.clear()
         elif self.rebases:
             self._spare.replace(past_correction(chain[len(verdicts) - 1], verdicts[-1]))
+        taken = len(verdicts[0].rebased) if proposed else 0
+        verdicts[0] = self.ahead.fold(verdicts[0], verified=skip is not None and bool(front.drafts))
         elapsed = time.perf_counter() - started
         if (skip is None or not front.drafts) and self.forwards > self.stats.target_forwards:  # the next token, in a forward
             self.one_token_s.add(elapsed)
         self.stats.target_forwards = self.forwards
         self.verify_s += elapsed
         self.stats.wall_s += elapsed
-        return StepResult(verdicts, rows=fed, proposed=proposed, proposals_taken=len(verdicts[0].rebased) if proposed else 0,
+        return StepResult(verdicts, rows=fed, proposed=proposed, proposals_taken=taken,
                           drafts=len(drafts) + sum(len(tokens) for _, tokens in branches) - proposed, seconds=elapsed)
 
     def penalise(self, draft_limit: int) -> bool:
@@ -286,9 +288,9 @@ class VerifierSession:
         none when a deferred row makes the token free of a forward."""
         if not self.rebases or self._deferred is not None:
             return []
-        return self._spare.run_from(len(self.tokens), self._free_drafts())
+        return self._spare.run_from(len(self.tokens), self.drafts_at_no_cost())
 
-    def _free_drafts(self) -> int:
+    def drafts_at_no_cost(self) -> int:
         """Drafts a forward for the next token may verify for about its cost (``spare_drafts.free_drafts``)."""
         return free_drafts(self.engine.rows_at_cost_of(1, self.params.reproducible), self.draft_limit.current)
 
@@ -300,12 +302,12 @@ class VerifierSession:
 
     def _proposals(self) -> list[int]:
         """Drafts the cloud proposes for an empty block: what followed the latest earlier occurrence of
-        the committed tokens' last few (``shared.lookup``), as many as ``_free_drafts`` and the token
+        the committed tokens' last few (``shared.lookup``), as many as ``drafts_at_no_cost`` and the token
         limit allow (none in free shapes on a CPU); none when a deferred row makes the token
         free of a forward."""
         if not self.proposes or self._deferred is not None:
             return []
-        most = min(self._free_drafts(), self.max_new_tokens - self.generated - 1)
+        most = min(self.drafts_at_no_cost(), self.max_new_tokens - self.generated - 1)
         return lookup_continuation(self.tokens, most, window=WINDOW)
 
     def _decodes_stale(self, pending: list[PendingBlock], deadline: float | None) -> bool:
@@ -315,9 +317,9 @@ class VerifierSession:
             enabled=self.policy.decode_stale, usable_behind=any(self._overlap(block) is not None for block in pending[1:]),
             now=time.perf_counter(), forward_s=self.one_token_s.value or 0.0,
             deadline=None if self._deferred is not None else deadline,
-            may_overrun=self.params.mode is not Mode.REJECTION, guess_odds=self._guess_odds())
+            may_overrun=self.params.mode is not Mode.REJECTION, guess_odds=self.guess_odds())
 
-    def _guess_odds(self) -> float:
+    def guess_odds(self) -> float:
         """How often a block's first draft is accepted: the odds that the edge's guess of the token a
         stale block's forward decodes holds (greedy and coupled modes: that token is the one verifying
         the guess would commit). Laplace's rule over this session's blocks (1/2 before any)."""
@@ -330,11 +332,12 @@ class VerifierSession:
                     max_draft_len=self.draft_limit.for_epoch(block.epoch), max_branches=self.policy.max_branches)
 
     def _overlap(self, block: PendingBlock) -> int | None:
-        """How many of ``block``'s drafts the committed tokens already hold, when it is usable: of
-        this epoch, starting at or before the next position, its drafts up to there equal to the
-        committed tokens, with drafts past them (an empty block: any of this epoch). None: stale."""
-        same_epoch, empty = block.epoch == self.epoch, not block.drafts
-        skip = None if empty or not same_epoch else committed_skip(block.start_position, block.drafts, self.tokens)
+        """How many of ``block``'s drafts the committed tokens already hold, when it is usable: of this epoch,
+        starting at or before the position the edge was last told of, its drafts up to the next position
+        equal to the committed tokens, with drafts past them (an empty block: any of this epoch). None: stale."""
+        same_epoch, empty, start = block.epoch == self.epoch, not block.drafts, block.start_position
+        told = start <= self.ahead.told_from(len(self.tokens))
+        skip = None if empty or not same_epoch or not told else committed_skip(start, block.drafts, self.tokens)
         if not usable(same_epoch=same_epoch, empty=empty, drafts_continue=skip is not None):
             return None
         return 0 if empty else skip  # (empty: it asks for the next token, wherever the edge thought that was)
@@ -369,12 +372,9 @@ class VerifierSession:
         """Verify one block against its rows [n+1, V] (and its branches' rows) and commit what it decides.
         ``rebased``: its drafts are a stale block's spare ones; ``proposed``: the cloud's own for an empty
         block (neither corrects a block of the edge's). ``surprise`` [n]: its drafts' audit scores
-        (rejection mode, ``DraftAuditState.check_sampled``).
-
-        At a rejection whose correction is a branch's first token, the branch's
-        later tokens are verified as drafts after it (its rows are the target's
-        on exactly that path), so what is committed is what the target alone
-        would have decoded.
+        (rejection mode, ``DraftAuditState.check_sampled``). At a rejection whose correction is a branch's
+        first token, the branch's later tokens are verified as drafts after it (its rows are the target's
+        on exactly that path), so what is committed is what the target alone would have decoded.
         """
         drafts = block.drafts
         result = verify_block(self.params, drafts, logits, block.start_position, block.q, self.policy.coin_key)

@@ -33,7 +33,8 @@ class StepResult:
     def drafts_accepted(self) -> int:
         """Of ``drafts``, those the step committed (a chain's blocks past a correction fed rows and
         committed none: they count as drafted, never as accepted)."""
-        taken = sum(v.accepted + len(v.rebased) + (1 + v.branch_accepted if v.branch else 0) for v in self.verdicts)
+        taken = sum(v.accepted + len(v.rebased) + (1 + v.branch_accepted if v.branch else 0)
+                    - min(v.ahead, v.accepted + len(v.rebased)) for v in self.verdicts)  # (decoded ahead: no drafts)
         return taken - self.proposals_taken
 
     @property

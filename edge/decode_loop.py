@@ -190,7 +190,8 @@ class _Decode:
         max_draft_len = pipe.draft_len + pipe.window - 1 if pipe.draft_len else 0
         opening = time.perf_counter()
         terms = self.verifier.open(self.prompt, self.params, self.max_new_tokens, max_draft_len,
-                                   early_block=early and early.future, head_start=head_start)
+                                   early_block=early and early.future, head_start=head_start,
+                                   pipelined=pipe.window > 1)
         self._adopt(terms)
         if terms.answers_first_position:  # the first token comes right after the prefill
             self._expect_first_position()
@@ -330,6 +331,7 @@ class _Decode:
         if len(self.generated) + len(committed) > self.max_new_tokens:  # (checked before anything is taken)
             raise ProtocolError(f"verdict commits {len(committed)} tokens with {len(self.generated)} of "
                                 f"{self.max_new_tokens} already committed: past the token limit")
+        self.stats.ahead += verdict.ahead
         if verdict.stale:
             self._record_stale(sent, received, committed_end, committed)
         else:
@@ -371,7 +373,8 @@ class _Decode:
 
     def _record_stale(self, sent: InFlight, received: Received, committed_end: int, committed: list[int]) -> None:
         verdict, trials = received.verdict, None
-        self.stats.record_stale(len(committed), len(verdict.rebased), verdict.rebased_verified)
+        ahead = min(verdict.ahead, len(verdict.rebased))  # (decoded before the block came: not its forward's)
+        self.stats.record_stale(len(committed), len(verdict.rebased) - ahead, verdict.rebased_verified - ahead)
         guessed = guesses_of(self.pipeline, self.drafting, committed_end, committed)
         if guessed is not None:
             first_draft, guesses = guessed
@@ -381,7 +384,7 @@ class _Decode:
             if self.guesses_are_trials:  # the drafts a live block held there
                 trials = (first_draft, len(guesses), right)
         observe_stale_verdict(self.pipeline.schedule, StaleVerdict(
-            len(committed), len(verdict.rebased), None if sent.early else time.perf_counter() - sent.sent_at,
+            len(committed) - verdict.ahead, len(verdict.rebased) - ahead, None if sent.early else time.perf_counter() - sent.sent_at,
             received.timing, len(sent.block.tokens), sent.draft_s, guess_trials=trials))
 
     def _record_live(self, sent: InFlight, verdict: Verdict, skip: int, drafts: list[int],
@@ -391,9 +394,13 @@ class _Decode:
             self.stats.record_correction_guess(committed[verdict.accepted] == guesses[verdict.accepted])
         if branches:
             self.stats.record_hedges(len(branches), verdict.branch > 0, branch_gain(verdict, committed))
-        if not sent.block.tokens and verdict.rebased_verified:  # the cloud decoding alone, its proposals on the way
-            self.stats.record_proposals(verdict.rebased_verified, len(verdict.rebased))
-        self.stats.record_round(len(drafts), verdict.accepted, len(committed), chain_continues=verdict.is_deferred)
+        if not sent.block.tokens and verdict.rebased_verified > verdict.ahead:  # the cloud alone, its proposals on the way
+            ahead = min(verdict.ahead, len(verdict.rebased))  # (decoded before the block came: not proposals)
+            self.stats.record_proposals(verdict.rebased_verified - ahead, len(verdict.rebased) - ahead)
+        # Drafts that matched tokens decoded ahead were not verified by this block's forward: not its step's.
+        matched = verdict.ahead if drafts else 0
+        self.stats.record_round(len(drafts) - matched, verdict.accepted - matched, len(committed),
+                                chain_continues=verdict.is_deferred)
 
     def _observe(self, sent: InFlight, drafted: int, skipped: int, received: Received, committed: list[int],
                  interval_s: float | None) -> None:
@@ -403,7 +410,7 @@ class _Decode:
         draft_s = sent.draft_s * drafted / len(sent.block.tokens) if drafted else 0.0
         cloud_token = observe_verdict(schedule, LiveVerdict(
             drafted, sent.size, verdict.accepted, time.perf_counter() - sent.sent_at, draft_s, received.timing,
-            tokens=len(committed), interval_s=interval_s, early=sent.early, wrong_guess=self.pipeline.hold,
+            tokens=len(committed) - verdict.ahead, interval_s=interval_s, early=sent.early, wrong_guess=self.pipeline.hold,
             hedged=bool(sent.block.branches), gained=branch_gain(verdict, committed), hedge_s=sent.hedge_s,
             skipped=skipped))
         if cloud_token and committed and self.pipeline.shadow_due():

@@ -158,9 +158,9 @@ class GrpcVerifier:
                           self.link_hint.cloud)
 
     def open(self, prompt: Sequence[int], params: SamplingParams, max_new_tokens: int, max_draft_len: int,
-             early_block=None, head_start: int = 0) -> SessionTerms:
+             early_block=None, head_start: int = 0, pipelined: bool = False) -> SessionTerms:
         self.connect()
-        self._request = OpenRequest(params, len(prompt), max_new_tokens, max_draft_len)
+        self._request = OpenRequest(params, len(prompt), max_new_tokens, max_draft_len, pipelined)
         self._behind_open.arm(early_block, head_start)
         started = time.perf_counter()
         try:

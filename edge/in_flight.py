@@ -87,6 +87,8 @@ def describe_verdict(sent: InFlight, verdict: Verdict, verified: int, committed:
         how = f"{verdict.accepted} accepted, corrected"
     else:
         how = f"{verdict.accepted} accepted, " + ("bonus" if verdict.bonus else "deferred" if verdict.is_deferred else "done")
+    if verdict.ahead:
+        how += f" ({verdict.ahead} of them decoded ahead)"
     return (f"block @{sent.start_position} ({kind}{', early' if sent.early else ''}): {how}; "
             f"+{len(committed)} -> {generated + len(committed)} tokens, {in_flight} in flight")
 

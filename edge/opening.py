@@ -29,6 +29,7 @@ class OpenRequest:
     prompt_len: int = 0
     max_new_tokens: int = 0
     max_draft_len: int = 0  # drafts per block the edge asks for (the verifier may grant fewer)
+    pipelined: bool = False  # more than one block in flight: it takes tokens decoded ahead (Open.takes_ahead)
 
 
 def open_message(endpoint: VerifierEndpoint, request: OpenRequest, tokens: Sequence[int], generated: int,
@@ -47,6 +48,7 @@ def open_message(endpoint: VerifierEndpoint, request: OpenRequest, tokens: Seque
         first_token=True,
         takes_rebased=True,
         takes_proposals=request.max_draft_len > 0,
+        takes_ahead=request.pipelined and request.max_draft_len > 0,
         **fields,
     )
 

@@ -29,14 +29,16 @@ class Sent(Protocol):
 def check_verdict_tokens(message: pb.Verdict, vocab_size: int, max_draft_len: int) -> None:
     """Refuse (``VerifierError``) a verdict's token ids before anything is taken from it: ids outside the
     vocabulary, more rebased drafts than it verified or than a block may hold (``max_draft_len``),
-    rebased drafts with neither a token after them nor the end (whether it answers the block sent is
-    ``check_answers``' question)."""
+    rebased drafts with neither a token after them nor the end, more tokens decoded ahead than it commits
+    (whether it answers the block sent is ``check_answers``' question)."""
     rebased = message.rebased
     if len(rebased) > message.rebased_verified or message.rebased_verified > max_draft_len:
         raise VerifierError(f"malformed verdict from the cloud: {len(rebased)} rebased drafts of "
                             f"{message.rebased_verified} verified, at most {max_draft_len}")
     if rebased and not message.HasField("token") and not message.done:
         raise VerifierError("malformed verdict from the cloud: rebased drafts with no token after them")
+    if message.ahead > message.accepted + len(rebased) + message.HasField("token"):
+        raise VerifierError(f"malformed verdict from the cloud: {message.ahead} tokens decoded ahead of fewer committed")
     if any(token >= vocab_size for token in rebased) or message.token >= vocab_size:
         raise VerifierError(f"malformed verdict from the cloud: a token id outside the vocabulary of {vocab_size}")
 
@@ -53,6 +55,7 @@ def check_answers(verdict: Verdict, sent: Sent, skip: int, drafts: list[int],
         or (verdict.stale and (verdict.accepted or verdict.branch))
         or (verdict.rebased and not verdict.stale and sent.block.tokens)  # (an empty block's: the cloud's proposals)
         or verdict.accepted > len(drafts)
+        or verdict.ahead > (verdict.accepted if sent.block.tokens and not verdict.stale else own_tokens(verdict))
         or (verdict.is_deferred and not sent.more_follows)
         or not answers_branch(verdict, branches)
     ):
@@ -61,6 +64,11 @@ def check_answers(verdict: Verdict, sent: Sent, skip: int, drafts: list[int],
             f"does not answer the block sent at epoch {sent.epoch} position {sent.start_position} "
             f"with {len(generated)} tokens committed"
         )
+
+
+def own_tokens(verdict: Verdict) -> int:
+    """The tokens a stale or an empty block's verdict commits: its ``rebased``, then its token."""
+    return len(verdict.rebased) + (verdict.token is not None)
 
 
 def answers_branch(verdict: Verdict, branches: tuple[tuple[int, list[int]], ...]) -> bool:

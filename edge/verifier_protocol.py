@@ -117,7 +117,7 @@ class VerifierConnection(Protocol):
     link_hint: LinkHint | None  # what is known of the link before the Open (None: nothing)
 
     def open(self, prompt: Sequence[int], params: SamplingParams, max_new_tokens: int, max_draft_len: int,
-             early_block: Future | None = None, head_start: int = 0) -> SessionTerms:
+             early_block: Future | None = None, head_start: int = 0, pipelined: bool = False) -> SessionTerms:
         """Start a session for ``prompt``; returns what the verifier allows.
 
         ``early_block``: resolves (on another thread) to a (block, more_follows) for the position
@@ -126,7 +126,10 @@ class VerifierConnection(Protocol):
         session's draft length: the verifier drops one that does not). ``head_start`` (instead):
         this many empty blocks for the positions after the first, sent right behind the Open, so
         the cloud decodes on alone from its prefill without waiting a round trip for them;
-        ``SessionTerms.head_start`` says how many went (none when the Open had to be sent again)."""
+        ``SessionTerms.head_start`` says how many went (none when the Open had to be sent again).
+        ``pipelined``: the edge keeps more than one block in flight, so the verifier may decode ahead of
+        its next block after a correction (``cloud.decode_ahead``); a lock-step edge's next block comes
+        a round trip after each verdict by design, and is verified as sent."""
 
     def send(self, epoch: int, start_position: int, block: DraftBlock, more_follows: bool, *,
              empty_blocks: int = 1) -> None:

@@ -63,6 +63,7 @@ class DecodeStats:
     proposed_accepted: int = 0  # ... accepted (committed before the token decoded)
     stale_decode_guesses: int = 0  # stale blocks' tokens (decoded for them) that a chain's first block had guessed
     stale_decode_guesses_hit: int = 0  # ... right (else that block was void: the next one guessed again)
+    ahead: int = 0  # tokens the cloud decoded before the block that told them came (``cloud.decode_ahead``)
     restarts: int = 0  # chains begun after a correction (the blocks after it void): a drained pipeline
     restart_draft_s: float = 0.0  # drafting those chains' first blocks: the most a speculation cache could hide
     # Acceptance length per speculative step, as SPEED-Bench and vLLM count it: {length: steps}. A step is a

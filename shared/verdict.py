@@ -44,7 +44,10 @@ class Verdict:
     ``draft_limit``: the verifier lowered the session's drafts per block
     (guesses included) to this, for its blocks of every later epoch (its
     client's rows commit next to nothing); 0 leaves the limit as opened.
-    Every block sent gets exactly one verdict.
+    ``ahead``: the first tokens it commits the cloud decoded on its own before
+    the block came (``cloud.decode_ahead``): a verified block's first drafts
+    matched them (counted in ``accepted``); on any other verdict they lead
+    ``rebased``. Every block sent gets exactly one verdict.
     """
 
     epoch: int
@@ -60,6 +63,7 @@ class Verdict:
     rebased: tuple[int, ...] = ()
     rebased_verified: int = 0  # drafts that forward verified (``rebased`` are those it accepted)
     draft_limit: int = 0  # the session's drafts per block from now on, when the verifier lowered it (0: as opened)
+    ahead: int = 0  # of the tokens it commits, the first ones the cloud decoded before the block came (``Open.takes_ahead``)
 
     @property
     def is_correction(self) -> bool:

@@ -311,6 +311,7 @@ def verdict_to_proto(verdict: Verdict, *, seconds: float = 0.0, forward_s: float
         rebased=verdict.rebased,
         rebased_verified=verdict.rebased_verified,
         draft_limit=verdict.draft_limit,
+        ahead=verdict.ahead,
     )
     if verdict.token is not None:
         message.token = verdict.token
@@ -332,4 +333,5 @@ def verdict_from_proto(message: pb.Verdict) -> Verdict:
         rebased=tuple(message.rebased),
         rebased_verified=message.rebased_verified,
         draft_limit=message.draft_limit,
+        ahead=message.ahead,
     )

@@ -46,7 +46,7 @@ class LocalVerifier:
         return self.session.forwards if self.session is not None else 0
 
     def open(self, prompt: Sequence[int], params: SamplingParams, max_new_tokens: int, max_draft_len: int,
-             early_block=None, head_start: int = 0) -> SessionTerms:
+             early_block=None, head_start: int = 0, pipelined: bool = False) -> SessionTerms:
         self.session = VerifierSession(
             self.engine, prompt, params, max_new_tokens=max_new_tokens, max_draft_len=max_draft_len,
             policy=SessionPolicy(max_branches=self.max_branches, propose=max_draft_len > 0),

@@ -192,9 +192,13 @@ def test_a_lowered_draft_limit_holds_only_blocks_of_later_epochs(tiny_engine, gr
     assert session.verify(1, start + 7, want[7:9]).accepted == 2
 
 
-def test_an_open_session_of_a_client_that_commits_nothing_is_held_to_short_blocks(tiny_engine, greedy_path):
+@pytest.mark.parametrize("takes_ahead", [False, True])
+def test_an_open_session_of_a_client_that_commits_nothing_is_held_to_short_blocks(tiny_engine, greedy_path,
+                                                                                   takes_ahead):
     """Mid-session the client's rows fall to the weight floor: its verdicts carry the capped draft limit,
-    the edge keeps to it from then on, and the output is still the target's own."""
+    the edge keeps to it from then on, and the output is still the target's own. An edge that takes tokens
+    decoded ahead (``cloud.decode_ahead``) may instead find its garbage blocks stale, unverified: then they
+    cost no rows, and its verified rows stay at about one a committed token, as cloud-only's."""
     from cloud.limits import ServiceLimits
     from cloud.server import BackgroundServer, ServerConfig
     from edge.decode_loop import run_decode
@@ -211,15 +215,26 @@ def test_an_open_session_of_a_client_that_commits_nothing_is_held_to_short_block
             self.asked.append(n)
             return super().propose_block(n)
 
+    class Edge(GrpcVerifier):
+        def _open_message(self, *args, **fields):
+            message = super()._open_message(*args, **fields)
+            message.takes_ahead = takes_ahead
+            return message
+
     limits = ServiceLimits(max_draft_len=16, capped_draft_len=2)
     with BackgroundServer(tiny_engine, ServerConfig(port=0, limits=limits)) as server:
-        verifier = GrpcVerifier(VerifierEndpoint(server.address, tiny_engine.vocab_size, tiny_engine.fingerprint))
+        verifier = Edge(VerifierEndpoint(server.address, tiny_engine.vocab_size, tiny_engine.fingerprint))
         verifier.connect()
         drafter = Counting(tiny_engine.vocab_size, seed=1)
+        drafter.asked = []
         result = run_decode(drafter, verifier, prompt, GREEDY, max_new_tokens=40, spec=SpecConfig(8, window=1))
         ledger = server.server.servicer.scheduler.ledger
         capped = [ledger.capped(client) for client in ledger.clients]
+        (stats,) = ledger.clients.values()
     assert result.tokens == want
+    if takes_ahead and capped == [False]:
+        assert result.stats.ahead > 0 and stats.rows <= 2 * stats.committed, (stats.rows, stats.committed)
+        return
     assert capped == [True] and sum(drafter.asked) >= CAP_AFTER_DRAFTS
     assert drafter.asked[0] == 8 and drafter.asked[-1] <= 2 and max(drafter.asked[-10:]) <= 2
 

@@ -232,7 +232,8 @@ def _hostile_cloud(vocab, prompt, verdict: dict):
         server.stop(0)
 
 
-@pytest.mark.parametrize("lie", ["id-outside-the-vocabulary", "more-rebased-than-verified", "no-token-after-them"])
+@pytest.mark.parametrize("lie", ["id-outside-the-vocabulary", "more-rebased-than-verified", "no-token-after-them",
+                                 "more-decoded-ahead-than-committed"])
 def test_the_edge_refuses_a_stale_verdict_with_bad_rebased_drafts(tiny_vocab, lie):
     """A cloud (a real gRPC server here) whose stale verdict carries impossible rebased drafts ends the
     generation with an error that says so, before anything of it is taken."""
@@ -242,6 +243,7 @@ def test_the_edge_refuses_a_stale_verdict_with_bad_rebased_drafts(tiny_vocab, li
         "id-outside-the-vocabulary": dict(rebased=[vocab_size + 5], rebased_verified=1, token=1),
         "more-rebased-than-verified": dict(rebased=[1, 2], rebased_verified=1, token=1),
         "no-token-after-them": dict(rebased=[1], rebased_verified=1),
+        "more-decoded-ahead-than-committed": dict(rebased=[1], rebased_verified=1, token=2, ahead=3),
     }[lie]
     with _hostile_cloud(tiny_vocab, prompt, bad) as link:
         link.open(prompt, GREEDY, max_new_tokens=16, max_draft_len=8)

@@ -1,0 +1,75 @@
+"""Decoding ahead, end to end over gRPC: an edge that asks (``Open.takes_ahead``) is told the tokens the cloud
+decoded while its next block was on its way, and its output stays target-only's; an edge that does not ask
+gets none. And what the edge refuses of a verdict that claims tokens decoded ahead it cannot have."""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import pytest
+from helpers import TEXTS, ScriptedDrafter, tiny_prompt
+
+from edge.decode_loop import run_decode
+from edge.drafter import DraftBlock
+from edge.endpoint import VerifierEndpoint
+from edge.grpc_verifier import GrpcVerifier
+from edge.in_flight import InFlight
+from edge.schedule import SpecConfig
+from edge.verdict_checks import check_answers
+from edge.verifier_protocol import ProtocolError
+from shared.params import Mode, SamplingParams
+from shared.verdict import Verdict
+from sim.inprocess import generate
+
+
+class _SlowDrafter(ScriptedDrafter):
+    """Wrong at every third position, and 5 ms a draft: the cloud answers the stale blocks behind a
+    correction and then has nothing of the edge's for a while."""
+
+    def draft(self, n, stop=None):
+        time.sleep(0.005 * n)
+        return super().draft(n, stop)
+
+
+class _OldEdge(GrpcVerifier):
+    """An edge from before ``Open.takes_ahead``."""
+
+    def _open_message(self, *args, **fields):
+        message = super()._open_message(*args, **fields)
+        message.takes_ahead = False
+        return message
+
+
+def test_tokens_decoded_ahead_reach_only_an_edge_that_asks(tiny_engine, tiny_vocab, drafters):
+    from cloud.server import BackgroundServer, ServerConfig
+
+    ahead = {}
+    with BackgroundServer(tiny_engine, ServerConfig(port=0)) as server:
+        for edge, (text, seed) in itertools.product((_OldEdge, GrpcVerifier), itertools.product(TEXTS[:2], (1, 2))):
+            prompt = tiny_prompt(tiny_engine, text)
+            params = SamplingParams(mode=Mode.COUPLED, temperature=0.9, seed=seed)
+            want = generate(tiny_engine, drafters["drafter_f32"], prompt, params, max_new_tokens=32,
+                            spec=SpecConfig(0)).tokens
+            drafter = _SlowDrafter(tiny_vocab[0], want, len(prompt), right=False, wrong_every=3)
+            link = edge(VerifierEndpoint(server.address, *tiny_vocab))
+            got = run_decode(drafter, link, prompt, params, max_new_tokens=32, spec=SpecConfig(3, window=4))
+            assert got.tokens == want, (edge.__name__, text, seed)
+            assert got.stats.generated == len(want)
+            ahead[edge] = ahead.get(edge, 0) + got.stats.ahead
+    assert ahead[_OldEdge] == 0 and ahead[GrpcVerifier] > 0, ahead
+
+
+@pytest.mark.parametrize("kind", ["drafted", "stale", "empty"])
+def test_the_edge_refuses_more_tokens_decoded_ahead_than_a_verdict_can_hold(kind):
+    """A verified block's tokens decoded ahead are drafts it accepted; a stale or an empty block's are its
+    first tokens: a verdict that claims more is refused before anything is taken."""
+    drafted = kind == "drafted"
+    sent = InFlight(1, 10, DraftBlock([4, 5, 6] if kind != "empty" else []), False)
+    fields = dict(accepted=1, token=9) if drafted else dict(accepted=0, token=9, rebased=(4,), rebased_verified=1)
+    honest = Verdict(1, 10, bonus=False, done=False, stale=kind == "stale", ahead=1 if drafted else 2, **fields)
+    drafts = [4, 5, 6] if kind != "empty" else []
+    check_answers(honest, sent, 0, drafts, (), [0] * 0, 10)
+    lying = Verdict(1, 10, bonus=False, done=False, stale=kind == "stale", ahead=2 if drafted else 3, **fields)
+    with pytest.raises(ProtocolError):
+        check_answers(lying, sent, 0, drafts, (), [], 10)
