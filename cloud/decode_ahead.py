@@ -20,9 +20,11 @@ changes when the edge learns them, never what they are. ``Verdict.ahead`` says
 how many of a verdict's tokens came so. A forward cannot be stopped, so one
 that would still run when the edge's block is due weighs its overrun as a
 stale decode does (``cloud.next_block.decodes_stale``); and the tokens held
-never exceed what one verdict may carry (``Opened.max_draft_len``), which bounds the work an
-edge that stops sending gets for free. The forwards are the session's own,
-charged to its client like any other.
+never exceed what one verdict may carry (``Opened.max_draft_len``), which
+bounds the work an edge that stops sending gets for free. The forwards are the
+session's own, charged to its client like any other. A block that starts
+inside the tokens held, or carries hedge branches while any are held, is stale
+(the edge was not told them; a branch's number would not be the edge's).
 """
 
 from __future__ import annotations
@@ -80,11 +82,11 @@ def breaks_chain(verdict: Verdict) -> bool:
 
 
 def decodes_ahead(session, deadline: float | None) -> bool:
-    """Whether ``session`` (a ``VerifierSession``), nothing of its edge pending, decodes its next token ahead now: the edge takes
-    them, greedy or coupled mode, the service decodes for stale blocks, the session goes on, the tokens
-    held and the forward's spare rows stay within what a verdict may carry, and the forward would be
-    over by ``deadline`` (when the edge's next block is due; None: not known) or its overrun pays, as for
-    a stale decode."""
+    """Whether ``session`` (a ``VerifierSession``), nothing of its edge pending, decodes its next token
+    ahead now: the edge takes them, greedy or coupled mode, the service decodes for stale blocks, the
+    session goes on, the tokens held and the forward's spare rows stay within what a verdict may carry,
+    and the forward would be over by ``deadline`` (when the edge's next block is due; None: not known)
+    or its overrun pays, as for a stale decode."""
     policy = session.policy
     if not (policy.decode_ahead and policy.decode_stale and session.params.mode is not Mode.REJECTION):
         return False
@@ -98,9 +100,9 @@ def decodes_ahead(session, deadline: float | None) -> bool:
 
 
 def decode_ahead_steps(session) -> Steps:
-    """A ``VerifierSession``'s next token (and its own proposals on the way), decoded as for an empty block and
-    held for the edge's next verdict. The step answers no block: it has no verdicts, and its tokens are
-    credited to the client when a verdict tells them."""
+    """A ``VerifierSession``'s next token (and its own proposals on the way), decoded as for an empty
+    block and held for the edge's next verdict. The step answers no block: it has no verdicts, and its
+    tokens are credited to the client when a verdict tells them."""
     step = yield from session.verify_chain_steps([PendingBlock(session.epoch, len(session.tokens), [])])
     (verdict,) = step.verdicts  # (the tokens held before it, folded in front of its own)
     session.ahead.tokens = verdict.committed([])

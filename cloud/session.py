@@ -333,10 +333,10 @@ class VerifierSession:
 
     def _overlap(self, block: PendingBlock) -> int | None:
         """How many of ``block``'s drafts the committed tokens already hold, when it is usable: of this epoch,
-        starting at or before the position the edge was last told of, its drafts up to the next position
-        equal to the committed tokens, with drafts past them (an empty block: any of this epoch). None: stale."""
+        at or before the position the edge was last told of (no branches while tokens decoded ahead are held),
+        its drafts up to the next position equal to the committed tokens, with drafts past them. None: stale."""
         same_epoch, empty, start = block.epoch == self.epoch, not block.drafts, block.start_position
-        told = start <= self.ahead.told_from(len(self.tokens))
+        told = start <= self.ahead.told_from(len(self.tokens)) and not (block.branches and self.ahead)
         skip = None if empty or not same_epoch or not told else committed_skip(start, block.drafts, self.tokens)
         if not usable(same_epoch=same_epoch, empty=empty, drafts_continue=skip is not None):
             return None

@@ -78,10 +78,17 @@ def test_a_block_past_where_the_edge_was_told_is_stale(tiny_engine, greedy_path)
     whatever its drafts; its verdict tells them."""
     prompt, want = greedy_path
     p = len(prompt)
-    session = _corrected(tiny_engine, prompt, want)
+    session = _corrected(tiny_engine, prompt, want, max_branches=1)
     _ahead(session, 2)
     (verdict,) = session.verify_chain([PendingBlock(1, p + 4, want[4:8])])
     assert verdict.stale and verdict.start_position == p + 3 and verdict.committed([])[:2] == want[3:5]
+    # Nor may a hedged block be verified while tokens are held (its branches' numbers would not be the edge's).
+    _ahead(session, 1)
+    end = len(session.tokens)
+    hedged = PendingBlock(1, end - 1, [session.tokens[-1], *want[end - p:end - p + 2]],
+                          branches=((1, [want[end - p + 1]]),))
+    (verdict,) = session.verify_chain([hedged])
+    assert verdict.stale and verdict.ahead == 1
 
 
 def test_tokens_decoded_ahead_to_the_end_are_told_with_the_final_verdict(tiny_engine, greedy_path):

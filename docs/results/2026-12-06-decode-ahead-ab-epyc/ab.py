@@ -1,10 +1,16 @@
 """Paired A/B of two clouds (A: another checkout, B: this tree) on the category bench's prompts; one edge code."""
-import json, os, statistics, subprocess, sys, tempfile
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
 from contextlib import ExitStack
 from pathlib import Path
+
 from cloud.models import resolve_target
 from sim.experiment.categories import render_first_turn
-from sim.experiment.processes import BackgroundLink, CloudProcess, core_split, side_command, _env, _pinned
+from sim.experiment.processes import BackgroundLink, CloudProcess, _env, _pinned, core_split, side_command
 from sim.fixtures.drafter_ladder import drafter_rung
 from sim.link.scenario import load_scenario
 from sim.workloads.mtbench import sample_by_category
@@ -32,8 +38,10 @@ with ExitStack() as stack:
     saved = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = f"/tmp/base-site:{arm_a}"
     cloud_a = stack.enter_context(CloudProcess(target, cloud_cores, extra_args=["--shapes", "auto"]))
-    if saved is None: del os.environ["PYTHONPATH"]
-    else: os.environ["PYTHONPATH"] = saved
+    if saved is None:
+        del os.environ["PYTHONPATH"]
+    else:
+        os.environ["PYTHONPATH"] = saved
     cloud_b = stack.enter_context(CloudProcess(target, cloud_cores, extra_args=["--shapes", "auto"]))
     links = {"A": stack.enter_context(BackgroundLink(scen.link, cloud_a.port)),
              "B": stack.enter_context(BackgroundLink(scen.link, cloud_b.port))}
@@ -61,7 +69,8 @@ with ExitStack() as stack:
                 print(f"{rung:8s} s{seed} {cat:11s} #{q.question_id:<4d} cloud-only {bt:5.2f} tok/s  A {res['A']:.2f}x  B {res['B']:.2f}x  B/A {res['B']/res['A']:.3f}", flush=True)
     for rung in rungs:
         sel = [r for r in rows if r[0] == rung]
-        a = [r[4] for r in sel]; b = [r[5] for r in sel]
+        a = [r[4] for r in sel]
+        b = [r[5] for r in sel]
         print(f"{rung}: A median {statistics.median(a):.2f}x (min {min(a):.2f}, below 0.95: {sum(x < 0.95 for x in a)}) | "
               f"B median {statistics.median(b):.2f}x (min {min(b):.2f}, below 0.95: {sum(x < 0.95 for x in b)}) | "
               f"paired B/A median {statistics.median([y/x for x, y in zip(a, b)]):.3f}, B better on {sum(y > x for x, y in zip(a, b))}/{len(a)}")
