@@ -55,7 +55,7 @@ def check_answers(verdict: Verdict, sent: Sent, skip: int, drafts: list[int],
         or (verdict.stale and (verdict.accepted or verdict.branch))
         or (verdict.rebased and not verdict.stale and sent.block.tokens)  # (an empty block's: the cloud's proposals)
         or verdict.accepted > len(drafts)
-        or verdict.ahead > (verdict.accepted if sent.block.tokens and not verdict.stale else own_tokens(verdict))
+        or verdict.ahead > (verdict.accepted if sent.block.tokens and not verdict.stale else verdict.committed_count)
         or (verdict.is_deferred and not sent.more_follows)
         or not answers_branch(verdict, branches)
     ):
@@ -64,11 +64,6 @@ def check_answers(verdict: Verdict, sent: Sent, skip: int, drafts: list[int],
             f"does not answer the block sent at epoch {sent.epoch} position {sent.start_position} "
             f"with {len(generated)} tokens committed"
         )
-
-
-def own_tokens(verdict: Verdict) -> int:
-    """The tokens a stale or an empty block's verdict commits: its ``rebased``, then its token."""
-    return len(verdict.rebased) + (verdict.token is not None)
 
 
 def answers_branch(verdict: Verdict, branches: tuple[tuple[int, list[int]], ...]) -> bool:
