@@ -314,7 +314,8 @@ class BlockStream(ServicePart):
 
         Stops when the edge closes or hangs up (``ending`` gets ``CLOSE`` or
         ``EOF``); refuses more than ``max_blocks_in_flight`` blocks waiting; with nothing pending after a
-        verdict that breaks the edge's chain, decodes ahead while ``decodes_ahead`` says so;
+        verdict that breaks the edge's chain, decodes ahead while ``decodes_ahead`` says so (and shows
+        the session the new chain's first block: ``ChainStartGuesses``);
         parks a session none of whose verdicts committed a token for
         ``idle_timeout_s``, whatever the stream sends (stale blocks keep no slot).
         """
@@ -354,15 +355,18 @@ class BlockStream(ServicePart):
                         f"more than {self.limits.max_blocks_in_flight} blocks in flight",
                     )
             if pending and not ending:  # one chain at a time: a stale block's answer depends on what arrived
-                epoch = entry.session.epoch
+                session, front = entry.session, pending[0]
+                epoch, told = session.epoch, session.ahead.told_from(len(session.tokens))
                 answered = await self._verify_pending(entry, pending, stream, next_block.deadline())
+                if broken_chain and front.epoch == epoch and front.drafts and front.start_position <= told:
+                    session.ahead.guesses.observe(front.drafts, front.start_position, told, session.tokens)
                 for answer in answered:
                     yield answer
                     if answer.verdict.committed_count:
                         progress = time.monotonic()
                 broken_chain = breaks_chain(answered[-1].verdict)
-                if entry.session.epoch != epoch:
-                    next_block.corrected(time.perf_counter(), entry.session.epoch)
+                if session.epoch != epoch:
+                    next_block.corrected(time.perf_counter(), session.epoch)
 
     async def finished(self, session: VerifierSession, frames: asyncio.Queue, ending: list) -> bool:
         """Whether the session is done with once the verdict loop stops: the edge closed, or it has the

@@ -22,14 +22,26 @@ that would still run when the edge's block is due weighs its overrun as a
 stale decode does (``cloud.next_block.decodes_stale``); and the tokens held
 never exceed what one verdict may carry (``Opened.max_draft_len``), which
 bounds the work an edge that stops sending gets for free. The forwards are the
-session's own, charged to its client like any other. A block that starts
+session's own, charged to its client like any other.
+
+A token decoded ahead is worth its forward only where the edge's next block
+would not have held it: where the block's first drafts match the tokens held,
+its forward runs all the same and the edge learns nothing sooner. So the
+session learns, from the first block of each new chain (``ChainStartGuesses``),
+how far such a block's drafts hold the target's next tokens, and decodes on
+only while the tokens that fit before the block is due are expected to be
+missed by it at least as often as held (``ChainStartGuesses.pays``): with a
+drafter whose guesses hold, the forwards are saved; with one whose guesses
+miss, the edge hears of its correction a forward or more sooner. A block that starts
 inside the tokens held, or carries hedge branches while any are held, is stale
 (the edge was not told them; a branch's number would not be the edge's).
 """
 
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 
 from cloud.engine import Steps
@@ -38,14 +50,64 @@ from cloud.pending_block import PendingBlock
 from shared.params import Mode
 from shared.verdict import Verdict
 
-__all__ = ["DecodedAhead", "breaks_chain", "decode_ahead_steps", "decodes_ahead"]
+__all__ = ["ChainStartGuesses", "DecodedAhead", "breaks_chain", "decode_ahead_steps", "decodes_ahead"]
+
+
+class ChainStartGuesses:
+    """How far the edge's first block of a new chain guesses the target's next tokens: per draft
+    position k, how often draft k matched where drafts 0..k-1 had (Laplace's rule: 1/2 before any)."""
+
+    def __init__(self) -> None:
+        self.trials: list[int] = []
+        self.hits: list[int] = []
+
+    def observe(self, drafts: Sequence[int], start: int, told: int, tokens: Sequence[int]) -> None:
+        """A chain's first block of ``drafts`` from position ``start``, the edge told of the tokens up to
+        ``told`` (>= ``start``: its first drafts may guess tokens decoded for stale blocks, told since),
+        against the session's committed ``tokens`` (all positions, the prompt's included). Trials are
+        counted from ``told`` on, as the tokens decoded ahead are: the drafts there before the first that
+        differs are hits, that one a miss (a miss before ``told`` misses there too); drafts past the
+        committed tokens are no trial, nor is a block that starts past ``told``."""
+        shift = told - start
+        if shift < 0:
+            return
+        known = min(len(drafts), len(tokens) - start) - shift
+        matched = 0
+        while matched < known + shift and drafts[matched] == tokens[start + matched]:
+            matched += 1
+        matched = max(matched - shift, 0)
+        for k in range(min(matched + 1, known)):
+            if k == len(self.trials):
+                self.trials.append(0)
+                self.hits.append(0)
+            self.trials[k] += 1
+            self.hits[k] += k < matched
+
+    def held(self, k: int) -> float:
+        """The odds that such a block's drafts 0..k all match the target's tokens."""
+        odds = 1.0
+        for m in range(k + 1):
+            trials, hits = (self.trials[m], self.hits[m]) if m < len(self.trials) else (0, 0)
+            odds *= (hits + 1) / (trials + 2)
+        return odds
+
+    def pays(self, first: int, count: int) -> bool:
+        """Whether decoding ahead the tokens at positions ``first`` .. ``first + count - 1`` past the told
+        one (``first`` held already, ``count`` >= 1 more fitting before the block is due) is expected to
+        bring the edge at least as many tokens its block would have missed (the block is then answered
+        without its forward, the tokens told sooner) as forwards spent on tokens its drafts hold (which
+        its forward would have settled anyway): sum over them of (1 - held) - held >= 0. A token's
+        odds of being held fall with its position, so the later ones are the ones that pay."""
+        return sum(1.0 - 2.0 * self.held(k) for k in range(first, first + max(count, 1))) >= 0.0
 
 
 class DecodedAhead:
-    """The tokens a session committed on its own since its last verdict (none told to the edge yet)."""
+    """The tokens a session committed on its own since its last verdict (none told to the edge yet),
+    and how well the edge's new chains guess such tokens (``guesses``, kept across turns)."""
 
     def __init__(self) -> None:
         self.tokens: list[int] = []
+        self.guesses = ChainStartGuesses()
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -85,18 +147,24 @@ def decodes_ahead(session, deadline: float | None) -> bool:
     """Whether ``session`` (a ``VerifierSession``), nothing of its edge pending, decodes its next token
     ahead now: the edge takes them, greedy or coupled mode, the service decodes for stale blocks, the
     session goes on, the tokens held and the forward's spare rows stay within what a verdict may carry,
-    and the forward would be over by ``deadline`` (when the edge's next block is due; None: not known)
-    or its overrun pays, as for a stale decode."""
+    the tokens that fit before ``deadline`` (when the edge's next block is due; None: not known) are
+    worth their forwards (``ChainStartGuesses.pays``), and the forward would be over by ``deadline`` or
+    its overrun pays, as for a stale decode."""
     policy = session.policy
     if not (policy.decode_ahead and policy.decode_stale and session.params.mode is not Mode.REJECTION):
         return False
     if session.done or session.broken or session.generated >= session.max_new_tokens:
         return False
-    if len(session.ahead) + session.drafts_at_no_cost() + 1 > session.draft_limit.opened:
+    held = len(session.ahead)
+    room = session.draft_limit.opened - session.drafts_at_no_cost() - held
+    if room < 1:
         return False
-    return decodes_stale(enabled=True, usable_behind=False, now=time.perf_counter(),
-                         forward_s=session.one_token_s.value or 0.0, deadline=deadline, may_overrun=True,
-                         guess_odds=session.guess_odds())
+    now, forward_s = time.perf_counter(), session.one_token_s.value or 0.0
+    fits = room if deadline is None or forward_s <= 0 else math.ceil((deadline - now) / forward_s)
+    if not session.ahead.guesses.pays(held, min(max(fits, 1), room)):
+        return False
+    return decodes_stale(enabled=True, usable_behind=False, now=now, forward_s=forward_s, deadline=deadline,
+                         may_overrun=True, guess_odds=session.guess_odds())
 
 
 def decode_ahead_steps(session) -> Steps:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from helpers import GREEDY, new_session
 
-from cloud.decode_ahead import breaks_chain, decode_ahead_steps, decodes_ahead
+from cloud.decode_ahead import ChainStartGuesses, breaks_chain, decode_ahead_steps, decodes_ahead
 from cloud.engine import run_alone
 from cloud.session import PendingBlock
 from cloud.step_result import StepResult
@@ -133,6 +133,37 @@ def test_a_forward_that_would_delay_the_next_block_waits(tiny_engine, greedy_pat
     session.stats.drafted_at, session.stats.accepted_at = [1000], [1000]  # the edge's guesses always hold
     assert not decodes_ahead(session, deadline=time.perf_counter())
     assert decodes_ahead(session, deadline=time.perf_counter() + 60)
+
+
+def test_chain_start_guesses_count_trials_from_where_the_edge_was_told():
+    """Hits up to the first miss, that miss, nothing past it or past the committed tokens; a block that
+    starts before the told position (its first drafts guessed stale decodes) counts from there, and a miss
+    before it is a miss at the first position."""
+    tokens = [9, 9, 1, 2, 3, 4, 5]  # committed, two of them the prompt's
+    guesses = ChainStartGuesses()
+    guesses.observe([1, 2, 7, 4], 2, 2, tokens)  # hit, hit, miss
+    guesses.observe([1, 2, 3, 4, 5, 6, 7], 2, 2, tokens)  # hits through the committed tokens only
+    guesses.observe([1, 2, 3, 8], 2, 4, tokens)  # from position 4: hit, miss
+    guesses.observe([8, 2, 3], 2, 3, tokens)  # wrong before the told position
+    guesses.observe([3, 4], 4, 2, tokens)  # past the told position: no trial
+    assert guesses.trials == [4, 3, 2, 1, 1] and guesses.hits == [3, 2, 1, 1, 1]
+    assert guesses.held(0) == pytest.approx(4 / 6) and guesses.held(1) == pytest.approx(4 / 6 * 3 / 5)
+
+
+@pytest.mark.parametrize("edge", ["guesses hold", "guesses miss", "not known"])
+def test_decoding_ahead_pays_where_the_edge_s_new_chains_would_miss_the_tokens(tiny_engine, greedy_path, edge):
+    """A token decoded ahead that the edge's next block holds costs a forward and tells the edge nothing
+    sooner: a session whose edge's new chains always guessed right stops decoding ahead, one whose edge's
+    chains missed goes on, and one that has seen none decodes ahead (the first token is as likely held as
+    missed, the later ones likelier missed)."""
+    prompt, want = greedy_path
+    session = _corrected(tiny_engine, prompt, want)
+    room = session.draft_limit.opened - session.drafts_at_no_cost()
+    for _ in range(0 if edge == "not known" else 20):
+        drafts = want[: room] if edge == "guesses hold" else [(want[0] + 1) % tiny_engine.vocab_size]
+        session.ahead.guesses.observe(drafts, len(prompt), len(prompt), [*prompt, *want])
+    assert decodes_ahead(session, deadline=None) == (edge != "guesses hold")
+    assert ChainStartGuesses().pays(0, 1)  # (a tie: as likely missed as held)
 
 
 def test_the_ledger_counts_no_draft_for_a_token_decoded_ahead():
