@@ -28,7 +28,7 @@ FOLDERS = {
     "links-xeon": "2026-12-03-links-xeon",
     "satellite-xeon": "2026-12-03-satellite-xeon",
     "capacity": "2026-12-03-capacity",
-    "categories": "2026-12-06-categories-ahead-epyc",
+    "categories": "2026-12-06-categories-gate-epyc",
 }
 
 PLACEHOLDER = re.compile(r"\{([a-z-]+):([^{}\s]+)\}")
@@ -99,7 +99,7 @@ at {satellite-xeon:commits} ([files](docs/results/2026-12-03-satellite-xeon/)); 
 
 Per workload category (`splitspec bench categories`: MT-bench's first turns, a sample of each of its
 categories, acespec-50k; {categories:machine}, at {categories:commits};
-[summary](docs/results/2026-12-06-categories-ahead-epyc/summary.md)), against the same prompt's fastest cloud-only, AL
+[summary](docs/results/2026-12-06-categories-gate-epyc/summary.md)), against the same prompt's fastest cloud-only, AL
 counted as vLLM does (1 + accepted drafts per block), and the run's efficiency against this machine's ceiling
 (the best steady rate its measured costs allow, rejections free):
 
