@@ -1,7 +1,9 @@
 """The README's Results tables as a template over ``docs/results/baseline.md``'s figures.
 
 ``TEMPLATE`` is the text between the README's ``<!-- baseline:begin … -->`` and ``<!-- baseline:end -->``
-markers with every figure a placeholder ``{folder:figure}`` (a folder by its alias in ``FOLDERS``).
+markers with every figure a placeholder ``{folder:figure}`` (a folder by its alias in ``FOLDERS``), and
+every link to a folder ``{folder:dir}`` (its path from the repository root), so that an alias names its
+folder in one place.
 ``render_region`` fills it from the figures baseline.md holds and refuses a placeholder that names none:
 the README states no number that baseline.md does not. When a newer run answers a question, its folder
 replaces the old one in ``FOLDERS``, and the command regenerates both files.
@@ -32,6 +34,7 @@ FOLDERS = {
 }
 
 PLACEHOLDER = re.compile(r"\{([a-z-]+):([^{}\s]+)\}")
+DIR = "dir"  # the placeholder name for the folder's own path, ``docs/results/<folder>``
 
 TEMPLATE = """\
 Against **the fastest cloud-only** of the same run (a lone session in free shapes): the median over runs of
@@ -53,15 +56,15 @@ each run's median over its prompts, the runs' range in brackets; acespec-50k ({e
 
 EPYC: {epyc:machine}; {epyc:acespec-50k/default/auto/runs} runs as opened and
 {epyc:acespec-50k/default/reproducible/runs} reproducible, at {epyc:commits}
-([files](docs/results/2026-12-03-acespec-epyc/)). Xeon: {xeon:machine}; {xeon:acespec-50k/default/auto/runs}
-runs, each both ways, at {xeon:commits} ([files](docs/results/2026-12-03-demo-xeon/)). The gain rests on a
+([files]({epyc:dir}/)). Xeon: {xeon:machine}; {xeon:acespec-50k/default/auto/runs}
+runs, each both ways, at {xeon:commits} ([files]({xeon:dir}/)). The gain rests on a
 drafted token's cost against a cloud token's (the fitted model, free shapes): {epyc:acespec-50k/fit/drafter-ms}
 against {epyc:acespec-50k/fit/lone-forward-ms} ms on the EPYC, {xeon:acespec-50k/fit/drafter-ms} against
 {xeon:acespec-50k/fit/lone-forward-ms} ms on the Xeon. Cloud-only made {epyc:acespec-50k/cloud-only/tok-s} tok/s
 (EPYC) and {xeon:acespec-50k/cloud-only/tok-s} (Xeon); reproducibility costs it
 {epyc:acespec-50k/cloud-only/reproducibility-price} and {xeon:acespec-50k/cloud-only/reproducibility-price}, and
 batches of 8 and 16 split sessions {capacity:coupled/8/reproducibility-price} and
-{capacity:coupled/16/reproducibility-price} ([capacity](docs/results/2026-12-03-capacity/), one run on
+{capacity:coupled/16/reproducibility-price} ([capacity]({capacity:dir}/), one run on
 {capacity:machine}, at {capacity:commits}). The split spends {epyc:acespec-50k/default/auto/cloud-cpu} /
 {epyc:acespec-50k/q2_k/auto/cloud-cpu} (Gemma / q2_k) of cloud-only's cloud CPU a token on the EPYC,
 {xeon:acespec-50k/default/auto/cloud-cpu} / {xeon:acespec-50k/q2_k/auto/cloud-cpu} on the Xeon. Reproducible
@@ -93,13 +96,13 @@ Runs a cell, Xeon / EPYC: wan and lte {links-xeon:wan/default/auto/runs} / {link
 acespec-50k {xeon:acespec-50k/default/auto/runs} / {epyc:acespec-50k/default/auto/runs} (q3_k_s
 {links-xeon:acespec-50k/q3_k_s/auto/runs} / {epyc:acespec-50k/q3_k_s/auto/runs}); satellite
 {satellite-xeon:satellite/default/auto/runs} / {links-epyc:satellite/default/auto/runs}. Xeon: {links-xeon:machine}
-at {links-xeon:commits} ([files](docs/results/2026-12-03-links-xeon/)), satellite on {satellite-xeon:machine}
-at {satellite-xeon:commits} ([files](docs/results/2026-12-03-satellite-xeon/)); EPYC: {links-epyc:machine} at
-{links-epyc:commits} ([files](docs/results/2026-12-03-links-epyc/)).
+at {links-xeon:commits} ([files]({links-xeon:dir}/)), satellite on {satellite-xeon:machine}
+at {satellite-xeon:commits} ([files]({satellite-xeon:dir}/)); EPYC: {links-epyc:machine} at
+{links-epyc:commits} ([files]({links-epyc:dir}/)).
 
 Per workload category (`splitspec bench categories`: MT-bench's first turns, a sample of each of its
 categories, acespec-50k; {categories:machine}, at {categories:commits};
-[summary](docs/results/2026-12-06-categories-gate-epyc/summary.md)), against the same prompt's fastest cloud-only, AL
+[summary]({categories:dir}/summary.md)), against the same prompt's fastest cloud-only, AL
 counted as vLLM does (1 + accepted drafts per block), and the run's efficiency against this machine's ceiling
 (the best steady rate its measured costs allow, rejections free):
 
@@ -114,13 +117,15 @@ counted as vLLM does (1 + accepted drafts per block), and the run's efficiency a
 
 
 def _placeholders() -> list[tuple[str, str, str]]:
-    """Each placeholder as (its text, folder, figure name), in template order; an unknown alias is an error."""
+    """Each figure placeholder as (its text, folder, figure name), in template order (``{alias:dir}`` left out);
+    an unknown alias is an error."""
     found = []
     for match in PLACEHOLDER.finditer(TEMPLATE):
         alias, figure = match.groups()
         if alias not in FOLDERS:
             raise ValueError(f"README template: {match.group(0)} names no folder alias ({', '.join(FOLDERS)})")
-        found.append((match.group(0), FOLDERS[alias], figure))
+        if figure != DIR:
+            found.append((match.group(0), FOLDERS[alias], figure))
     return found
 
 
@@ -140,7 +145,11 @@ def render_region(figures: dict[str, dict[str, str]]) -> str:
     missing = sorted({text for text, folder, figure in _placeholders() if figure not in figures.get(folder, {})})
     if missing:
         raise ValueError(f"baseline.md has no figure for the README's {', '.join(missing)}")
-    body = PLACEHOLDER.sub(lambda match: figures[FOLDERS[match.group(1)]][match.group(2)], TEMPLATE)
+    def value(match: re.Match) -> str:
+        folder, figure = FOLDERS[match.group(1)], match.group(2)
+        return f"docs/results/{folder}" if figure == DIR else figures[folder][figure]
+
+    body = PLACEHOLDER.sub(value, TEMPLATE)
     return f"{BEGIN}\n{rewrap(body)}{END}"
 
 

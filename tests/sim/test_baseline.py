@@ -5,6 +5,7 @@ every link into ``docs/results/`` names a file. Files only: no model, no process
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -49,6 +50,11 @@ def test_the_readme_quotes_only_figures_baseline_md_holds_and_names_the_machines
     assert render_region(figures) in readme
     assert "AMD EPYC" in readme and "Intel(R) Xeon(R) Processor" in readme
     assert figures[EPYC]["acespec-50k/default/auto/speedup"] == "2.02×"  # the median of 2.02, 2.26, 1.94
+
+
+def test_the_readme_links_each_quoted_folder_through_its_alias():
+    region = render_region(parse_baseline((ROOT / BASELINE).read_text()))
+    assert set(re.findall(r"docs/results/(\d{4}-[^/)\s]+)", region)) == set(FOLDERS.values())
 
 
 def test_a_hand_edited_figure_fails_the_check_and_the_command_restores_it(checkout, capsys):
