@@ -10,7 +10,7 @@ from helpers import GREEDY, new_session
 
 from cloud.decode_ahead import ChainStartGuesses, breaks_chain, decode_ahead_steps, decodes_ahead
 from cloud.engine import run_alone
-from cloud.session import PendingBlock
+from cloud.session import PendingBlock, SessionPolicy, VerifierSession
 from cloud.step_result import StepResult
 from shared.params import Mode, SamplingParams
 from shared.verdict import StopReason, Verdict
@@ -174,3 +174,31 @@ def test_the_ledger_counts_no_draft_for_a_token_decoded_ahead():
     step = StepResult([told], rows=3, drafts=2)
     assert step.drafts_accepted == 2 and step.client_tokens == 5
     assert StepResult([stale], rows=1).drafts_accepted == 0 and StepResult([stale], rows=1).client_tokens == 3
+
+
+def test_a_verdict_carrying_tokens_decoded_ahead_verifies_no_more_than_a_block_may_hold(tiny_engine, greedy_path,
+                                                                                     monkeypatch):
+    """The tokens held ride in front of the next verdict's own verified drafts (a stale decode's spare drafts,
+    an empty block's proposals), and the edge refuses a verdict that verified more than its blocks may hold
+    (``edge.verdict_checks``): the drafts a forward verifies for free stop where the two would pass it,
+    even where the forward's free rows grew since the tokens were decoded (measured in CI: 5 held and 1
+    more verified, at most 5)."""
+    prompt, want = greedy_path
+    p = len(prompt)
+    rows = {"at cost of one": 3}
+    monkeypatch.setattr(tiny_engine, "rows_at_cost_of", lambda _rows, _reproducible=False: rows["at cost of one"])
+    session = VerifierSession(tiny_engine, prompt, GREEDY, max_new_tokens=64, max_draft_len=5,
+                              policy=SessionPolicy(decode_ahead=True, propose=True))
+    wrong = (want[2] + 1) % tiny_engine.vocab_size
+    session.verify_chain([PendingBlock(0, p, [want[0], want[1], wrong, want[3]])])
+    while decodes_ahead(session, deadline=None):
+        run_alone(decode_ahead_steps(session), session.engine)
+    held = len(session.ahead)
+    assert held == 3  # 5 less the 2 drafts a forward verified for free, then
+    rows["at cost of one"] = 5  # 4 free now
+    session._spare.add(p + 3 + held, want[3 + held:3 + held + 4])  # drafts the edge sent past the tokens held
+    other = (want[3] + 1) % tiny_engine.vocab_size
+    (verdict,) = session.verify_chain([PendingBlock(1, p + 3, [other, *want[4:8]])])  # stale: guessed them wrong
+    assert verdict.ahead == held and verdict.stale
+    assert verdict.rebased_verified <= session.draft_limit.opened
+    assert verdict.committed([])[:held] == want[3:3 + held] and session.tokens[p:] == want[: len(session.tokens) - p]
