@@ -24,6 +24,12 @@ class DraftLimit:
         """Drafts per block the edge is held to from now on."""
         return self.lowered or self.opened
 
+    def beside(self, held: int) -> int:
+        """The most drafts a forward may verify for a verdict that carries ``held`` tokens decoded ahead in
+        front of them: the edge refuses a verdict that verified more than the Open's limit in all
+        (``edge.verdict_checks``), and holds its later blocks to ``current``."""
+        return max(0, min(self.current, self.opened - held))
+
     def for_epoch(self, epoch: int) -> int:
         """The most drafts a block of ``epoch`` may hold."""
         return self.lowered if self.lowered and epoch > self._since_epoch else self.opened

@@ -291,11 +291,8 @@ class VerifierSession:
         return self._spare.run_from(len(self.tokens), self.drafts_at_no_cost())
 
     def drafts_at_no_cost(self) -> int:
-        """Drafts a forward for the next token may verify for about its cost (``spare_drafts.free_drafts``),
-        within what its verdict may carry: the tokens decoded ahead ride in front of them, and the edge
-        refuses a verdict that verified more than the Open's ``max_draft_len`` (``edge.verdict_checks``)."""
-        free = free_drafts(self.engine.rows_at_cost_of(1, self.params.reproducible), self.draft_limit.current)
-        return max(0, min(free, self.draft_limit.opened - len(self.ahead)))
+        """Drafts a forward for the next token verifies at about its cost (``free_drafts``, ``DraftLimit.beside``)."""
+        return free_drafts(self.engine.rows_at_cost_of(1, self.params.reproducible), self.draft_limit.beside(len(self.ahead)))
 
     @property
     def proposes(self) -> bool:

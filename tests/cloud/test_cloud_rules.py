@@ -119,6 +119,13 @@ def test_a_lowered_draft_limit_holds_later_epochs_only_and_outlives_a_new_turn()
     assert (limit.current, limit.lowered, limit.for_epoch(0)) == (2, 0, 2)
 
 
+def test_tokens_decoded_ahead_leave_a_forward_what_the_open_allows_beside_them():
+    limit = DraftLimit(8)
+    assert [limit.beside(held) for held in (0, 3, 8)] == [8, 5, 0]
+    limit.lower(6, epoch=0)  # the lowered limit holds where the Open's less the held allows more
+    assert [limit.beside(held) for held in (0, 3)] == [6, 5]
+
+
 def test_spare_drafts_ride_where_they_lie_in_a_row():
     spare = SpareDrafts()
     spare.add(10, [1, 2, 3])
