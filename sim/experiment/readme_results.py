@@ -145,6 +145,7 @@ def render_region(figures: dict[str, dict[str, str]]) -> str:
     missing = sorted({text for text, folder, figure in _placeholders() if figure not in figures.get(folder, {})})
     if missing:
         raise ValueError(f"baseline.md has no figure for the README's {', '.join(missing)}")
+
     def value(match: re.Match) -> str:
         folder, figure = FOLDERS[match.group(1)], match.group(2)
         return f"docs/results/{folder}" if figure == DIR else figures[folder][figure]

@@ -181,8 +181,8 @@ def test_a_verdict_carrying_tokens_decoded_ahead_verifies_no_more_than_a_block_m
     """The tokens held ride in front of the next verdict's own verified drafts (a stale decode's spare drafts,
     an empty block's proposals), and the edge refuses a verdict that verified more than its blocks may hold
     (``edge.verdict_checks``): the drafts a forward verifies for free stop where the two would pass it,
-    even where the forward's free rows grew since the tokens were decoded (measured in CI: 5 held and 1
-    more verified, at most 5)."""
+    even where the forward's free rows grew since the tokens were decoded (CI's edge refused "5 rebased
+    drafts of 6 verified, at most 5")."""
     prompt, want = greedy_path
     p = len(prompt)
     rows = {"at cost of one": 3}
@@ -194,7 +194,7 @@ def test_a_verdict_carrying_tokens_decoded_ahead_verifies_no_more_than_a_block_m
     while decodes_ahead(session, deadline=None):
         run_alone(decode_ahead_steps(session), session.engine)
     held = len(session.ahead)
-    assert held == 3  # 5 less the 2 drafts a forward verified for free, then
+    assert held == 3  # the Open's 5 less the 2 drafts a forward verified for free then
     rows["at cost of one"] = 5  # 4 free now
     session._spare.add(p + 3 + held, want[3 + held:3 + held + 4])  # drafts the edge sent past the tokens held
     other = (want[3] + 1) % tiny_engine.vocab_size
