@@ -24,7 +24,7 @@ while it measurably pays). The rules and their reasons:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from edge.acceptance_estimate import AcceptanceEstimate
 from edge.hedge_choice import HedgeChoice
@@ -58,6 +58,22 @@ def controller_for(schedule: str, max_draft_len: int, window: int) -> Controller
     return Controller(max_draft_len, window, CLOUD_WINDOW)
 
 
+@dataclass
+class StaleBlocks:
+    """What the stale blocks past a correction bring back, as measured, and how far the verifier decodes on
+    past them (``shared.acceptance.stale_expectation``)."""
+
+    decoded: Ewma = field(default_factory=lambda: Ewma(value=1.0))  # share of stale blocks answered with a token
+    rebased: Ewma = field(default_factory=lambda: Ewma(value=0.0))  # ... the rebased drafts accepted before it
+    ahead_limit: int = 0  # tokens the verifier may decode ahead after a correction, held at most (0: none)
+
+    def observe(self, committed: int, rebased: int) -> None:
+        """A stale block's verdict: ``committed`` tokens decoded for it, ``rebased`` of them drafts accepted."""
+        self.decoded.add(float(committed > 0))
+        if committed:
+            self.rebased.add(rebased)
+
+
 @dataclass(frozen=True)
 class Plan:
     draft_len: int  # drafts per block; 0: the cloud decodes alone (empty blocks)
@@ -84,8 +100,7 @@ class Controller:
         self.forward_cost = RowCost()  # a forward's seconds by the session's rows in it (Verdict.forward_rows)
         self.one_token_s = Ewma()  # a forward that decoded one token (stale block's or alone), alone
         self.cloud_s_per_token = Ewma()  # seconds per token while the cloud decodes alone
-        self.stale_decoded = Ewma(value=1.0)  # share of stale blocks answered with a token
-        self.stale_rebased = Ewma(value=0.0)  # ... the rebased drafts accepted before it, per such block
+        self.stale = StaleBlocks()  # what the stale blocks past a correction bring back
         self.hedge = HedgeChoice()  # hedge branches: the width allowed (``HedgeChoice.allow``) and the choice
         self.drafted_blocks = 0  # drafted blocks observed
         # The current choice. A session starts drafting (measured here: starting with the cloud decoding
@@ -112,13 +127,23 @@ class Controller:
         return controller
 
     # -- the start -------------------------------------------------------
+    def expect_ahead(self, held_limit: int) -> None:
+        """Whether the verifier decodes ahead after a correction (``cloud.decode_ahead``: pipelined, greedy
+        and coupled modes, ``Open.takes_ahead``), at most ``held_limit`` tokens held (the Open's draft
+        limit); 0: it does not. A correction's gap is then priced as the cloud spends it
+        (``shared.acceptance.stale_expectation``), and a session never starts with the cloud alone."""
+        self.stale.ahead_limit = max(held_limit, 0)
+
     def start(self, round_trip_s: float, token_s: float) -> Plan | None:
         """Before the Open, from a round trip measured with no cloud work in it and the cloud's hint of
         its seconds per token decoding alone (0: not known): the cloud alone from the first token, where
-        a round trip and a token cost more tokens of the cloud's alone than ``Tunables.start_chain_tokens`` (then
-        both seed the estimates, and the plan is returned); else None, and the session starts
-        drafting as it would without them."""
-        if token_s <= 0 or round_trip_s <= 0 or (round_trip_s + token_s) / token_s < self.tunables.start_chain_tokens:
+        the verifier does not decode ahead (``expect_ahead``) and a round trip and a token cost more tokens
+        of the cloud's alone than ``Tunables.start_chain_tokens`` (then both seed the estimates, and the
+        plan is returned); else None, and the session starts drafting as it would without them. Where
+        it decodes ahead, each correction's round trip is spent decoding as the cloud alone would, so
+        drafting starts no slower (measured on satellite: docs/history.md)."""
+        if (self.stale.ahead_limit or token_s <= 0 or round_trip_s <= 0
+                or (round_trip_s + token_s) / token_s < self.tunables.start_chain_tokens):
             return None
         self.network_s.add(round_trip_s)
         self.cloud_s_per_token.add(token_s)
@@ -174,9 +199,8 @@ class Controller:
         (a weak one on a long round trip: each chain's first block guessed a token decoded for a void
         block wrong) is thus still measured: without these, drafting could not be predicted, and the
         cloud alone never weighed against it."""
-        self.stale_decoded.add(float(committed > 0))
+        self.stale.observe(committed, rebased)
         if committed:
-            self.stale_rebased.add(rebased)
             _add_reported(self.one_token_s, forward_s)
         if trip_s is not None:
             self.network_s.add(max(trip_s - cloud_s, 0.0))
@@ -271,7 +295,8 @@ class Controller:
             return None
         stale_decode_s = self.cloud_s_per_token.value or self.one_token_s.value or verify
         costs = ChainCosts(self.draft_s_per_token.value, self.network_s.value, verify, stale_decode_s,
-                           stale_share=self.stale_decoded.value, rebased_per_stale_decode=self.stale_rebased.value)
+                           stale_share=self.stale.decoded.value, rebased_per_stale_decode=self.stale.rebased.value,
+                           ahead_limit=self.stale.ahead_limit)
         chain = pipelined_chain(alphas, draft_len, window, costs)
         return chain.tokens / chain.seconds
 

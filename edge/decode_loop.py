@@ -178,11 +178,19 @@ class _Decode:
         cloud alone on what the connection measured of the link (``Controller.start``); then a window of
         them, within the verifier's hint of blocks in flight and the token limit."""
         pipe, hint = self.pipeline, self.verifier.link_hint
+        self._expect_ahead(pipe.draft_len + pipe.window - 1 if pipe.draft_len else 0)
         plan = None if hint is None else pipe.head_start(hint.round_trip_s, hint.cloud.token_s_for(self.params.reproducible))
         if plan is None:
             return 0
         log.debug("the cloud decodes alone from the start: %s", pipe.schedule.describe(plan))
         return max(min(plan.window, hint.cloud.max_blocks_in_flight or 1, self.max_new_tokens - 1), 0)
+
+    def _expect_ahead(self, held_limit: int) -> None:
+        """Tell the schedule that the verifier decodes ahead after a correction, ``held_limit`` tokens held
+        at most, where the Open asks it to (``Open.takes_ahead``: pipelined, drafting) and the mode lets it
+        (greedy and coupled: the tokens are the target's whatever the drafts); else that it does not."""
+        decodes = self.pipeline.window > 1 and held_limit > 0 and self.guesses_are_trials
+        self.pipeline.schedule.expect_ahead(held_limit if decodes else 0)
 
     def _open(self, head_start: int) -> None:
         pipe, early = self.pipeline, self.early
@@ -192,6 +200,7 @@ class _Decode:
         terms = self.verifier.open(self.prompt, self.params, self.max_new_tokens, max_draft_len,
                                    early_block=early and early.future, head_start=head_start,
                                    pipelined=pipe.window > 1)
+        self._expect_ahead(terms.max_draft_len if max_draft_len else 0)
         self._adopt(terms)
         if terms.answers_first_position:  # the first token comes right after the prefill
             self._expect_first_position()

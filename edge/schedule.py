@@ -31,6 +31,9 @@ class Schedule(Protocol):
     def hedge_width(self) -> int:
         """Hedge branches for the next block."""
 
+    def expect_ahead(self, held_limit: int) -> None:
+        """The verifier may decode ahead after a correction, ``held_limit`` tokens held at most (0: not)."""
+
     def start(self, round_trip_s: float, token_s: float) -> Plan | None:
         """Before the Open: a plan to start with the cloud alone, or None."""
 
@@ -105,7 +108,7 @@ class FixedSchedule:
         pass
 
     observe_hedge = observe_forward = observe_acceptance = observe_stale = observe_block
-    observe_cloud_token = observe_shadow = observe_block
+    observe_cloud_token = observe_shadow = expect_ahead = observe_block
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,8 @@ class Tunables:
     commits between corrections, 1 / (1 - α) at α 0.85 (the default drafter's measured rate): every
     correction costs a drafting chain a round trip, and the cloud alone pays none, so no drafting
     start keeps pace there (docs/pipelining.md, the start; a drafter that does is still found by the
-    shadow proposals)."""
+    shadow proposals). Only where the verifier decodes nothing ahead: where it does, a correction's
+    round trip is spent decoding (``Controller.start``)."""
 
     hysteresis: float = 0.15
     change_tie: float = 0.03

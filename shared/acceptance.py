@@ -11,7 +11,9 @@ a long round trip with a weak drafter, the closed form is optimistic).
 
 from __future__ import annotations
 
+import itertools
 import math
+import operator
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -19,6 +21,7 @@ __all__ = ["expected_acceptance_length", "chain_expectation", "stale_expectation
            "pipelined_chain", "ChainCosts"]
 
 _MAX_FULL_BLOCK_P = 0.999  # a drafter that is never wrong would make chains endless
+_MIN_HOLD_P = 1e-3  # a drafter that is always wrong would make a chain's gaps endless
 
 
 def expected_acceptance_length(alpha_per_position: list[float], draft_len: int) -> float:
@@ -76,7 +79,7 @@ class StaleForecast(NamedTuple):
 
 
 def stale_expectation(alpha_per_position: list[float], stale_blocks: int, gap_s: float, stale_decode_s: float,
-                      rebased_per_stale_decode: float = 0.0) -> StaleForecast:
+                      rebased_per_stale_decode: float = 0.0, ahead_limit: int = 0) -> StaleForecast:
     """The blocks in flight past a chain's correction are stale: the cloud answers each with
     a token it decodes (``stale_decode_s`` a forward) while the next chain's first block is on its way
     (``gap_s``: the correction down, drafting, the block up), as many as fit, each after the
@@ -84,14 +87,35 @@ def stale_expectation(alpha_per_position: list[float], stale_blocks: int, gap_s:
     they lie, on average. That block's first drafts guess the tokens committed meanwhile: they
     all hold with probability Π α_j over the tokens; else it is stale too: one more forward,
     and a whole gap's wait.
+
+    ``ahead_limit`` > 0: a verifier that decodes ahead (``cloud.decode_ahead``, at most that many
+    tokens held) goes on past the stale blocks, a token a forward until the block is due, where the
+    block is expected to miss at least as many of those tokens as it holds (its gate:
+    Σ 1 − 2·held(k) ≥ 0, held(k) = Π_{j≤k} α_j). Then a missed guess costs no idle gap: the cloud
+    decodes on through the next one too, and the chain waits a gap per miss (1/h − 1 of them where
+    the guesses hold with probability h), each bringing the missed token and what else fits, up to
+    what the first gap told.
     """
     if stale_blocks <= 0:
         return StaleForecast(0.0, 0.0, 0.0)
-    decoded = min(stale_blocks, math.floor(gap_s / stale_decode_s)) if stale_decode_s > 0 else stale_blocks
+    fits = math.floor(gap_s / stale_decode_s) if stale_decode_s > 0 else stale_blocks
+    decoded = min(stale_blocks, fits)
     per_decode = 1.0 + max(rebased_per_stale_decode, 0.0)
     alphas = [min(max(float(a), 0.0), 1.0) for a in alpha_per_position] or [0.0]
-    misses = 1 - math.prod(alphas[min(i, len(alphas) - 1)] for i in range(round(decoded * per_decode))) if decoded else 0.0
-    return StaleForecast(decoded + misses, (decoded + misses) * per_decode, misses * gap_s)
+    first = round(decoded * per_decode)  # tokens the stale decodes bring
+    ahead = min(max(fits - decoded, 0), ahead_limit)
+    held = list(itertools.accumulate((alphas[min(i, len(alphas) - 1)] for i in range(first + ahead)),
+                                     operator.mul))  # held[k]: the guesses of tokens 0..k all hold
+    if ahead and sum(1 - 2 * held[k] for k in range(first, first + ahead)) < 0:
+        ahead = 0  # the block would hold more of them than it misses: the cloud waits for it
+    told = first + ahead
+    hold = held[told - 1] if told else 1.0
+    if not ahead:
+        misses = 1 - hold if decoded else 0.0
+        return StaleForecast(decoded + misses, (decoded + misses) * per_decode, misses * gap_s)
+    retries = (1 - hold) / max(hold, _MIN_HOLD_P)  # gaps waited for a block whose guesses hold
+    per_retry = min(1 + told, fits)  # the missed token, then on through the gap
+    return StaleForecast(decoded + ahead + retries * per_retry, told + retries * per_retry, retries * gap_s)
 
 
 @dataclass(frozen=True)
@@ -107,7 +131,8 @@ class ChainForecast:
 class ChainCosts:
     """What a chain's blocks cost (``pipelined_chain``): seconds a drafted token, a block's trip less
     the verify, a verify, a forward that decodes for a stale block; the share of stale blocks answered
-    with a token, and the drafts accepted before it per such block."""
+    with a token, and the drafts accepted before it per such block; the tokens a verifier that decodes
+    ahead after a correction holds at most (0: it does not, ``stale_expectation``)."""
 
     draft_s_per_token: float
     network_s: float
@@ -115,6 +140,7 @@ class ChainCosts:
     stale_decode_s: float
     stale_share: float = 1.0
     rebased_per_stale_decode: float = 0.0
+    ahead_limit: int = 0
 
 
 def pipelined_chain(alpha_per_position: list[float], draft_len: int, window: int, costs: ChainCosts) -> ChainForecast:
@@ -137,7 +163,8 @@ def pipelined_chain(alpha_per_position: list[float], draft_len: int, window: int
     stale = math.floor(min(window - 1, 1 + trip / max(draft, 1e-9)))  # blocks in flight past the failing one
     redraft = (draft_len + stale) * draft_s_per_token  # the next block: its drafts and a guess per stale block
     gap = network_s + redraft  # the correction down, drafting, the next block up
-    stale_part = stale_expectation(alpha_per_position, stale, gap, costs.stale_decode_s, costs.rebased_per_stale_decode)
+    stale_part = stale_expectation(alpha_per_position, stale, gap, costs.stale_decode_s, costs.rebased_per_stale_decode,
+                                   costs.ahead_limit)
     return ChainForecast(
         blocks=blocks,
         tokens=tokens + stale_share * stale_part.tokens,

@@ -96,5 +96,6 @@ def test_the_cloud_stops_decoding_ahead_for_an_edge_whose_new_chains_hold_the_to
                              max_new_tokens=32, spec=SpecConfig(3, window=2))
             assert got.tokens == want, (wrong_every, text, seed)
             ahead[wrong_every] = ahead.get(wrong_every, 0) + got.stats.ahead
-    # Measured: 24 and 84; with the gate taken out, 84 and 92.
-    assert 0 < 2 * ahead[4] <= ahead[1], ahead
+    # Measured: 24 and 84 alone, 49 and 82 once under the whole suite's load (the deadline, and so the tokens
+    # that fit before it, moves with the forwards' time); with the gate taken out, 84 and 92.
+    assert 0 < 3 * ahead[4] <= 2 * ahead[1], ahead

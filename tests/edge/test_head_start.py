@@ -32,6 +32,15 @@ from sim.link.config import DirectionConfig, LinkConfig
 N = 40
 TEXT = "It was the best of times"
 PARAMS = [SamplingParams(mode=Mode.GREEDY), SamplingParams(mode=Mode.COUPLED, temperature=0.8, seed=4)]
+
+
+def lock_step() -> SpecConfig:
+    """An adaptive session one block at a time: its verifier decodes nothing ahead (``Open.takes_ahead``
+    is a pipelined edge's), so every correction costs it a round trip and a long one starts it with the
+    cloud alone (a pipelined session in greedy or coupled mode never starts so: ``Controller.start``)."""
+    return SpecConfig(4, window=1, controller=Controller(4, 1, 16))
+
+
 SATELLITE = LinkHint(round_trip_s=0.6, cloud=StreamHints(token_s=0.09, max_blocks_in_flight=16))  # 7.7 tokens a trip
 
 
@@ -61,6 +70,13 @@ def test_the_controller_starts_with_the_cloud_alone_only_where_a_round_trip_outw
         short = Controller(8, 4, 16)
         assert short.start(round_trip_s, token_s) is None, (round_trip_s, token_s)
         assert short.draft_len == 4 and short.network_s.value is None  # as without a hint
+    # A verifier that decodes ahead spends each correction's round trip decoding, as the cloud alone would:
+    # no head start, however long the trip.
+    ahead = Controller(8, 4, 16)
+    ahead.expect_ahead(11)
+    assert ahead.start(round_trip_s=0.6, token_s=0.09) is None and ahead.draft_len == 4
+    ahead.expect_ahead(0)
+    assert ahead.start(round_trip_s=0.6, token_s=0.09) is not None
 
 
 class Recording(LocalVerifier):
@@ -82,23 +98,24 @@ def test_a_head_start_sends_empty_blocks_behind_the_open_and_changes_no_token(ti
     hint = LinkHint(0.6, StreamHints(token_s=0.09, max_blocks_in_flight=6))
     link = Recording(tiny_engine, hint)
     got = run_decode(drafters["drafter_f32"], link, prompt, params, max_new_tokens=N,
-                     spec=SpecConfig(4, window=4, controller=Controller(4, 4, 16)))
+                     spec=lock_step())
     assert got.tokens == want
     # Six empty blocks (the verifier's hint) for the positions after the first, before any verdict was read.
     assert link.blocks[:6] == [(len(prompt) + 1 + i, 0) for i in range(6)]
     assert got.stats.rounds >= 6
-    # The control: the same session with no hint starts drafting (the early block).
-    control = Recording(tiny_engine)
-    again = run_decode(drafters["drafter_f32"], control, prompt, params, max_new_tokens=N,
-                       spec=SpecConfig(4, window=4, controller=Controller(4, 4, 16)))
-    assert again.tokens == want and control.blocks[0][1] > 0
+    # The controls: the same session with no hint starts drafting, and so does a pipelined one with the hint
+    # (the verifier decodes ahead after its corrections): a drafted block goes first.
+    for control_hint, spec in ((None, lock_step()), (hint, SpecConfig(4, window=4, controller=Controller(4, 4, 16)))):
+        control = Recording(tiny_engine, control_hint)
+        again = run_decode(drafters["drafter_f32"], control, prompt, params, max_new_tokens=N, spec=spec)
+        assert again.tokens == want and control.blocks[0][1] > 0, control_hint
 
 
 def test_a_head_start_keeps_to_the_token_limit(tiny_engine, drafters):
     prompt = tiny_prompt(tiny_engine, TEXT)
     link = Recording(tiny_engine, SATELLITE)
     got = run_decode(drafters["drafter_f32"], link, prompt, PARAMS[0], max_new_tokens=3,
-                     spec=SpecConfig(4, window=4, controller=Controller(4, 4, 16)))
+                     spec=lock_step())
     want = generate(tiny_engine, drafters["drafter_f32"], prompt, PARAMS[0], max_new_tokens=3,
                     spec=SpecConfig(0)).tokens
     # The first token comes with the Opened; two empty blocks behind the Open ask for the other two.
@@ -139,7 +156,7 @@ def test_the_stream_headers_say_the_cloud_s_pace_and_a_head_start_goes_over_grpc
                 # Loopback is no satellite: the link is told one (what the edge knows is its input).
                 link.link_hint = LinkHint(0.6, replace(link.link_hint.cloud, token_s=0.09, token_s_reproducible=0.09))
                 got = run_decode(drafter, link, prompt, params, max_new_tokens=N,
-                                 spec=SpecConfig(4, window=4, controller=Controller(4, 4, 16)))
+                                 spec=lock_step())
                 assert got.tokens == want
                 assert [b.drafts for b in list(link.block_log)[:6]] == [0] * 6  # the first position, five behind it
     finally:
@@ -167,7 +184,7 @@ def test_on_a_long_link_edge_run_times_the_round_trip_and_starts_with_the_cloud_
             far.connect(stream=True)
             assert far.link_hint.round_trip_s >= 0.29 and far.link_hint.cloud.token_s > 0
             got = run_decode(drafter, far, prompt, params, max_new_tokens=N,
-                             spec=SpecConfig(4, window=4, controller=Controller(4, 4, 16)))
+                             spec=lock_step())
     finally:
         drafter.close()
     assert got.tokens == want
@@ -181,7 +198,7 @@ def test_edge_serve_starts_a_request_from_what_the_last_one_measured_of_the_link
     the link first (``measure_link``, as ``edge serve`` does beside its server) starts its first
     session with the cloud alone. All answer as the target alone would."""
     drafter = tiny_drafter(tiny_models, "drafter_noisy")
-    config = dict(model_name="tiny", schedule="adaptive", draft_len=4)
+    config = dict(model_name="tiny", schedule="adaptive", draft_len=4, window=1)  # (lock-step: see ``lock_step``)
     try:
         with BackgroundServer(tiny_engine, ServerConfig(port=0, limits=ServiceLimits(session_ttl_s=30))) as server, \
                 BackgroundLink(_long_link(), server.port) as link:

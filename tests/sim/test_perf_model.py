@@ -13,7 +13,7 @@ import pytest
 
 from edge.drafter import DrafterStats
 from edge.report import SPLIT, EdgeReport
-from shared.acceptance import chain_expectation, stale_expectation
+from shared.acceptance import ChainCosts, chain_expectation, pipelined_chain, stale_expectation
 from shared.stats import DecodeStats
 from sim.link.config import DirectionConfig, LinkConfig
 from sim.link.scenario import list_scenarios, load_scenario
@@ -96,6 +96,26 @@ def test_stale_blocks_bring_as_many_tokens_as_fit_in_the_gap():
         (2 + miss, (2 + miss) * 1.5, miss * 0.10))
     # No forward fits in the gap: nothing decoded, nothing guessed.
     assert stale_expectation([0.9], 3, gap_s=0.01, stale_decode_s=0.04) == (0.0, 0.0, 0.0)
+
+
+def test_a_verifier_that_decodes_ahead_spends_a_corrections_gap_as_the_cloud_alone_would():
+    # One stale block, room for three forwards: one stale decode, then two ahead (the gate: the guesses of
+    # tokens 1 and 2 miss more often than they hold, (1 - 2 * 0.25) + (1 - 2 * 0.125) >= 0). The block's
+    # guesses of all three hold with 0.125: 7 gaps more on average, each the missed token and two more.
+    assert stale_expectation([0.5], 1, gap_s=0.35, stale_decode_s=0.1, ahead_limit=8) == pytest.approx(
+        (1 + 2 + 7 * 3, 3 + 7 * 3, 7 * 0.35))
+    # At most ``ahead_limit`` held; a drafter whose guesses hold gets none (the gate): as without it.
+    assert stale_expectation([0.5], 1, gap_s=0.35, stale_decode_s=0.1, ahead_limit=1)[1] == pytest.approx(2 + 3 * 3)
+    assert stale_expectation([0.99], 3, 0.85, 0.1, ahead_limit=11) == stale_expectation([0.99], 3, 0.85, 0.1)
+    # On a satellite-like link (measured costs, AMD EPYC) a weak drafter's chains keep near the cloud's own
+    # pace (0.1 s a token) where the verifier decodes ahead, never above it, and fall far below it where it
+    # leaves the gap idle.
+    costs = ChainCosts(draft_s_per_token=0.022, network_s=0.61, verify_s=0.173, stale_decode_s=0.1)
+    for alpha in (0.0, 0.3, 0.6):
+        idle = pipelined_chain([alpha], 8, 4, costs)
+        ahead = pipelined_chain([alpha], 8, 4, dataclasses.replace(costs, ahead_limit=11))
+        assert idle.tokens / idle.seconds < 5.0, alpha
+        assert 8.5 < ahead.tokens / ahead.seconds <= 10.0, alpha
 
 
 def test_pipelining_helps_when_the_round_trip_dominates_and_window_1_is_lockstep():
