@@ -177,6 +177,7 @@ class DecodeStats:
             "stale_decoded": self.stale_decoded,
             "rebased": self.rebased,
             "rebased_verified": self.rebased_verified,
+            "ahead": self.ahead,
             "proposed": self.proposed,
             "proposed_accepted": self.proposed_accepted,
             "stale_decode_guesses": self.stale_decode_guesses,

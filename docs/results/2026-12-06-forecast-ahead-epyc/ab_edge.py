@@ -1,0 +1,84 @@
+"""Paired A/B of two edges (A: another checkout, B: this tree) against one cloud (this tree), adaptive schedule.
+
+Usage: SCEN=satellite python ab_edge.py RUNG[,RUNG...] SEED[,SEED...] ARM_A_DIR (from the repository root,
+the venv's python; ARM_A_DIR a ``git archive`` of the other commit, /tmp/base-site holding the
+``sitecustomize`` that drops the editable install's import finder so PYTHONPATH's checkout wins). Per
+prompt (every other of the category bench's 16) and seed: cloud-only once, then the two edges in alternating
+order, each asserted token-identical to cloud-only. Prints each arm's speedup, its switches between drafting
+and the cloud alone, and the cloud's seconds inside target forwards per committed token against cloud-only's
+(``splitspec_engine_busy_seconds``); then per rung the medians, the worst prompt and the paired B/A ratio.
+"""
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from contextlib import ExitStack
+from pathlib import Path
+
+from cloud.models import resolve_target
+from sim.experiment.categories import render_first_turn
+from sim.experiment.processes import BackgroundLink, CloudProcess, _env, _pinned, core_split, side_command
+from sim.fixtures.drafter_ladder import drafter_rung
+from sim.link.scenario import load_scenario
+from sim.workloads.mtbench import sample_by_category
+
+rungs, seeds, arm_a = sys.argv[1].split(","), [int(x) for x in sys.argv[2].split(",")], sys.argv[3]
+scen = load_scenario(os.environ.get("SCEN", "satellite"))
+edge_cores, cloud_cores = core_split()
+questions = [(c, q) for c, items in sample_by_category(2, 0).items() for q in items][::2]
+BUSY = "splitspec_engine_busy_seconds_total"
+ADAPTIVE = ["--schedule", "adaptive", "--draft-len", "8", "--window", "4", "--hedge", "0", "--lookup",
+            "--drafter-threads", "1"]
+
+
+def edge(args: list[str], arm: str = "B") -> dict:
+    env = _env(len(edge_cores)) | ({"PYTHONPATH": f"/tmp/base-site:{arm_a}"} if arm == "A" else {})
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "r.json"
+        p = subprocess.run([*side_command("splitspec-edge", "edge.cli"), *args, "--json-file", str(out)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+                           preexec_fn=_pinned(edge_cores))
+        if not out.exists():
+            raise RuntimeError(p.stderr[-3000:])
+        return json.loads(out.read_text())
+
+
+rows = []
+with ExitStack() as stack:
+    cloud = stack.enter_context(CloudProcess(str(resolve_target(None)), cloud_cores, extra_args=["--shapes", "auto"]))
+    link = stack.enter_context(BackgroundLink(scen.link, cloud.port))
+    n = 0
+    for rung in rungs:
+        drafter = drafter_rung(rung).path
+        for seed in seeds:
+            for cat, q in questions:
+                sampling = ["--prompt", render_first_turn(q.turns[0]), "--max-new-tokens", "64", "--temperature",
+                            "0.7", "--seed", str(seed), "--mode", "coupled", "--drafter-threads", "1"]
+                busy = cloud.metric(BUSY)
+                base = edge(["baseline", "--cloud", link.address, "--drafter", drafter, *sampling])
+                base_rate = len(base["tokens"]) / base["wall_s"]
+                base_busy = (cloud.metric(BUSY) - busy) / len(base["tokens"])
+                speed, cost, switches = {}, {}, {}
+                for arm in (("A", "B") if n % 2 == 0 else ("B", "A")):
+                    busy = cloud.metric(BUSY)
+                    r = edge(["run", "--cloud", link.address, "--drafter", drafter, *sampling, *ADAPTIVE], arm)
+                    assert r["tokens"] == base["tokens"], (arm, rung, q.question_id)
+                    speed[arm] = len(r["tokens"]) / r["wall_s"] / base_rate
+                    cost[arm] = (cloud.metric(BUSY) - busy) / len(r["tokens"]) / base_busy
+                    switches[arm] = r["switches"]
+                n += 1
+                rows.append((rung, speed["A"], speed["B"], cost["A"], cost["B"]))
+                print(f"{rung:8s} s{seed} {cat:11s} #{q.question_id:<4d} cloud-only {base_rate:5.2f} tok/s  "
+                      f"A {speed['A']:.2f}x ({switches['A']} sw, cost {cost['A']:.2f})  "
+                      f"B {speed['B']:.2f}x ({switches['B']} sw, cost {cost['B']:.2f})", flush=True)
+print(f"{scen.name}, {os.cpu_count()} cores")
+for rung in rungs:
+    mine = [r for r in rows if r[0] == rung]
+    for label, i in (("A", 1), ("B", 2)):
+        values = [r[i] for r in mine]
+        print(f"{rung:8s} {label}: median {statistics.median(values):.2f}x ({min(values):.2f}-{max(values):.2f}), "
+              f"cloud cost {statistics.median(r[i + 2] for r in mine):.3f} of cloud-only's")
+    print(f"{rung:8s} paired B/A speed {statistics.median(r[2] / r[1] for r in mine):.3f}, "
+          f"cloud cost {statistics.median(r[4] / r[3] for r in mine):.3f}")

@@ -1,0 +1,44 @@
+"""The adaptive controller's plans, both edges (A: another checkout, B: this tree), on one prompt, twice each.
+
+Usage: SCEN=acespec-50k python plan_trace.py QUESTION_ID SEED RUNG (from the repository root, the venv's
+python; /tmp/arm-old a ``git archive`` of the other commit and /tmp/base-site its ``sitecustomize``, as for
+``ab_edge.py``). Runs the edges with ``-vv`` in the order A, B, A, B against one cloud over the emulated
+link and prints each plan line (draft length, window, forecast) and the run's tokens/s.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from contextlib import ExitStack
+from pathlib import Path
+
+from cloud.models import resolve_target
+from sim.experiment.categories import render_first_turn
+from sim.experiment.processes import BackgroundLink, CloudProcess, _env, _pinned, core_split, side_command
+from sim.fixtures.drafter_ladder import drafter_rung
+from sim.link.scenario import load_scenario
+from sim.workloads.mtbench import sample_by_category
+
+scen = load_scenario(os.environ.get("SCEN", "acespec-50k"))
+qid, seed, rung = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+edge_cores, cloud_cores = core_split()
+question = next(q for items in sample_by_category(2, 0).values() for q in items if q.question_id == qid)
+with ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
+    cloud = stack.enter_context(CloudProcess(str(resolve_target(None)), cloud_cores, extra_args=["--shapes", "auto"]))
+    link = stack.enter_context(BackgroundLink(scen.link, cloud.port))
+    sampling = ["--prompt", render_first_turn(question.turns[0]), "--max-new-tokens", "64", "--temperature", "0.7",
+                "--seed", seed, "--mode", "coupled", "--drafter-threads", "1"]
+    out = Path(tmp) / "r.json"
+    for arm in ("A", "B", "A", "B"):
+        env = _env(len(edge_cores)) | ({"PYTHONPATH": "/tmp/base-site:/tmp/arm-old"} if arm == "A" else {})
+        p = subprocess.run([*side_command("splitspec-edge", "edge.cli"), "-vv", "run", "--cloud", link.address,
+                            "--drafter", drafter_rung(rung).path, *sampling, "--schedule", "adaptive", "--draft-len", "8",
+                            "--window", "4", "--hedge", "0", "--lookup", "--json-file", str(out)],
+                           capture_output=True, text=True, env=env, preexec_fn=_pinned(edge_cores))
+        print(f"=== arm {arm}")
+        for line in p.stderr.splitlines():
+            if "D=" in line and "predicted" in line:
+                print(line.split("edge.decode_loop: ")[-1][:160])
+        result = json.loads(out.read_text())
+        print(f"{len(result['tokens']) / result['wall_s']:.2f} tok/s, {result['switches']} switches", flush=True)
