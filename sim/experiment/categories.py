@@ -47,7 +47,7 @@ from sim.fixtures.drafter_ladder import DrafterRung
 from sim.link.scenario import Scenario
 
 __all__ = ["CategoryBench", "run_categories", "summarize", "render_first_turn", "render_conversation",
-           "second_turn_prompts"]
+           "second_turn_prompts", "probe_questions", "first_turn_sampling", "probe_lines"]
 
 MODE, SCHEDULE = "coupled", "adaptive"  # the product's defaults (edge run, edge serve)
 
@@ -87,6 +87,33 @@ def render_conversation(questions: list[str], answers: list[str]) -> str:
 def render_first_turn(question: str) -> str:
     """The question as a user's first turn (``render_conversation``)."""
     return render_conversation([question], [])
+
+
+def probe_questions() -> list:
+    """(category, question) for every other question of the bench's default draw (2 a category, seed 0): one
+    a category, the prompts the paired probes under docs/results run."""
+    from sim.workloads.mtbench import sample_by_category
+
+    return [(category, q) for category, items in sample_by_category(2, 0).items() for q in items][::2]
+
+
+def first_turn_sampling(question, seed: int = 0) -> list[str]:
+    """``splitspec-edge`` arguments for ``question``'s first turn as those probes sample it: 64 tokens,
+    coupled at T 0.7 with ``seed``, one drafter thread."""
+    return ["--prompt", render_first_turn(question.turns[0]), "--max-new-tokens", "64", "--temperature", "0.7",
+            "--seed", str(seed), "--mode", MODE, "--drafter-threads", "1"]
+
+
+def probe_lines(rungs: list[str], seeds: tuple[int, ...] = (0,)):
+    """(rung, its drafter's GGUF path, category, question, ``first_turn_sampling`` arguments) for each drafter
+    rung, seed and ``probe_questions`` question, in that order: one line of a paired probe each."""
+    from sim.fixtures.drafter_ladder import drafter_rung
+
+    for rung in rungs:
+        drafter = drafter_rung(rung).path
+        for seed in seeds:
+            for category, question in probe_questions():
+                yield rung, drafter, category, question, first_turn_sampling(question, seed)
 
 
 def second_turn_prompts(turns: list[tuple[str, ...]], first_answers: list[str]) -> list[str]:

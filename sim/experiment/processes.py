@@ -13,6 +13,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from contextlib import ExitStack
 from pathlib import Path
 
 from edge.report import EdgeReport
@@ -209,20 +210,22 @@ class BrokerProcess:
 
 
 def run_edge_process(
-    args: list[str], cores: set[int] | None, stream_to=None, timeout_s: float = 1800.0, check: bool = True
+    args: list[str], cores: set[int] | None, stream_to=None, timeout_s: float = 1800.0, check: bool = True,
+    env: dict[str, str] | None = None,
 ) -> EdgeReport:
     """Run ``splitspec-edge ...`` with ``args``; returns its report.
 
     The child's streamed text goes to ``stream_to`` (a text file) when given.
     ``check`` False: a failed generation that still wrote its report returns
-    it (``error`` set, the tokens made before the failure).
+    it (``error`` set, the tokens made before the failure). ``env``: variables
+    set on top of the pinned environment (a paired A/B's ``PYTHONPATH``).
     """
     with tempfile.TemporaryDirectory(prefix="splitspec-edge-") as tmp:
         out = Path(tmp) / "result.json"
         cmd = [*side_command("splitspec-edge", "edge.cli"), *args, "--json-file", str(out)]
         proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env=_env(len(cores) if cores else None), preexec_fn=_pinned(cores),
+            env=_env(len(cores) if cores else None) | (env or {}), preexec_fn=_pinned(cores),
         )
         errors: list[str] = []
         reader = threading.Thread(target=lambda: errors.append(proc.stderr.read()), daemon=True)
@@ -236,6 +239,15 @@ def run_edge_process(
         if not out.exists() or (proc.returncode != 0 and check):
             raise RuntimeError(f"edge process failed ({proc.returncode}): {''.join(errors)[-2000:]}")
         return EdgeReport.from_json(json.loads(out.read_text()))
+
+
+def cloud_behind_link(stack: ExitStack, link: LinkConfig, cores: set[int] | None) -> tuple[CloudProcess, BackgroundLink]:
+    """The default target's cloud (``--shapes auto``) on ``cores``, behind an emulated ``link``, both closed
+    with ``stack``: what the paired probes under docs/results run their edges against."""
+    from cloud.models import resolve_target
+
+    cloud = stack.enter_context(CloudProcess(str(resolve_target(None)), cores, extra_args=["--shapes", "auto"]))
+    return cloud, stack.enter_context(BackgroundLink(link, cloud.port))
 
 
 class BackgroundLink:

@@ -8,7 +8,15 @@ import pytest
 from edge.drafter import DrafterStats
 from edge.report import EdgeReport
 from shared.stats import DecodeStats
-from sim.experiment.categories import CategoryBench, render_first_turn, second_turn_prompts, summarize, table
+from sim.experiment.categories import (
+    CategoryBench,
+    first_turn_sampling,
+    probe_questions,
+    render_first_turn,
+    second_turn_prompts,
+    summarize,
+    table,
+)
 from sim.workloads.mtbench import questions, sample_by_category
 
 CATEGORIES = ["writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"]
@@ -22,6 +30,15 @@ def test_mt_bench_has_80_two_turn_questions_in_8_categories_of_10():
     assert [len(items) for items in sampled.values()] == [2] * 8
     assert sampled == sample_by_category(2, seed=0) and sampled != sample_by_category(2, seed=1)
     assert render_first_turn("Hi?") == "<start_of_turn>user\nHi?<end_of_turn>\n<start_of_turn>model\n"
+
+
+def test_the_paired_probes_take_one_question_a_category_from_the_bench_s_draw():
+    probes = probe_questions()
+    drawn = [q for items in sample_by_category(2, 0).values() for q in items]
+    assert len(probes) == len({c for c, _ in probes}) == 8 and all(q in drawn for _, q in probes)
+    args = first_turn_sampling(probes[0][1], seed=3)
+    assert args[args.index("--prompt") + 1] == render_first_turn(probes[0][1].turns[0])
+    assert args[args.index("--seed") + 1] == "3" and args[args.index("--mode") + 1] == "coupled"
 
 
 def test_a_second_turn_is_the_conversation_so_far_with_the_first_answer():

@@ -8,71 +8,51 @@ order, each asserted token-identical to cloud-only. Prints each arm's speedup, i
 and the cloud alone, and the cloud's seconds inside target forwards per committed token against cloud-only's
 (``splitspec_engine_busy_seconds``); then per rung the medians, the worst prompt and the paired B/A ratio.
 """
-import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 from contextlib import ExitStack
-from pathlib import Path
 
-from cloud.models import resolve_target
-from sim.experiment.categories import render_first_turn
-from sim.experiment.processes import BackgroundLink, CloudProcess, _env, _pinned, core_split, side_command
-from sim.fixtures.drafter_ladder import drafter_rung
+from sim.experiment.categories import probe_lines
+from sim.experiment.processes import cloud_behind_link, core_split, run_edge_process
 from sim.link.scenario import load_scenario
-from sim.workloads.mtbench import sample_by_category
 
-rungs, seeds, arm_a = sys.argv[1].split(","), [int(x) for x in sys.argv[2].split(",")], sys.argv[3]
+rungs, seeds, arm_a = sys.argv[1].split(","), tuple(int(x) for x in sys.argv[2].split(",")), sys.argv[3]
 scen = load_scenario(os.environ.get("SCEN", "satellite"))
 edge_cores, cloud_cores = core_split()
-questions = [(c, q) for c, items in sample_by_category(2, 0).items() for q in items][::2]
 BUSY = "splitspec_engine_busy_seconds_total"
 ADAPTIVE = ["--schedule", "adaptive", "--draft-len", "8", "--window", "4", "--hedge", "0", "--lookup",
             "--drafter-threads", "1"]
 
 
 def edge(args: list[str], arm: str = "B") -> dict:
-    env = _env(len(edge_cores)) | ({"PYTHONPATH": f"/tmp/base-site:{arm_a}"} if arm == "A" else {})
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "r.json"
-        p = subprocess.run([*side_command("splitspec-edge", "edge.cli"), *args, "--json-file", str(out)],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
-                           preexec_fn=_pinned(edge_cores))
-        if not out.exists():
-            raise RuntimeError(p.stderr[-3000:])
-        return json.loads(out.read_text())
+    env = {"PYTHONPATH": f"/tmp/base-site:{arm_a}"} if arm == "A" else None
+    return run_edge_process(args, edge_cores, env=env).to_json()
 
 
 rows = []
 with ExitStack() as stack:
-    cloud = stack.enter_context(CloudProcess(str(resolve_target(None)), cloud_cores, extra_args=["--shapes", "auto"]))
-    link = stack.enter_context(BackgroundLink(scen.link, cloud.port))
+    cloud, link = cloud_behind_link(stack, scen.link, cloud_cores)
     n = 0
-    for rung in rungs:
-        drafter = drafter_rung(rung).path
-        for seed in seeds:
-            for cat, q in questions:
-                sampling = ["--prompt", render_first_turn(q.turns[0]), "--max-new-tokens", "64", "--temperature",
-                            "0.7", "--seed", str(seed), "--mode", "coupled", "--drafter-threads", "1"]
-                busy = cloud.metric(BUSY)
-                base = edge(["baseline", "--cloud", link.address, "--drafter", drafter, *sampling])
-                base_rate = len(base["tokens"]) / base["wall_s"]
-                base_busy = (cloud.metric(BUSY) - busy) / len(base["tokens"])
-                speed, cost, switches = {}, {}, {}
-                for arm in (("A", "B") if n % 2 == 0 else ("B", "A")):
-                    busy = cloud.metric(BUSY)
-                    r = edge(["run", "--cloud", link.address, "--drafter", drafter, *sampling, *ADAPTIVE], arm)
-                    assert r["tokens"] == base["tokens"], (arm, rung, q.question_id)
-                    speed[arm] = len(r["tokens"]) / r["wall_s"] / base_rate
-                    cost[arm] = (cloud.metric(BUSY) - busy) / len(r["tokens"]) / base_busy
-                    switches[arm] = r["switches"]
-                n += 1
-                rows.append((rung, speed["A"], speed["B"], cost["A"], cost["B"]))
-                print(f"{rung:8s} s{seed} {cat:11s} #{q.question_id:<4d} cloud-only {base_rate:5.2f} tok/s  "
-                      f"A {speed['A']:.2f}x ({switches['A']} sw, cost {cost['A']:.2f})  "
-                      f"B {speed['B']:.2f}x ({switches['B']} sw, cost {cost['B']:.2f})", flush=True)
+    for rung, drafter, cat, q, sampling in probe_lines(rungs, seeds):
+        busy = cloud.metric(BUSY)
+        base = edge(["baseline", "--cloud", link.address, "--drafter", drafter, *sampling])
+        base_rate = len(base["tokens"]) / base["wall_s"]
+        base_busy = (cloud.metric(BUSY) - busy) / len(base["tokens"])
+        speed, cost, switches = {}, {}, {}
+        for arm in (("A", "B") if n % 2 == 0 else ("B", "A")):
+            busy = cloud.metric(BUSY)
+            r = edge(["run", "--cloud", link.address, "--drafter", drafter, *sampling, *ADAPTIVE], arm)
+            assert r["tokens"] == base["tokens"], (arm, rung, q.question_id)
+            speed[arm] = len(r["tokens"]) / r["wall_s"] / base_rate
+            cost[arm] = (cloud.metric(BUSY) - busy) / len(r["tokens"]) / base_busy
+            switches[arm] = r["switches"]
+        n += 1
+        rows.append((rung, speed["A"], speed["B"], cost["A"], cost["B"]))
+        seed = sampling[sampling.index("--seed") + 1]
+        print(f"{rung:8s} s{seed} {cat:11s} #{q.question_id:<4d} cloud-only {base_rate:5.2f} tok/s  "
+              f"A {speed['A']:.2f}x ({switches['A']} sw, cost {cost['A']:.2f})  "
+              f"B {speed['B']:.2f}x ({switches['B']} sw, cost {cost['B']:.2f})", flush=True)
 print(f"{scen.name}, {os.cpu_count()} cores")
 for rung in rungs:
     mine = [r for r in rows if r[0] == rung]

@@ -9,38 +9,23 @@ net of the cloud, the median forward of a full block, the stale blocks' decoded 
 ``shared.acceptance.pipelined_chain`` forecasts tokens/s twice: as before decoding ahead was modelled
 (``ahead_limit`` 0) and with it (the Open's draft limit, D + W - 1). Prints forecast / measured.
 """
-import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 from contextlib import ExitStack
-from pathlib import Path
 
-from cloud.models import resolve_target
 from shared.acceptance import ChainCosts, pipelined_chain
-from sim.experiment.categories import render_first_turn
-from sim.experiment.processes import BackgroundLink, CloudProcess, _env, _pinned, core_split, side_command
-from sim.fixtures.drafter_ladder import drafter_rung
+from sim.experiment.categories import probe_lines
+from sim.experiment.processes import cloud_behind_link, core_split, run_edge_process
 from sim.link.scenario import load_scenario
-from sim.workloads.mtbench import sample_by_category
 
 scen = load_scenario(os.environ.get("SCEN", "satellite"))
 D, W = (int(sys.argv[2]), int(sys.argv[3])) if len(sys.argv) > 3 else (8, 4)
 edge_cores, cloud_cores = core_split()
-questions = [(c, q) for c, items in sample_by_category(2, 0).items() for q in items][::2]
 
 
 def edge(args: list[str]) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "r.json"
-        p = subprocess.run([*side_command("splitspec-edge", "edge.cli"), *args, "--json-file", str(out)],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_env(len(edge_cores)),
-                           preexec_fn=_pinned(edge_cores))
-        if not out.exists():
-            raise RuntimeError(p.stderr[-3000:])
-        return json.loads(out.read_text())
+    return run_edge_process(args, edge_cores).to_json()
 
 
 def conditional_alphas(decode: dict) -> list[float]:
@@ -63,25 +48,20 @@ def forecast(run: dict, cloud_token_s: float, ahead_limit: int) -> float:
 
 ratios: dict[str, list[float]] = {}
 with ExitStack() as stack:
-    cloud = stack.enter_context(CloudProcess(str(resolve_target(None)), cloud_cores, extra_args=["--shapes", "auto"]))
-    link = stack.enter_context(BackgroundLink(scen.link, cloud.port))
-    for rung in sys.argv[1].split(","):
-        drafter = drafter_rung(rung).path
-        for cat, q in questions:
-            sampling = ["--prompt", render_first_turn(q.turns[0]), "--max-new-tokens", "64", "--temperature", "0.7",
-                        "--seed", "0", "--mode", "coupled", "--drafter-threads", "1"]
-            base = edge(["baseline", "--cloud", link.address, "--drafter", drafter, *sampling])
-            cloud_token_s = base["wall_s"] / len(base["tokens"])
-            run = edge(["run", "--cloud", link.address, "--drafter", drafter, *sampling, "--schedule", "pipelined",
-                        "--draft-len", str(D), "--window", str(W), "--hedge", "0", "--timings"])
-            assert run["tokens"] == base["tokens"], (rung, q.question_id)
-            measured = len(run["tokens"]) / run["wall_s"]
-            before, now = forecast(run, cloud_token_s, 0), forecast(run, cloud_token_s, D + W - 1)
-            ratios.setdefault(f"{rung} before", []).append(before / measured)
-            ratios.setdefault(f"{rung} with ahead", []).append(now / measured)
-            alphas = [round(a, 2) for a in conditional_alphas(run["decode"])]
-            print(f"{rung:8s}{cat:11s} #{q.question_id:<4d} cloud-only {1 / cloud_token_s:5.2f}  D{D}W{W} {measured:5.2f} "
-                  f"tok/s (ahead {run['decode'].get('ahead', '-')}, stale {run['decode']['stale']})  forecast before "
-                  f"{before:5.2f}  with ahead {now:5.2f}  α {alphas}", flush=True)
+    cloud, link = cloud_behind_link(stack, scen.link, cloud_cores)
+    for rung, drafter, cat, q, sampling in probe_lines(sys.argv[1].split(",")):
+        base = edge(["baseline", "--cloud", link.address, "--drafter", drafter, *sampling])
+        cloud_token_s = base["wall_s"] / len(base["tokens"])
+        run = edge(["run", "--cloud", link.address, "--drafter", drafter, *sampling, "--schedule", "pipelined",
+                    "--draft-len", str(D), "--window", str(W), "--hedge", "0", "--timings"])
+        assert run["tokens"] == base["tokens"], (rung, q.question_id)
+        measured = len(run["tokens"]) / run["wall_s"]
+        before, now = forecast(run, cloud_token_s, 0), forecast(run, cloud_token_s, D + W - 1)
+        ratios.setdefault(f"{rung} before", []).append(before / measured)
+        ratios.setdefault(f"{rung} with ahead", []).append(now / measured)
+        alphas = [round(a, 2) for a in conditional_alphas(run["decode"])]
+        print(f"{rung:8s}{cat:11s} #{q.question_id:<4d} cloud-only {1 / cloud_token_s:5.2f}  D{D}W{W} {measured:5.2f} "
+              f"tok/s (ahead {run['decode'].get('ahead', '-')}, stale {run['decode']['stale']})  forecast before "
+              f"{before:5.2f}  with ahead {now:5.2f}  α {alphas}", flush=True)
 for name, values in ratios.items():
     print(f"forecast/measured {name}: median {statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})")

@@ -13,22 +13,18 @@ import tempfile
 from contextlib import ExitStack
 from pathlib import Path
 
-from cloud.models import resolve_target
-from sim.experiment.categories import render_first_turn
-from sim.experiment.processes import BackgroundLink, CloudProcess, _env, _pinned, core_split, side_command
+from sim.experiment.categories import first_turn_sampling, probe_questions
+from sim.experiment.processes import _env, _pinned, cloud_behind_link, core_split, side_command
 from sim.fixtures.drafter_ladder import drafter_rung
 from sim.link.scenario import load_scenario
-from sim.workloads.mtbench import sample_by_category
 
 scen = load_scenario(os.environ.get("SCEN", "acespec-50k"))
 qid, seed, rung = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 edge_cores, cloud_cores = core_split()
-question = next(q for items in sample_by_category(2, 0).values() for q in items if q.question_id == qid)
+question = next(q for _, q in probe_questions() if q.question_id == qid)
 with ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
-    cloud = stack.enter_context(CloudProcess(str(resolve_target(None)), cloud_cores, extra_args=["--shapes", "auto"]))
-    link = stack.enter_context(BackgroundLink(scen.link, cloud.port))
-    sampling = ["--prompt", render_first_turn(question.turns[0]), "--max-new-tokens", "64", "--temperature", "0.7",
-                "--seed", seed, "--mode", "coupled", "--drafter-threads", "1"]
+    cloud, link = cloud_behind_link(stack, scen.link, cloud_cores)
+    sampling = first_turn_sampling(question, int(seed))
     out = Path(tmp) / "r.json"
     for arm in ("A", "B", "A", "B"):
         env = _env(len(edge_cores)) | ({"PYTHONPATH": "/tmp/base-site:/tmp/arm-old"} if arm == "A" else {})
