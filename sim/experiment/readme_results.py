@@ -29,6 +29,7 @@ FOLDERS = {
     "links-epyc": "2026-12-03-links-epyc",
     "links-xeon": "2026-12-03-links-xeon",
     "satellite-xeon": "2026-12-03-satellite-xeon",
+    "satellite-epyc": "2026-12-06-satellite-epyc",
     "capacity": "2026-12-03-capacity",
     "categories": "2026-12-06-categories-gate-epyc",
 }
@@ -87,18 +88,20 @@ Every shipped link, sessions as opened, Xeon / EPYC:
 | {xeon:acespec-50k/default/auto/speedup} / {epyc:acespec-50k/default/auto/speedup} \
 | {links-xeon:acespec-50k/q3_k_s/auto/speedup} / {epyc:acespec-50k/q3_k_s/auto/speedup} \
 | {xeon:acespec-50k/q2_k/auto/speedup} / {epyc:acespec-50k/q2_k/auto/speedup} |
-| satellite ({links-epyc:satellite/rtt} RTT) \
-| {satellite-xeon:satellite/default/auto/speedup} / {links-epyc:satellite/default/auto/speedup} \
-| {satellite-xeon:satellite/q3_k_s/auto/speedup} / {links-epyc:satellite/q3_k_s/auto/speedup} \
-| {satellite-xeon:satellite/q2_k/auto/speedup} / {links-epyc:satellite/q2_k/auto/speedup} |
+| satellite ({satellite-epyc:satellite/rtt} RTT) \
+| {satellite-xeon:satellite/default/auto/speedup} / {satellite-epyc:satellite/default/auto/speedup} \
+| {satellite-xeon:satellite/q3_k_s/auto/speedup} / {satellite-epyc:satellite/q3_k_s/auto/speedup} \
+| {satellite-xeon:satellite/q2_k/auto/speedup} / {satellite-epyc:satellite/q2_k/auto/speedup} |
 
 Runs a cell, Xeon / EPYC: wan and lte {links-xeon:wan/default/auto/runs} / {links-epyc:wan/default/auto/runs};
 acespec-50k {xeon:acespec-50k/default/auto/runs} / {epyc:acespec-50k/default/auto/runs} (q3_k_s
 {links-xeon:acespec-50k/q3_k_s/auto/runs} / {epyc:acespec-50k/q3_k_s/auto/runs}); satellite
-{satellite-xeon:satellite/default/auto/runs} / {links-epyc:satellite/default/auto/runs}. Xeon: {links-xeon:machine}
+{satellite-xeon:satellite/default/auto/runs} / {satellite-epyc:satellite/default/auto/runs}. Xeon: {links-xeon:machine}
 at {links-xeon:commits} ([files]({links-xeon:dir}/)), satellite on {satellite-xeon:machine}
 at {satellite-xeon:commits} ([files]({satellite-xeon:dir}/)); EPYC: {links-epyc:machine} at
-{links-epyc:commits} ([files]({links-epyc:dir}/)).
+{links-epyc:commits} ([files]({links-epyc:dir}/)), satellite on {satellite-epyc:machine} at {satellite-epyc:commits},
+after the controller's forecast priced decoding ahead and pipelined sessions stopped starting with the cloud
+alone ([files]({satellite-epyc:dir}/)); the Xeon's satellite cells predate both.
 
 Per workload category (`splitspec bench categories`: MT-bench's first turns, a sample of each of its
 categories, acespec-50k; {categories:machine}, at {categories:commits};
