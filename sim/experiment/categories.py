@@ -34,6 +34,7 @@ from __future__ import annotations
 import statistics
 import sys
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from edge.report import EdgeReport
 from shared.spec_metrics import (
@@ -47,7 +48,8 @@ from sim.fixtures.drafter_ladder import DrafterRung
 from sim.link.scenario import Scenario
 
 __all__ = ["CategoryBench", "run_categories", "summarize", "render_first_turn", "render_conversation",
-           "second_turn_prompts", "probe_questions", "first_turn_sampling", "probe_lines"]
+           "second_turn_prompts", "probe_questions", "first_turn_sampling", "probe_lines",
+           "ProbeLine"]
 
 MODE, SCHEDULE = "coupled", "adaptive"  # the product's defaults (edge run, edge serve)
 
@@ -104,16 +106,26 @@ def first_turn_sampling(question, seed: int = 0) -> list[str]:
             "--seed", str(seed), "--mode", MODE, "--drafter-threads", "1"]
 
 
+class ProbeLine(NamedTuple):
+    """One line of a paired probe (``probe_lines``)."""
+
+    rung: str
+    drafter: str  # the rung's GGUF path
+    seed: int
+    category: str
+    question: object  # a ``sim.workloads.mtbench.Question``
+    sampling: list[str]  # ``first_turn_sampling(question, seed)``
+
+
 def probe_lines(rungs: list[str], seeds: tuple[int, ...] = (0,)):
-    """(rung, its drafter's GGUF path, category, question, ``first_turn_sampling`` arguments) for each drafter
-    rung, seed and ``probe_questions`` question, in that order: one line of a paired probe each."""
+    """A ``ProbeLine`` for each drafter rung, seed and ``probe_questions`` question, in that order."""
     from sim.fixtures.drafter_ladder import drafter_rung
 
     for rung in rungs:
         drafter = drafter_rung(rung).path
         for seed in seeds:
             for category, question in probe_questions():
-                yield rung, drafter, category, question, first_turn_sampling(question, seed)
+                yield ProbeLine(rung, drafter, seed, category, question, first_turn_sampling(question, seed))
 
 
 def second_turn_prompts(turns: list[tuple[str, ...]], first_answers: list[str]) -> list[str]:

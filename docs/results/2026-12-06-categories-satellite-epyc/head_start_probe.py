@@ -34,7 +34,7 @@ def edge(args: list[str], site: str | None = None) -> dict:
 with ExitStack() as stack, tempfile.TemporaryDirectory() as site:
     Path(site, "sitecustomize.py").write_text(NO_HEAD_START)
     cloud, link = cloud_behind_link(stack, scen.link, cloud_cores)
-    for rung, drafter, cat, q, sampling in probe_lines(sys.argv[1].split(",")):
+    for rung, drafter, _, cat, q, sampling in probe_lines(sys.argv[1].split(",")):
         base = edge(["baseline", "--cloud", link.address, "--drafter", drafter, *sampling])
         base_rate = len(base["tokens"]) / base["wall_s"]
         line = f"{rung:8s}{cat:11s} #{q.question_id:<4d} cloud-only {base_rate:5.2f}"

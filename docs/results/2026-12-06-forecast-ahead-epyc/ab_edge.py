@@ -34,7 +34,7 @@ rows = []
 with ExitStack() as stack:
     cloud, link = cloud_behind_link(stack, scen.link, cloud_cores)
     n = 0
-    for rung, drafter, cat, q, sampling in probe_lines(rungs, seeds):
+    for rung, drafter, seed, cat, q, sampling in probe_lines(rungs, seeds):
         busy = cloud.metric(BUSY)
         base = edge(["baseline", "--cloud", link.address, "--drafter", drafter, *sampling])
         base_rate = len(base["tokens"]) / base["wall_s"]
@@ -49,7 +49,6 @@ with ExitStack() as stack:
             switches[arm] = r["switches"]
         n += 1
         rows.append((rung, speed["A"], speed["B"], cost["A"], cost["B"]))
-        seed = sampling[sampling.index("--seed") + 1]
         print(f"{rung:8s} s{seed} {cat:11s} #{q.question_id:<4d} cloud-only {base_rate:5.2f} tok/s  "
               f"A {speed['A']:.2f}x ({switches['A']} sw, cost {cost['A']:.2f})  "
               f"B {speed['B']:.2f}x ({switches['B']} sw, cost {cost['B']:.2f})", flush=True)

@@ -49,7 +49,7 @@ def forecast(run: dict, cloud_token_s: float, ahead_limit: int) -> float:
 ratios: dict[str, list[float]] = {}
 with ExitStack() as stack:
     cloud, link = cloud_behind_link(stack, scen.link, cloud_cores)
-    for rung, drafter, cat, q, sampling in probe_lines(sys.argv[1].split(",")):
+    for rung, drafter, _, cat, q, sampling in probe_lines(sys.argv[1].split(",")):
         base = edge(["baseline", "--cloud", link.address, "--drafter", drafter, *sampling])
         cloud_token_s = base["wall_s"] / len(base["tokens"])
         run = edge(["run", "--cloud", link.address, "--drafter", drafter, *sampling, "--schedule", "pipelined",
