@@ -63,6 +63,11 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> None:
                        help="hedge branches per block, greedy and coupled modes: at the least certain drafts, the "
                        "drafter's guess for the target's correction and two tokens after it, verified in the same "
                        "forward, so a rejection there need not end the round (default 0 = off; the cloud may allow fewer)")
+    group.add_argument("--speculation-cache", action="store_true",
+                       help="greedy and coupled modes, blocks in flight: while a block is verified, draft the block "
+                       "that would follow the target's likeliest correction of it (the drafter's runner-up where the "
+                       "block most likely fails), so that when the verdict corrects there the next block leaves at "
+                       "once instead of after a block's drafting (default off)")
     group.add_argument("--draft-top-k", type=positive_int, default=defaults.DEFAULT_DRAFT_TOP_K,
                        help=f"rejection mode: support of q̃ (default {defaults.DEFAULT_DRAFT_TOP_K})")
     group.add_argument("--prob-bits", type=positive_int, default=defaults.DEFAULT_PROB_BITS,
@@ -88,11 +93,12 @@ def window_from_args(args: argparse.Namespace) -> int:
 
 
 def spec_from_args(args: argparse.Namespace, controller=None):
-    """The speculation the flags ask for (``--draft-len``, the schedule's window, ``--hedge``), with
-    ``controller`` when the schedule is adaptive (``controller_from_args``)."""
+    """The speculation the flags ask for (``--draft-len``, the schedule's window, ``--hedge``,
+    ``--speculation-cache``), with ``controller`` when the schedule is adaptive (``controller_from_args``)."""
     from edge.schedule import SpecConfig
 
-    return SpecConfig(args.draft_len, window=window_from_args(args), hedge_width=args.hedge, controller=controller)
+    return SpecConfig(args.draft_len, window=window_from_args(args), hedge_width=args.hedge, controller=controller,
+                      speculation_cache=args.speculation_cache)
 
 
 def controller_from_args(args: argparse.Namespace):

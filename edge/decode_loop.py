@@ -50,6 +50,7 @@ from edge.pipeline import (
     observe_verdict,
 )
 from edge.schedule import FixedSchedule, SpecConfig
+from edge.speculation_cache import SpeculationCache
 from edge.verdict_checks import check_answers
 from edge.verifier_protocol import (
     GenerationResult,
@@ -97,19 +98,15 @@ def run_decode(
     ``on_tokens`` sees each verdict's committed tokens as soon as they are final;
     when it returns True the generation stops there (``StopReason.STOP``).
     """
-    pipeline = Pipeline(spec.draft_len, spec.window, spec.schedule(),
-                        draft_limit=spec.draft_len)
-    return _Decode(drafter, verifier, prompt, params, pipeline, max_new_tokens, spec.hedge_width,
-                   on_tokens).run()
+    return _Decode(drafter, verifier, prompt, params, spec, max_new_tokens, on_tokens).run()
 
 
 class _Decode:
     """One ``run_decode`` call: the generation's state around its ``edge.pipeline.Pipeline``."""
 
     def __init__(self, drafter: Drafter, verifier: VerifierConnection, prompt: Sequence[int],
-                 params: SamplingParams, pipeline: Pipeline[InFlight], max_new_tokens: int, hedge_width: int,
+                 params: SamplingParams, spec: SpecConfig, max_new_tokens: int,
                  on_tokens: Callable[[list[int]], bool | None] | None) -> None:
-        """``pipeline``: empty, under the caller's schedule (its draft length and window are the caps)."""
         self.drafter, self.verifier, self.params, self.on_tokens = drafter, verifier, params, on_tokens
         self.prompt = [int(t) for t in prompt]
         self.max_new_tokens = max_new_tokens
@@ -119,14 +116,15 @@ class _Decode:
         self.epoch, self.ttft, self.stop = 0, 0.0, StopReason.NONE
         # The caller's caps: drafts per block and hedge branches (a resumed session may allow other terms;
         # rejection mode's blocks carry q̃: ``hedge`` skips them).
-        self.caps = (pipeline.draft_len, hedge_width)
-        self.pipeline = pipeline
+        self.caps = (spec.draft_len, spec.hedge_width)
+        self.pipeline: Pipeline[InFlight] = Pipeline(spec.draft_len, spec.window, spec.schedule(),
+                                                     draft_limit=spec.draft_len)
         self.drafting: Drafting | None = None  # the block being drafted, when drafting stopped to read a verdict
         self.early: EarlyBlock | None = None
         self.kept_early = False
         self.early_guess: int | None = None  # the first token the kept early block was drafted on, until read
         self.last_arrival = time.perf_counter()
-        self.restarting = False  # a correction ended a chain: the next block sent begins the next one
+        self.cache = SpeculationCache(spec.speculation_cache)  # restarts after corrections
 
     @property
     def guesses_are_trials(self) -> bool:
@@ -262,6 +260,8 @@ class _Decode:
         if described:  # (a fixed schedule has nothing to say)
             log.debug("at %d tokens: %s", len(self.generated), described)
         self._draft_and_send()
+        if self.drafting is None and not self.verifier.ready():  # nothing more may go: the drafter is idle
+            self._bet(idle=True)
         try:
             received = self.verifier.receive()
         except LinkLost as lost:
@@ -276,8 +276,11 @@ class _Decode:
                 if nxt is None:
                     break
                 self._finish_early_block()
-                self.drafting = Drafting(nxt.start_position, nxt.drafts, nxt.drafts_left,
-                                         empty_blocks=nxt.empty_blocks)
+                if nxt.drafts and self._bet(idle=False) and verifier.ready():
+                    break  # (a verdict arrived while the branch was drafted: it is read first)
+                self.drafting = Drafting(nxt.start_position, nxt.drafts, nxt.drafts_left, empty_blocks=nxt.empty_blocks)
+                if nxt.drafts and not pipe.live():  # a chain's first block: a speculation cache's branch may begin it
+                    self.drafting = self.cache.seed(self.drafting, self.prompt + self.generated, drafter, self.stats)
             drafting = self.drafting
             if len(drafting.block.tokens) < drafting.drafts:
                 # A verdict that arrives meanwhile is read first: it may void this block.
@@ -300,14 +303,26 @@ class _Decode:
             log.debug("%.3f s: sent block @%d: %s", sent_at - self.started, drafting.start,
                       f"{len(block.tokens)} drafts, drafted in {drafting.draft_s * 1e3:.0f} ms" if block.tokens
                       else f"{drafting.empty_blocks} empty")
-            if self.restarting:
-                self.stats.record_restart(drafting.draft_s)
-                self.restarting = False
+            if self.cache.restarting:
+                self.stats.record_restart(drafting.draft_s - drafting.cached_s)
+                self.cache.restarting = False
             pipe.sent(InFlight(self.epoch, drafting.start, block, follows, sent_at, drafting.draft_s,
                                 sent_at - drafted_at))
             for i in range(1, drafting.empty_blocks):
                 pipe.sent(InFlight(self.epoch, drafting.start + i, DraftBlock([]), False, sent_at))
             self.drafting = None
+
+    def _bet(self, idle: bool) -> bool:
+        """Draft a speculation cache's branch for the oldest live block in flight, where the cache is on and
+        bets on it: when the drafter is ``idle`` (nothing more may go), or else before the chain's next
+        block where the branch is likelier to be used (``SpeculationCache.pays``). True when one was drafted."""
+        pipe = self.pipeline
+        if not self.cache.enabled or not pipe.draft_len:
+            return False
+        self._finish_early_block()
+        drafts = pipe.draft_len + len(pipe.in_flight) - 1  # a chain's first block guesses each void block's token
+        return self.cache.draft(self.drafter, pipe.live(), self.committed_end, min(drafts, pipe.draft_limit or drafts),
+                                idle=idle, stop=self.verifier.ready, stats=self.stats)
 
     def _resume(self, lost: LinkLost) -> bool:
         """Adopt the verifier's state after a broken stream; True when the generation is over."""
@@ -370,7 +385,7 @@ class _Decode:
             return True
         self.epoch = next_epoch(self.epoch, verdict)
         if verdict.is_correction and not verdict.stale and drafts:  # (not the cloud decoding alone)
-            self.restarting = True
+            self.cache.restarting = True
         if voids or (self.drafting is not None and not self.drafting.continues(self.generated, prompt_len)):
             # The next chain is drafted from the committed tokens (a block being drafted went past them, or
             # was a chain's first block that guessed a token decoded for a void block wrong).

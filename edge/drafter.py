@@ -51,6 +51,13 @@ class DraftBlock:
     margins: list[float | None] | None = None  # [n] how far ahead the choice was of the runner-up (small: a likely flip)
     branches: tuple[tuple[int, list[int]], ...] = ()  # hedges: (index of the draft, its guessed correction and more)
 
+    def first(self, n: int) -> DraftBlock:
+        """The block's first ``n`` drafts (no branches)."""
+        def cut(values: list | None) -> list | None:
+            return None if values is None else values[:n]
+
+        return DraftBlock(self.tokens[:n], cut(self.q), cut(self.runner_up), cut(self.margins))
+
     def then(self, more: DraftBlock) -> DraftBlock:
         """This block followed by ``more``, drafted right after it by the same drafter (no branches)."""
         if not self.tokens or not more.tokens:
@@ -191,9 +198,17 @@ class Drafter(Protocol):
         where given, may be asked before each token; once it answers True drafting ends there (a
         drafter for which a token costs next to nothing may not ask)."""
 
-    def draft_branch(self, back: int, first: int, n: int) -> list[int]:
-        """Up to ``n`` tokens continuing the speculation with its last ``back`` tokens replaced by
-        ``first`` (a hedge branch); the speculation itself is left as it was."""
+    def draft_branch(self, back: int, first: int, n: int, stop: Callable[[], bool] | None = None) -> DraftBlock:
+        """Up to ``n`` drafts continuing the speculation with its last ``back`` tokens replaced by
+        ``first`` (a hedge branch, or a speculation cache's: ``edge.speculation_cache``), as ``draft``
+        returns them (``stop`` as there); the speculation itself is left as it was."""
+
+    @property
+    def sequence(self) -> list[int]:
+        """The committed tokens, then the speculation (read-only: ``OwnsSpeculation``)."""
+
+    def speculate(self, tokens: Sequence[int]) -> None:
+        """Append ``tokens`` proposed elsewhere to the speculation, as if drafted here (``OwnsSpeculation``)."""
 
     def commit(self, tokens: Sequence[int]) -> None:
         """Append the verifier's committed tokens; keep the speculation they confirm, drop the rest."""
@@ -246,9 +261,9 @@ class ModelFreeDrafter(OwnsSpeculation):
         self.stats.record_draft(len(block.tokens), time.perf_counter() - started)
         return block
 
-    def draft_branch(self, back: int, first: int, n: int) -> list[int]:
+    def draft_branch(self, back: int, first: int, n: int, stop: Callable[[], bool] | None = None) -> DraftBlock:
         with self._spec.branched(back, first):
-            return self.draft(n).tokens
+            return self.draft(n, stop)
 
     def commit(self, tokens: Sequence[int]) -> None:
         self._spec.commit(tokens)

@@ -7,6 +7,7 @@ baseline client needs the tokenizer but not the weights).
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -15,10 +16,13 @@ from shared.vocab import vocab_fingerprint
 __all__ = ["GgufVocab", "load_llama"]
 
 _log_callback = None  # kept alive: llama.cpp holds a raw pointer to it
+_DEFAULTS_LOCK = threading.Lock()  # ``load_llama`` swaps llama.cpp's context defaults while it loads
 
 
-def load_llama(path: str | os.PathLike, **kwargs):
-    """``llama_cpp.Llama`` for ``path`` with llama.cpp's logs routed to Python logging (DEBUG)."""
+def load_llama(path: str | os.PathLike, sequences: int = 1, **kwargs):
+    """``llama_cpp.Llama`` for ``path`` with llama.cpp's logs routed to Python logging (DEBUG); its context
+    holds ``sequences`` KV sequences over one unified cache (``llama_context_params.n_seq_max``, which
+    ``Llama`` does not take: its defaults are read with it set, under a lock)."""
     import logging
 
     import llama_cpp  # deferred: importing loads the native library
@@ -36,7 +40,26 @@ def load_llama(path: str | os.PathLike, **kwargs):
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"drafter model not found: {path}")
-    return llama_cpp.Llama(model_path=str(path), verbose=False, **kwargs)
+    if sequences == 1:
+        return llama_cpp.Llama(model_path=str(path), verbose=False, **kwargs)
+    library = llama_cpp.llama_cpp
+    defaults = library.llama_context_default_params
+
+    def with_sequences():
+        params = defaults()
+        params.n_seq_max, params.kv_unified = sequences, True
+        return params
+
+    with _DEFAULTS_LOCK:
+        library.llama_context_default_params = with_sequences
+        try:
+            llm = llama_cpp.Llama(model_path=str(path), verbose=False, **kwargs)
+        finally:
+            library.llama_context_default_params = defaults
+    if library.llama_n_seq_max(llm.ctx) < sequences:
+        llm.close()
+        raise RuntimeError(f"llama.cpp gave {path.name} fewer than {sequences} sequences")
+    return llm
 
 
 class GgufVocab:

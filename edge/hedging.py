@@ -22,7 +22,7 @@ from dataclasses import replace
 
 from edge.drafter import DraftBlock, Drafter
 
-__all__ = ["BRANCH_LEN", "hedge"]
+__all__ = ["BRANCH_LEN", "first_failure", "hedge"]
 
 BRANCH_LEN = 3  # tokens per branch: the guessed correction and two drafted after it
 
@@ -35,23 +35,28 @@ def hedge(drafter: Drafter, block: DraftBlock, width: int, branch_len: int = BRA
     tokens decoded for stale blocks while it was drafted): no branch hangs there."""
     if width <= 0 or not block.runner_up or block.q is not None:
         return block
-    first_failure = _first_failure(block.margins or [None] * len(block.tokens))
+    failure = first_failure(block.margins or [None] * len(block.tokens))
     candidates = [i for i, guess in enumerate(block.runner_up) if guess is not None and i >= committed]
-    chosen = sorted(candidates, key=lambda i: (-first_failure[i], i))[:width]
+    chosen = sorted(candidates, key=lambda i: (-failure[i], i))[:width]
     branches = []
     for at in sorted(chosen):
         first = block.runner_up[at]
-        more = drafter.draft_branch(len(block.tokens) - at, first, branch_len - 1) if branch_len > 1 else []
+        more = drafter.draft_branch(len(block.tokens) - at, first, branch_len - 1).tokens if branch_len > 1 else []
         branches.append((at, [first, *more]))
     return replace(block, branches=tuple(branches))
 
 
-def _first_failure(margins: list[float | None]) -> list[float]:
-    """P(the block's first rejection is at draft i), each draft accepted with 1 - exp(-margin)
-    (no margin: as likely as not)."""
+def first_failure(margins: list[float | None]) -> list[float]:
+    """P(the block's first rejection is at draft i), each draft accepted with 1 - exp(-margin) (no margin: as likely as not)."""
     out, reach = [], 1.0
     for margin in margins:
-        accept = 0.5 if margin is None else 1.0 - math.exp(-max(margin, 0.0))
+        accept = _accept_odds(margin)
         out.append(reach * (1.0 - accept))
         reach *= accept
     return out
+
+
+def _accept_odds(margin: float | None) -> float:
+    """A draft's odds of acceptance read from its margin over the runner-up: 1 - exp(-margin) (no margin:
+    as likely as not)."""
+    return 0.5 if margin is None else 1.0 - math.exp(-max(margin, 0.0))

@@ -31,6 +31,7 @@ class Drafting:
     block: DraftBlock = field(default_factory=lambda: DraftBlock([]))  # drafted so far
     draft_s: float = 0.0  # ... in this many seconds
     empty_blocks: int = 1  # an empty block: how many its frame stands for, at consecutive positions
+    cached_s: float = 0.0  # of ``draft_s``, the drafting of a speculation cache's branch, done before the block began
 
     def grown(self, more: DraftBlock, seconds: float) -> Drafting:
         return replace(self, block=self.block.then(more), draft_s=self.draft_s + seconds)

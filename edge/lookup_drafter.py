@@ -112,8 +112,8 @@ class LookupFirstDrafter:
             block = block.then(more)
         return block
 
-    def draft_branch(self, back: int, first: int, n: int) -> list[int]:
-        return self.model.draft_branch(back, first, n)
+    def draft_branch(self, back: int, first: int, n: int, stop: Callable[[], bool] | None = None) -> DraftBlock:
+        return self.model.draft_branch(back, first, n, stop)
 
     def commit(self, tokens: Sequence[int]) -> None:
         tokens = [int(t) for t in tokens]

@@ -117,12 +117,14 @@ class SpecConfig:
     target-only decoding), ``window`` blocks in flight at most (1: lock-step; the verifier may allow
     fewer), ``hedge_width`` hedge branches a block (``edge.hedging``; greedy and coupled modes, as many as
     the verifier allows). With a ``controller`` (the adaptive schedule) each chain's draft length and
-    window come from it, ``draft_len`` and ``window`` being its caps."""
+    window come from it, ``draft_len`` and ``window`` being its caps. ``speculation_cache``: draft a
+    correction's next block before its verdict (``edge.speculation_cache``; greedy and coupled modes)."""
 
     draft_len: int
     window: int = 1
     hedge_width: int = 0
     controller: Controller | None = None
+    speculation_cache: bool = False
 
     def __post_init__(self) -> None:
         if self.draft_len < 0:

@@ -66,6 +66,11 @@ class DecodeStats:
     ahead: int = 0  # tokens the cloud decoded before the block that told them came (``cloud.decode_ahead``)
     restarts: int = 0  # chains begun after a correction (the blocks after it void): a drained pipeline
     restart_draft_s: float = 0.0  # drafting those chains' first blocks: the most a speculation cache could hide
+    cache_branches: int = 0  # branches a speculation cache drafted (``edge.speculation_cache``)
+    cache_branch_s: float = 0.0  # ... in this many seconds
+    cache_hits: int = 0  # ... that a chain's first block took
+    cache_drafts: int = 0  # ... drafts those blocks took from them
+    cache_hit_s: float = 0.0  # ... drafting time those blocks took from them (hidden from their restarts)
     # Acceptance length per speculative step, as SPEED-Bench and vLLM count it: {length: steps}. A step is a
     # drafted block's verdict; its length, 1 + the drafts it accepted (the target's token counted, also where
     # its bonus was deferred to the next block of its chain, or the generation ended inside the block). The
@@ -120,6 +125,18 @@ class DecodeStats:
         a speculation cache's, would have saved at most: the verifier decodes stale blocks meanwhile)."""
         self.restarts += 1
         self.restart_draft_s += draft_s
+
+    def record_cache_branch(self, seconds: float) -> None:
+        """A speculation cache drafted a branch in ``seconds``."""
+        self.cache_branches += 1
+        self.cache_branch_s += seconds
+
+    def record_cache_hit(self, drafts: int, seconds: float) -> None:
+        """A chain's first block took ``drafts`` drafts from a speculation cache's branch, drafted in ``seconds``
+        before the verdict that began the chain."""
+        self.cache_hits += 1
+        self.cache_drafts += drafts
+        self.cache_hit_s += seconds
 
     def record_correction_guess(self, hit: bool) -> None:
         """A correction the drafter's second choice predicted (``hit``) or not: the hit rate h
@@ -184,6 +201,11 @@ class DecodeStats:
             "stale_decode_guesses_hit": self.stale_decode_guesses_hit,
             "restarts": self.restarts,
             "restart_draft_s": round(self.restart_draft_s, 4),
+            "cache_branches": self.cache_branches,
+            "cache_branch_s": round(self.cache_branch_s, 4),
+            "cache_hits": self.cache_hits,
+            "cache_drafts": self.cache_drafts,
+            "cache_hit_s": round(self.cache_hit_s, 4),
             "accept_lengths": {str(length): steps for length, steps in sorted(self.accept_lengths.items())},
         }
 

@@ -244,13 +244,24 @@ class ScriptedDrafter:
         self.stats.record_draft(len(tokens), 0.0)
         return DraftBlock(tokens, None, runner_up)
 
-    def draft_branch(self, back: int, first: int, n: int) -> list[int]:
+    def draft_branch(self, back: int, first: int, n: int, stop=None):
+        from edge.drafter import DraftBlock
+
         out = []
         with self._spec.branched(back, first):
             for _ in range(n):
+                if stop is not None and stop():
+                    break
                 out.append(self._want())
                 self._spec.tokens.append(out[-1])
-        return out
+        return DraftBlock(out)
+
+    @property
+    def sequence(self) -> list[int]:
+        return self._spec.tokens
+
+    def speculate(self, tokens) -> None:
+        self._spec.tokens.extend(tokens)
 
     def commit(self, tokens) -> None:
         self._spec.commit(tokens)

@@ -158,9 +158,9 @@ def test_hedge_picks_where_the_block_most_likely_first_fails_and_restores_the_sp
             self._spec = Speculation.start([1, 2])
             self._spec.tokens.extend([10, 11, 12, 13])
 
-        def draft_branch(self, back, first, n):
+        def draft_branch(self, back, first, n, stop=None):
             with self._spec.branched(back, first):
-                return [len(self._spec.tokens)] * n  # says where the branch stood
+                return DraftBlock([len(self._spec.tokens)] * n)  # says where the branch stood
 
     drafter = Continuing()
     # Drafts 1 and 3 are as uncertain as each other, but the block seldom gets past draft 1 to fail at 3.
