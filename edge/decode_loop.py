@@ -317,9 +317,9 @@ class _Decode:
         bets on it: when the drafter is ``idle`` (nothing more may go), or else before the chain's next
         block where the branch is likelier to be used (``SpeculationCache.pays``). True when one was drafted."""
         pipe = self.pipeline
-        if not self.cache.enabled or not pipe.draft_len:
+        if not pipe.draft_len or self.cache.bet(pipe.live(), self.committed_end) is None:
             return False
-        self._finish_early_block()
+        self._finish_early_block()  # (only now: the first token is not held up for an early block's thread)
         drafts = pipe.draft_len + len(pipe.in_flight) - 1  # a chain's first block guesses each void block's token
         return self.cache.draft(self.drafter, pipe.live(), self.committed_end, min(drafts, pipe.draft_limit or drafts),
                                 idle=idle, stop=self.verifier.ready, stats=self.stats)
