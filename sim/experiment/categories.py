@@ -49,7 +49,7 @@ from sim.link.scenario import Scenario
 
 __all__ = ["CategoryBench", "run_categories", "summarize", "render_first_turn", "render_conversation",
            "second_turn_prompts", "probe_questions", "first_turn_sampling", "probe_lines",
-           "ProbeLine"]
+           "ProbeLine", "paired_summary"]
 
 MODE, SCHEDULE = "coupled", "adaptive"  # the product's defaults (edge run, edge serve)
 
@@ -126,6 +126,22 @@ def probe_lines(rungs: list[str], seeds: tuple[int, ...] = (0,)):
         for seed in seeds:
             for category, question in probe_questions():
                 yield ProbeLine(rung, drafter, seed, category, question, first_turn_sampling(question, seed))
+
+
+def paired_summary(rungs: list[str], rows: list[tuple[str, float, float, float, float]]) -> list[str]:
+    """The closing lines of a paired A/B probe: per rung, each arm's median speedup over its prompts with
+    their range and median cloud cost, then the median of the prompts' B/A ratios. ``rows``: per prompt
+    (rung, A's speedup, B's, A's cloud seconds a token over cloud-only's, B's)."""
+    lines = []
+    for rung in rungs:
+        mine = [r for r in rows if r[0] == rung]
+        for label, i in (("A", 1), ("B", 2)):
+            values = [r[i] for r in mine]
+            lines.append(f"{rung:8s} {label}: median {statistics.median(values):.2f}x ({min(values):.2f}-"
+                         f"{max(values):.2f}), cloud cost {statistics.median(r[i + 2] for r in mine):.3f} of cloud-only's")
+        lines.append(f"{rung:8s} paired B/A speed {statistics.median(r[2] / r[1] for r in mine):.3f}, "
+                     f"cloud cost {statistics.median(r[4] / r[3] for r in mine):.3f}")
+    return lines
 
 
 def second_turn_prompts(turns: list[tuple[str, ...]], first_answers: list[str]) -> list[str]:

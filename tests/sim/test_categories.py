@@ -11,6 +11,7 @@ from shared.stats import DecodeStats
 from sim.experiment.categories import (
     CategoryBench,
     first_turn_sampling,
+    paired_summary,
     probe_questions,
     render_first_turn,
     second_turn_prompts,
@@ -89,3 +90,12 @@ def test_per_category_figures_from_known_reports():
     profile = out["speculation_profile"]
     assert profile["num_speculative_tokens"] == 3 and profile["validation"]["mean_consistency"]["passed"]
     assert profile["per_category"]["math"]["prompts"] == 2
+
+
+def test_a_paired_probe_closes_with_each_arm_s_median_and_the_median_of_the_ratios():
+    rows = [("q2_k", 1.0, 1.2, 0.8, 0.6), ("q2_k", 2.0, 1.8, 0.5, 0.5), ("q2_k", 0.9, 1.0, 1.0, 0.9)]
+    assert paired_summary(["q2_k"], rows) == [
+        "q2_k     A: median 1.00x (0.90-2.00), cloud cost 0.800 of cloud-only's",
+        "q2_k     B: median 1.20x (1.00-1.80), cloud cost 0.600 of cloud-only's",
+        "q2_k     paired B/A speed 1.111, cloud cost 0.900",  # (1.2, 0.9, 1.111...; 0.75, 1.0, 0.9)
+    ]

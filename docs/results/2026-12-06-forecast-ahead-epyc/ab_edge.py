@@ -9,11 +9,10 @@ and the cloud alone, and the cloud's seconds inside target forwards per committe
 (``splitspec_engine_busy_seconds``); then per rung the medians, the worst prompt and the paired B/A ratio.
 """
 import os
-import statistics
 import sys
 from contextlib import ExitStack
 
-from sim.experiment.categories import probe_lines
+from sim.experiment.categories import paired_summary, probe_lines
 from sim.experiment.processes import cloud_behind_link, core_split, run_edge_process
 from sim.link.scenario import load_scenario
 
@@ -53,11 +52,4 @@ with ExitStack() as stack:
               f"A {speed['A']:.2f}x ({switches['A']} sw, cost {cost['A']:.2f})  "
               f"B {speed['B']:.2f}x ({switches['B']} sw, cost {cost['B']:.2f})", flush=True)
 print(f"{scen.name}, {os.cpu_count()} cores")
-for rung in rungs:
-    mine = [r for r in rows if r[0] == rung]
-    for label, i in (("A", 1), ("B", 2)):
-        values = [r[i] for r in mine]
-        print(f"{rung:8s} {label}: median {statistics.median(values):.2f}x ({min(values):.2f}-{max(values):.2f}), "
-              f"cloud cost {statistics.median(r[i + 2] for r in mine):.3f} of cloud-only's")
-    print(f"{rung:8s} paired B/A speed {statistics.median(r[2] / r[1] for r in mine):.3f}, "
-          f"cloud cost {statistics.median(r[4] / r[3] for r in mine):.3f}")
+print(*paired_summary(rungs, rows), sep="\n")

@@ -8,11 +8,10 @@ cloud-only's (``splitspec_engine_busy_seconds``) and B's speculation-cache count
 medians, the worst prompt and the paired B/A ratio.
 """
 import os
-import statistics
 import sys
 from contextlib import ExitStack
 
-from sim.experiment.categories import probe_lines
+from sim.experiment.categories import paired_summary, probe_lines
 from sim.experiment.processes import cloud_behind_link, core_split, run_edge_process
 from sim.link.scenario import load_scenario
 
@@ -57,11 +56,4 @@ with ExitStack() as stack:
               f"{s['restart_draft_s']:.2f} s; branches {s['cache_branches']} {s['cache_branch_s']:.2f} s, "
               f"hits {s['cache_hits']}, {s['cache_drafts']} drafts, {s['cache_hit_s']:.2f} s)", flush=True)
 print(f"{scen.name}, {os.cpu_count()} cores, B: {' '.join(flags)}")
-for rung in rungs:
-    mine = [r for r in rows if r[0] == rung]
-    for label, i in (("A", 1), ("B", 2)):
-        values = [r[i] for r in mine]
-        print(f"{rung:8s} {label}: median {statistics.median(values):.2f}x ({min(values):.2f}-{max(values):.2f}), "
-              f"cloud cost {statistics.median(r[i + 2] for r in mine):.3f} of cloud-only's")
-    print(f"{rung:8s} paired B/A speed {statistics.median(r[2] / r[1] for r in mine):.3f}, "
-          f"cloud cost {statistics.median(r[4] / r[3] for r in mine):.3f}")
+print(*paired_summary(rungs, rows), sep="\n")
