@@ -116,8 +116,9 @@ class LlamaDrafter(OwnsSpeculation):
         return DraftBlock(tokens, q if q and q[0] is not None else None, runner_up or None, margins or None)
 
     def draft_branch(self, back: int, first: int, n: int, stop: Callable[[], bool] | None = None) -> DraftBlock:
+        room = self.context_size - len(self._spec.tokens) - 1  # (the branch's cells and the speculation's share one cache)
         with self._spec.branched(back, first) as keep:
-            return self._draft(n, stop, self._branch_logits(keep))
+            return self._draft(min(n, room), stop, self._branch_logits(keep))
 
     def speculate(self, tokens: Sequence[int]) -> None:
         """``OwnsSpeculation.speculate``; where the last branch holds them evaluated (a speculation cache's
@@ -152,6 +153,7 @@ class LlamaDrafter(OwnsSpeculation):
         if self.llm.n_tokens < keep:
             self._eval(seq[self.llm.n_tokens:keep])
         memory = lib.llama_get_memory(ctx)
+        lib.llama_memory_seq_rm(memory, 0, self.llm.n_tokens, -1)  # (stale cells: its next eval drops them anyway)
         lib.llama_memory_seq_rm(memory, BRANCH_SEQUENCE, -1, -1)
         lib.llama_memory_seq_cp(memory, 0, BRANCH_SEQUENCE, 0, keep)
         held = self._branch_held = seq[:keep]

@@ -176,3 +176,20 @@ def test_llama_branches_draft_on_their_own_sequence_and_a_taken_one_is_not_read_
     finally:
         branching.close()
         plain.close()
+
+
+def test_a_branch_near_the_end_of_the_drafter_s_context_keeps_within_it(tiny_models, tiny_engine):
+    """The speculation's cells and a branch's share the drafter's one cache: near its end a branch drafts
+    fewer (none where nothing fits), and llama.cpp is never asked for a cell it lacks."""
+    drafter = tiny_drafter(tiny_models, n_ctx=64)
+    try:
+        prompt = (tiny_prompt(tiny_engine, "The cat sat on the mat and looked at the") * 8)[:50]
+        drafter.begin(prompt, GREEDY)
+        main = drafter.draft(10).tokens  # 60 of 64 positions
+        assert len(main) == 10
+        branch = drafter.draft_branch(6, (main[4] + 1) % tiny_engine.vocab_size, 8)
+        assert len(branch.tokens) <= 64 - 60 - 1
+        assert drafter.sequence == prompt + main
+        assert len(drafter.draft(8).tokens) == 64 - 60 - 1  # the speculation drafts on to the context's end
+    finally:
+        drafter.close()
