@@ -32,6 +32,7 @@ FOLDERS = {
     "satellite-epyc": "2026-12-06-satellite-epyc",
     "capacity": "2026-12-03-capacity",
     "categories": "2026-12-06-categories-gate-epyc",
+    "categories-no-avx": "2026-12-07-categories-noavx512-epyc",
 }
 
 PLACEHOLDER = re.compile(r"\{([a-z-]+):([^{}\s]+)\}")
@@ -104,18 +105,27 @@ after the controller's forecast priced decoding ahead and pipelined sessions sto
 alone ([files]({satellite-epyc:dir}/)); the Xeon's satellite cells predate both.
 
 Per workload category (`splitspec bench categories`: MT-bench's first turns, a sample of each of its
-categories, acespec-50k; {categories:machine}, at {categories:commits};
-[summary]({categories:dir}/summary.md)), against the same prompt's fastest cloud-only, AL
-counted as vLLM does (1 + accepted drafts per block), and the run's efficiency against this machine's ceiling
-(the best steady rate its measured costs allow, rejections free):
+categories, acespec-50k), against the same prompt's fastest cloud-only, AL counted as vLLM does (1 + accepted
+drafts per block), and the run's efficiency against its machine's ceiling (the best steady rate its measured
+costs allow, rejections free). Two VMs, one run each: an EPYC with AVX-512 ({categories:machine}, at
+{categories:commits}; [summary]({categories:dir}/summary.md)) and one without, the kind #41 was filed on
+({categories-no-avx:machine}, at {categories-no-avx:commits}, after the controller priced decoding ahead;
+[summary]({categories-no-avx:dir}/summary.md)):
 
-| drafter | AL | speedup, median (range over prompts) | prompts lost (slower than cloud-only) \
+| drafter | VM | AL | speedup, median (range over prompts) | prompts lost (slower than cloud-only) \
 | worst category | efficiency |
-|---|---|---|---|---|---|
-| Gemma Q4_K_M | {categories:default/al} | **{categories:default/speedup}** ({categories:default/speedup-range}) \
+|---|---|---|---|---|---|---|
+| Gemma Q4_K_M | EPYC, AVX-512 | {categories:default/al} \
+| **{categories:default/speedup}** ({categories:default/speedup-range}) \
 | {categories:default/lost} | {categories:default/worst} | {categories:default/efficiency} |
-| q2_k rung | {categories:q2_k/al} | **{categories:q2_k/speedup}** ({categories:q2_k/speedup-range}) \
+| Gemma Q4_K_M | EPYC, no AVX-512 | {categories-no-avx:default/al} \
+| **{categories-no-avx:default/speedup}** ({categories-no-avx:default/speedup-range}) \
+| {categories-no-avx:default/lost} | {categories-no-avx:default/worst} | {categories-no-avx:default/efficiency} |
+| q2_k rung | EPYC, AVX-512 | {categories:q2_k/al} | **{categories:q2_k/speedup}** ({categories:q2_k/speedup-range}) \
 | {categories:q2_k/lost} | {categories:q2_k/worst} | {categories:q2_k/efficiency} |
+| q2_k rung | EPYC, no AVX-512 | {categories-no-avx:q2_k/al} \
+| **{categories-no-avx:q2_k/speedup}** ({categories-no-avx:q2_k/speedup-range}) \
+| {categories-no-avx:q2_k/lost} | {categories-no-avx:q2_k/worst} | {categories-no-avx:q2_k/efficiency} |
 """
 
 
