@@ -57,9 +57,12 @@ class LlamaDrafter(OwnsSpeculation):
         # against the thread that reads the cloud's answers; measured with one core and two threads,
         # the split's first token came 20 to 70 ms later).
         threads = n_threads or _default_threads()
-        self.llm = load_llama(path, sequences=2, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
+        # (A context of one position takes one sequence: llama.cpp aborts on two.)
+        sequences = 2 if n_ctx > 1 else 1
+        self.llm = load_llama(path, sequences=sequences, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
                               logits_all=False, **kv_type)
-        self._branch_batch = llama_cpp.llama_batch_init(1, 0, 1)  # one token at a time, on ``BRANCH_SEQUENCE``
+        # One token at a time, on ``BRANCH_SEQUENCE`` (None: one sequence, branches draft on the speculation's).
+        self._branch_batch = llama_cpp.llama_batch_init(1, 0, 1) if sequences > 1 else None
         self._branch_held: list[int] = []  # the tokens ``BRANCH_SEQUENCE`` holds evaluated
         self.vocab = GgufVocab(self.llm)
         self.vocab_size = self.vocab.size
@@ -118,13 +121,21 @@ class LlamaDrafter(OwnsSpeculation):
     def draft_branch(self, back: int, first: int, n: int, stop: Callable[[], bool] | None = None) -> DraftBlock:
         room = self.context_size - len(self._spec.tokens) - 1  # (the branch's cells and the speculation's share one cache)
         with self._spec.branched(back, first) as keep:
-            return self._draft(min(n, room), stop, self._branch_logits(keep))
+            if self._branch_batch is not None:
+                return self._draft(min(n, room), stop, self._branch_logits(keep))
+            try:
+                return self._draft(min(n, room), stop, self.next_logits)
+            finally:  # llama.cpp re-reads the speculation's tail, in one batch, on the next draft
+                self.llm.n_tokens = min(self.llm.n_tokens, keep)
 
     def speculate(self, tokens: Sequence[int]) -> None:
         """``OwnsSpeculation.speculate``; where the last branch holds them evaluated (a speculation cache's
         branch taken), its KV cells become the speculation's instead of being read again."""
         super().speculate(tokens)
-        start, end = self.llm.n_tokens, common_prefix_length(self._branch_held, self._spec.tokens)
+        start = self.llm.n_tokens
+        if len(self._branch_held) <= start:  # (nothing of the branch's past what the speculation holds evaluated)
+            return
+        end = common_prefix_length(self._branch_held, self._spec.tokens)
         if end > start:
             memory = self._llama_cpp.llama_get_memory(self.llm.ctx)
             self._llama_cpp.llama_memory_seq_rm(memory, 0, start, -1)

@@ -145,7 +145,7 @@ class SpeculationCache:
         """``drafting``, a chain's first block after the ``committed`` tokens, begun with the branch drafted
         on exactly those tokens, where there is one and the drafter's speculation is empty (its drafts join
         the speculation; ``stats`` records the hit); else as it was."""
-        if len(drafter.sequence) != len(committed):
+        if self.branch is None or len(drafter.sequence) != len(committed):  # (none held: the drafter is not asked)
             return drafting
         branch = self.take(committed, drafting.drafts)
         if branch is None:
