@@ -148,8 +148,9 @@ def run_sim(args: argparse.Namespace) -> int:
         numerics=list(dict.fromkeys(args.numerics)),
         lookup=args.lookup,
     )
+    made_by = provenance()  # (before the run: a commit made while it runs did not make it)
     result = run_simulation(config)
-    result["provenance"] = provenance()
+    result["provenance"] = made_by
     out = args.out or Path("out") / f"sim-{scenario.name}"
     out.mkdir(parents=True, exist_ok=True)
     (out / "result.json").write_text(json.dumps(result, indent=2))

@@ -9,7 +9,8 @@ __all__ = ["provenance"]
 
 
 def provenance() -> dict:
-    """What made this result: the command line, the commit (``$SPLITSPEC_COMMIT``, else git's), the machine."""
+    """What is making a result: the command line, the commit (``$SPLITSPEC_COMMIT``, else git's), the date and
+    the machine. Call it as the run starts: a commit made while it runs did not make it."""
     import datetime
     import os
     import platform

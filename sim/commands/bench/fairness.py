@@ -52,11 +52,12 @@ def run_fairness(args: argparse.Namespace) -> int:
     from sim.bench.fairness import FairnessBench, run_fairness_bench
     from sim.experiment.provenance import provenance
 
+    made_by = provenance()  # (before the run: a commit made while it runs did not make it)
     report = run_fairness_bench(FairnessBench(
         honest=args.honest, attackers=args.attackers, max_new_tokens=args.max_new_tokens, draft_len=args.draft_len,
         strategies=tuple(STRATEGIES if "all" in args.strategies else args.strategies), streams=args.streams,
         max_draft_len=args.max_draft_len, max_blocks_in_flight=args.window, forward_ms=args.forward_ms,
         row_ms=args.row_ms, rounds=args.rounds))
-    report["provenance"] = provenance()
+    report["provenance"] = made_by
     print(json.dumps(report))
     return 0 if report["identical"] else 1
