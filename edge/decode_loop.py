@@ -317,12 +317,14 @@ class _Decode:
         bets on it: when the drafter is ``idle`` (nothing more may go), or else before the chain's next
         block where the branch is likelier to be used (``SpeculationCache.pays``). True when one was drafted."""
         pipe = self.pipeline
-        if not pipe.draft_len or self.cache.bet(pipe.live(), self.committed_end) is None:
+        live = pipe.live()
+        bet = self.cache.bet(live, self.committed_end) if pipe.draft_len else None
+        if bet is None:
             return False
         self._finish_early_block()  # (only now: the first token is not held up for an early block's thread)
         drafts = pipe.draft_len + len(pipe.in_flight) - 1  # a chain's first block guesses each void block's token
-        return self.cache.draft(self.drafter, pipe.live(), self.committed_end, min(drafts, pipe.draft_limit or drafts),
-                                idle=idle, stop=self.verifier.ready, stats=self.stats)
+        return self.cache.draft(self.drafter, bet, live, min(drafts, pipe.draft_limit or drafts), idle=idle,
+                                stop=self.verifier.ready, stats=self.stats)
 
     def _resume(self, lost: LinkLost) -> bool:
         """Adopt the verifier's state after a broken stream; True when the generation is over."""

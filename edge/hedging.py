@@ -50,13 +50,7 @@ def first_failure(margins: list[float | None]) -> list[float]:
     """P(the block's first rejection is at draft i), each draft accepted with 1 - exp(-margin) (no margin: as likely as not)."""
     out, reach = [], 1.0
     for margin in margins:
-        accept = _accept_odds(margin)
+        accept = 0.5 if margin is None else 1.0 - math.exp(-max(margin, 0.0))
         out.append(reach * (1.0 - accept))
         reach *= accept
     return out
-
-
-def _accept_odds(margin: float | None) -> float:
-    """A draft's odds of acceptance read from its margin over the runner-up: 1 - exp(-margin) (no margin:
-    as likely as not)."""
-    return 0.5 if margin is None else 1.0 - math.exp(-max(margin, 0.0))

@@ -124,14 +124,13 @@ class SpeculationCache:
         self.branch = Branch((*sequence[:at], bet.token), block, time.perf_counter() - started)
         return True
 
-    def draft(self, drafter: Drafter, live: Sequence[InFlight], committed_end: int, drafts: int, *, idle: bool,
+    def draft(self, drafter: Drafter, bet: Bet, live: Sequence[InFlight], drafts: int, *, idle: bool,
               stop: Callable[[], bool], stats: DecodeStats) -> bool:
-        """Bet on the oldest of the ``live`` blocks in flight and draft its branch, up to ``drafts`` drafts
+        """Draft ``bet``'s branch (on the oldest of the ``live`` blocks in flight), up to ``drafts`` drafts
         (``fill``), when the drafter is ``idle`` (nothing more may go), or else, before the chain's next
         block, where the branch is likelier to be used (``pays``, on what ``stats`` has measured); True
         when a branch was drafted (``stats`` records it)."""
-        bet = self.bet(live, committed_end)
-        if bet is None or not (idle or self.pays(bet, live, stats)):
+        if not (idle or self.pays(bet, live, stats)):
             return False
         began = time.perf_counter()
         if not self.fill(drafter, bet, drafts, stop):
@@ -159,9 +158,8 @@ class SpeculationCache:
         """The branch drafted on exactly the ``committed`` tokens (then it is no longer held), its first
         ``drafts`` drafts at most; else None."""
         branch = self.branch
-        if branch is None or not branch.block.tokens or len(committed) != len(branch.base):
-            return None
-        if tuple(committed) != branch.base:
+        if (branch is None or not branch.block.tokens or len(committed) != len(branch.base)
+                or tuple(committed) != branch.base):
             return None
         self.branch = None
         return branch if len(branch.block.tokens) <= drafts else replace(branch, block=branch.block.first(drafts))
