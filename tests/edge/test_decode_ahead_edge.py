@@ -75,27 +75,47 @@ def test_the_edge_refuses_more_tokens_decoded_ahead_than_a_verdict_can_hold(kind
         check_answers(lying, sent, 0, drafts, (), [], 10)
 
 
+class _Recording(GrpcVerifier):
+    """An edge that keeps, per verdict, where it starts and how many of its tokens were decoded ahead."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.ahead_at: list[tuple[int, int]] = []
+
+    def receive(self):
+        received = super().receive()
+        self.ahead_at.append((received.verdict.start_position, received.verdict.ahead))
+        return received
+
+
 def test_the_cloud_stops_decoding_ahead_for_an_edge_whose_new_chains_hold_the_tokens(tiny_engine, tiny_vocab,
                                                                                      drafters):
     """The verifier watches the first block of each new chain (``ChainStartGuesses``): where its drafts
-    always hold the target's next tokens, tokens decoded ahead would only cost forwards, and after the
-    first few chains the cloud decodes none; where they miss, it goes on (the control)."""
+    always hold the target's next tokens, tokens decoded ahead would only cost forwards, and once it has
+    seen four such chains (by the second half of a session: ``ChainStartGuesses.pays`` then refuses even
+    four tokens) the cloud decodes none; where they miss, it goes on (the control; with the gate taken
+    out, 80 and 85 tokens in the second halves). How many it decodes while it learns moves with the
+    forwards' time (the tokens that fit before the block is due), so only the learned half is asserted:
+    measured 0 and 59-94, under a busy core too (before, the totals over whole sessions were compared,
+    and under CI's load they came within the assertion's margin)."""
     from cloud.server import BackgroundServer, ServerConfig
 
-    ahead = {}
+    late = {}
     with BackgroundServer(tiny_engine, ServerConfig(port=0)) as server:
-        for wrong_every, (text, seed) in itertools.product((4, 1), itertools.product(TEXTS[:2], (1, 2))):
+        for wrong_every, (text, seed) in itertools.product((8, 1), itertools.product(TEXTS[:2], (1, 2))):
             prompt = tiny_prompt(tiny_engine, text)
             params = SamplingParams(mode=Mode.COUPLED, temperature=0.9, seed=seed)
-            want = generate(tiny_engine, drafters["drafter_f32"], prompt, params, max_new_tokens=32,
+            want = generate(tiny_engine, drafters["drafter_f32"], prompt, params, max_new_tokens=64,
                             spec=SpecConfig(0)).tokens
-            # Wrong every fourth position: a new chain's three drafts are right (every draft wrong: none is).
+            # Wrong every eighth position: a new chain's three drafts are right, however many tokens the cloud
+            # decoded for the stale block behind the correction (at most 4; every fourth position was not:
+            # a chain that started after 3 began at a wrong draft). Every draft wrong: none is right.
             # (Two blocks in flight: the verifier allows a block 3 + 1 drafts, so 3 tokens decoded ahead.)
             drafter = _SlowDrafter(tiny_vocab[0], want, len(prompt), right=False, wrong_every=wrong_every)
-            got = run_decode(drafter, GrpcVerifier(VerifierEndpoint(server.address, *tiny_vocab)), prompt, params,
-                             max_new_tokens=32, spec=SpecConfig(3, window=2))
+            link = _Recording(VerifierEndpoint(server.address, *tiny_vocab))
+            got = run_decode(drafter, link, prompt, params, max_new_tokens=64, spec=SpecConfig(3, window=2))
             assert got.tokens == want, (wrong_every, text, seed)
-            ahead[wrong_every] = ahead.get(wrong_every, 0) + got.stats.ahead
-    # Measured: 24 and 84 alone, 49 and 82 once under the whole suite's load (the deadline, and so the tokens
-    # that fit before it, moves with the forwards' time); with the gate taken out, 84 and 92.
-    assert 0 < 3 * ahead[4] <= 2 * ahead[1], ahead
+            assert got.stats.ahead == sum(ahead for _, ahead in link.ahead_at)
+            half = len(prompt) + len(want) // 2
+            late[wrong_every] = late.get(wrong_every, 0) + sum(a for start, a in link.ahead_at if start >= half)
+    assert late[8] == 0 and late[1] > 0, late
