@@ -329,8 +329,7 @@ class BlockStream(ServicePart):
                 raise _idle()
             if pending:
                 items = []
-            elif (broken_chain and frames.empty()
-                  and decodes_ahead(entry.session, next_block.deadline(time.perf_counter()))):
+            elif broken_chain and frames.empty() and decodes_ahead(entry.session, next_block.deadline()):
                 await self._decode_ahead(entry, stream)
                 items = []
             else:
@@ -358,8 +357,7 @@ class BlockStream(ServicePart):
             if pending and not ending:  # one chain at a time: a stale block's answer depends on what arrived
                 session, front = entry.session, pending[0]
                 epoch, told = session.epoch, session.ahead.told_from(len(session.tokens))
-                deadline = next_block.deadline(time.perf_counter())
-                answered = await self._verify_pending(entry, pending, stream, deadline)
+                answered = await self._verify_pending(entry, pending, stream, next_block.deadline())
                 if broken_chain and front.epoch == epoch and front.drafts and front.start_position <= told:
                     session.ahead.guesses.observe(front.drafts, front.start_position, told, session.tokens)
                 for answer in answered:

@@ -39,16 +39,9 @@ class NextBlockClock:
             self.gap_s.add(max(now - self._corrected_at, 0.0))
             self._corrected_at = None
 
-    def deadline(self, now: float) -> float | None:
-        """When the next block is expected, asked at ``now``: one measured gap after the correction. None
-        once it came, before any gap was measured, or once it is late by a whole gap (``now`` past twice
-        the gap): the measure no longer describes the stream, and the cloud decides as before it had one.
-        (Measured, AMD EPYC, acespec-50k: a weak drafter's first chain, drafted while the Open was in
-        flight, reached the cloud 70 ms after the correction; the next took 400 ms, and a deadline that
-        had passed refused every stale decode and every token decoded ahead while the cloud sat idle.)"""
+    def deadline(self) -> float | None:
+        """When the next block is expected: None once it came, or before any gap was measured."""
         if self._corrected_at is None or self.gap_s.value is None:
-            return None
-        if now - self._corrected_at > 2.0 * self.gap_s.value:
             return None
         return self._corrected_at + self.gap_s.value
 

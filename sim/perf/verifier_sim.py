@@ -88,7 +88,7 @@ class VerifierSim:
         if not self._usable(head):
             head.stale = True
             if not decodes_stale(enabled=costs.decode_stale, usable_behind=any(self._usable(b) for b in there[1:]),
-                                 now=start, forward_s=costs.stale_decode_s, deadline=self.next_block.deadline(start),
+                                 now=start, forward_s=costs.stale_decode_s, deadline=self.next_block.deadline(),
                                  may_overrun=costs.stale_decode_overruns, guess_odds=costs.alpha[0]):
                 head.done_at, head.verdict_at = start, start + costs.rtt_s / 2 + costs.down_s
                 return

@@ -45,33 +45,14 @@ def test_the_stale_decode_decision(case, decodes):
 
 def test_the_next_block_clock_counts_the_first_block_of_the_new_epoch_or_a_later_one():
     clock = NextBlockClock()
-    assert clock.deadline(0.0) is None
+    assert clock.deadline() is None
     clock.corrected(1.0, epoch=2)
     clock.arrived(1.1, epoch=1)  # an older epoch's block: no sample
-    assert clock.gap_s.value is None and clock.deadline(1.1) is None
+    assert clock.gap_s.value is None and clock.deadline() is None
     clock.arrived(1.3, epoch=3)  # a later epoch (the model's chains may skip one): the sample
-    assert clock.gap_s.value == pytest.approx(0.3) and clock.deadline(1.3) is None  # it came
+    assert clock.gap_s.value == pytest.approx(0.3) and clock.deadline() is None  # it came
     clock.corrected(2.0, epoch=3)
-    assert clock.deadline(2.1) == pytest.approx(2.3)
-
-
-def test_a_block_late_by_a_whole_gap_sets_no_deadline():
-    """A deadline that has passed still holds while the block is late by less than the gap measured (a
-    forward then would run into its arrival); later than that, the gap measured does not describe the
-    stream (one sample of a chain drafted ahead of the correction), and there is none, as before any."""
-    clock = NextBlockClock()
-    clock.corrected(1.0, epoch=1)
-    clock.arrived(1.07, epoch=1)
-    clock.corrected(2.0, epoch=2)
-    assert clock.deadline(2.05) == pytest.approx(2.07)
-    assert clock.deadline(2.12) == pytest.approx(2.07)  # late, by less than a gap
-    assert clock.deadline(2.15) is None  # late by more: a forward now is not weighed against 2.07
-    assert decodes_stale(enabled=True, usable_behind=False, now=2.12, forward_s=0.09, deadline=clock.deadline(2.12),
-                         may_overrun=True, guess_odds=0.5) is False
-    assert decodes_stale(enabled=True, usable_behind=False, now=2.15, forward_s=0.09, deadline=clock.deadline(2.15),
-                         may_overrun=True, guess_odds=0.5) is True
-    clock.arrived(2.4, epoch=2)  # the late block teaches the clock
-    assert clock.gap_s.value == pytest.approx(0.8 * 0.07 + 0.2 * 0.4) and clock.deadline(2.5) is None
+    assert clock.deadline() == pytest.approx(2.3)
 
 
 @pytest.mark.parametrize(("accepted", "drafts", "more_follows", "follows"), [

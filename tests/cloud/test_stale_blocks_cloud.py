@@ -254,16 +254,16 @@ def test_the_next_block_is_expected_one_measured_gap_after_a_correction():
     """The servicer's clock for the stale-decode deadline: no deadline before a gap was measured or once the
     block came; a block of an older epoch (stale) is no sample; the gap is a moving average."""
     clock = NextBlockClock()
-    assert clock.deadline(0.0) is None
+    assert clock.deadline() is None
     clock.corrected(10.0, epoch=1)
-    assert clock.deadline(10.0) is None  # nothing measured yet: decode
+    assert clock.deadline() is None  # nothing measured yet: decode
     clock.arrived(10.1, epoch=0)  # a stale block still in flight: not the next chain's
     clock.arrived(10.3, epoch=1)
-    assert clock.gap_s.value == pytest.approx(0.3) and clock.deadline(10.3) is None  # it came
+    assert clock.gap_s.value == pytest.approx(0.3) and clock.deadline() is None  # it came
     clock.corrected(20.0, epoch=2)
-    assert clock.deadline(20.1) == pytest.approx(20.3)
+    assert clock.deadline() == pytest.approx(20.3)
     clock.arrived(20.8, epoch=2)
-    assert clock.gap_s.value == pytest.approx(0.8 * 0.3 + 0.2 * 0.8) and clock.deadline(20.8) is None
+    assert clock.gap_s.value == pytest.approx(0.8 * 0.3 + 0.2 * 0.8) and clock.deadline() is None
 
 
 def test_a_stale_blocks_ids_are_decoded_only_for_a_session_that_rebases(tiny_engine, greedy_path):
