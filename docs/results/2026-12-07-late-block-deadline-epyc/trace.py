@@ -1,8 +1,13 @@
 """Trace one category prompt at this tree: the edge with -vv (plan lines) twice, cloud-only between.
 Usage: SCEN=acespec-50k python trace.py QID SEED RUNG [extra edge flags...]"""
-import json, os, subprocess, sys, tempfile
+import json
+import os
+import subprocess
+import sys
+import tempfile
 from contextlib import ExitStack
 from pathlib import Path
+
 from sim.experiment.categories import first_turn_sampling, probe_questions
 from sim.experiment.processes import _env, _pinned, cloud_behind_link, core_split, side_command
 from sim.fixtures.drafter_ladder import drafter_rung
