@@ -10,11 +10,9 @@ forward alone (``Verdict.forward_us``) for a block and for one token, the
 forward's cost by the session's rows in it (``edge.row_cost``: a block is priced
 by its rows, so rows the verifier's tile makes free go to longer blocks and
 hedge branches, and rows that cost do not), the cloud's seconds per token
-decoding alone, what stale blocks bring back, and how far drafting's predictions
-held against the pace the session realised while drafting (``edge.pace_check``).
+decoding alone, and what stale blocks bring back.
 
-Promises: predictions come from ``shared.acceptance`` (closed form), drafting's
-scaled by that check; a draft
+Promises: predictions come from ``shared.acceptance`` (closed form); a draft
 length is changed only when predicted ``Tunables.change_tie`` faster, and drafting and
 the cloud alone swap only on ``Tunables.hysteresis`` and enough acceptance samples;
 the window is never above the cap nor below ``Tunables.min_window`` where the cap
@@ -30,7 +28,6 @@ from dataclasses import dataclass, field
 
 from edge.acceptance_estimate import AcceptanceEstimate
 from edge.hedge_choice import HedgeChoice
-from edge.pace_check import PaceCheck
 from edge.row_cost import RowCost
 from edge.tunables import TUNABLES, Tunables
 from edge.verifier_protocol import SessionTerms
@@ -106,7 +103,6 @@ class Controller:
         self.stale = StaleBlocks()  # what the stale blocks past a correction bring back
         self.hedge = HedgeChoice()  # hedge branches: the width allowed (``HedgeChoice.allow``) and the choice
         self.drafted_blocks = 0  # drafted blocks observed
-        self.pace = PaceCheck(tunables.pace_prior_tokens)  # drafting's predictions against its realised pace
         # The current choice. A session starts drafting (measured here: starting with the cloud decoding
         # alone cost the self-drafting Gemma pair 1.47x instead of 2.2x cloud-only on acespec-50k; ``start``
         # says where a round trip outweighs any drafter), the whole window in flight (the stale blocks behind
@@ -176,11 +172,6 @@ class Controller:
         branch committed past the correction (0: none taken), ``hedge_s`` spent drafting its branches.
         (What its branch rows cost the forward is the row-cost curve's: ``observe_forward``.)"""
         self.hedge.observe(gained, hedge_s)
-
-    def observe_pace(self, tokens: int, seconds: float) -> None:
-        """``tokens`` committed over the ``seconds`` since the last plan (``PaceCheck``: counted where that
-        plan drafted with a prediction)."""
-        self.pace.observe(tokens, seconds)
 
     def observe_forward(self, rows: int, seconds: float) -> None:
         """A forward that answered a verdict: ``seconds`` alone, holding ``rows`` of the session's rows
@@ -337,8 +328,7 @@ class Controller:
                 f"{self.acceptance.samples} trials, forward {ms(self.forward_s)} ({self.forward_cost.describe()}), "
                 f"one token {ms(self.one_token_s)}, "
                 f"block at the cloud {ms(self.block_cloud_s)}, network {ms(self.network_s)}, "
-                f"drafting {ms(self.draft_s_per_token)}/token, cloud alone {ms(self.cloud_s_per_token)}/token, "
-                f"pace {self.pace.factor:.2f} of predicted"
+                f"drafting {ms(self.draft_s_per_token)}/token, cloud alone {ms(self.cloud_s_per_token)}/token"
                 + self.hedge.describe(self.hedge_width, self.hedge_extra_s()))
 
     def plan(self, drafting_only: bool = False, tokens_left: int | None = None) -> Plan:
@@ -354,8 +344,7 @@ class Controller:
         windows = list(range(min(self.tunables.min_window, self.window), self.window + 1))
         chosen = {d: self._best_window(d, windows) if settled else (None, self.drafting_window)
                   for d in range(1, self.max_draft_len + 1)}
-        # (drafting's predictions scaled by how far they held this session: ``edge.pace_check``)
-        options = {d: None if value is None else value * self.pace.factor for d, (value, _) in chosen.items()}
+        options = {d: value for d, (value, _) in chosen.items()}
         if not drafting_only and (self.draft_len == 0 or options[self.draft_len] is not None):
             options[0] = self.predict_cloud()  # (drafting is left on a prediction for it, not for want of one)
         known = {d: v for d, v in options.items() if v is not None}
@@ -386,7 +375,6 @@ class Controller:
                 break
         if self.draft_len:
             self.chosen_window = chosen[self.draft_len][1]
-        self.pace.rate = chosen[self.draft_len][0] if self.draft_len else None
         window = self.cloud_window if self.draft_len == 0 else self.drafting_window
         self.hedge.choose(known.get(self.draft_len), self.forward_cost, self.draft_len, self.tunables.hysteresis,
                           self.drafted_blocks)

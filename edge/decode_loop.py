@@ -255,7 +255,7 @@ class _Decode:
     def _step(self) -> bool:
         """Draft and send what may go, then take one verdict; True when the generation is over."""
         plan = self.pipeline.replan(drafting=self.drafting is not None,
-                                    tokens_left=self.max_new_tokens - len(self.generated), now=time.perf_counter())
+                                    tokens_left=self.max_new_tokens - len(self.generated))
         described = self.pipeline.schedule.describe(plan) if plan and log.isEnabledFor(logging.DEBUG) else ""
         if described:  # (a fixed schedule has nothing to say)
             log.debug("at %d tokens: %s", len(self.generated), described)

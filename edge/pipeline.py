@@ -108,7 +108,6 @@ class Pipeline(Generic[F]):
         self.hold = False  # blocks in flight rest on a wrong guess of the first token: send none until they drain
         self.leaving_cloud = False  # a switch from a cloud stretch to drafting waits for the empty blocks to drain
         self.since_plan = 0  # tokens committed since the schedule last chose
-        self.planned_at: float | None = None  # when it last chose (the decode loop's clock; None: not timed)
 
     def __iter__(self) -> Iterator[F]:
         return iter(self.in_flight)
@@ -120,35 +119,25 @@ class Pipeline(Generic[F]):
     def follow(self, plan: Plan) -> None:
         self.draft_len, self.window = plan.draft_len, plan.window
 
-    def replan(self, drafting: bool = False, tokens_left: int | None = None, now: float | None = None) -> Plan | None:
+    def replan(self, drafting: bool = False, tokens_left: int | None = None) -> Plan | None:
         """Let the schedule choose again where the decode loop asks it: when a new chain starts (every
         block in flight void, none being drafted), and every ``REPLAN_TOKENS`` tokens of a chain (drafting
         only) or of a cloud stretch (there a switch to drafting waits for the pipeline to drain);
-        ``tokens_left``: what the token limit leaves of the generation (None: unbounded); ``now``: the
-        caller's clock (None: not timed), and before it chooses the schedule hears the tokens committed
-        and the seconds passed since it last chose (``observe_pace``). Returns the plan a new chain
-        follows (None: no new chain)."""
+        ``tokens_left``: what the token limit leaves of the generation (None: unbounded). Returns the
+        plan a new chain follows (None: no new chain)."""
         control = self.schedule
         if not drafting and all(f.void for f in self.in_flight):
-            self._paced(now)
             plan = control.plan(tokens_left=tokens_left)
             self.follow(plan)
             self.since_plan, self.leaving_cloud = 0, False
             return plan
         if self.since_plan >= REPLAN_TOKENS:
-            self._paced(now)
             self.since_plan = 0
             if self.draft_len == 0:
                 self.leaving_cloud = control.plan(tokens_left=tokens_left).draft_len > 0
             else:
                 self.follow(control.plan(drafting_only=True, tokens_left=tokens_left))
         return None
-
-    def _paced(self, now: float | None) -> None:
-        """Tell the schedule the tokens and seconds since it last chose (where timed), before it chooses."""
-        if now is not None and self.planned_at is not None:
-            self.schedule.observe_pace(self.since_plan, now - self.planned_at)
-        self.planned_at = now
 
     # -- how a session starts ------------------------------------------------
     def head_start(self, round_trip_s: float, token_s: float) -> Plan | None:

@@ -65,7 +65,6 @@ class Schedule(Protocol):
     def observe_cloud_token(self, trip_s: float | None, cloud_s: float, interval_s: float | None,
                             forward_s: float = 0.0, tokens: int = 1) -> None: ...
     def observe_shadow(self, hit: bool, draft_s: float) -> None: ...
-    def observe_pace(self, tokens: int, seconds: float) -> None: ...
 
 
 class FixedSchedule:
@@ -109,7 +108,7 @@ class FixedSchedule:
         pass
 
     observe_hedge = observe_forward = observe_acceptance = observe_stale = observe_block
-    observe_cloud_token = observe_shadow = observe_pace = expect_ahead = observe_block
+    observe_cloud_token = observe_shadow = expect_ahead = observe_block
 
 
 @dataclass(frozen=True)

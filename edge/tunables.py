@@ -29,9 +29,7 @@ class Tunables:
     correction costs a drafting chain a round trip, and the cloud alone pays none, so no drafting
     start keeps pace there (docs/pipelining.md, the start; a drafter that does is still found by the
     shadow proposals). Only where the verifier decodes nothing ahead: where it does, a correction's
-    round trip is spent decoding (``Controller.start``). ``pace_prior_tokens``: pseudo-tokens at a ratio
-    of 1 in the check of drafting's predictions against its realised pace (``edge.pace_check``): two
-    re-plans' worth (``REPLAN_TOKENS``), so one chain's luck does not move the choice."""
+    round trip is spent decoding (``Controller.start``)."""
 
     hysteresis: float = 0.15
     change_tie: float = 0.03
@@ -43,7 +41,6 @@ class Tunables:
     shadow_every: int = 4
     shrink_strength: float = 4.0
     start_chain_tokens: float = 1 / (1 - 0.85)
-    pace_prior_tokens: float = 16.0
 
 
 TUNABLES = Tunables()

@@ -580,34 +580,3 @@ def test_a_session_s_first_chain_drafts_at_the_cap_until_the_controller_has_chos
     finally:
         drafter.close()
     assert blocks[:2] == [EARLY_DRAFT_LEN, 8]
-
-
-def test_drafting_whose_predictions_overshoot_its_pace_is_weighed_at_its_pace():
-    """The controller checks drafting's predictions against the tokens it realised while drafting
-    (``edge.pace_check``): a drafter predicted a little faster than the cloud alone that realises well
-    below its prediction is handed to the cloud; one that realises its prediction keeps drafting (the
-    control), and the check counts only what was drafted under a prediction."""
-    def settled() -> Controller:
-        c = Controller.converged(8, 4, alpha_per_position=[0.7], draft_s_per_token=0.02, network_s=0.14,
-                                 forward_s=0.12, cloud_s_per_token=0.10)
-        c.draft_len = 2
-        return c
-
-    c = settled()
-    drafting = c.plan().predicted_tokens_per_s
-    assert c.draft_len > 0 and c.predict_cloud() < drafting < 1.3 * c.predict_cloud()
-    honest = settled()
-    honest.plan()
-    for _ in range(8):  # tokens at the pace promised: drafting stays
-        honest.observe_pace(round(drafting), 1.0)
-        assert honest.plan().draft_len > 0
-    assert honest.pace.factor == pytest.approx(1.0, abs=0.05) and honest.switches == 0
-    for _ in range(8):  # 70% of it: the cloud alone, 10 tok/s, is the faster by more than the hysteresis
-        c.observe_pace(round(0.7 * drafting), 1.0)
-        if c.plan().draft_len == 0:
-            break
-    assert c.draft_len == 0 and c.switches == 1 and c.pace.factor < 0.8
-    factor = c.pace.factor
-    c.observe_pace(1, 1.0)  # a cloud stretch is not drafting's pace
-    assert c.pace.factor == factor
-

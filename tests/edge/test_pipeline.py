@@ -157,21 +157,3 @@ def test_a_block_whose_first_drafts_were_committed_counts_its_verified_drafts_at
     controller.observe_block(3, 1, 0.3, 0.1, first=2)
     assert controller.acceptance.trials[:2] == [0.0, 0.0] and controller.acceptance.trials[2:4] == [1.0, 1.0]
     assert controller.acceptance.hits[2:4] == [1.0, 0.0]  # draft 2 accepted, draft 3 the first rejected
-
-
-def test_the_pipeline_tells_the_schedule_its_pace_between_plans():
-    """What the decode loop's clock says between two plans reaches the schedule before it chooses again."""
-    paces = []
-
-    class Told(Controller):
-        def observe_pace(self, tokens: int, seconds: float) -> None:
-            paces.append((tokens, seconds))
-            super().observe_pace(tokens, seconds)
-
-    pipe = Pipeline(8, 4, Told(8, 4, CLOUD_WINDOW))
-    pipe.replan(now=10.0)  # the first plan: nothing before it
-    pipe.since_plan = 5
-    pipe.replan(now=10.5)
-    pipe.replan()  # not timed: nothing told, and the next timed plan has no start
-    pipe.replan(now=11.0)
-    assert paces == [(5, 0.5)]
