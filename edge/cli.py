@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def add_edge_commands(commands) -> None:
-    from edge.cli_options import add_cloud_args, add_drafter_args, add_sampling_args
+    from edge.cli_options import add_cloud_args, add_drafter_args, add_sampling_args, add_speculation_args
 
     run = commands.add_parser(
         "run",
@@ -96,6 +96,7 @@ def add_edge_commands(commands) -> None:
                        help=f"edge schedule (default {DEFAULT_SCHEDULE}; see `run --help`)")
     serve.add_argument("--window", type=positive_int, default=DEFAULT_WINDOW,
                        help=f"pipelined: blocks in flight at most; adaptive: the most it may choose (default {DEFAULT_WINDOW})")
+    add_speculation_args(serve)
     add_drafter_args(serve)
     serve.set_defaults(func=run_serve)
 
@@ -302,7 +303,8 @@ def run_serve(args: argparse.Namespace) -> int:
             root_certificates=options["root_certificates"], client_certificate=options["client_certificate"],
             connect_timeout_s=min(args.connect_timeout, 5.0),
             verdict_timeout_s=args.verdict_timeout, outage_budget_s=args.outage_budget, draft_len=args.draft_len,
-            schedule=args.schedule, window=args.window, fallback=args.fallback, pinned_target=options["pinned_target"],
+            schedule=args.schedule, window=args.window, hedge_width=args.hedge, speculation_cache=args.speculation_cache,
+            fallback=args.fallback, pinned_target=options["pinned_target"],
         )
         service = EdgeService.for_drafter(drafter, config, args.chat_format, fleet)
         if args.schedule == "adaptive":  # its controller starts from the link (``Controller.start``): measure it now

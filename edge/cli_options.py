@@ -59,6 +59,15 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--window", type=positive_int, default=defaults.DEFAULT_WINDOW,
                        help=f"pipelined: blocks in flight at most; adaptive: the most it may choose (default "
                        f"{defaults.DEFAULT_WINDOW}; the cloud may allow fewer)")
+    add_speculation_args(group)
+    group.add_argument("--draft-top-k", type=positive_int, default=defaults.DEFAULT_DRAFT_TOP_K,
+                       help=f"rejection mode: support of q̃ (default {defaults.DEFAULT_DRAFT_TOP_K})")
+    group.add_argument("--prob-bits", type=positive_int, default=defaults.DEFAULT_PROB_BITS,
+                       help=f"rejection mode: q̃ precision in bits (default {defaults.DEFAULT_PROB_BITS})")
+
+
+def add_speculation_args(group) -> None:
+    """``--hedge`` and ``--speculation-cache`` (``edge run``'s and ``edge serve``'s alike) on ``group``."""
     group.add_argument("--hedge", type=non_negative_int, default=0,
                        help="hedge branches per block, greedy and coupled modes: at the least certain drafts, the "
                        "drafter's guess for the target's correction and two tokens after it, verified in the same "
@@ -68,10 +77,6 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> None:
                        "that would follow the target's likeliest correction of it (the drafter's runner-up where the "
                        "block most likely fails), so that when the verdict corrects there the next block leaves at "
                        "once instead of after a block's drafting (default off)")
-    group.add_argument("--draft-top-k", type=positive_int, default=defaults.DEFAULT_DRAFT_TOP_K,
-                       help=f"rejection mode: support of q̃ (default {defaults.DEFAULT_DRAFT_TOP_K})")
-    group.add_argument("--prob-bits", type=positive_int, default=defaults.DEFAULT_PROB_BITS,
-                       help=f"rejection mode: q̃ precision in bits (default {defaults.DEFAULT_PROB_BITS})")
 
 
 def sampling_from_args(args: argparse.Namespace) -> SamplingParams:

@@ -53,6 +53,8 @@ class ServeConfig:
     draft_len: int = DEFAULT_DRAFT_LEN
     schedule: str = DEFAULT_SCHEDULE
     window: int = DEFAULT_WINDOW
+    hedge_width: int = 0  # hedge branches a block (``edge run --hedge``)
+    speculation_cache: bool = False  # draft a correction's next block before its verdict (``edge.speculation_cache``)
     fallback: str = "error"  # "local": answer from the drafter alone while the cloud is out of reach
     pinned_target: bytes | None = None  # the target weights every session must be served by (--pin-target)
     offline_retry_s: float = 10.0  # after a failed connection, requests go straight to the fallback this long
@@ -219,7 +221,8 @@ class EdgeService:
             window, controller = self._schedule(draft_len)
             result = run_decode(
                 self.drafter, verifier, job.prompt, params, max_new_tokens=job.max_tokens,
-                spec=SpecConfig(draft_len, window=window, controller=controller), on_tokens=emitter,
+                spec=SpecConfig(draft_len, window=window, hedge_width=self.config.hedge_width, controller=controller,
+                                speculation_cache=self.config.speculation_cache), on_tokens=emitter,
             )
         except Cancelled:
             self._drop(conversation)

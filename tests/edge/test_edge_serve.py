@@ -368,6 +368,26 @@ def test_the_adaptive_schedule_s_controller_steers_each_request(cloud, drafter):
     assert tokens["adaptive"] == tokens["pipelined"] == tokens["lockstep"]
 
 
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
+def test_served_generations_hedge_and_cache_as_the_flags_ask(cloud, drafter):
+    """``edge serve --hedge`` and ``--speculation-cache`` reach each request's decoding as ``edge run``'s
+    do: the hedged generations send branches, the cached ones draft bets, the others neither, and every
+    one answers as the target alone would."""
+    params = SamplingParams(mode=Mode.COUPLED, temperature=0.9, seed=3)
+    tokens, stats = {}, {}
+    for name, config in (("plain", {}), ("hedged", {"hedge_width": 1}), ("cached", {"speculation_cache": True})):
+        service = make_service(drafter, cloud.address, schedule="pipelined", window=3, **config)
+        outcomes = [service.run(Job(service.text_prompt(text), params, 24), lambda text: None, threading.Event())
+                    for text in ("The cat sat", "Once upon a time")]
+        service.close()
+        tokens[name] = [outcome.tokens for outcome in outcomes]
+        stats[name] = [(outcome.decode.hedges_sent, outcome.decode.cache_branches) for outcome in outcomes]
+    assert tokens["hedged"] == tokens["cached"] == tokens["plain"]
+    assert stats["plain"] == [(0, 0), (0, 0)]
+    assert all(hedges > 0 and branches == 0 for hedges, branches in stats["hedged"]), stats
+    assert any(branches > 0 for _, branches in stats["cached"]) and all(h == 0 for h, _ in stats["cached"]), stats
+
+
 @pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")  # (gRPC's threads: none fails)
 def test_requests_share_one_connection_to_the_cloud(cloud, drafter):
     """Each request's session goes over the connection the first one opened (no TCP, TLS and
