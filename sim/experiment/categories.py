@@ -48,7 +48,7 @@ from sim.fixtures.drafter_ladder import DrafterRung
 from sim.link.scenario import Scenario
 
 __all__ = ["CategoryBench", "run_categories", "summarize", "render_first_turn", "render_conversation",
-           "second_turn_prompts", "probe_questions", "first_turn_sampling", "probe_lines",
+           "second_turn_prompts", "probe_questions", "probe_question", "probe_rig", "first_turn_sampling", "probe_lines",
            "ProbeLine", "paired_summary"]
 
 MODE, SCHEDULE = "coupled", "adaptive"  # the product's defaults (edge run, edge serve)
@@ -97,6 +97,28 @@ def probe_questions() -> list:
     from sim.workloads.mtbench import sample_by_category
 
     return [(category, q) for category, items in sample_by_category(2, 0).items() for q in items][::2]
+
+
+def probe_question(question_id: int):
+    """The question of ``probe_questions`` with that MT-bench id (ValueError naming the ids there if none)."""
+    questions = [q for _, q in probe_questions()]
+    for question in questions:
+        if question.question_id == question_id:
+            return question
+    raise ValueError(f"question {question_id} is not one the probes run: {[q.question_id for q in questions]}")
+
+
+def probe_rig(stack, scenario: str, question_id: int, seed: int = 0) -> tuple[str, set[int] | None, list[str]]:
+    """One probe question's rig, closed with ``stack`` (an ``ExitStack``): the default target's cloud on its
+    cores behind ``scenario``'s emulated link (``cloud_behind_link``); returns the link's address, the
+    edge's cores and the question's ``first_turn_sampling`` at ``seed``."""
+    from sim.experiment.processes import cloud_behind_link, core_split
+    from sim.link.scenario import load_scenario
+
+    question = probe_question(question_id)
+    edge_cores, cloud_cores = core_split()
+    _, link = cloud_behind_link(stack, load_scenario(scenario).link, cloud_cores)
+    return link.address, edge_cores, first_turn_sampling(question, seed)
 
 
 def first_turn_sampling(question, seed: int = 0) -> list[str]:

@@ -13,22 +13,17 @@ import tempfile
 from contextlib import ExitStack
 from pathlib import Path
 
-from sim.experiment.categories import first_turn_sampling, probe_questions
-from sim.experiment.processes import _env, _pinned, cloud_behind_link, core_split, side_command
+from sim.experiment.categories import probe_rig
+from sim.experiment.processes import _env, _pinned, side_command
 from sim.fixtures.drafter_ladder import drafter_rung
-from sim.link.scenario import load_scenario
 
-scen = load_scenario(os.environ.get("SCEN", "acespec-50k"))
 qid, seed, rung = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-edge_cores, cloud_cores = core_split()
-question = next(q for _, q in probe_questions() if q.question_id == qid)
 with ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
-    cloud, link = cloud_behind_link(stack, scen.link, cloud_cores)
-    sampling = first_turn_sampling(question, int(seed))
+    address, edge_cores, sampling = probe_rig(stack, os.environ.get("SCEN", "acespec-50k"), qid, int(seed))
     out = Path(tmp) / "r.json"
     for arm in ("A", "B", "A", "B"):
         env = _env(len(edge_cores)) | ({"PYTHONPATH": "/tmp/base-site:/tmp/arm-old"} if arm == "A" else {})
-        p = subprocess.run([*side_command("splitspec-edge", "edge.cli"), "-vv", "run", "--cloud", link.address,
+        p = subprocess.run([*side_command("splitspec-edge", "edge.cli"), "-vv", "run", "--cloud", address,
                             "--drafter", drafter_rung(rung).path, *sampling, "--schedule", "adaptive", "--draft-len", "8",
                             "--window", "4", "--hedge", "0", "--lookup", "--json-file", str(out)],
                            capture_output=True, text=True, env=env, preexec_fn=_pinned(edge_cores))

@@ -8,28 +8,23 @@ import tempfile
 from contextlib import ExitStack
 from pathlib import Path
 
-from sim.experiment.categories import first_turn_sampling, probe_questions
-from sim.experiment.processes import _env, _pinned, cloud_behind_link, core_split, side_command
+from sim.experiment.categories import probe_rig
+from sim.experiment.processes import _env, _pinned, side_command
 from sim.fixtures.drafter_ladder import drafter_rung
-from sim.link.scenario import load_scenario
 
-scen = load_scenario(os.environ.get("SCEN", "acespec-50k"))
 qid, seed, rung, extra = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4:]
-edge_cores, cloud_cores = core_split()
-question = next(q for _, q in probe_questions() if q.question_id == qid)
 with ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
-    cloud, link = cloud_behind_link(stack, scen.link, cloud_cores)
-    sampling = first_turn_sampling(question, int(seed))
+    address, edge_cores, sampling = probe_rig(stack, os.environ.get("SCEN", "acespec-50k"), qid, int(seed))
     out = Path(tmp) / "r.json"
     for arm in ("split", "cloud", "split"):
         env = _env(len(edge_cores))
         if arm == "cloud":
-            cmd = [*side_command("splitspec-edge", "edge.cli"), "baseline", "--cloud", link.address,
+            cmd = [*side_command("splitspec-edge", "edge.cli"), "baseline", "--cloud", address,
                    "--drafter", drafter_rung(rung).path, *sampling, "--json-file", str(out)]
         else:
-            cmd = [*side_command("splitspec-edge", "edge.cli"), "-vv", "run", "--cloud", link.address,
+            cmd = [*side_command("splitspec-edge", "edge.cli"), "-vv", "run", "--cloud", address,
                    "--drafter", drafter_rung(rung).path, *sampling, "--schedule", "adaptive", "--draft-len", "8",
-                   "--window", "4", "--hedge", "0", *([] if os.environ.get("NOLOOKUP") else ["--lookup"]), "--drafter-threads", "1", "--json-file", str(out), *extra]
+                   "--window", "4", "--hedge", "0", *([] if os.environ.get("NOLOOKUP") else ["--lookup"]), "--json-file", str(out), *extra]
         p = subprocess.run(cmd, capture_output=True, text=True, env=env, preexec_fn=_pinned(edge_cores))
         print(f"=== {arm}", p.returncode)
         if p.returncode:
