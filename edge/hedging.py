@@ -47,7 +47,8 @@ def hedge(drafter: Drafter, block: DraftBlock, width: int, branch_len: int = BRA
 
 
 def first_failure(margins: list[float | None]) -> list[float]:
-    """P(the block's first rejection is at draft i), each draft accepted with 1 - exp(-margin) (no margin: as likely as not)."""
+    """P(the block's first rejection is at draft i), each draft accepted with 1 - exp(-margin)
+    (no margin: as likely as not)."""
     out, reach = [], 1.0
     for margin in margins:
         accept = 0.5 if margin is None else 1.0 - math.exp(-max(margin, 0.0))

@@ -6,8 +6,9 @@ Per-step logits come from ``llama_get_logits_ith(ctx, -1)`` (no
 next eval. The context holds two KV sequences over one unified cache: the
 speculation's (0) and a branch's (1, ``draft_branch``), which shares the
 speculation's cells up to where it departs (``llama_memory_seq_cp``), so a
-branch costs its own drafts only, and the speculation is not read again after it. The drafter owns no sampling RNG: every proposal is a pure
-function of its logits and the session's counters (``edge.drafter.propose``).
+branch costs its own drafts only, and the speculation is not read again after
+it. The drafter owns no sampling RNG: every proposal is a pure function of its
+logits and the session's counters (``edge.drafter.propose``).
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@
 A correction voids every block in flight behind it, and the next chain's first
 block used to leave only after the verdict had landed and a whole block had
 been drafted (``DecodeStats.restart_draft_s``: 12% and 9% of the wall time
-with the default and q2_k drafters on acespec-50k, 2026-12-06-categories-epyc). The cache bets on the correction instead, as SSD does (Kumar,
-Dao and May, "Speculative Speculative Decoding", arXiv 2603.03251): at the draft where the
+with the default and q2_k drafters on acespec-50k, 2026-12-06-categories-epyc).
+The cache bets on the correction instead, as SSD does (Kumar, Dao and May,
+"Speculative Speculative Decoding", arXiv 2603.03251): at the draft where the
 oldest live block in flight most likely first fails (``edge.hedging.first_failure``,
 read from the drafts' margins), the drafter's runner-up (in coupled mode the
 second place of the same race the target runs) and the drafts after it. When
