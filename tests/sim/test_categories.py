@@ -12,6 +12,7 @@ from sim.experiment.categories import (
     CategoryBench,
     first_turn_sampling,
     paired_summary,
+    probe_question,
     probe_questions,
     render_first_turn,
     second_turn_prompts,
@@ -40,6 +41,11 @@ def test_the_paired_probes_take_one_question_a_category_from_the_bench_s_draw():
     args = first_turn_sampling(probes[0][1], seed=3)
     assert args[args.index("--prompt") + 1] == render_first_turn(probes[0][1].turns[0])
     assert args[args.index("--seed") + 1] == "3" and args[args.index("--mode") + 1] == "coupled"
+    first = probes[0][1]
+    assert probe_question(first.question_id) == first  # a probe script names its question by MT-bench id
+    outside = next(q.question_id for q in drawn if q not in [p for _, p in probes])
+    with pytest.raises(ValueError, match=str(first.question_id)):  # another id: the ones the probes run, named
+        probe_question(outside)
 
 
 def test_a_second_turn_is_the_conversation_so_far_with_the_first_answer():
