@@ -5,8 +5,7 @@ Pure bookkeeping and arithmetic (no I/O, no clock of its own): the decode
 loop reports what it measured (``observe_*``) and asks for a ``Plan`` when a
 chain ends, or every ``REPLAN_TOKENS`` within one. Moving estimates: α_i per
 position (from verdicts, guesses of stale decodes and shadow proposals), the
-drafter's seconds per token (drafts a prompt lookup supplied cost none and are
-not its samples), the network's share of a block's trip, the
+drafter's seconds per token, the network's share of a block's trip, the
 forward alone (``Verdict.forward_us``) for a block and for one token, the
 forward's cost by the session's rows in it (``edge.row_cost``: a block is priced
 by its rows, so rows the verifier's tile makes free go to longer blocks and
@@ -152,11 +151,10 @@ class Controller:
         return Plan(0, self.cloud_window, self.predict_cloud())
 
     # -- what the loop measured ------------------------------------------
-    def observe_block(self, drafted: int, accepted: int, trip_s: float, draft_s: float | None, cloud_s: float = 0.0,
+    def observe_block(self, drafted: int, accepted: int, trip_s: float, draft_s: float, cloud_s: float = 0.0,
                       forward_s: float = 0.0, first: int = 0) -> None:
         """A drafted block's verdict: ``accepted`` of ``drafted``, its trip (send to verdict), its
-        drafting time (None: a prompt lookup supplied every draft, which says nothing of the drafter's
-        cost), the cloud's time on it (arrival there to verdict, queueing included) and
+        drafting time, the cloud's time on it (arrival there to verdict, queueing included) and
         the forward's alone (0: not reported). ``first``: the block's draft index of the first draft
         verified (its drafts before it were committed already, as a chain's first block's guesses of
         tokens decoded for stale blocks, which counted as trials of their own indices then)."""
@@ -164,8 +162,7 @@ class Controller:
             return
         self.drafted_blocks += 1
         self.observe_acceptance(drafted, accepted, first)
-        if draft_s is not None:
-            self.draft_s_per_token.add(draft_s / drafted)
+        self.draft_s_per_token.add(draft_s / drafted)
         self.block_cloud_s.add(cloud_s)
         _add_reported(self.forward_s, forward_s)
         self.network_s.add(max(trip_s - cloud_s, 0.0))
@@ -215,19 +212,17 @@ class Controller:
         """The draft of a block that the next shadow proposal is a trial of (``observe_shadow``)."""
         return self._shadow_run if self.shadows_every_token() else 0
 
-    def observe_shadow(self, hit: bool, draft_s: float | None) -> None:
+    def observe_shadow(self, hit: bool, draft_s: float) -> None:
         """While the cloud decodes alone: would the drafter have proposed the cloud's token? Where every
         token is shadowed, the proposals read as blocks drafted from the committed tokens: after i hits
         in a row (i < the longest block) a proposal is a trial of draft i, as the block's would be; after
         a miss, or a whole block's hits, of a first draft. A stretch thus measures every position, and a
         drafter handed to the cloud on early bad luck is seen to pay again within tokens, not only
-        through its first drafts. Where only some tokens are shadowed, each is a first draft's trial.
-        ``draft_s``: the proposal's drafting time (None: a prompt lookup's, no drafter ran)."""
+        through its first drafts. Where only some tokens are shadowed, each is a first draft's trial."""
         position = self.shadow_position
         self.acceptance.add(position, hit)
         self._shadow_run = position + 1 if hit and position + 1 < self.max_draft_len else 0
-        if draft_s is not None:
-            self.draft_s_per_token.add(draft_s)
+        self.draft_s_per_token.add(draft_s)
 
     def observe_cloud_token(self, trip_s: float | None, cloud_s: float, interval_s: float | None,
                             forward_s: float = 0.0, tokens: int = 1) -> None:

@@ -411,7 +411,7 @@ class _Decode:
                 trials = (first_draft, len(guesses), right)
         observe_stale_verdict(self.pipeline.schedule, StaleVerdict(
             len(committed) - verdict.ahead, len(verdict.rebased) - ahead, None if sent.early else time.perf_counter() - sent.sent_at,
-            received.timing, sent.block.paid_drafts, sent.draft_s, guess_trials=trials))
+            received.timing, len(sent.block.tokens), sent.draft_s, guess_trials=trials))
 
     def _record_live(self, sent: InFlight, verdict: Verdict, skip: int, drafts: list[int],
                      branches: tuple[tuple[int, list[int]], ...], committed: list[int]) -> None:
@@ -433,8 +433,7 @@ class _Decode:
         """Feed one verdict's measurements to the schedule (before the drafter commits it); ``drafted``:
         the block's drafts the verifier verified, after the ``skipped`` it held that were committed already."""
         schedule, verdict = self.pipeline.schedule, received.verdict
-        paid = sent.block.paid_drafts  # (a prompt lookup's drafts cost nothing: the time paid for the others)
-        draft_s = sent.draft_s * drafted / paid if paid else None
+        draft_s = sent.draft_s * drafted / len(sent.block.tokens) if drafted else 0.0
         cloud_token = observe_verdict(schedule, LiveVerdict(
             drafted, sent.size, verdict.accepted, time.perf_counter() - sent.sent_at, draft_s, received.timing,
             tokens=len(committed) - verdict.ahead, interval_s=interval_s, early=sent.early, wrong_guess=self.pipeline.hold,
@@ -442,8 +441,7 @@ class _Decode:
             skipped=skipped))
         if cloud_token and committed and self.pipeline.shadow_due():
             started = time.perf_counter()
-            shadow = self.drafter.draft(1)  # what the drafter would have proposed for this position
-            schedule.observe_shadow(shadow.tokens == committed[:1],
-                                    None if shadow.looked_up else time.perf_counter() - started)
+            shadow = self.drafter.draft(1).tokens  # what the drafter would have proposed for this position
+            schedule.observe_shadow(shadow == committed[:1], time.perf_counter() - started)
 
 

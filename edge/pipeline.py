@@ -235,7 +235,7 @@ class LiveVerdict:
     held: int  # drafts the block held (0: empty)
     accepted: int
     trip_s: float  # send to verdict
-    draft_s: float | None  # drafting time of the verified drafts (None: all looked up, no drafter ran)
+    draft_s: float  # drafting time of the verified drafts
     timing: CloudTiming  # what the cloud measured of it
     tokens: int = 1  # tokens it committed (an empty block's: the token, after the cloud's proposals it accepted)
     interval_s: float | None = None  # in a cloud stretch: since the last verdict (the cloud's real pace)
@@ -255,7 +255,7 @@ class StaleVerdict:
     rebased: int  # ... of them, drafts sent for those positions that it accepted where they lay
     trip_s: float | None  # send to verdict (None: sent before the Opened, not a measurement)
     timing: CloudTiming
-    drafted: int  # the void block's drafts a drafter ran for (not the looked-up), and their drafting time
+    drafted: int  # the void block's drafts, and their drafting time
     draft_s: float
     # A live chain's first block's drafts at those tokens as acceptance trials (greedy and coupled modes):
     # (its draft index there, drafts compared, right in a row); None: none.
