@@ -5,8 +5,7 @@ Pure bookkeeping and arithmetic (no I/O, no clock of its own): the decode
 loop reports what it measured (``observe_*``) and asks for a ``Plan`` when a
 chain ends, or every ``REPLAN_TOKENS`` within one. Moving estimates: α_i per
 position (from verdicts, guesses of stale decodes and shadow proposals), the
-drafter's seconds per token (``edge.draft_cost``: a prompt lookup's drafts cost
-none), the network's share of a block's trip, the
+drafter's seconds per token, the network's share of a block's trip, the
 forward alone (``Verdict.forward_us``) for a block and for one token, the
 forward's cost by the session's rows in it (``edge.row_cost``: a block is priced
 by its rows, so rows the verifier's tile makes free go to longer blocks and
@@ -28,7 +27,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from edge.acceptance_estimate import AcceptanceEstimate
-from edge.draft_cost import DraftCost
 from edge.hedge_choice import HedgeChoice
 from edge.row_cost import RowCost
 from edge.tunables import TUNABLES, Tunables
@@ -95,7 +93,7 @@ class Controller:
         self.cloud_window = cloud_window
         self.tunables = tunables
         self.acceptance = AcceptanceEstimate()
-        self.draft_s_per_token = DraftCost()
+        self.draft_s_per_token = Ewma()
         self.network_s = Ewma()  # a block's trip less the cloud's time on it: uplink, RTT, downlink
         self.block_cloud_s = Ewma()  # the cloud's time on a drafted block (its wait behind other blocks included)
         self.forward_s = Ewma()  # the forward that verified a drafted block, alone (unset while the cloud reports none)
@@ -123,9 +121,8 @@ class Controller:
         settled); it has not chosen yet: ``plan`` starts from where a session does."""
         controller = cls(max_draft_len, window, CLOUD_WINDOW)
         controller.acceptance = AcceptanceEstimate.converged(alpha_per_position)
-        controller.draft_s_per_token.observe(draft_s_per_token, 1)
-        for estimate, value in ((controller.network_s, network_s), (controller.forward_s, forward_s),
-                                (controller.cloud_s_per_token, cloud_s_per_token)):
+        for estimate, value in ((controller.draft_s_per_token, draft_s_per_token), (controller.network_s, network_s),
+                                (controller.forward_s, forward_s), (controller.cloud_s_per_token, cloud_s_per_token)):
             estimate.value = value
         return controller
 
@@ -155,9 +152,9 @@ class Controller:
 
     # -- what the loop measured ------------------------------------------
     def observe_block(self, drafted: int, accepted: int, trip_s: float, draft_s: float, cloud_s: float = 0.0,
-                      forward_s: float = 0.0, first: int = 0, looked_up: int = 0) -> None:
+                      forward_s: float = 0.0, first: int = 0) -> None:
         """A drafted block's verdict: ``accepted`` of ``drafted``, its trip (send to verdict), its
-        drafting time (``looked_up`` of the drafts a prompt lookup's, at no cost), the cloud's time on it (arrival there to verdict, queueing included) and
+        drafting time, the cloud's time on it (arrival there to verdict, queueing included) and
         the forward's alone (0: not reported). ``first``: the block's draft index of the first draft
         verified (its drafts before it were committed already, as a chain's first block's guesses of
         tokens decoded for stale blocks, which counted as trials of their own indices then)."""
@@ -165,7 +162,7 @@ class Controller:
             return
         self.drafted_blocks += 1
         self.observe_acceptance(drafted, accepted, first)
-        self.draft_s_per_token.observe(draft_s, drafted, looked_up)
+        self.draft_s_per_token.add(draft_s / drafted)
         self.block_cloud_s.add(cloud_s)
         _add_reported(self.forward_s, forward_s)
         self.network_s.add(max(trip_s - cloud_s, 0.0))
@@ -194,11 +191,11 @@ class Controller:
             self.acceptance.add(first + i, i < accepted)
 
     def observe_stale(self, committed: int, rebased: int = 0, forward_s: float = 0.0, *, trip_s: float | None = None,
-                      cloud_s: float = 0.0, drafted: int = 0, draft_s: float = 0.0, looked_up: int = 0) -> None:
+                      cloud_s: float = 0.0, drafted: int = 0, draft_s: float = 0.0) -> None:
         """A stale block's verdict: ``committed`` tokens the cloud decoded for it, ``rebased`` of them
         drafts sent for those positions that it accepted where they lay (none: empty), in a forward of
         ``forward_s`` (0: not reported); its trip (send to verdict; None: not timed) and the cloud's
-        time on it, and its ``drafted`` drafts' drafting time (``looked_up`` of them a prompt lookup's). A drafter whose every chain goes stale
+        time on it, and its ``drafted`` drafts' drafting time. A drafter whose every chain goes stale
         (a weak one on a long round trip: each chain's first block guessed a token decoded for a void
         block wrong) is thus still measured: without these, drafting could not be predicted, and the
         cloud alone never weighed against it."""
@@ -207,29 +204,25 @@ class Controller:
             _add_reported(self.one_token_s, forward_s)
         if trip_s is not None:
             self.network_s.add(max(trip_s - cloud_s, 0.0))
-        self.draft_s_per_token.observe(draft_s, drafted, looked_up)
+        if drafted > 0:
+            self.draft_s_per_token.add(draft_s / drafted)
 
     @property
     def shadow_position(self) -> int:
         """The draft of a block that the next shadow proposal is a trial of (``observe_shadow``)."""
         return self._shadow_run if self.shadows_every_token() else 0
 
-    def observe_shadow(self, hit: bool, draft_s: float, looked_up: bool = False) -> None:
+    def observe_shadow(self, hit: bool, draft_s: float) -> None:
         """While the cloud decodes alone: would the drafter have proposed the cloud's token? Where every
         token is shadowed, the proposals read as blocks drafted from the committed tokens: after i hits
         in a row (i < the longest block) a proposal is a trial of draft i, as the block's would be; after
         a miss, or a whole block's hits, of a first draft. A stretch thus measures every position, and a
         drafter handed to the cloud on early bad luck is seen to pay again within tokens, not only
-        through its first drafts. Where only some tokens are shadowed, each is a first draft's trial.
-        ``looked_up``: the proposal was a prompt lookup's (it cost nothing)."""
+        through its first drafts. Where only some tokens are shadowed, each is a first draft's trial."""
         position = self.shadow_position
         self.acceptance.add(position, hit)
         self._shadow_run = position + 1 if hit and position + 1 < self.max_draft_len else 0
-        self.draft_s_per_token.observe(draft_s, 1, int(looked_up))
-
-    def observe_lookup(self, leads: bool) -> None:
-        """Whether the drafter leads its next blocks with a prompt lookup (``DraftCost.observe_lookup``)."""
-        self.draft_s_per_token.observe_lookup(leads)
+        self.draft_s_per_token.add(draft_s)
 
     def observe_cloud_token(self, trip_s: float | None, cloud_s: float, interval_s: float | None,
                             forward_s: float = 0.0, tokens: int = 1) -> None:
@@ -324,19 +317,18 @@ class Controller:
 
     def describe(self, plan: Plan) -> str:
         """One line: ``plan`` and the estimates it rests on (for debug logs)."""
-        def ms(estimate: Ewma | DraftCost) -> str:
+        def ms(estimate: Ewma) -> str:
             return "-" if estimate.value is None else f"{estimate.value * 1e3:.0f} ms"
 
         alphas = self.acceptance.per_position(self.max_draft_len)
         predicted = "-" if plan.predicted_tokens_per_s is None else f"{plan.predicted_tokens_per_s:.2f}"
         cloud = self.predict_cloud()
-        lookup = " (lookup leads)" if self.draft_s_per_token.lookup_leads else ""
         return (f"D={plan.draft_len} W={plan.window} predicted {predicted} tok/s (cloud alone "
                 f"{'-' if cloud is None else f'{cloud:.2f}'}); α {[round(a, 2) for a in alphas or []]} on "
                 f"{self.acceptance.samples} trials, forward {ms(self.forward_s)} ({self.forward_cost.describe()}), "
                 f"one token {ms(self.one_token_s)}, "
                 f"block at the cloud {ms(self.block_cloud_s)}, network {ms(self.network_s)}, "
-                f"drafting {ms(self.draft_s_per_token)}/token{lookup}, cloud alone {ms(self.cloud_s_per_token)}/token"
+                f"drafting {ms(self.draft_s_per_token)}/token, cloud alone {ms(self.cloud_s_per_token)}/token"
                 + self.hedge.describe(self.hedge_width, self.hedge_extra_s()))
 
     def plan(self, drafting_only: bool = False, tokens_left: int | None = None) -> Plan:

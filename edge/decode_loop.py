@@ -254,7 +254,6 @@ class _Decode:
 
     def _step(self) -> bool:
         """Draft and send what may go, then take one verdict; True when the generation is over."""
-        self.pipeline.schedule.observe_lookup(getattr(self.drafter, "lookup_pays", False))  # (LookupFirstDrafter's)
         plan = self.pipeline.replan(drafting=self.drafting is not None,
                                     tokens_left=self.max_new_tokens - len(self.generated))
         described = self.pipeline.schedule.describe(plan) if plan and log.isEnabledFor(logging.DEBUG) else ""
@@ -412,7 +411,7 @@ class _Decode:
                 trials = (first_draft, len(guesses), right)
         observe_stale_verdict(self.pipeline.schedule, StaleVerdict(
             len(committed) - verdict.ahead, len(verdict.rebased) - ahead, None if sent.early else time.perf_counter() - sent.sent_at,
-            received.timing, len(sent.block.tokens), sent.draft_s, sent.block.looked_up, guess_trials=trials))
+            received.timing, len(sent.block.tokens), sent.draft_s, guess_trials=trials))
 
     def _record_live(self, sent: InFlight, verdict: Verdict, skip: int, drafts: list[int],
                      branches: tuple[tuple[int, list[int]], ...], committed: list[int]) -> None:
@@ -434,15 +433,15 @@ class _Decode:
         """Feed one verdict's measurements to the schedule (before the drafter commits it); ``drafted``:
         the block's drafts the verifier verified, after the ``skipped`` it held that were committed already."""
         schedule, verdict = self.pipeline.schedule, received.verdict
-        draft_s, looked_up = sent.verified_drafting(skipped, drafted)
+        draft_s = sent.draft_s * drafted / len(sent.block.tokens) if drafted else 0.0
         cloud_token = observe_verdict(schedule, LiveVerdict(
             drafted, sent.size, verdict.accepted, time.perf_counter() - sent.sent_at, draft_s, received.timing,
             tokens=len(committed) - verdict.ahead, interval_s=interval_s, early=sent.early, wrong_guess=self.pipeline.hold,
             hedged=bool(sent.block.branches), gained=branch_gain(verdict, committed), hedge_s=sent.hedge_s,
-            skipped=skipped, looked_up=looked_up))
+            skipped=skipped))
         if cloud_token and committed and self.pipeline.shadow_due():
             started = time.perf_counter()
-            shadow = self.drafter.draft(1)  # what the drafter would have proposed for this position
-            schedule.observe_shadow(shadow.tokens == committed[:1], time.perf_counter() - started, bool(shadow.looked_up))
+            shadow = self.drafter.draft(1).tokens  # what the drafter would have proposed for this position
+            schedule.observe_shadow(shadow == committed[:1], time.perf_counter() - started)
 
 

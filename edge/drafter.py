@@ -50,20 +50,13 @@ class DraftBlock:
     runner_up: list[int | None] | None = None  # [n] the drafter's second choice per position, when it has one
     margins: list[float | None] | None = None  # [n] how far ahead the choice was of the runner-up (small: a likely flip)
     branches: tuple[tuple[int, list[int]], ...] = ()  # hedges: (index of the draft, its guessed correction and more)
-    looked_up: int = 0  # of the drafts, how many a prompt lookup supplied: no drafter ran for them
-
-    @property
-    def paid_drafts(self) -> int:
-        """The drafts a drafter ran for: what the block's drafting time paid for (all but the looked-up)."""
-        return len(self.tokens) - self.looked_up
 
     def first(self, n: int) -> DraftBlock:
-        """The block's first ``n`` drafts (no branches; looked-up drafts counted as leading, as a lookup's do)."""
+        """The block's first ``n`` drafts (no branches)."""
         def cut(values: list | None) -> list | None:
             return None if values is None else values[:n]
 
-        return DraftBlock(self.tokens[:n], cut(self.q), cut(self.runner_up), cut(self.margins),
-                          looked_up=min(self.looked_up, n))
+        return DraftBlock(self.tokens[:n], cut(self.q), cut(self.runner_up), cut(self.margins))
 
     def then(self, more: DraftBlock) -> DraftBlock:
         """This block followed by ``more``, drafted right after it by the same drafter (no branches)."""
@@ -74,7 +67,7 @@ class DraftBlock:
             return None if a is None or b is None else a + b
 
         return DraftBlock(self.tokens + more.tokens, joined(self.q, more.q), joined(self.runner_up, more.runner_up),
-                          joined(self.margins, more.margins), looked_up=self.looked_up + more.looked_up)
+                          joined(self.margins, more.margins))
 
 
 @dataclass

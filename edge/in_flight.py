@@ -67,14 +67,6 @@ class InFlight:
         """The position after the last one this block asks about (an empty block asks for one token)."""
         return self.start_position + max(len(self.block.tokens), 1)
 
-    def verified_drafting(self, skipped: int, drafted: int) -> tuple[float, int]:
-        """Of its ``drafted`` drafts verified from index ``skipped`` on: their share of the block's
-        drafting time, and how many of them a prompt lookup supplied (looked-up drafts lead a block and
-        cost nothing; the time is the others')."""
-        looked_up = min(max(self.block.looked_up - skipped, 0), drafted)
-        paid = self.block.paid_drafts
-        return (self.draft_s * (drafted - looked_up) / paid if paid else 0.0), looked_up
-
 
 def branch_gain(verdict: Verdict, committed: list[int]) -> int:
     """Tokens a taken hedge branch committed past the correction (0: none taken)."""

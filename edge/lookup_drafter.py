@@ -104,7 +104,7 @@ class LookupFirstDrafter:
         self.model.speculate(found)
         self.looked_up += len(found)
         block = one_hot_block(found, self._params)
-        block = DraftBlock(block.tokens, block.q, [None] * len(found), [None] * len(found), looked_up=len(found))
+        block = DraftBlock(block.tokens, block.q, [None] * len(found), [None] * len(found))
         self.model.stats.record_draft(len(found), time.perf_counter() - started)
         if len(found) < n and not (stop is not None and stop()):
             more = self.model.draft(n - len(found), stop)

@@ -245,7 +245,6 @@ class LiveVerdict:
     gained: int = 0  # ... tokens a taken branch committed past the correction
     hedge_s: float = 0.0  # ... drafting time of its branches
     skipped: int = 0  # drafts it held that were committed before it was verified: the verified start at this index
-    looked_up: int = 0  # of the verified drafts, a prompt lookup's (no drafting time of theirs in ``draft_s``)
 
 
 @dataclass(frozen=True)
@@ -258,7 +257,6 @@ class StaleVerdict:
     timing: CloudTiming
     drafted: int  # the void block's drafts, and their drafting time
     draft_s: float
-    looked_up: int = 0  # ... of them, a prompt lookup's (at no cost)
     # A live chain's first block's drafts at those tokens as acceptance trials (greedy and coupled modes):
     # (its draft index there, drafts compared, right in a row); None: none.
     guess_trials: tuple[int, int, int] | None = None
@@ -280,7 +278,7 @@ def observe_verdict(schedule: Schedule, seen: LiveVerdict) -> bool:
     schedule.observe_forward(timing.forward_rows, timing.forward_s)
     if seen.drafted:
         schedule.observe_block(seen.drafted, seen.accepted, seen.trip_s, seen.draft_s, timing.cloud_s,
-                                 0.0 if seen.hedged else timing.forward_s, first=seen.skipped, looked_up=seen.looked_up)
+                                 0.0 if seen.hedged else timing.forward_s, first=seen.skipped)
         if seen.hedged:
             schedule.observe_hedge(seen.gained, seen.hedge_s)
         return False
@@ -300,5 +298,4 @@ def observe_stale_verdict(schedule: Schedule, seen: StaleVerdict) -> None:
         schedule.observe_acceptance(trials, right, first=first)
     schedule.observe_forward(seen.timing.forward_rows, seen.timing.forward_s)
     schedule.observe_stale(seen.committed, seen.rebased, seen.timing.forward_s, trip_s=seen.trip_s,
-                             cloud_s=seen.timing.cloud_s, drafted=seen.drafted, draft_s=seen.draft_s,
-                             looked_up=seen.looked_up)
+                             cloud_s=seen.timing.cloud_s, drafted=seen.drafted, draft_s=seen.draft_s)
