@@ -13,7 +13,7 @@ import pytest
 from helpers import GREEDY, new_session
 
 from cloud.draft_limit import DraftLimit
-from cloud.next_block import NextBlockClock, decodes_stale
+from cloud.next_block import decodes_stale
 from cloud.pending_block import shares_forward, usable
 from cloud.session import PendingBlock
 from cloud.spare_drafts import MAX_FREE_DRAFTS, SpareDrafts, free_drafts
@@ -41,18 +41,6 @@ def test_the_stale_decode_decision(case, decodes):
     enabled, usable_behind, now, forward_s, deadline, may_overrun, guess_odds = case
     assert decodes_stale(enabled=enabled, usable_behind=usable_behind, now=now, forward_s=forward_s,
                          deadline=deadline, may_overrun=may_overrun, guess_odds=guess_odds) is decodes
-
-
-def test_the_next_block_clock_counts_the_first_block_of_the_new_epoch_or_a_later_one():
-    clock = NextBlockClock()
-    assert clock.deadline() is None
-    clock.corrected(1.0, epoch=2)
-    clock.arrived(1.1, epoch=1)  # an older epoch's block: no sample
-    assert clock.gap_s.value is None and clock.deadline() is None
-    clock.arrived(1.3, epoch=3)  # a later epoch (the model's chains may skip one): the sample
-    assert clock.gap_s.value == pytest.approx(0.3) and clock.deadline() is None  # it came
-    clock.corrected(2.0, epoch=3)
-    assert clock.deadline() == pytest.approx(2.3)
 
 
 @pytest.mark.parametrize(("accepted", "drafts", "more_follows", "follows"), [

@@ -252,13 +252,15 @@ def test_stale_decode_overruns_the_deadline_only_where_guesses_seldom_hold(tiny_
 
 def test_the_next_block_is_expected_one_measured_gap_after_a_correction():
     """The servicer's clock for the stale-decode deadline: no deadline before a gap was measured or once the
-    block came; a block of an older epoch (stale) is no sample; the gap is a moving average."""
+    block came; a block of an older epoch (stale) is no sample, the first of the correction's epoch or a
+    later one (the edge's chains may skip one) is; the gap is a moving average."""
     clock = NextBlockClock()
     assert clock.deadline() is None
     clock.corrected(10.0, epoch=1)
     assert clock.deadline() is None  # nothing measured yet: decode
     clock.arrived(10.1, epoch=0)  # a stale block still in flight: not the next chain's
-    clock.arrived(10.3, epoch=1)
+    assert clock.gap_s.value is None and clock.deadline() is None
+    clock.arrived(10.3, epoch=2)  # a later epoch than the correction's: the sample
     assert clock.gap_s.value == pytest.approx(0.3) and clock.deadline() is None  # it came
     clock.corrected(20.0, epoch=2)
     assert clock.deadline() == pytest.approx(20.3)
