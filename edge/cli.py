@@ -272,7 +272,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
     from edge.cli_options import cloud_options
     from edge.drafter_choice import open_llama_drafter
-    from edge.serving import EdgeService, ServeConfig
+    from edge.serving import EdgeService
     from shared.cli import CliError
     from shared.wire import is_loopback
 
@@ -298,15 +298,7 @@ def run_serve(args: argparse.Namespace) -> int:
     fleet = None
     try:
         fleet = _start_fleet(args, state="online", role="serve", model=drafter.model_name, cloud=args.cloud)
-        config = ServeConfig(
-            cloud=args.cloud, model_name=drafter.model_name, auth_token=options["auth_token"],
-            root_certificates=options["root_certificates"], client_certificate=options["client_certificate"],
-            connect_timeout_s=min(args.connect_timeout, 5.0),
-            verdict_timeout_s=args.verdict_timeout, outage_budget_s=args.outage_budget, draft_len=args.draft_len,
-            schedule=args.schedule, window=args.window, hedge_width=args.hedge, speculation_cache=args.speculation_cache,
-            fallback=args.fallback, pinned_target=options["pinned_target"],
-        )
-        service = EdgeService.for_drafter(drafter, config, args.chat_format, fleet)
+        service = EdgeService.for_drafter(drafter, serve_config(args, options, drafter.model_name), args.chat_format, fleet)
         if args.schedule == "adaptive":  # its controller starts from the link (``Controller.start``): measure it now
             threading.Thread(target=service.measure_link, name="link-probe", daemon=True).start()
         try:
@@ -318,6 +310,22 @@ def run_serve(args: argparse.Namespace) -> int:
             fleet.stop()
         drafter.close()
     return 0
+
+
+def serve_config(args: argparse.Namespace, options: dict, model_name: str):
+    """``edge serve``'s flags as the service's ``edge.serving.ServeConfig``, with ``options`` the flags'
+    ``edge.cli_options.cloud_options`` (files read) and ``model_name`` the drafter's; ``--connect-timeout``
+    is held to 5 s at most."""
+    from edge.serving import ServeConfig
+
+    return ServeConfig(
+        cloud=args.cloud, model_name=model_name, auth_token=options["auth_token"],
+        root_certificates=options["root_certificates"], client_certificate=options["client_certificate"],
+        connect_timeout_s=min(args.connect_timeout, 5.0),
+        verdict_timeout_s=args.verdict_timeout, outage_budget_s=args.outage_budget, draft_len=args.draft_len,
+        schedule=args.schedule, window=args.window, hedge_width=args.hedge, speculation_cache=args.speculation_cache,
+        fallback=args.fallback, pinned_target=options["pinned_target"],
+    )
 
 
 def _serve_tls(args: argparse.Namespace) -> tuple[str, str] | None:

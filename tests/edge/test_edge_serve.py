@@ -388,6 +388,30 @@ def test_served_generations_hedge_and_cache_as_the_flags_ask(cloud, drafter):
     assert any(branches > 0 for _, branches in stats["cached"]) and all(h == 0 for h, _ in stats["cached"]), stats
 
 
+def test_edge_serve_s_command_line_becomes_the_service_s_config(tmp_path):
+    """What ``edge serve``'s flags set reaches ``ServeConfig`` (``edge.cli.serve_config``): the speculation
+    flags, the schedule and its caps, the timeouts, the fallback and the cloud's credentials."""
+    from edge.cli import build_parser, serve_config
+    from edge.cli_options import cloud_options
+
+    def config(*flags: str) -> ServeConfig:
+        args = build_parser().parse_args(["serve", "--cloud", "cloud.example:50051", *flags])
+        return serve_config(args, cloud_options(args), "tiny")
+
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    set_ = config("--hedge", "2", "--speculation-cache", "--schedule", "adaptive", "--draft-len", "6", "--window", "3",
+                  "--verdict-timeout", "30", "--outage-budget", "7", "--connect-timeout", "20", "--fallback", "local",
+                  "--auth-token-file", str(token))
+    assert (set_.hedge_width, set_.speculation_cache) == (2, True)
+    assert (set_.schedule, set_.draft_len, set_.window) == ("adaptive", 6, 3)
+    assert (set_.verdict_timeout_s, set_.outage_budget_s, set_.connect_timeout_s) == (30, 7, 5.0)  # (held to 5 s)
+    assert (set_.cloud, set_.model_name, set_.fallback, set_.auth_token) == ("cloud.example:50051", "tiny", "local",
+                                                                             "s3cret")
+    plain = config()
+    assert (plain.hedge_width, plain.speculation_cache, plain.fallback, plain.auth_token) == (0, False, "error", None)
+
+
 @pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")  # (gRPC's threads: none fails)
 def test_requests_share_one_connection_to_the_cloud(cloud, drafter):
     """Each request's session goes over the connection the first one opened (no TCP, TLS and
