@@ -400,7 +400,8 @@ class _Decode:
     def _record_stale(self, sent: InFlight, received: Received, committed_end: int, committed: list[int]) -> None:
         verdict, trials = received.verdict, None
         ahead = min(verdict.ahead, len(verdict.rebased))  # (decoded before the block came: not its forward's)
-        self.stats.record_stale(len(committed), len(verdict.rebased) - ahead, verdict.rebased_verified - ahead)
+        self.stats.record_stale(len(committed), len(verdict.rebased) - ahead, verdict.rebased_verified - ahead,
+                                verdict.ahead)
         guessed = guesses_of(self.pipeline, self.drafting, committed_end, committed)
         if guessed is not None:
             first_draft, guesses = guessed

@@ -97,12 +97,13 @@ class DecodeStats:
         on resuming): counted as generated, not as rounds, so they do not skew α."""
         self.generated += committed
 
-    def record_stale(self, committed: int, rebased: int = 0, verified: int = 0) -> None:
+    def record_stale(self, committed: int, rebased: int = 0, verified: int = 0, ahead: int = 0) -> None:
         """A stale block's verdict, with ``committed`` tokens from the forward the verifier ran for it
         meanwhile (none: no forward): ``rebased`` drafts accepted where they lay (of ``verified``),
-        then one decoded."""
+        then one decoded; the first ``ahead`` of them decoded ahead, before the block came (all of
+        them: no forward of its own)."""
         self.stale += 1
-        self.stale_decoded += committed > 0
+        self.stale_decoded += committed > ahead
         self.rebased += rebased
         self.rebased_verified += verified
         self.generated += committed

@@ -441,15 +441,16 @@ def test_the_fit_takes_what_stale_blocks_forwards_committed_per_run():
     decode.record_stale(3, rebased=2, verified=3)  # two rebased drafts, then the token
     decode.record_stale(1, rebased=0, verified=2)
     decode.record_stale(0)  # answered empty: no forward
+    decode.record_stale(2, ahead=2)  # both tokens decoded ahead, before the block came: no forward of its own
     decode.record_stale_decode_guess(hit=True)  # the next chains' first blocks had guessed the first two's tokens: one right
     decode.record_stale_decode_guess(hit=False)
-    report = EdgeReport(kind=SPLIT, tokens=[1] * 7, text="", stop_reason="length", prompt_tokens=5, wall_s=1.0,
+    report = EdgeReport(kind=SPLIT, tokens=[1] * 9, text="", stop_reason="length", prompt_tokens=5, wall_s=1.0,
                         ttft_s=0.3, open_s=0.25, ttft_cloud_s=0.2, bytes_up=100, bytes_down=60, rtt_ms=100.0, decode=decode,
                         drafter=DrafterStats(drafted=8, draft_s=0.16))
     measured = timings_from_reports([report], [], "coupled")
     assert (measured.stale_decoded, measured.rebased, measured.rebased_verified) == (2, 2, 5)
     assert (measured.stale_decode_guesses, measured.stale_decode_guesses_hit) == (2, 1)
-    assert decode.generated == 7 and decode.stale == 3
+    assert decode.generated == 9 and decode.stale == 4
 
 
 def test_service_samples_are_the_cloud_steps_between_two_scrapes():
