@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from shared.cli import (
     MQTT_URL_FORMS,
@@ -24,7 +25,10 @@ from shared.cli import (
 )
 from shared.params import DEFAULT_DRAFT_LEN, DEFAULT_SCHEDULE, DEFAULT_WINDOW, SCHEDULES
 
-__all__ = ["add_edge_commands", "build_parser", "main"]
+if TYPE_CHECKING:
+    from edge.serving import ServeConfig
+
+__all__ = ["add_edge_commands", "build_parser", "main", "serve_config"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -312,7 +316,7 @@ def run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def serve_config(args: argparse.Namespace, options: dict, model_name: str):
+def serve_config(args: argparse.Namespace, options: dict, model_name: str) -> ServeConfig:
     """``edge serve``'s flags as the service's ``edge.serving.ServeConfig``, with ``options`` the flags'
     ``edge.cli_options.cloud_options`` (files read) and ``model_name`` the drafter's; ``--connect-timeout``
     is held to 5 s at most."""
