@@ -273,3 +273,18 @@ def test_the_edge_refuses_a_verdict_that_commits_past_its_token_limit(tiny_model
         assert taken == [7]  # the first token; nothing of the refused verdict
     finally:
         drafter.close()
+
+
+def test_the_link_meter_logs_a_stale_forward_only_where_one_ran():
+    """A stale verdict's forward is a point of the verify-cost fit: one with a token decoded for the block
+    is logged, one whose tokens were all decoded ahead (before the block came) or that was dropped is not
+    (as ``DecodeStats.stale_decoded`` counts them)."""
+    from edge.link_meter import LinkMeter, SentBlock
+    from protos import splitspec_pb2 as pb
+
+    meter, sent = LinkMeter(), SentBlock(at=0.0, start_position=10, drafts=4, up_bytes=30)
+    meter.verified(sent, pb.Verdict(stale=True, token=7, rebased=[5], rebased_verified=2), 20)
+    meter.verified(sent, pb.Verdict(stale=True, token=7, rebased=[5], rebased_verified=0, ahead=2), 20)
+    meter.verified(sent, pb.Verdict(stale=True, token=7, rebased=[5], rebased_verified=2, ahead=1), 20)
+    meter.verified(sent, pb.Verdict(stale=True), 20)
+    assert [b.forward_tokens for b in meter.block_log] == [3, 3]
