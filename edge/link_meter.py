@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from edge.report import BlockTiming
 from protos import splitspec_pb2 as pb
+from shared.verdict import stale_forward_ran
 from shared.wire import message_wire_bytes
 
 __all__ = ["LinkMeter", "SentBlock"]
@@ -56,8 +57,8 @@ class LinkMeter:
         """Log the verify round of ``sent`` (``down_bytes``: what ``verdict`` cost the downlink), unless
         its verdict needed no forward."""
         if verdict.stale:  # answered without its drafts: a token decoded (after rebased drafts), or no forward
-            committed = len(verdict.rebased) + verdict.HasField("token")  # (all decoded ahead: no forward of its own)
-            forward_tokens = verdict.rebased_verified + 1 if committed > verdict.ahead else 0
+            committed = len(verdict.rebased) + verdict.HasField("token")
+            forward_tokens = verdict.rebased_verified + 1 if stale_forward_ran(committed, verdict.ahead) else 0
         elif not sent.drafts:  # an empty block: one token, wherever it was asked for, after the cloud's proposals
             forward_tokens = verdict.rebased_verified + 1
         else:  # drafts before the verdict's start were already committed: not in the forward

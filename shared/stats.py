@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from shared.verdict import stale_forward_ran
+
 __all__ = ["DecodeStats", "Ewma", "RoundRecord", "percentile"]
 
 
@@ -103,7 +105,7 @@ class DecodeStats:
         then one decoded; the first ``ahead`` of them decoded ahead, before the block came (all of
         them: no forward of its own)."""
         self.stale += 1
-        self.stale_decoded += committed > ahead
+        self.stale_decoded += stale_forward_ran(committed, ahead)
         self.rebased += rebased
         self.rebased_verified += verified
         self.generated += committed

@@ -6,7 +6,7 @@ import enum
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-__all__ = ["StopReason", "Verdict", "end_within", "token_follows"]
+__all__ = ["StopReason", "Verdict", "end_within", "stale_forward_ran", "token_follows"]
 
 
 class StopReason(str, enum.Enum):
@@ -94,6 +94,13 @@ class Verdict:
         if self.token is not None:
             out.append(int(self.token))
         return out
+
+
+def stale_forward_ran(committed: int, ahead: int) -> bool:
+    """Whether the verifier ran a forward for a stale block whose verdict commits ``committed`` tokens, the
+    first ``ahead`` of them decoded ahead, before the block came: not when it commits none (dropped) or
+    only tokens decoded ahead (their forwards were not this block's)."""
+    return committed > ahead
 
 
 def token_follows(accepted: int, drafts: int, more_follows: bool) -> bool:
