@@ -232,7 +232,7 @@ class TargetEngine:
             log.warning("this device's matrix products are not row-invariant under any padding tried: reproducible "
                         "sessions are refused; the others' batched logits may differ in the last bits from alone")
             self.padding = RowPadding(multiple=True)  # still the likeliest to agree
-        # Free shapes' path by row count, measured on this machine (``cloud.invariance.free_products``).
+        # Free shapes' path by weight shape and row count, measured on this machine (``cloud.invariance.free_products``).
         self.free_products = PRIOR
         if self.products == "onednn" and self.shapes != "canonical":
             packed = [m for m in self.model.modules() if isinstance(m, PackedLinear)]

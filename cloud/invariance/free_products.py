@@ -1,19 +1,23 @@
-"""Free shapes' product path, measured on the machine it runs on: the BLAS (``F.linear``) or oneDNN, by rows.
+"""Free shapes' product paths, measured on the machine they run on: per weight shape and row count, the
+BLAS on ``x · Wᵀ`` (``F.linear``), the BLAS on the product transposed, ``(W · xᵀ)ᵀ``, or oneDNN.
 
 Canonical shapes run every product on oneDNN where its tile holds (``cloud.invariance.products``: the
 ``torch.equal`` probe is their gate). Free shapes owe nothing to invariance, so each product may take
-whichever path is faster *here*: which one is depends on the CPU (AVX-512 or not), the BLAS and oneDNN
-builds and the thread count. On the Xeon of ``docs/batching.md`` MKL's one-row kernel wins and oneDNN
-wins from two rows; on another machine the crossing may sit elsewhere, or nowhere.
+whichever path is faster *here*, and which one is depends on the CPU (AVX-512 or not), the BLAS and
+oneDNN builds, the thread count and the product's own shape: on the Xeon of ``docs/batching.md`` MKL's
+one-row kernel wins and oneDNN wins from two rows; on an AMD EPYC without AVX-512 Gemma's 262144 x 640
+head, a lone row, took 40 ms on oneDNN against 48 on ``F.linear``, and 2 to 4 rows 56-66 ms as
+``(W · xᵀ)ᵀ`` against 71-91 on oneDNN and 107-162 on ``F.linear``, while its 640-wide layers kept
+``F.linear`` (``docs/results/2026-12-07-product-paths-epyc``).
 
-At load, ``choose`` times both paths on the model's own linear shapes (each distinct weight shape,
-counted as often as the model has it) at the probe row counts, on the engine's threads, and keeps a
-path at a row count only where it is faster there; the prior rule (the BLAS for one row, oneDNN from
-two) stands unless the other path is faster by ``MARGIN``, so noise cannot flip a choice. The choice is
-cached per machine (CPU model, cores, threads, torch and oneDNN versions, the shapes) under
+At load, ``choose`` times every path on each distinct weight shape of the model at the probe row
+counts, on the engine's threads, and keeps a path for a shape and row count only where it is faster
+there: the prior rule (the BLAS for one row, oneDNN from two) stands unless another path is faster by
+``MARGIN`` (the fastest such one then), so noise cannot flip a choice. The choice is cached per machine
+(CPU model, cores, threads, torch and oneDNN versions, the shapes, the paths) under
 ``$SPLITSPEC_CACHE`` (default ``~/.cache/splitspec``), so a cloud measures once, and every process on
-the machine agrees. ``FreeProducts.onednn(rows)`` answers for any row count (the nearest probe at or
-below it).
+the machine agrees. ``FreeProducts.path(shape, rows)`` answers for any shape (the prior for one not
+measured) and row count (the nearest probe at or below it).
 """
 
 from __future__ import annotations
@@ -31,56 +35,100 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["FreeProducts", "PRIOR", "cache_dir", "choose"]
+__all__ = ["BLAS", "BLAS_WX", "ONEDNN", "PATHS", "FreeProducts", "PRIOR", "Shape", "cache_dir", "choose", "run_path"]
 
 log = logging.getLogger(__name__)
 
+BLAS, ONEDNN, BLAS_WX = "blas", "onednn", "blas_wx"
+PATHS = (BLAS, ONEDNN, BLAS_WX)
 PROBE_ROWS = (1, 2, 3, 4, 6, 9, 12, 16, 24, 32)
-MARGIN = 1.10  # the other path replaces the prior's only when faster by this factor
+MARGIN = 1.10  # another path replaces the prior's only when faster by this factor
 _REPEATS = 3
+_NAMES = {BLAS: "x·Wᵀ", ONEDNN: "oneDNN", BLAS_WX: "(W·xᵀ)ᵀ"}
+
+Shape = tuple[int, int]  # a weight's (in_features, out_features)
+
+
+def prior_path(rows: int) -> str:
+    """The rule before any measurement: the BLAS for a lone row, oneDNN from two."""
+    return BLAS if rows < 2 else ONEDNN
 
 
 @dataclass(frozen=True)
 class FreeProducts:
-    """Per probe row count, whether free shapes' products run on oneDNN; ``ms``: what was measured
-    there, (BLAS, oneDNN) per forward's products (empty: the prior rule, not measured)."""
+    """Per weight shape, the path a free-shape product takes at each of ``PROBE_ROWS``; ``ms``: what was
+    measured, per shape and probe row count the milliseconds of each of ``PATHS`` (empty: the prior
+    rule, not measured)."""
 
-    onednn_rows: tuple[int, ...]  # the probe row counts that take oneDNN
-    ms: dict[int, tuple[float, float]] = field(default_factory=dict)
+    paths: dict[Shape, tuple[str, ...]] = field(default_factory=dict)
+    ms: dict[Shape, dict[int, tuple[float, ...]]] = field(default_factory=dict)
     source: str = "prior"  # "prior", "measured", or "cached: <path>"
 
-    def onednn(self, rows: int) -> bool:
-        """Whether a free-shape product of ``rows`` rows runs on oneDNN (the nearest probe at or below)."""
-        probe = max((p for p in PROBE_ROWS if p <= rows), default=PROBE_ROWS[0])
-        return probe in self.onednn_rows
+    def path(self, shape: Shape, rows: int) -> str:
+        """The path of a free-shape product of ``rows`` rows on a weight of ``shape`` (the nearest probe
+        at or below ``rows``; the prior rule for a shape not measured)."""
+        index = max((i for i, p in enumerate(PROBE_ROWS) if p <= rows), default=0)
+        chosen = self.paths.get(shape)
+        return chosen[index] if chosen else prior_path(PROBE_ROWS[index])
 
     def describe(self) -> str:
-        """One line: where each path runs, and why."""
-        blas = [r for r in PROBE_ROWS if r not in self.onednn_rows]
-        where = f"oneDNN at {_rows(self.onednn_rows)} rows, the BLAS at {_rows(blas)}"
-        if not self.ms:
-            return f"{where} (the prior rule, not measured here)"
-        times = ", ".join(f"{r}: {b:.1f}/{o:.1f}" for r, (b, o) in sorted(self.ms.items()))
-        return f"{where} ({self.source}; ms BLAS/oneDNN by rows {times})"
+        """One line: per shape, where each path runs (the costliest shapes first), and why."""
+        if not self.paths:
+            return "x·Wᵀ at 1 row, oneDNN from 2 (the prior rule, not measured here)"
+        cost = {shape: sum(min(t) for t in by_rows.values()) for shape, by_rows in self.ms.items()}
+        parts = []
+        for shape in sorted(self.paths, key=lambda s: -cost.get(s, 0.0)):
+            runs: list[tuple[str, list[int]]] = []
+            for rows, path in zip(PROBE_ROWS, self.paths[shape]):
+                if runs and runs[-1][0] == path:
+                    runs[-1][1].append(rows)
+                else:
+                    runs.append((path, [rows]))
+            where = ", ".join(f"{_NAMES[p]} at {_span(r)}" for p, r in runs)
+            parts.append(f"{shape[0]}→{shape[1]}: {where}")
+        return f"{'; '.join(parts)} ({self.source})"
 
     def to_json(self) -> dict:
-        return {"onednn_rows": list(self.onednn_rows), "ms": {str(r): list(t) for r, t in self.ms.items()}}
+        return {"paths": {_key(s): list(p) for s, p in self.paths.items()},
+                "ms": {_key(s): {str(r): list(t) for r, t in by_rows.items()} for s, by_rows in self.ms.items()}}
 
     @classmethod
     def from_json(cls, data: dict, source: str) -> FreeProducts:
-        return cls(tuple(int(r) for r in data["onednn_rows"]),
-                   {int(r): (float(t[0]), float(t[1])) for r, t in data["ms"].items()}, source)
+        paths = {_shape(k): tuple(str(p) for p in v) for k, v in data["paths"].items()}
+        if any(len(p) != len(PROBE_ROWS) or not set(p) <= set(PATHS) for p in paths.values()):
+            raise ValueError("a cached choice names other probe rows or paths")
+        ms = {_shape(k): {int(r): tuple(float(x) for x in t) for r, t in v.items()} for k, v in data["ms"].items()}
+        return cls(paths, ms, source)
 
 
-PRIOR = FreeProducts(tuple(r for r in PROBE_ROWS if r > 1))
+PRIOR = FreeProducts()
 
 
-def _rows(rows) -> str:
-    return ", ".join(map(str, rows)) or "none"
+def _key(shape: Shape) -> str:
+    return f"{shape[0]}x{shape[1]}"
+
+
+def _shape(key: str) -> Shape:
+    inner, outer = key.split("x")
+    return int(inner), int(outer)
+
+
+def _span(rows: list[int]) -> str:
+    return f"{rows[0]} row{'s' if rows[-1] > 1 else ''}" if len(rows) == 1 else f"{rows[0]}-{rows[-1]} rows"
 
 
 def cache_dir() -> Path:
     return Path(os.environ.get("SPLITSPEC_CACHE") or Path.home() / ".cache" / "splitspec")
+
+
+def run_path(path: str, x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    """``x @ weight.T`` ([rows, in] -> [rows, out], contiguous) on ``path`` (``packed``: the weight in
+    oneDNN's layout)."""
+    if path == BLAS:
+        return torch.nn.functional.linear(x, weight)
+    if path == BLAS_WX:
+        return torch.mm(weight, x.t()).t().contiguous()
+    return torch._C._nn.mkldnn_linear(x.to_mkldnn(), packed).to_dense()
 
 
 def _machine() -> dict:
@@ -109,31 +157,29 @@ def _median_ms(run) -> float:
     return 1e3 * statistics.median(times)
 
 
-def _measure(linears: list[torch.nn.Module]) -> dict[int, tuple[float, float]]:
-    """Per probe row count, (BLAS ms, oneDNN ms) over the model's linear products, each distinct shape
-    timed once and counted as often as the model has it."""
-    shapes = Counter((m.in_features, m.out_features) for m in linears)
+def _measure(linears: list[torch.nn.Module]) -> dict[Shape, dict[int, tuple[float, ...]]]:
+    """Per distinct weight shape and probe row count, the milliseconds of each of ``PATHS``."""
     first = {(m.in_features, m.out_features): m for m in reversed(linears)}
-    out = {}
+    out: dict[Shape, dict[int, tuple[float, ...]]] = {}
     with torch.inference_mode():
-        for rows in PROBE_ROWS:
-            blas = onednn = 0.0
-            for shape, count in shapes.items():
-                module = first[shape]
+        for shape, module in first.items():
+            out[shape] = {}
+            for rows in PROBE_ROWS:
                 x = torch.randn(rows, shape[0], dtype=module.weight.dtype)
-                blas += count * _median_ms(lambda m=module, x=x: torch.nn.functional.linear(x, m.weight))
-                onednn += count * _median_ms(lambda m=module, x=x: torch._C._nn.mkldnn_linear(x.to_mkldnn(), m.packed))
-            out[rows] = (round(blas, 2), round(onednn, 2))
+                out[shape][rows] = tuple(
+                    round(_median_ms(lambda p=path, x=x, m=module: run_path(p, x, m.weight, m.packed)), 3) for path in PATHS)
     return out
 
 
-def _choice(ms: dict[int, tuple[float, float]]) -> tuple[int, ...]:
-    """The rows that take oneDNN: the prior's choice, unless the other path is ``MARGIN`` faster there."""
+def _choice(by_rows: dict[int, tuple[float, ...]]) -> tuple[str, ...]:
+    """One shape's path at each probe row count: the prior's, unless another is ``MARGIN`` faster there
+    (the fastest of those)."""
     chosen = []
-    for rows, (blas, onednn) in sorted(ms.items()):
-        prior = PRIOR.onednn(rows)
-        if (prior and not blas * MARGIN < onednn) or (not prior and onednn * MARGIN < blas):
-            chosen.append(rows)
+    for rows in PROBE_ROWS:
+        times = dict(zip(PATHS, by_rows[rows]))
+        prior = prior_path(rows)
+        fastest = min(PATHS, key=times.__getitem__)
+        chosen.append(fastest if times[fastest] * MARGIN < times[prior] else prior)
     return tuple(chosen)
 
 
@@ -143,20 +189,21 @@ def choose(linears: list[torch.nn.Module], cache: Path | None = None) -> FreePro
     if not linears:
         return PRIOR
     machine = _machine()
-    key = {**machine, "shapes": sorted(Counter((m.in_features, m.out_features) for m in linears).items())}
+    shapes = Counter((m.in_features, m.out_features) for m in linears)
+    key = {**machine, "shapes": sorted(shapes.items()), "paths": list(PATHS)}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     path = (cache or cache_dir()) / f"free-products-{digest}.json"
     try:
         return FreeProducts.from_json(json.loads(path.read_text()), f"cached: {path}")
-    except (OSError, ValueError, KeyError, TypeError, IndexError):
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
         pass
-    log.info("timing free shapes' products on this machine (%s, %d threads): once, cached at %s",
-             machine["cpu"], machine["threads"], path)
+    log.info("timing free shapes' products on this machine (%s, %d threads, %d weight shapes, %d paths): once, "
+             "cached at %s", machine["cpu"], machine["threads"], len(shapes), len(PATHS), path)
     ms = _measure(linears)
-    made = FreeProducts(_choice(ms), ms, "measured")
+    made = FreeProducts({shape: _choice(by_rows) for shape, by_rows in ms.items()}, ms, "measured")
     try:  # another process on this machine may have measured meanwhile: every process takes the first choice
         return FreeProducts.from_json(json.loads(path.read_text()), f"cached: {path}")
-    except (OSError, ValueError, KeyError, TypeError, IndexError):
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
         pass
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -76,7 +76,7 @@ class RowPaddedHead(torch.nn.Module):
         """The rows a product of ``rows`` rows runs on (``padding``: canonical shapes'; None: free)."""
         if padding:
             return padding(rows)
-        if hasattr(self.head, "onednn_at"):  # a measured choice of path per row count: no padding beats it
+        if hasattr(self.head, "path_at"):  # a measured choice of path per row count: no padding beats it
             return rows
         return ROW_TILE if 1 < rows < ROW_TILE else rows
 

@@ -22,7 +22,8 @@ fastest there) and oneDNN's product otherwise: always in canonical shapes,
 and on several rows in free shapes too, where it is the faster (the whole
 Gemma forward on one thread, 9 rows: 161 ms against 244 ms). That free-shape
 rule is the prior; the engine replaces it with what it measures on its own
-machine (``cloud.invariance.free_products``).
+machine, per weight shape and row count, the BLAS on the transposed product
+``(W · xᵀ)ᵀ`` a third path there (``cloud.invariance.free_products``).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from __future__ import annotations
 import torch
 
 from cloud import slot_attention
-from cloud.invariance.free_products import PRIOR, FreeProducts
+from cloud.invariance.free_products import BLAS, BLAS_WX, ONEDNN, PRIOR, FreeProducts, run_path
 
 __all__ = ["PackedLinear", "onednn_available", "pack_linears", "unpack_linears"]
 
@@ -46,14 +47,15 @@ def onednn_available(model: torch.nn.Module) -> bool:
 
 class PackedLinear(torch.nn.Linear):
     """An ``nn.Linear`` whose canonical-shape products run on oneDNN (the module docstring); in free
-    shapes, on the path ``free`` chose for the row count on this machine (``free_products``)."""
+    shapes, on the path ``free`` chose for its weight's shape and the row count on this machine
+    (``free_products``)."""
 
     free: FreeProducts = PRIOR  # (the engine sets what it measured)
 
-    def onednn_at(self, rows: int) -> bool:
-        """Whether a free-shape product of ``rows`` rows runs on oneDNN (``RowPaddedHead`` pads no free-shape
-        product of a head that has this: the path per row count was measured)."""
-        return self.free.onednn(rows)
+    def path_at(self, rows: int) -> str:
+        """The path a free-shape product of ``rows`` rows takes (``RowPaddedHead`` pads no free-shape
+        product of a head that has this: the path per row count was chosen for it)."""
+        return self.free.path((self.in_features, self.out_features), rows)
 
     def __init__(self, linear: torch.nn.Linear) -> None:
         torch.nn.Module.__init__(self)
@@ -63,18 +65,24 @@ class PackedLinear(torch.nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         layout = slot_attention.current_layout()
-        if (layout is None or layout.padding is None) and not self.free.onednn(x.numel() // x.shape[-1]):
-            return torch.nn.functional.linear(x, self.weight, self.bias)  # free shapes, where the BLAS is faster
+        if layout is not None and layout.padding is not None:
+            return self.padded_product(x)  # canonical shapes
+        path = self.path_at(x.numel() // x.shape[-1])
+        if path == BLAS:
+            return torch.nn.functional.linear(x, self.weight, self.bias)
+        if path == BLAS_WX:
+            flat = run_path(BLAS_WX, x.reshape(-1, x.shape[-1]), self.weight, self.packed)
+            out = flat if self.bias is None else flat + self.bias
+            return out.reshape(*x.shape[:-1], self.out_features)
         return self.padded_product(x)
 
     def padded_product(self, x: torch.Tensor) -> torch.Tensor:
         """``x @ weight.T (+ bias)`` on oneDNN; [..., in] -> [..., out]. The bias is added after the
         product, elementwise (row-invariant whatever the product)."""
-        flat = x.reshape(-1, x.shape[-1]).contiguous()
-        out = torch._C._nn.mkldnn_linear(flat.to_mkldnn(), self.packed).to_dense()
+        flat = run_path(ONEDNN, x.reshape(-1, x.shape[-1]).contiguous(), self.weight, self.packed)
         if self.bias is not None:
-            out = out + self.bias
-        return out.reshape(*x.shape[:-1], self.out_features)
+            flat = flat + self.bias
+        return flat.reshape(*x.shape[:-1], self.out_features)
 
 
 def _swap(model: torch.nn.Module, make) -> int:
