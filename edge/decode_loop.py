@@ -215,11 +215,11 @@ class _Decode:
 
     def _adopt(self, terms: SessionTerms) -> None:
         """Fit the schedule to what the verifier allows (``Schedule.adopt``); with nothing to draft, the
-        cloud decodes alone, one block at a time."""
+        cloud decodes alone (``FixedSchedule``: empty blocks in flight unless the session is lock-step)."""
         pipe, (draft_len_cap, hedge_cap) = self.pipeline, self.caps
         pipe.draft_limit, pipe.max_empty_blocks = terms.max_draft_len, terms.max_empty_blocks
         if min(draft_len_cap, terms.max_draft_len) == 0:
-            pipe.schedule = FixedSchedule(0, 1)
+            pipe.schedule = FixedSchedule(0, pipe.window)
         pipe.follow(pipe.schedule.adopt(terms, draft_len_cap, hedge_cap, self.branch_len))
 
     @property

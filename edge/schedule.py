@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from edge.controller import Controller, Plan
+from edge.controller import CLOUD_WINDOW, Controller, Plan
 from edge.verifier_protocol import SessionTerms
 
 __all__ = ["Schedule", "FixedSchedule", "SpecConfig"]
@@ -68,8 +68,11 @@ class Schedule(Protocol):
 
 
 class FixedSchedule:
-    """The lock-step (``window`` 1) and pipelined schedules: ``draft_len`` drafts a block (0: the cloud
-    decodes alone), ``window`` blocks in flight, within the verifier's terms; measurements are ignored."""
+    """The lock-step (``window`` 1) and pipelined schedules: ``draft_len`` drafts a block, ``window`` blocks
+    in flight, within the verifier's terms; measurements are ignored. With no drafts (``draft_len`` 0, the
+    caller's or the verifier's) the cloud decodes alone: pipelined, ``CLOUD_WINDOW`` empty blocks in flight
+    as in an adaptive session's cloud stretch (a token a forward, as fast as target-only decoding); in
+    lock-step one, a round trip a token."""
 
     switches = 0
 
@@ -89,7 +92,9 @@ class FixedSchedule:
     def adopt(self, terms: SessionTerms, draft_len_cap: int, hedge_cap: int, branch_len: int) -> Plan:
         self.draft_len = min(draft_len_cap, terms.max_draft_len)
         self._hedge_width = min(hedge_cap, terms.max_branches)
-        self.window = min(self.window, terms.max_blocks_in_flight) if self.draft_len else 1
+        if not self.draft_len and self.window > 1:
+            self.window = CLOUD_WINDOW
+        self.window = min(self.window, terms.max_blocks_in_flight)
         return self.plan()
 
     def lower_draft_limit(self, limit: int, branch_len: int) -> None:

@@ -101,8 +101,13 @@ def test_a_fixed_schedule_keeps_its_plan_and_fits_the_verifier_s_terms():
     assert pipe.replan() == plan and pipe.head_start(1.0, 0.01) is None and not pipe.shadow_due()
     schedule.lower_draft_limit(3, 3)
     assert schedule.plan().draft_len == 3
+    # Nothing to draft: the cloud decodes alone, as many empty blocks in flight as the verifier allows
+    # (a cloud stretch's window), unless the session is lock-step.
     alone = FixedSchedule(0, 4)
-    assert alone.adopt(SessionTerms(max_draft_len=5, max_blocks_in_flight=8), 0, 0, 3).window == 1
+    assert alone.adopt(SessionTerms(max_draft_len=5, max_blocks_in_flight=8), 0, 0, 3).window == 8
+    assert FixedSchedule(0, 4).adopt(SessionTerms(max_draft_len=5, max_blocks_in_flight=64), 0, 0, 3).window \
+        == CLOUD_WINDOW
+    assert FixedSchedule(0, 1).adopt(SessionTerms(max_draft_len=5, max_blocks_in_flight=8), 0, 0, 3).window == 1
 
 
 def test_a_long_round_trip_starts_an_adaptive_session_with_the_cloud_alone():

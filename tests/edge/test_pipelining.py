@@ -40,7 +40,7 @@ def test_pipelined_decoding_is_token_identical_to_target_only(tiny_engine, draft
         prompt = tiny_prompt(tiny_engine, text)
         params = SamplingParams(mode=mode, temperature=0.9, seed=seed)
         want = generate(tiny_engine, drafter, prompt, params, max_new_tokens=40, spec=SpecConfig(0))
-        for draft_len, window in ((1, 4), (3, 2), (4, 3), (8, 8)):
+        for draft_len, window in ((0, 4), (1, 4), (3, 2), (4, 3), (8, 8)):
             got = generate(tiny_engine, drafter, prompt, params, max_new_tokens=40,
                            spec=SpecConfig(draft_len, window=window))
             assert got.tokens == want.tokens, f"D={draft_len} W={window} seed={seed}"
