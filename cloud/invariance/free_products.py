@@ -6,9 +6,9 @@ Canonical shapes run every product on oneDNN where its tile holds (``cloud.invar
 whichever path is faster *here*, and which one is depends on the CPU (AVX-512 or not), the BLAS and
 oneDNN builds, the thread count and the product's own shape: on the Xeon of ``docs/batching.md`` MKL's
 one-row kernel wins and oneDNN wins from two rows; on an AMD EPYC without AVX-512 Gemma's 262144 x 640
-head, a lone row, took 40 ms on oneDNN against 48 on ``F.linear``, and 2 to 4 rows 56-66 ms as
-``(W · xᵀ)ᵀ`` against 71-91 on oneDNN and 107-162 on ``F.linear``, while its 640-wide layers kept
-``F.linear`` (``docs/results/2026-12-07-product-paths-epyc``).
+head ran fastest on oneDNN for a lone row (52 ms against 62 on ``F.linear``) and as ``(W · xᵀ)ᵀ`` at 2
+and 4 rows (85 and 65 ms against 95 and 79 on oneDNN, 118 and 115 on ``F.linear``), while its small
+layers took each path somewhere (``docs/results/2026-12-07-product-paths-epyc``).
 
 At load, ``choose`` times every path on each distinct weight shape of the model at the probe row
 counts, on the engine's threads, and keeps a path for a shape and row count only where it is faster

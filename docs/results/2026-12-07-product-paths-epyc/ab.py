@@ -16,6 +16,9 @@ from cloud.engine import ForwardItem, TargetEngine
 from cloud.invariance.free_products import BLAS, ONEDNN, PATHS, PRIOR, PROBE_ROWS, FreeProducts
 from cloud.invariance.products import PackedLinear
 from cloud.models import resolve_target
+from sim.experiment.provenance import provenance
+
+made = {**provenance(), "command": " ".join(["python", *sys.argv])}
 
 torch.set_num_threads(1)
 engine = TargetEngine(resolve_target(None), shapes="free")
@@ -48,9 +51,8 @@ for rows in (1, 2, 3, 4, 6, 9, 12, 16):
             engine.crop(seq, 300)
     out[rows] = {name: round(statistics.median(values), 1) for name, values in times.items()}
     print(rows, out[rows], flush=True)
-cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
 with open(sys.argv[1] if len(sys.argv) > 1 else "/tmp/ab.json", "w") as file:
-    json.dump({"cpu": cpu, "threads": 1, "choices": {n: c.describe() for n, c in choices.items()},
+    json.dump({"provenance": made, "threads": 1, "choices": {n: c.describe() for n, c in choices.items()},
                "measured_ms": {f"{s[0]}x{s[1]}": {r: dict(zip(PATHS, t)) for r, t in by.items()}
                                for s, by in measured.ms.items()},
                "forward_ms_median_of_9": out}, file, indent=1)
