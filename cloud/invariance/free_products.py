@@ -1,5 +1,6 @@
 """Free shapes' product paths, measured on the machine they run on: per weight shape and row count, the
-BLAS on ``x · Wᵀ`` (``F.linear``), the BLAS on the product transposed, ``(W · xᵀ)ᵀ``, or oneDNN.
+BLAS on ``x · Wᵀ`` (``F.linear``), the BLAS on the product transposed, ``(W · xᵀ)ᵀ``, oneDNN, or our own
+AVX2 kernel (``cloud.invariance.rowdot``, where it builds and runs here).
 
 Canonical shapes run every product on oneDNN where its tile holds (``cloud.invariance.products``: the
 ``torch.equal`` probe is their gate). Free shapes owe nothing to invariance, so each product may take
@@ -8,13 +9,15 @@ oneDNN builds, the thread count and the product's own shape: on the Xeon of ``do
 one-row kernel wins and oneDNN wins from two rows; on an AMD EPYC without AVX-512 Gemma's 262144 x 640
 head ran fastest on oneDNN for a lone row (52 ms against 62 on ``F.linear``) and as ``(W · xᵀ)ᵀ`` at 2
 and 4 rows (85 and 65 ms against 95 and 79 on oneDNN, 118 and 115 on ``F.linear``), while its small
-layers took each path somewhere (``docs/results/2026-12-07-product-paths-epyc``).
+layers took each path somewhere (``docs/results/2026-12-07-product-paths-epyc``); ``rowdot`` then beat
+every one of them from two rows, the head's 9 rows by a fifth and the small layers' by half
+(``docs/results/2026-12-07-rowdot-epyc``).
 
 At load, ``choose`` times every path on each distinct weight shape of the model at the probe row
 counts, on the engine's threads, and keeps a path for a shape and row count only where it is faster
 there: the prior rule (the BLAS for one row, oneDNN from two) stands unless another path is faster by
 ``MARGIN`` (the fastest such one then), so noise cannot flip a choice. The choice is cached per machine
-(CPU model, cores, threads, torch and oneDNN versions, the shapes, the paths) under
+(CPU model, cores, threads, torch and oneDNN versions, the shapes, the paths, whether rowdot runs) under
 ``$SPLITSPEC_CACHE`` (default ``~/.cache/splitspec``), so a cloud measures once, and every process on
 the machine agrees. ``FreeProducts.path(shape, rows)`` answers for any shape (the prior for one not
 measured) and row count (the nearest probe at or below it).
@@ -25,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import platform
 import statistics
@@ -35,16 +39,19 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["BLAS", "BLAS_WX", "ONEDNN", "PATHS", "FreeProducts", "PRIOR", "Shape", "cache_dir", "choose", "run_path"]
+from cloud.invariance import rowdot
+
+__all__ = ["BLAS", "BLAS_WX", "ONEDNN", "ROWDOT", "PATHS", "FreeProducts", "PRIOR", "Shape", "cache_dir", "choose",
+           "run_path"]
 
 log = logging.getLogger(__name__)
 
-BLAS, ONEDNN, BLAS_WX = "blas", "onednn", "blas_wx"
-PATHS = (BLAS, ONEDNN, BLAS_WX)
+BLAS, ONEDNN, BLAS_WX, ROWDOT = "blas", "onednn", "blas_wx", "rowdot"
+PATHS = (BLAS, ONEDNN, BLAS_WX, ROWDOT)
 PROBE_ROWS = (1, 2, 3, 4, 6, 9, 12, 16, 24, 32)
 MARGIN = 1.10  # another path replaces the prior's only when faster by this factor
 _REPEATS = 3
-_NAMES = {BLAS: "x·Wᵀ", ONEDNN: "oneDNN", BLAS_WX: "(W·xᵀ)ᵀ"}
+_NAMES = {BLAS: "x·Wᵀ", ONEDNN: "oneDNN", BLAS_WX: "(W·xᵀ)ᵀ", ROWDOT: "rowdot"}
 
 Shape = tuple[int, int]  # a weight's (in_features, out_features)
 
@@ -123,11 +130,13 @@ def cache_dir() -> Path:
 
 def run_path(path: str, x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
     """``x @ weight.T`` ([rows, in] -> [rows, out], contiguous) on ``path`` (``packed``: the weight in
-    oneDNN's layout)."""
+    oneDNN's layout; ``ROWDOT`` raises ValueError where it does not take the weight: ``rowdot.supports``)."""
     if path == BLAS:
         return torch.nn.functional.linear(x, weight)
     if path == BLAS_WX:
         return torch.mm(weight, x.t()).t().contiguous()
+    if path == ROWDOT:
+        return rowdot.rowdot(x, weight)
     return torch._C._nn.mkldnn_linear(x.to_mkldnn(), packed).to_dense()
 
 
@@ -158,7 +167,8 @@ def _median_ms(run) -> float:
 
 
 def _measure(linears: list[torch.nn.Module]) -> dict[Shape, dict[int, tuple[float, ...]]]:
-    """Per distinct weight shape and probe row count, the milliseconds of each of ``PATHS``."""
+    """Per distinct weight shape and probe row count, the milliseconds of each of ``PATHS`` (infinite
+    for a path that does not take the weight here: ``rowdot.supports``)."""
     first = {(m.in_features, m.out_features): m for m in reversed(linears)}
     out: dict[Shape, dict[int, tuple[float, ...]]] = {}
     with torch.inference_mode():
@@ -167,7 +177,8 @@ def _measure(linears: list[torch.nn.Module]) -> dict[Shape, dict[int, tuple[floa
             for rows in PROBE_ROWS:
                 x = torch.randn(rows, shape[0], dtype=module.weight.dtype)
                 out[shape][rows] = tuple(
-                    round(_median_ms(lambda p=path, x=x, m=module: run_path(p, x, m.weight, m.packed)), 3) for path in PATHS)
+                    round(_median_ms(lambda p=path, x=x, m=module: run_path(p, x, m.weight, m.packed)), 3)
+                    if path != ROWDOT or rowdot.supports(module.weight) else math.inf for path in PATHS)
     return out
 
 
@@ -190,7 +201,7 @@ def choose(linears: list[torch.nn.Module], cache: Path | None = None) -> FreePro
         return PRIOR
     machine = _machine()
     shapes = Counter((m.in_features, m.out_features) for m in linears)
-    key = {**machine, "shapes": sorted(shapes.items()), "paths": list(PATHS)}
+    key = {**machine, "shapes": sorted(shapes.items()), "paths": list(PATHS), "rowdot": rowdot.available()}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     path = (cache or cache_dir()) / f"free-products-{digest}.json"
     try:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 
 from cloud import slot_attention
-from cloud.invariance.free_products import BLAS, BLAS_WX, ONEDNN, PRIOR, FreeProducts, run_path
+from cloud.invariance.free_products import BLAS, ONEDNN, PRIOR, FreeProducts, run_path
 
 __all__ = ["PackedLinear", "onednn_available", "pack_linears", "unpack_linears"]
 
@@ -70,11 +70,11 @@ class PackedLinear(torch.nn.Linear):
         path = self.path_at(x.numel() // x.shape[-1])
         if path == BLAS:
             return torch.nn.functional.linear(x, self.weight, self.bias)
-        if path == BLAS_WX:
-            flat = run_path(BLAS_WX, x.reshape(-1, x.shape[-1]), self.weight, self.packed)
-            out = flat if self.bias is None else flat + self.bias
-            return out.reshape(*x.shape[:-1], self.out_features)
-        return self.padded_product(x)
+        if path == ONEDNN:
+            return self.padded_product(x)
+        flat = run_path(path, x.reshape(-1, x.shape[-1]), self.weight, self.packed)  # (W·xᵀ)ᵀ or rowdot
+        out = flat if self.bias is None else flat + self.bias
+        return out.reshape(*x.shape[:-1], self.out_features)
 
     def padded_product(self, x: torch.Tensor) -> torch.Tensor:
         """``x @ weight.T (+ bias)`` on oneDNN; [..., in] -> [..., out]. The bias is added after the

@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import json
+import math
 
 import torch
 
 from cloud.engine import TargetEngine
+from cloud.invariance import rowdot
 from cloud.invariance.free_products import (
     BLAS,
     BLAS_WX,
@@ -16,6 +18,7 @@ from cloud.invariance.free_products import (
     PATHS,
     PRIOR,
     PROBE_ROWS,
+    ROWDOT,
     FreeProducts,
     _choice,
     choose,
@@ -26,9 +29,9 @@ from cloud.invariance.products import PackedLinear
 PRIOR_PATHS = tuple(prior_path(rows) for rows in PROBE_ROWS)
 
 
-def _times(blas: float, onednn: float, wx: float) -> dict[int, tuple[float, ...]]:
-    """Each probe row count's milliseconds per path, in ``PATHS``' order."""
-    by_path = {BLAS: blas, ONEDNN: onednn, BLAS_WX: wx}
+def _times(blas: float, onednn: float, wx: float, rd: float = math.inf) -> dict[int, tuple[float, ...]]:
+    """Each probe row count's milliseconds per path, in ``PATHS``' order (rowdot: not run, by default)."""
+    by_path = {BLAS: blas, ONEDNN: onednn, BLAS_WX: wx, ROWDOT: rd}
     return {rows: tuple(by_path[p] for p in PATHS) for rows in PROBE_ROWS}
 
 
@@ -38,6 +41,8 @@ def test_the_prior_stands_unless_another_path_is_faster_by_the_margin_then_the_f
     assert _choice(_times(50.0, 100.0, 100.0)) == (BLAS,) * len(PROBE_ROWS)
     assert _choice(_times(100.0, 50.0, 100.0)) == (ONEDNN,) * len(PROBE_ROWS)  # one row included
     assert _choice(_times(100.0, 60.0, 50.0)) == (BLAS_WX,) * len(PROBE_ROWS)  # the fastest of those past the margin
+    assert _choice(_times(100.0, 60.0, 50.0, 40.0)) == (ROWDOT,) * len(PROBE_ROWS)
+    assert _choice(_times(100.0, 100.0, 100.0, math.inf)) == PRIOR_PATHS  # (a path that cannot run is never chosen)
 
 
 def test_a_product_takes_its_shapes_choice_at_the_nearest_probe_at_or_below_its_rows():
@@ -98,7 +103,7 @@ def test_each_free_product_runs_on_the_path_chosen_for_its_shape_and_rows(tiny_m
     bias = module.bias if module.bias is not None else 0.0
     with torch.inference_mode():
         by_path = {}
-        for path in PATHS:
+        for path in [p for p in PATHS if p != ROWDOT or rowdot.available()]:
             module.free = FreeProducts({shape: (path,) * len(PROBE_ROWS)})
             ran.clear()
             by_path[path] = module(x)
@@ -107,6 +112,9 @@ def test_each_free_product_runs_on_the_path_chosen_for_its_shape_and_rows(tiny_m
         assert torch.equal(by_path[ONEDNN], module.padded_product(x))
         wx = torch.mm(module.weight, x.reshape(-1, module.in_features).t()).t().reshape(2, 9, -1) + bias
         assert torch.equal(by_path[BLAS_WX], wx) and by_path[BLAS_WX].is_contiguous()
-        for path in (ONEDNN, BLAS_WX):  # the same product: the paths differ in the last bits at most
+        if ROWDOT in by_path:
+            flat = rowdot.rowdot(x.reshape(-1, module.in_features), module.weight).reshape(2, 9, -1) + bias
+            assert torch.equal(by_path[ROWDOT], flat)
+        for path in set(by_path) - {BLAS}:  # the same product: the paths differ in the last bits at most
             assert torch.allclose(by_path[path], by_path[BLAS], rtol=1e-4, atol=1e-5)
     module.free = engine.free_products
