@@ -2,8 +2,9 @@
 canonical shapes, on the product paths the engine can take.
 
 One sequence with a 300-token prefix; each timed forward appends ``rows`` tokens (reproducible, so
-canonical shapes pad it) and is cropped back. Engines, each loaded in turn: free shapes (``F.linear``
-on a lone row, oneDNN on several, ``cloud.invariance.products``), canonical shapes as the engine picks
+canonical shapes pad it) and is cropped back. Engines, each loaded in turn: free shapes (each product on
+the path measured fastest here for its shape and rows, ``cloud.invariance.free_products``: the report's
+``free_products`` says which), canonical shapes as the engine picks
 them (oneDNN at its tile where it holds), and canonical and free shapes on ``F.linear`` alone (MKL's
 tile; the paths before oneDNN). Torch runs on ``threads`` threads, as a cloud pinned to that many cores.
 
