@@ -8,7 +8,7 @@ at load and takes only where it is faster on the machine; it is row-invariant by
 output's sum runs in one order whatever the rows beside it), single-threaded, float32 only.
 
 ``available()`` says whether it runs here: x86-64 with AVX2 and FMA, and a C compiler (``$CC``, else
-``cc``) to build it once into the cache directory (``free_products.cache_dir``), keyed by the source
+``cc``) to build it once into the cache directory (``shared.models.cache_dir``), keyed by the source
 and the flags; anything else (another CPU, no compiler, a failed build) leaves it out, logged once.
 """
 
@@ -26,6 +26,8 @@ import tempfile
 from pathlib import Path
 
 import torch
+
+from shared.models import cache_dir
 
 __all__ = ["available", "rowdot", "supports"]
 
@@ -49,8 +51,6 @@ def _cpu_flags() -> set[str]:
 @functools.cache
 def _library() -> ctypes.CDLL | None:
     """The compiled kernel, built on first use (None where it cannot run here: the reason logged)."""
-    from cloud.invariance.free_products import cache_dir  # (one cache directory for what is measured or built here)
-
     if platform.machine() not in ("x86_64", "AMD64") or not {"avx2", "fma"} <= _cpu_flags():
         log.info("rowdot: not offered (needs x86-64 with AVX2 and FMA; this is %s)", platform.machine())
         return None
@@ -60,10 +60,13 @@ def _library() -> ctypes.CDLL | None:
         return None
     source = SOURCE.read_bytes()
     digest = hashlib.sha256(source + " ".join(FLAGS).encode()).hexdigest()[:16]
-    built = cache_dir() / f"rowdot-{digest}.so"
+    try:
+        built = cache_dir() / f"rowdot-{digest}.so"
+    except OSError as exc:
+        log.warning("rowdot: not offered: no cache directory to build into: %s", exc)
+        return None
     if not built.exists():
         try:
-            built.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=built.parent) as tmp:
                 partial = Path(tmp) / built.name
                 subprocess.run([compiler, *FLAGS, "-o", str(partial), str(SOURCE)], check=True, capture_output=True,
