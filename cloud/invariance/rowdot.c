@@ -2,9 +2,10 @@
 
    out[r][j] = sum_i x[r][i] * w[j][i]: every row of x against every row of w, both row-major and
    contiguous, h a multiple of 8. Blocks of four rows of w against three rows of x keep twelve running
-   sums in registers, so w, the large operand, is read from memory once for all rows of x. Every
-   output's sum runs in one order (eight lanes over i in steps of 8, then the lanes folded) whatever k
-   and the row's place in x: a row's result does not depend on the rows beside it. */
+   sums in registers, so w, the large operand, is read from memory once for all rows of x; the next
+   block of w is prefetched while this one is summed (a prefetch past its end is a hint: it never
+   faults). Every output's sum runs in one order (eight lanes over i in steps of 8, then the lanes
+   folded) whatever k and the row's place in x: a row's result does not depend on the rows beside it. */
 #include <immintrin.h>
 #include <stddef.h>
 
@@ -25,6 +26,7 @@ static inline float hsum(__m256 v) {
             __m256 xv[RB];                                                                              \
             _Pragma("GCC unroll 4") for (int b = 0; b < RB; b++) xv[b] = _mm256_loadu_ps(x + b * h + i); \
             _Pragma("GCC unroll 4") for (int a = 0; a < WB; a++) {                                    \
+                _mm_prefetch((const char *)(w + (WB + a) * h + i), _MM_HINT_T0); /* the next block */   \
                 __m256 wv = _mm256_loadu_ps(w + a * h + i);                                             \
                 _Pragma("GCC unroll 4") for (int b = 0; b < RB; b++)                                  \
                     acc[a][b] = _mm256_fmadd_ps(wv, xv[b], acc[a][b]);                                  \
