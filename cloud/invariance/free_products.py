@@ -17,7 +17,7 @@ At load, ``choose`` times every path on each distinct weight shape of the model 
 counts, on the engine's threads, and keeps a path for a shape and row count only where it is faster
 there: the prior rule (the BLAS for one row, oneDNN from two) stands unless another path is faster by
 ``MARGIN`` (the fastest such one then), so noise cannot flip a choice. The choice is cached per machine
-(CPU model, cores, threads, torch and oneDNN versions, the shapes, the paths, whether rowdot runs) under
+(CPU model, cores, threads, torch and oneDNN versions, the shapes, the paths, the rowdot build) under
 ``$SPLITSPEC_CACHE`` (default ``~/.cache/splitspec``), so a cloud measures once, and every process on
 the machine agrees. ``FreeProducts.path(shape, rows)`` answers for any shape (the prior for one not
 measured) and row count (the nearest probe at or below it).
@@ -201,7 +201,8 @@ def choose(linears: list[torch.nn.Module], cache: Path | None = None) -> FreePro
         return PRIOR
     machine = _machine()
     shapes = Counter((m.in_features, m.out_features) for m in linears)
-    key = {**machine, "shapes": sorted(shapes.items()), "paths": list(PATHS), "rowdot": rowdot.available()}
+    key = {**machine, "shapes": sorted(shapes.items()), "paths": list(PATHS),
+           "rowdot": rowdot.build_id() if rowdot.available() else None}  # (a new kernel is timed anew)
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     path = (cache or cache_dir()) / f"free-products-{digest}.json"
     try:

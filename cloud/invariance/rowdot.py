@@ -29,7 +29,7 @@ import torch
 
 from shared.models import cache_dir
 
-__all__ = ["available", "rowdot", "supports"]
+__all__ = ["available", "build_id", "rowdot", "supports"]
 
 log = logging.getLogger(__name__)
 
@@ -58,10 +58,8 @@ def _library() -> ctypes.CDLL | None:
     if compiler is None:
         log.info("rowdot: not offered (no C compiler: set $CC or install one)")
         return None
-    source = SOURCE.read_bytes()
-    digest = hashlib.sha256(source + " ".join(FLAGS).encode()).hexdigest()[:16]
     try:
-        built = cache_dir() / f"rowdot-{digest}.so"
+        built = cache_dir() / f"rowdot-{build_id()}.so"
     except OSError as exc:
         log.warning("rowdot: not offered: no cache directory to build into: %s", exc)
         return None
@@ -84,6 +82,11 @@ def _library() -> ctypes.CDLL | None:
     library.rowdot.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 3
     library.rowdot.restype = None
     return library
+
+
+def build_id() -> str:
+    """The kernel's source and flags, digested: what its build, and any timing of it, is keyed by."""
+    return hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
 
 
 def available() -> bool:

@@ -118,3 +118,12 @@ def test_each_free_product_runs_on_the_path_chosen_for_its_shape_and_rows(tiny_m
         for path in set(by_path) - {BLAS}:  # the same product: the paths differ in the last bits at most
             assert torch.allclose(by_path[path], by_path[BLAS], rtol=1e-4, atol=1e-5)
     module.free = engine.free_products
+
+
+def test_another_rowdot_build_is_timed_anew(tiny_models, tmp_path, monkeypatch):
+    packed = _packed(TargetEngine(tiny_models["target"], shapes="free"))
+    assert choose(packed, cache=tmp_path).source == "measured"
+    assert choose(packed, cache=tmp_path).source.startswith("cached:")
+    if rowdot.available():  # (where it does not run, its build is not part of the key)
+        monkeypatch.setattr(rowdot, "build_id", lambda: "another-kernel")
+        assert choose(packed, cache=tmp_path).source == "measured"
