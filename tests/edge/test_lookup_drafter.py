@@ -11,6 +11,7 @@ from edge.lookup_drafter import LookupFirstDrafter
 from edge.schedule import SpecConfig
 from shared.lookup import lookup_continuation
 from shared.params import Mode, SamplingParams
+from shared.verdict import StopReason
 
 REPEATS = "the cat sat on the mat. the cat sat on the mat. the cat"
 
@@ -76,7 +77,9 @@ def test_output_is_the_targets_over_grpc_with_the_lookup_used(verifier, tiny_eng
         drafter.close()
     assert drafter.looked_up > 0
     if params.mode is Mode.REJECTION:  # exact in distribution, not token for token; the audit passes its drafts
-        assert len(got.tokens) == 40
+        # (free shapes' product paths are timed at load, so the rounding, and with it the sample, may differ
+        # between runs: the target may end its answer before the limit)
+        assert len(got.tokens) == 40 or got.stop_reason is StopReason.EOS and len(got.tokens) < 40
         return
     assert got.tokens == want
     if params.mode is Mode.GREEDY:
