@@ -1,6 +1,6 @@
 """Free shapes' product paths, measured on the machine they run on: per weight shape and row count, the
 BLAS on ``x · Wᵀ`` (``F.linear``), the BLAS on the product transposed, ``(W · xᵀ)ᵀ``, oneDNN, or our own
-AVX2 kernel (``cloud.invariance.rowdot``, where it builds and runs here).
+kernel (``cloud.invariance.rowdot``) built for AVX2 or for AVX-512, where it builds and runs here.
 
 Canonical shapes run every product on oneDNN where its tile holds (``cloud.invariance.products``: the
 ``torch.equal`` probe is their gate). Free shapes owe nothing to invariance, so each product may take
@@ -11,13 +11,14 @@ head ran fastest on oneDNN for a lone row (52 ms against 62 on ``F.linear``) and
 and 4 rows (85 and 65 ms against 95 and 79 on oneDNN, 118 and 115 on ``F.linear``), while its small
 layers took each path somewhere (``docs/results/2026-12-07-product-paths-epyc``); ``rowdot`` then beat
 every one of them from two rows, the head's 9 rows by a fifth and the small layers' by half
-(``docs/results/2026-12-07-rowdot-epyc``).
+(``docs/results/2026-12-07-rowdot-epyc``). On a Xeon with AVX-512, oneDNN took 91 ms for the head's 9
+rows, rowdot's AVX2 build 65 and its AVX-512 build 57 (``docs/results/2026-12-07-rowdot512-xeon``).
 
 At load, ``choose`` times every path on each distinct weight shape of the model at the probe row
 counts, on the engine's threads, and keeps a path for a shape and row count only where it is faster
 there: the prior rule (the BLAS for one row, oneDNN from two) stands unless another path is faster by
 ``MARGIN`` (the fastest such one then), so noise cannot flip a choice. The choice is cached per machine
-(CPU model, cores, threads, torch and oneDNN versions, the shapes, the paths, the rowdot build) under
+(CPU model, cores, threads, torch and oneDNN versions, the shapes, the paths, the rowdot builds) under
 ``$SPLITSPEC_CACHE`` (default ``~/.cache/splitspec``), so a cloud measures once, and every process on
 the machine agrees. ``FreeProducts.path(shape, rows)`` answers for any shape (the prior for one not
 measured) and row count (the nearest probe at or below it).
@@ -41,17 +42,18 @@ import torch
 
 from cloud.invariance import rowdot
 
-__all__ = ["BLAS", "BLAS_WX", "ONEDNN", "ROWDOT", "PATHS", "FreeProducts", "PRIOR", "Shape", "cache_dir", "choose",
-           "run_path"]
+__all__ = ["BLAS", "BLAS_WX", "ONEDNN", "ROWDOT", "ROWDOT512", "ROWDOT_ISA", "PATHS", "FreeProducts", "PRIOR", "Shape",
+           "cache_dir", "choose", "run_path"]
 
 log = logging.getLogger(__name__)
 
-BLAS, ONEDNN, BLAS_WX, ROWDOT = "blas", "onednn", "blas_wx", "rowdot"
-PATHS = (BLAS, ONEDNN, BLAS_WX, ROWDOT)
+BLAS, ONEDNN, BLAS_WX, ROWDOT, ROWDOT512 = "blas", "onednn", "blas_wx", "rowdot", "rowdot512"
+PATHS = (BLAS, ONEDNN, BLAS_WX, ROWDOT, ROWDOT512)
+ROWDOT_ISA = {ROWDOT: rowdot.AVX2, ROWDOT512: rowdot.AVX512}  # the rowdot paths: the build each runs
 PROBE_ROWS = (1, 2, 3, 4, 6, 9, 12, 16, 24, 32)
 MARGIN = 1.10  # another path replaces the prior's only when faster by this factor
 _REPEATS = 3
-_NAMES = {BLAS: "x·Wᵀ", ONEDNN: "oneDNN", BLAS_WX: "(W·xᵀ)ᵀ", ROWDOT: "rowdot"}
+_NAMES = {BLAS: "x·Wᵀ", ONEDNN: "oneDNN", BLAS_WX: "(W·xᵀ)ᵀ", ROWDOT: "rowdot", ROWDOT512: "rowdot AVX-512"}
 
 Shape = tuple[int, int]  # a weight's (in_features, out_features)
 
@@ -130,13 +132,13 @@ def cache_dir() -> Path:
 
 def run_path(path: str, x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
     """``x @ weight.T`` ([rows, in] -> [rows, out], contiguous) on ``path`` (``packed``: the weight in
-    oneDNN's layout; ``ROWDOT`` raises ValueError where it does not take the weight: ``rowdot.supports``)."""
+    oneDNN's layout; a rowdot path raises ValueError where it does not take the weight: ``rowdot.supports``)."""
     if path == BLAS:
         return torch.nn.functional.linear(x, weight)
     if path == BLAS_WX:
         return torch.mm(weight, x.t()).t().contiguous()
-    if path == ROWDOT:
-        return rowdot.rowdot(x, weight)
+    if path in ROWDOT_ISA:
+        return rowdot.rowdot(x, weight, ROWDOT_ISA[path])
     return torch._C._nn.mkldnn_linear(x.to_mkldnn(), packed).to_dense()
 
 
@@ -169,6 +171,9 @@ def _median_ms(run) -> float:
 def _measure(linears: list[torch.nn.Module]) -> dict[Shape, dict[int, tuple[float, ...]]]:
     """Per distinct weight shape and probe row count, the milliseconds of each of ``PATHS`` (infinite
     for a path that does not take the weight here: ``rowdot.supports``)."""
+    def runs(path: str, weight: torch.Tensor) -> bool:
+        return path not in ROWDOT_ISA or rowdot.supports(weight, ROWDOT_ISA[path])
+
     first = {(m.in_features, m.out_features): m for m in reversed(linears)}
     out: dict[Shape, dict[int, tuple[float, ...]]] = {}
     with torch.inference_mode():
@@ -178,7 +183,7 @@ def _measure(linears: list[torch.nn.Module]) -> dict[Shape, dict[int, tuple[floa
                 x = torch.randn(rows, shape[0], dtype=module.weight.dtype)
                 out[shape][rows] = tuple(
                     round(_median_ms(lambda p=path, x=x, m=module: run_path(p, x, m.weight, m.packed)), 3)
-                    if path != ROWDOT or rowdot.supports(module.weight) else math.inf for path in PATHS)
+                    if runs(path, module.weight) else math.inf for path in PATHS)
     return out
 
 
@@ -202,7 +207,8 @@ def choose(linears: list[torch.nn.Module], cache: Path | None = None) -> FreePro
     machine = _machine()
     shapes = Counter((m.in_features, m.out_features) for m in linears)
     key = {**machine, "shapes": sorted(shapes.items()), "paths": list(PATHS),
-           "rowdot": rowdot.build_id() if rowdot.available() else None}  # (a new kernel is timed anew)
+           "rowdot": {isa: rowdot.build_id(isa) if rowdot.available(isa) else None  # (a new kernel is timed anew)
+                      for isa in ROWDOT_ISA.values()}}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     path = (cache or cache_dir()) / f"free-products-{digest}.json"
     try:

@@ -19,6 +19,8 @@ from cloud.invariance.free_products import (
     PRIOR,
     PROBE_ROWS,
     ROWDOT,
+    ROWDOT512,
+    ROWDOT_ISA,
     FreeProducts,
     _choice,
     choose,
@@ -29,9 +31,10 @@ from cloud.invariance.products import PackedLinear
 PRIOR_PATHS = tuple(prior_path(rows) for rows in PROBE_ROWS)
 
 
-def _times(blas: float, onednn: float, wx: float, rd: float = math.inf) -> dict[int, tuple[float, ...]]:
-    """Each probe row count's milliseconds per path, in ``PATHS``' order (rowdot: not run, by default)."""
-    by_path = {BLAS: blas, ONEDNN: onednn, BLAS_WX: wx, ROWDOT: rd}
+def _times(blas: float, onednn: float, wx: float, rd: float = math.inf, rd512: float = math.inf
+           ) -> dict[int, tuple[float, ...]]:
+    """Each probe row count's milliseconds per path, in ``PATHS``' order (rowdot's builds: not run, by default)."""
+    by_path = {BLAS: blas, ONEDNN: onednn, BLAS_WX: wx, ROWDOT: rd, ROWDOT512: rd512}
     return {rows: tuple(by_path[p] for p in PATHS) for rows in PROBE_ROWS}
 
 
@@ -42,6 +45,7 @@ def test_the_prior_stands_unless_another_path_is_faster_by_the_margin_then_the_f
     assert _choice(_times(100.0, 50.0, 100.0)) == (ONEDNN,) * len(PROBE_ROWS)  # one row included
     assert _choice(_times(100.0, 60.0, 50.0)) == (BLAS_WX,) * len(PROBE_ROWS)  # the fastest of those past the margin
     assert _choice(_times(100.0, 60.0, 50.0, 40.0)) == (ROWDOT,) * len(PROBE_ROWS)
+    assert _choice(_times(100.0, 60.0, 50.0, 40.0, 35.0)) == (ROWDOT512,) * len(PROBE_ROWS)
     assert _choice(_times(100.0, 100.0, 100.0, math.inf)) == PRIOR_PATHS  # (a path that cannot run is never chosen)
 
 
@@ -103,7 +107,7 @@ def test_each_free_product_runs_on_the_path_chosen_for_its_shape_and_rows(tiny_m
     bias = module.bias if module.bias is not None else 0.0
     with torch.inference_mode():
         by_path = {}
-        for path in [p for p in PATHS if p != ROWDOT or rowdot.available()]:
+        for path in [p for p in PATHS if p not in ROWDOT_ISA or rowdot.supports(module.weight, ROWDOT_ISA[p])]:
             module.free = FreeProducts({shape: (path,) * len(PROBE_ROWS)})
             ran.clear()
             by_path[path] = module(x)
@@ -112,9 +116,9 @@ def test_each_free_product_runs_on_the_path_chosen_for_its_shape_and_rows(tiny_m
         assert torch.equal(by_path[ONEDNN], module.padded_product(x))
         wx = torch.mm(module.weight, x.reshape(-1, module.in_features).t()).t().reshape(2, 9, -1) + bias
         assert torch.equal(by_path[BLAS_WX], wx) and by_path[BLAS_WX].is_contiguous()
-        if ROWDOT in by_path:
-            flat = rowdot.rowdot(x.reshape(-1, module.in_features), module.weight).reshape(2, 9, -1) + bias
-            assert torch.equal(by_path[ROWDOT], flat)
+        for path in set(by_path) & set(ROWDOT_ISA):
+            flat = rowdot.rowdot(x.reshape(-1, module.in_features), module.weight, ROWDOT_ISA[path])
+            assert torch.equal(by_path[path], flat.reshape(2, 9, -1) + bias)
         for path in set(by_path) - {BLAS}:  # the same product: the paths differ in the last bits at most
             assert torch.allclose(by_path[path], by_path[BLAS], rtol=1e-4, atol=1e-5)
     module.free = engine.free_products
@@ -124,6 +128,7 @@ def test_another_rowdot_build_is_timed_anew(tiny_models, tmp_path, monkeypatch):
     packed = _packed(TargetEngine(tiny_models["target"], shapes="free"))
     assert choose(packed, cache=tmp_path).source == "measured"
     assert choose(packed, cache=tmp_path).source.startswith("cached:")
-    if rowdot.available():  # (where it does not run, its build is not part of the key)
-        monkeypatch.setattr(rowdot, "build_id", lambda: "another-kernel")
-        assert choose(packed, cache=tmp_path).source == "measured"
+    build_id = rowdot.build_id
+    for isa in [isa for isa in rowdot.ISAS if rowdot.available(isa)]:  # (one that does not run is not in the key)
+        monkeypatch.setattr(rowdot, "build_id", lambda other, isa=isa: "another" if other == isa else build_id(other))
+        assert choose(packed, cache=tmp_path).source == "measured", isa
