@@ -23,8 +23,8 @@ and on several rows in free shapes too, where it is the faster (the whole
 Gemma forward on one thread, 9 rows: 161 ms against 244 ms). That free-shape
 rule is the prior; the engine replaces it with what it measures on its own
 machine, per weight shape and row count, the BLAS on the transposed product
-``(W · xᵀ)ᵀ`` and our own AVX2 kernel (``cloud.invariance.rowdot``) among the paths
-there (``cloud.invariance.free_products``).
+``(W · xᵀ)ᵀ`` and our own kernel's AVX2 and AVX-512 builds (``cloud.invariance.rowdot``)
+among the paths there (``cloud.invariance.free_products``).
 """
 
 from __future__ import annotations

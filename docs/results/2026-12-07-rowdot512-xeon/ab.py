@@ -1,0 +1,56 @@
+"""Free-shape forwards of Gemma 3 270M by appended rows under three choices of product path, all from one
+measurement at load: without rowdot (both builds' columns set to never faster), with its AVX2 build only,
+and with both builds (the engine's own choice). Alternated in one process, one torch thread, a 300-token
+context: the median of 9 each. Writes the JSON report to the path given (default /tmp/ab.json)."""
+
+import json
+import math
+import statistics
+import sys
+import time
+
+import torch
+
+from cloud.engine import ForwardItem, TargetEngine
+from cloud.invariance.free_products import PATHS, ROWDOT, ROWDOT512, FreeProducts, _choice
+from cloud.invariance.products import PackedLinear
+from cloud.models import resolve_target
+from sim.experiment.provenance import provenance
+
+made = {**provenance(), "command": " ".join(["python", *sys.argv])}
+torch.set_num_threads(1)
+engine = TargetEngine(resolve_target(None), shapes="free")
+packed = [m for m in engine.model.modules() if isinstance(m, PackedLinear)]
+measured = engine.free_products
+
+
+def leaving_out(*paths: str) -> FreeProducts:
+    columns = {PATHS.index(p) for p in paths}
+    ms = {s: {r: tuple(math.inf if i in columns else t for i, t in enumerate(ts)) for r, ts in by.items()}
+          for s, by in measured.ms.items()}
+    return FreeProducts({s: _choice(by) for s, by in ms.items()}, ms, f"measured, {' and '.join(paths)} left out")
+
+
+choices = {"three paths": leaving_out(ROWDOT, ROWDOT512), "rowdot AVX2": leaving_out(ROWDOT512), "both builds": measured}
+for name, choice in choices.items():
+    print(f"{name}: {choice.describe()}")
+seq = engine.new_sequence()
+engine.forward(seq, list(range(100, 400)), last_only=True)
+out = {}
+for rows in (1, 2, 3, 4, 6, 9, 12, 16):
+    times = {name: [] for name in choices}
+    for _ in range(9):
+        for name, choice in choices.items():
+            for module in packed:
+                module.free = choice
+            started = time.perf_counter()
+            engine.forward_batch([ForwardItem(seq, [500 + i for i in range(rows)])])
+            times[name].append(1e3 * (time.perf_counter() - started))
+            engine.crop(seq, 300)
+    out[rows] = {name: round(statistics.median(values), 1) for name, values in times.items()}
+    print(rows, out[rows], flush=True)
+with open(sys.argv[1] if len(sys.argv) > 1 else "/tmp/ab.json", "w") as file:
+    json.dump({"provenance": made, "threads": 1, "choices": {n: c.describe() for n, c in choices.items()},
+               "measured_ms": {f"{s[0]}x{s[1]}": {r: dict(zip(PATHS, t)) for r, t in by.items()}
+                               for s, by in measured.ms.items()},
+               "forward_ms_median_of_9": out}, file, indent=1)
