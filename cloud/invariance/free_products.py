@@ -11,8 +11,9 @@ head ran fastest on oneDNN for a lone row (52 ms against 62 on ``F.linear``) and
 and 4 rows (85 and 65 ms against 95 and 79 on oneDNN, 118 and 115 on ``F.linear``), while its small
 layers took each path somewhere (``docs/results/2026-12-07-product-paths-epyc``); ``rowdot`` then beat
 every one of them from two rows, the head's 9 rows by a fifth and the small layers' by half
-(``docs/results/2026-12-07-rowdot-epyc``). On a Xeon with AVX-512, oneDNN took 91 ms for the head's 9
-rows, rowdot's AVX2 build 65 and its AVX-512 build 57 (``docs/results/2026-12-07-rowdot512-xeon``).
+(``docs/results/2026-12-07-rowdot-epyc``). On a Xeon with AVX-512 the head's 9 rows took 100 ms on oneDNN,
+69 on rowdot's AVX2 build and 63 on its AVX-512 build, 16 rows 111 (``(W · xᵀ)ᵀ``), 108 and 85
+(``docs/results/2026-12-07-rowdot512-xeon``).
 
 At load, ``choose`` times every path on each distinct weight shape of the model at the probe row
 counts, on the engine's threads, and keeps a path for a shape and row count only where it is faster
