@@ -201,8 +201,8 @@ class TargetEngine:
         self.padding: RowPadding | None = None  # canonical shapes' rows (the linear layers' products)
         self.attention_padding: RowPadding | None = None  # canonical attention's products, when not ``padding``
         self.threads: int | None = None  # the products' thread count, where invariance needs one of its own
-        # The linear layers' path: "onednn" (``cloud.invariance.products``: canonical products, and free ones of
-        # several rows), or "blas" (F.linear).
+        # The linear layers: "onednn", packed (``cloud.invariance.products``: canonical products on rowdot or
+        # oneDNN, free ones on the path measured fastest), or "blas" (F.linear).
         self.products = "onednn" if self.device.type == "cpu" and pack_linears(self.model) else "blas"
         if canonical and self.products == "onednn":
             self.padding = invariant_row_padding(linear_products(self.model), self.row_tiles)
@@ -250,12 +250,18 @@ class TargetEngine:
         log.info(
             "target %s loaded in %.1fs on %s/%s (vocab %d, %s shapes%s)",
             name, self.load_s, self.device, str(self.dtype).removeprefix("torch."), self.vocab_size,
-            "free" if not canonical else (f"batch-invariant ({self.products} products, {self.padding})" if self.invariant
+            "free" if not canonical else (f"batch-invariant ({self.canonical_paths()} products, {self.padding})"
+                                          if self.invariant
                                           else "canonical but NOT row-invariant")
             + (" for reproducible sessions, free for the others" if self.shapes == "auto" else ""),
             (" on one thread: this CPU's products split between threads by row count" if self.threads else "")
             + (f", tensor parallel over {tensor_parallel} ranks" if tensor_parallel > 1 else ""),
         )
+
+    def canonical_paths(self) -> str:
+        """The paths canonical shapes' linear products run on (``PackedLinear.canonical``), else ``products``."""
+        paths = sorted({m.canonical for m in self.model.modules() if isinstance(m, PackedLinear)})
+        return " and ".join(paths) if self.products == "onednn" and paths else self.products
 
     def _invariant(self, products: list[Product]) -> tuple[RowPadding | None, int | None]:
         """``products``' invariant padding, and the thread count it needs (None: any)."""

@@ -23,7 +23,7 @@ token, position and the keys before it, never on how rows are grouped:
   is the CPU's and the product path's: for MKL 4 rows on an AMD EPYC, 16 on
   an Intel Xeon with AVX-512, whose kernels differ below 16 rows (measured
   on Gemma's 640 x 2048 products, one thread); the linear layers run on
-  oneDNN where it holds at fewer (``cloud.invariance.products``: 2 on that Xeon),
+  rowdot or oneDNN where they hold at fewer (``cloud.invariance.products``: 2),
   and this module's own products then keep theirs
   (``RowLayout.attention_padding``). The engine picks the paddings by
   checking the property on its device at load

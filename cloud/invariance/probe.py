@@ -47,15 +47,15 @@ class Product(NamedTuple):
 
 
 def linear_products(model: torch.nn.Module) -> list[Product]:
-    """One canonical product per distinct linear layer shape and path of ``model`` (``F.linear``, or
-    oneDNN's for a ``cloud.invariance.products.PackedLinear``), the output head included."""
+    """One canonical product per distinct linear layer shape and path of ``model`` (``F.linear``, or a
+    ``cloud.invariance.products.PackedLinear``'s canonical path: rowdot or oneDNN), the output head included."""
     def local(weight: torch.Tensor) -> torch.Tensor:  # a tensor-parallel shard is a DTensor
         return weight.to_local() if hasattr(weight, "to_local") else weight
 
     products: dict[tuple, Product] = {}
     for m in model.modules():
         if isinstance(m, PackedLinear):
-            products.setdefault(("onednn", *m.weight.shape), Product(m.in_features, m.weight, m.padded_product))
+            products.setdefault((m.canonical, *m.weight.shape), Product(m.in_features, m.weight, m.canonical_product))
         elif isinstance(m, torch.nn.Linear):
             weight = local(m.weight)
             products.setdefault(tuple(weight.shape),

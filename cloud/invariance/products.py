@@ -1,5 +1,5 @@
-"""The matrix products of canonical shapes: oneDNN's inner product where the BLAS path is invariant only
-at a bigger row tile.
+"""The matrix products of canonical shapes: our own row-invariant kernel where it runs, else oneDNN's
+inner product, where the BLAS path is invariant only at a bigger row tile.
 
 A reproducible row must get the same bits whatever else its forward holds, so
 canonical shapes pad every product to a row tile at which the kernels are
@@ -10,31 +10,43 @@ only from 16 rows on one thread, at no tile on two. oneDNN's inner product on
 a weight packed once is row-invariant from 2 rows on one and two threads, and
 cheaper from 4 rows on. Gemma's 262144 x 640 head, one thread: one row 46 ms
 unpadded; padded, 151 ms on SGEMM's 16 rows against 61 ms on oneDNN's 2; nine
-rows 157 ms against 79 ms.
+rows 157 ms against 79 ms. ``rowdot`` (``cloud.invariance.rowdot``) sums every
+output in one order whatever the rows beside it, single-threaded: row-invariant
+at any row count and thread count by construction, and faster than oneDNN from
+two rows on both VMs measured (the head's 9 rows 69 ms against 100 on a Xeon
+with AVX-512, 79 against 98 on an AMD EPYC without;
+``docs/results/2026-12-07-rowdot512-xeon``, ``docs/results/2026-12-07-rowdot-epyc``).
+So ``canonical_path`` gives a weight rowdot's widest build that takes it here
+(AVX-512, else AVX2), by that fixed rule and not by a timing, so a machine's
+canonical bits do not move between loads; else oneDNN. The ``torch.equal``
+probe at load (``cloud.invariance.probe``) is the gate either way.
 
 Contract. ``pack_linears(model)`` swaps every ``nn.Linear`` of a float32 CPU
 model for a ``PackedLinear`` (same parameters, so tied weights stay tied,
 plus a oneDNN copy of the weight: the linear weights' memory twice) and
 returns how many it swapped (0 where oneDNN is unavailable or a weight is a
 tensor-parallel shard); ``unpack_linears`` undoes it. A ``PackedLinear``
-runs ``F.linear`` on a lone row in free shapes (MKL's one-row kernel is the
-fastest there) and oneDNN's product otherwise: always in canonical shapes,
-and on several rows in free shapes too, where it is the faster (the whole
-Gemma forward on one thread, 9 rows: 161 ms against 244 ms). That free-shape
-rule is the prior; the engine replaces it with what it measures on its own
-machine, per weight shape and row count, the BLAS on the transposed product
-``(W · xᵀ)ᵀ`` and our own kernel's AVX2 and AVX-512 builds (``cloud.invariance.rowdot``)
-among the paths there (``cloud.invariance.free_products``).
+runs canonical shapes' products on its ``canonical`` path, and free shapes'
+on the path measured fastest on this machine for its weight's shape and the
+row count (``cloud.invariance.free_products``: the BLAS, oneDNN, the BLAS on
+the transposed product ``(W · xᵀ)ᵀ``, rowdot's builds), the prior rule (the
+BLAS on a lone row, oneDNN from two) where nothing was measured.
 """
-
 from __future__ import annotations
 
 import torch
 
 from cloud import slot_attention
-from cloud.invariance.free_products import BLAS, ONEDNN, PRIOR, FreeProducts, run_path
+from cloud.invariance import rowdot
+from cloud.invariance.free_products import BLAS, ONEDNN, PRIOR, ROWDOT, ROWDOT512, ROWDOT_ISA, FreeProducts, run_path
 
-__all__ = ["PackedLinear", "onednn_available", "pack_linears", "unpack_linears"]
+__all__ = ["PackedLinear", "canonical_path", "onednn_available", "pack_linears", "unpack_linears"]
+
+
+def canonical_path(weight: torch.Tensor) -> str:
+    """The path canonical shapes run products against ``weight`` on: rowdot's AVX-512 build, else its AVX2
+    build, where one takes the weight here (``rowdot.supports``), else oneDNN (the module docstring)."""
+    return next((path for path in (ROWDOT512, ROWDOT) if rowdot.supports(weight, ROWDOT_ISA[path])), ONEDNN)
 
 
 def onednn_available(model: torch.nn.Module) -> bool:
@@ -47,7 +59,7 @@ def onednn_available(model: torch.nn.Module) -> bool:
 
 
 class PackedLinear(torch.nn.Linear):
-    """An ``nn.Linear`` whose canonical-shape products run on oneDNN (the module docstring); in free
+    """An ``nn.Linear`` whose canonical-shape products run on ``canonical`` (``canonical_path``); in free
     shapes, on the path ``free`` chose for its weight's shape and the row count on this machine
     (``free_products``)."""
 
@@ -63,24 +75,25 @@ class PackedLinear(torch.nn.Linear):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias  # the same parameters
         self.packed = linear.weight.detach().to_mkldnn()  # [out, in], oneDNN's layout
+        self.canonical = canonical_path(linear.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         layout = slot_attention.current_layout()
         if layout is not None and layout.padding is not None:
-            return self.padded_product(x)  # canonical shapes
+            return self.product(x, self.canonical)  # canonical shapes
         path = self.path_at(x.numel() // x.shape[-1])
         if path == BLAS:
             return torch.nn.functional.linear(x, self.weight, self.bias)
-        if path == ONEDNN:
-            return self.padded_product(x)
-        flat = run_path(path, x.reshape(-1, x.shape[-1]), self.weight, self.packed)  # (W·xᵀ)ᵀ or rowdot
-        out = flat if self.bias is None else flat + self.bias
-        return out.reshape(*x.shape[:-1], self.out_features)
+        return self.product(x, path)
 
-    def padded_product(self, x: torch.Tensor) -> torch.Tensor:
-        """``x @ weight.T (+ bias)`` on oneDNN; [..., in] -> [..., out]. The bias is added after the
-        product, elementwise (row-invariant whatever the product)."""
-        flat = run_path(ONEDNN, x.reshape(-1, x.shape[-1]).contiguous(), self.weight, self.packed)
+    def canonical_product(self, x: torch.Tensor) -> torch.Tensor:
+        """``x @ weight.T (+ bias)`` as canonical shapes run it (on ``canonical``); [..., in] -> [..., out]."""
+        return self.product(x, self.canonical)
+
+    def product(self, x: torch.Tensor, path: str) -> torch.Tensor:
+        """``x @ weight.T (+ bias)`` on ``path`` (``free_products.run_path``); [..., in] -> [..., out]. The bias
+        is added after the product, elementwise (row-invariant whatever the product)."""
+        flat = run_path(path, x.reshape(-1, x.shape[-1]).contiguous(), self.weight, self.packed)
         if self.bias is not None:
             flat = flat + self.bias
         return flat.reshape(*x.shape[:-1], self.out_features)

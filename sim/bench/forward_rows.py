@@ -5,7 +5,7 @@ One sequence with a 300-token prefix; each timed forward appends ``rows`` tokens
 canonical shapes pad it) and is cropped back. Engines, each loaded in turn: free shapes (each product on
 the path measured fastest here for its shape and rows, ``cloud.invariance.free_products``: the report's
 ``free_products`` says which), canonical shapes as the engine picks
-them (oneDNN at its tile where it holds), and canonical and free shapes on ``F.linear`` alone (MKL's
+them (rowdot or oneDNN at its tile where it holds: the report's ``canonical_paths``), and canonical and free shapes on ``F.linear`` alone (MKL's
 tile; the paths before oneDNN). Torch runs on ``threads`` threads, as a cloud pinned to that many cores.
 
 Contract. ``run_forward_rows(...)`` returns the report dict (per engine: its products, paddings,
@@ -49,7 +49,8 @@ def run_forward_rows(*, target: str | None = None, rows: tuple[int, ...] = ROWS,
                 engine.crop(seq, 300)
             by_rows[n] = {"median": round(statistics.median(times), 1), "min": round(min(times), 1),
                           "max": round(max(times), 1)}
-        return {"products": engine.products, "free_products": engine.free_products.describe(),
+        return {"products": engine.products, "canonical_paths": engine.canonical_paths(),
+                "free_products": engine.free_products.describe(),
                 "padding": repr(engine.padding),
                 "attention_padding": repr(engine.attention_padding), "threads": engine.threads, "ms": by_rows}
 

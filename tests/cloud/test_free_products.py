@@ -113,7 +113,8 @@ def test_each_free_product_runs_on_the_path_chosen_for_its_shape_and_rows(tiny_m
             by_path[path] = module(x)
             assert ran == ([] if path == BLAS else [path])  # (the BLAS's own path is F.linear, with its bias)
         assert torch.equal(by_path[BLAS], torch.nn.functional.linear(x, module.weight, module.bias))
-        assert torch.equal(by_path[ONEDNN], module.padded_product(x))
+        onednn = run_path(ONEDNN, x.reshape(-1, module.in_features), module.weight, module.packed)
+        assert torch.equal(by_path[ONEDNN], onednn.reshape(2, 9, -1) + bias)
         wx = torch.mm(module.weight, x.reshape(-1, module.in_features).t()).t().reshape(2, 9, -1) + bias
         assert torch.equal(by_path[BLAS_WX], wx) and by_path[BLAS_WX].is_contiguous()
         for path in set(by_path) & set(ROWDOT_ISA):

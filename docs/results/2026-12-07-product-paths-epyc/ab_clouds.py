@@ -5,7 +5,8 @@ Usage: SCEN=acespec-50k python ab_clouds.py RUNG[,RUNG...] SEED[,SEED...] ARM_A_
 repository root, the venv's python; ARM_A_DIR a ``git archive`` of the other commit, /tmp/base-site holding
 the ``sitecustomize`` that drops the editable install's import finder, so PYTHONPATH's checkout wins for
 cloud A). Every other of the category bench's 16 prompts, 64 tokens, coupled T 0.7, adaptive D <= 8, window 4,
-prompt lookup first. Prints per line each cloud's cloud-only tok/s and its split's speedup against its own
+prompt lookup first; ``EDGE_EXTRA`` (default empty) adds edge flags to both arms' sessions, such as
+``--reproducible``. Prints per line each cloud's cloud-only tok/s and its split's speedup against its own
 cloud-only, whether the split's tokens equal its cloud's cloud-only's, then per rung the medians and the
 paired B/A ratios of cloud-only and of the split."""
 import json
@@ -27,6 +28,7 @@ only = {int(x) for x in sys.argv[4].split(",")} if len(sys.argv) > 4 else None
 scen = load_scenario(os.environ.get("SCEN", "acespec-50k"))
 edge_cores, cloud_cores = core_split()
 ADAPTIVE = ["--draft-len", "8", "--schedule", "adaptive", "--window", "4", "--hedge", "0", "--lookup"]
+EXTRA = os.environ.get("EDGE_EXTRA", "").split()
 
 
 def edge(args):
@@ -60,10 +62,10 @@ with ExitStack() as stack:
         base, split, same = {}, {}, {}
         order = ("A", "B") if n % 2 == 0 else ("B", "A")
         for arm in order:
-            r = edge(["baseline", "--cloud", links[arm].address, "--drafter", drafter, *sampling])
+            r = edge(["baseline", "--cloud", links[arm].address, "--drafter", drafter, *sampling, *EXTRA])
             base[arm] = (len(r["tokens"]) / r["wall_s"], r["tokens"])
         for arm in order:
-            r = edge(["run", "--cloud", links[arm].address, "--drafter", drafter, *sampling, *ADAPTIVE])
+            r = edge(["run", "--cloud", links[arm].address, "--drafter", drafter, *sampling, *ADAPTIVE, *EXTRA])
             split[arm] = len(r["tokens"]) / r["wall_s"]
             same[arm] = r["tokens"] == base[arm][1]
         n += 1
