@@ -13,13 +13,16 @@ unpadded; padded, 151 ms on SGEMM's 16 rows against 61 ms on oneDNN's 2; nine
 rows 157 ms against 79 ms. ``rowdot`` (``cloud.invariance.rowdot``) sums every
 output in one order whatever the rows beside it, single-threaded: row-invariant
 at any row count and thread count by construction, and faster than oneDNN from
-two rows on both VMs measured (the head's 9 rows 69 ms against 100 on a Xeon
-with AVX-512, 79 against 98 on an AMD EPYC without;
-``docs/results/2026-12-07-rowdot512-xeon``, ``docs/results/2026-12-07-rowdot-epyc``).
-So ``canonical_path`` gives a weight rowdot's widest build that takes it here
-(AVX-512, else AVX2), by that fixed rule and not by a timing, so a machine's
-canonical bits do not move between loads; else oneDNN. The ``torch.equal``
-probe at load (``cloud.invariance.probe``) is the gate either way.
+two rows on one thread on both VMs measured (the head's 9 rows 69 ms against
+oneDNN's 100 on a Xeon with AVX-512, 79 against the best other path's 98 on an
+AMD EPYC without; ``docs/results/2026-12-07-rowdot512-xeon``,
+``docs/results/2026-12-07-rowdot-epyc``). So where torch runs on one thread,
+``canonical_path`` gives a weight rowdot's widest build that takes it here
+(AVX-512, else AVX2); on several threads, and where no build takes it, oneDNN
+(which splits a product between threads where rowdot does not). A fixed rule,
+not a timing, so a machine's canonical bits do not move between loads at the
+same thread count. The ``torch.equal`` probe at load (``cloud.invariance.probe``)
+is the gate either way.
 
 Contract. ``pack_linears(model)`` swaps every ``nn.Linear`` of a float32 CPU
 model for a ``PackedLinear`` (same parameters, so tied weights stay tied,
@@ -32,6 +35,7 @@ row count (``cloud.invariance.free_products``: the BLAS, oneDNN, the BLAS on
 the transposed product ``(W · xᵀ)ᵀ``, rowdot's builds), the prior rule (the
 BLAS on a lone row, oneDNN from two) where nothing was measured.
 """
+
 from __future__ import annotations
 
 import torch
@@ -43,9 +47,12 @@ from cloud.invariance.free_products import BLAS, ONEDNN, PRIOR, ROWDOT, ROWDOT51
 __all__ = ["PackedLinear", "canonical_path", "onednn_available", "pack_linears", "unpack_linears"]
 
 
-def canonical_path(weight: torch.Tensor) -> str:
-    """The path canonical shapes run products against ``weight`` on: rowdot's AVX-512 build, else its AVX2
-    build, where one takes the weight here (``rowdot.supports``), else oneDNN (the module docstring)."""
+def canonical_path(weight: torch.Tensor, threads: int | None = None) -> str:
+    """The path canonical shapes run products against ``weight`` on, with torch on ``threads`` threads
+    (default: torch's current count): on one, rowdot's AVX-512 build, else its AVX2 build, where one takes
+    the weight here (``rowdot.supports``); else oneDNN (the module docstring)."""
+    if (threads or torch.get_num_threads()) > 1:
+        return ONEDNN
     return next((path for path in (ROWDOT512, ROWDOT) if rowdot.supports(weight, ROWDOT_ISA[path])), ONEDNN)
 
 

@@ -4,9 +4,9 @@ canonical shapes, on the product paths the engine can take.
 One sequence with a 300-token prefix; each timed forward appends ``rows`` tokens (reproducible, so
 canonical shapes pad it) and is cropped back. Engines, each loaded in turn: free shapes (each product on
 the path measured fastest here for its shape and rows, ``cloud.invariance.free_products``: the report's
-``free_products`` says which), canonical shapes as the engine picks
-them (rowdot or oneDNN at its tile where it holds: the report's ``canonical_paths``), and canonical and free shapes on ``F.linear`` alone (MKL's
-tile; the paths before oneDNN). Torch runs on ``threads`` threads, as a cloud pinned to that many cores.
+``free_products`` says which), canonical shapes as the engine picks them (rowdot or oneDNN at its tile
+where it holds: the report's ``canonical_paths``), and canonical and free shapes on ``F.linear`` alone
+(MKL's tile; the paths before oneDNN). Torch runs on ``threads`` threads, as a cloud pinned to that many cores.
 
 Contract. ``run_forward_rows(...)`` returns the report dict (per engine: its products, paddings,
 threads, and per row count the median / min / max ms over ``repeats``); no argparse, no printing

@@ -12,7 +12,10 @@ import torch
 from helpers import remote, tiny_drafter, tiny_prompt
 
 from cloud.engine import ForwardItem, TargetEngine, run_alone, torch_threads
+from cloud.invariance import rowdot
+from cloud.invariance.free_products import ROWDOT, ROWDOT512
 from cloud.invariance.padding import RowPadding
+from cloud.invariance.products import PackedLinear
 from cloud.limits import ServiceLimits
 from cloud.scheduler import Scheduler
 from cloud.server import BackgroundServer, ServerConfig
@@ -32,6 +35,21 @@ def test_a_rows_logits_are_bit_identical_alone_in_a_block_or_beside_batch_mates(
     start = rng.randrange(5, 60)
     alone = one_at_a_time(tiny_engine, tokens, start)
     packed = chunked_beside_mates(tiny_engine, tokens, start, rng)
+    assert torch.equal(alone, packed)
+
+
+@pytest.mark.skipif(not rowdot.available(), reason="rowdot needs x86-64 with AVX2 and FMA and a C compiler")
+def test_an_engine_on_one_thread_runs_canonical_products_on_rowdot_and_keeps_a_rows_bits(tiny_models):
+    """A cloud on one core (as the simulation pins it) takes rowdot for canonical products
+    (``cloud.invariance.products.canonical_path``); the engine's own check and a row's bits agree."""
+    rng = random.Random(7)
+    tokens = [1] + [rng.randrange(3, 500) for _ in range(120)]
+    with torch_threads(1):
+        engine = TargetEngine(tiny_models["target"])
+        paths = {m.canonical for m in engine.model.modules() if isinstance(m, PackedLinear)}
+        assert paths & {ROWDOT, ROWDOT512} and engine.invariant, paths
+        alone = one_at_a_time(engine, tokens, 40)
+        packed = chunked_beside_mates(engine, tokens, 40, rng)
     assert torch.equal(alone, packed)
 
 

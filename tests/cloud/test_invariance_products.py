@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from cloud.device import torch_threads
 from cloud.invariance import rowdot
 from cloud.invariance.free_products import ONEDNN, ROWDOT, ROWDOT512, ROWDOT_ISA
 from cloud.invariance.padding import RowPadding
@@ -47,9 +48,12 @@ def test_packing_keeps_the_parameters_and_the_function():
 
 def test_canonical_products_take_rowdots_widest_build_that_takes_the_weight_else_onednn():
     builds = [path for path in (ROWDOT512, ROWDOT) if rowdot.available(ROWDOT_ISA[path])]
-    assert canonical_path(torch.randn(16, 64)) == (builds[0] if builds else ONEDNN)
+    with torch_threads(1):
+        assert canonical_path(torch.randn(16, 64)) == (builds[0] if builds else ONEDNN)
     assert canonical_path(torch.randn(16, 12)) == ONEDNN  # (no build takes a width of 12)
     assert canonical_path(torch.randn(16, 64, dtype=torch.float64)) == ONEDNN
+    assert canonical_path(torch.randn(16, 64), threads=1) == (builds[0] if builds else ONEDNN)
+    assert canonical_path(torch.randn(16, 64), threads=2) == ONEDNN  # (rowdot runs on one thread: oneDNN splits)
 
 
 CANONICAL_PATHS = [ONEDNN] + [
