@@ -17,11 +17,34 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-__all__ = ["run_forward_rows"]
+__all__ = ["alternated_forward_ms", "run_forward_rows"]
 
 ROWS = (1, 2, 3, 4, 9, 16)
+
+
+def alternated_forward_ms(engine, arms: dict[str, Callable[[], object]], rows: Sequence[int], repeats: int,
+                          reproducible: bool = False) -> Iterator[tuple[int, dict[str, list[float]]]]:
+    """Per row count in ``rows``, in order: the milliseconds of each arm's ``repeats`` forwards, each appending
+    that many tokens to one sequence of 300 (cropped back after each forward). The arms alternate within a
+    row count; ``arms[name]()`` puts the engine in that arm's state before each of its forwards (the
+    products' paths, say). ``reproducible``: the forwards' rows ask for canonical shapes."""
+    from cloud.engine import ForwardItem
+
+    seq = engine.new_sequence()
+    engine.forward(seq, list(range(100, 400)), last_only=True)
+    for n in rows:
+        times: dict[str, list[float]] = {name: [] for name in arms}
+        for _ in range(repeats):
+            for name, enter in arms.items():
+                enter()
+                started = time.perf_counter()
+                engine.forward_batch([ForwardItem(seq, [500 + i for i in range(n)], reproducible=reproducible)])
+                times[name].append(1e3 * (time.perf_counter() - started))
+                engine.crop(seq, 300)
+        yield n, times
 
 
 def run_forward_rows(*, target: str | None = None, rows: tuple[int, ...] = ROWS, repeats: int = 7,
@@ -30,23 +53,16 @@ def run_forward_rows(*, target: str | None = None, rows: tuple[int, ...] = ROWS,
     import torch
 
     import cloud.engine
-    from cloud.engine import ForwardItem, TargetEngine
+    from cloud.engine import TargetEngine
     from cloud.models import resolve_target
 
     torch.set_num_threads(threads)
     path = resolve_target(target)
 
     def timed(engine) -> dict[str, Any]:
-        seq = engine.new_sequence()
-        engine.forward(seq, list(range(100, 400)), last_only=True)
         by_rows = {}
-        for n in rows:
-            times = []
-            for _ in range(repeats):
-                started = time.perf_counter()
-                engine.forward_batch([ForwardItem(seq, [500 + i for i in range(n)], reproducible=True)])
-                times.append(1e3 * (time.perf_counter() - started))
-                engine.crop(seq, 300)
+        for n, by_arm in alternated_forward_ms(engine, {"": lambda: None}, rows, repeats, reproducible=True):
+            times = by_arm[""]
             by_rows[n] = {"median": round(statistics.median(times), 1), "min": round(min(times), 1),
                           "max": round(max(times), 1)}
         return {"products": engine.products, "canonical_paths": engine.canonical_paths(),

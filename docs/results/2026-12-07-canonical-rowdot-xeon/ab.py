@@ -7,15 +7,15 @@ thread, a 300-token context, median of 9. Also whether each path holds at the en
 import json
 import statistics
 import sys
-import time
 
 import torch
 
-from cloud.engine import ForwardItem, TargetEngine
+from cloud.engine import TargetEngine
 from cloud.invariance.free_products import ONEDNN
 from cloud.invariance.probe import invariant_row_padding, linear_products
 from cloud.invariance.products import PackedLinear, canonical_path
 from cloud.models import resolve_target
+from sim.bench.forward_rows import alternated_forward_ms
 from sim.experiment.provenance import provenance
 
 made = {**provenance(), "command": " ".join(["python", *sys.argv])}
@@ -23,26 +23,22 @@ torch.set_num_threads(1)
 engine = TargetEngine(resolve_target(None), shapes="canonical")
 packed = [m for m in engine.model.modules() if isinstance(m, PackedLinear)]
 arms = {"onednn": {m: ONEDNN for m in packed}, "rowdot": {m: canonical_path(m.weight) for m in packed}}
-holds = {}
-for name, paths in arms.items():
+
+
+def enter(paths: dict) -> None:
     for module, path in paths.items():
         module.canonical = path
+
+
+holds = {}
+for name, paths in arms.items():
+    enter(paths)
     holds[name] = repr(invariant_row_padding(linear_products(engine.model), engine.row_tiles))
 print("engine:", engine.canonical_paths(), engine.padding, engine.attention_padding, "threads", engine.threads)
 print("padding that holds per arm:", holds, flush=True)
-seq = engine.new_sequence()
-engine.forward(seq, list(range(100, 400)), last_only=True)
 out = {}
-for rows in (1, 2, 3, 4, 6, 9, 12, 16):
-    times = {name: [] for name in arms}
-    for _ in range(9):
-        for name, paths in arms.items():
-            for module, path in paths.items():
-                module.canonical = path
-            started = time.perf_counter()
-            engine.forward_batch([ForwardItem(seq, [500 + i for i in range(rows)], reproducible=True)])
-            times[name].append(1e3 * (time.perf_counter() - started))
-            engine.crop(seq, 300)
+entering = {name: (lambda arm=arm: enter(arm)) for name, arm in arms.items()}
+for rows, times in alternated_forward_ms(engine, entering, (1, 2, 3, 4, 6, 9, 12, 16), 9, reproducible=True):
     out[rows] = {name: round(statistics.median(values), 1) for name, values in times.items()}
     print(rows, out[rows], flush=True)
 with open(sys.argv[1] if len(sys.argv) > 1 else "/tmp/ab.json", "w") as file:

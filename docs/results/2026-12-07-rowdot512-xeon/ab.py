@@ -7,14 +7,14 @@ import json
 import math
 import statistics
 import sys
-import time
 
 import torch
 
-from cloud.engine import ForwardItem, TargetEngine
+from cloud.engine import TargetEngine
 from cloud.invariance.free_products import PATHS, ROWDOT, ROWDOT512, FreeProducts, _choice
 from cloud.invariance.products import PackedLinear
 from cloud.models import resolve_target
+from sim.bench.forward_rows import alternated_forward_ms
 from sim.experiment.provenance import provenance
 
 made = {**provenance(), "command": " ".join(["python", *sys.argv])}
@@ -34,19 +34,16 @@ def leaving_out(*paths: str) -> FreeProducts:
 choices = {"three paths": leaving_out(ROWDOT, ROWDOT512), "rowdot AVX2": leaving_out(ROWDOT512), "both builds": measured}
 for name, choice in choices.items():
     print(f"{name}: {choice.describe()}")
-seq = engine.new_sequence()
-engine.forward(seq, list(range(100, 400)), last_only=True)
+
+
+def enter(choice: FreeProducts) -> None:
+    for module in packed:
+        module.free = choice
+
+
 out = {}
-for rows in (1, 2, 3, 4, 6, 9, 12, 16):
-    times = {name: [] for name in choices}
-    for _ in range(9):
-        for name, choice in choices.items():
-            for module in packed:
-                module.free = choice
-            started = time.perf_counter()
-            engine.forward_batch([ForwardItem(seq, [500 + i for i in range(rows)])])
-            times[name].append(1e3 * (time.perf_counter() - started))
-            engine.crop(seq, 300)
+entering = {name: (lambda arm=arm: enter(arm)) for name, arm in choices.items()}
+for rows, times in alternated_forward_ms(engine, entering, (1, 2, 3, 4, 6, 9, 12, 16), 9):
     out[rows] = {name: round(statistics.median(values), 1) for name, values in times.items()}
     print(rows, out[rows], flush=True)
 with open(sys.argv[1] if len(sys.argv) > 1 else "/tmp/ab.json", "w") as file:
