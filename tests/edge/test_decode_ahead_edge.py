@@ -97,7 +97,10 @@ def test_the_cloud_stops_decoding_ahead_for_an_edge_whose_new_chains_hold_the_to
     out, 80 and 85 tokens in the second halves). How many it decodes while it learns moves with the
     forwards' time (the tokens that fit before the block is due), so only the learned half is asserted:
     measured 0 and 59-94, under a busy core too (before, the totals over whole sessions were compared,
-    and under CI's load they came within the assertion's margin)."""
+    and under CI's load they came within the assertion's margin). A clean-clone CI run on a Xeon then
+    measured 9 and 91: under that load one session learned late. So the learned half must hold at most a
+    quarter of the control's tokens; with the gate taken out it holds about as many (80-85 against 59-94),
+    so the assertion still fails without the gate."""
     from cloud.server import BackgroundServer, ServerConfig
 
     late = {}
@@ -118,4 +121,4 @@ def test_the_cloud_stops_decoding_ahead_for_an_edge_whose_new_chains_hold_the_to
             assert got.stats.ahead == sum(ahead for _, ahead in link.ahead_at)
             half = len(prompt) + len(want) // 2
             late[wrong_every] = late.get(wrong_every, 0) + sum(a for start, a in link.ahead_at if start >= half)
-    assert late[8] == 0 and late[1] > 0, late
+    assert late[1] > 0 and 4 * late[8] <= late[1], late
