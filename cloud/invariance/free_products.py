@@ -42,9 +42,10 @@ from pathlib import Path
 import torch
 
 from cloud.invariance import rowdot
+from shared.models import cache_dir
 
 __all__ = ["BLAS", "BLAS_WX", "ONEDNN", "ROWDOT", "ROWDOT512", "ROWDOT_ISA", "PATHS", "FreeProducts", "PRIOR", "Shape",
-           "cache_dir", "choose", "run_path"]
+           "choose", "run_path"]
 
 log = logging.getLogger(__name__)
 
@@ -125,10 +126,6 @@ def _shape(key: str) -> Shape:
 
 def _span(rows: list[int]) -> str:
     return f"{rows[0]} row{'s' if rows[-1] > 1 else ''}" if len(rows) == 1 else f"{rows[0]}-{rows[-1]} rows"
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("SPLITSPEC_CACHE") or Path.home() / ".cache" / "splitspec")
 
 
 def run_path(path: str, x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
