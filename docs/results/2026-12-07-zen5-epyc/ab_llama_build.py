@@ -1,0 +1,52 @@
+"""Paired A/B of two llama.cpp builds under one edge and one cloud, adaptive schedule.
+
+Usage: SCEN=acespec-50k LLAMA_B=DIR python ab_llama_build.py RUNG[,RUNG...] SEED[,SEED...] (from the repository
+root, the venv's python). Arm A: the edge on the venv's llama-cpp-python; arm B: the same edge with ``DIR`` first
+on ``PYTHONPATH``, a folder holding another build's ``llama_cpp`` package (the same llama-cpp-python release
+compiled with other CMAKE_ARGS). Per prompt (every other of the category bench's 16) and seed: cloud-only once,
+then the arms in alternating order, each asserted token-identical to cloud-only. Prints each arm's speedup and
+its drafter's milliseconds a drafted token, then per rung the medians and the paired B/A ratio.
+"""
+import os
+import statistics
+import sys
+from contextlib import ExitStack
+
+from sim.experiment.categories import probe_lines
+from sim.experiment.processes import cloud_behind_link, core_split, run_edge_process
+from sim.link.scenario import load_scenario
+
+rungs, seeds = sys.argv[1].split(","), tuple(int(x) for x in sys.argv[2].split(","))
+scen = load_scenario(os.environ.get("SCEN", "acespec-50k"))
+edge_cores, cloud_cores = core_split()
+ADAPTIVE = ["--schedule", "adaptive", "--draft-len", "8", "--window", "4", "--lookup", "--drafter-threads", "1"]
+ENVS = {"A": None, "B": {"PYTHONPATH": os.environ["LLAMA_B"]}}
+
+rows, draft_ms = [], {"A": [], "B": []}
+with ExitStack() as stack:
+    cloud, link = cloud_behind_link(stack, scen.link, cloud_cores)
+    for n, (rung, drafter, seed, cat, q, sampling) in enumerate(probe_lines(rungs, seeds)):
+        base = run_edge_process(["baseline", "--cloud", link.address, "--drafter", drafter, *sampling],
+                                edge_cores).to_json()
+        base_rate = len(base["tokens"]) / base["wall_s"]
+        speed, ms = {}, {}
+        for arm in (("A", "B") if n % 2 == 0 else ("B", "A")):
+            r = run_edge_process(["run", "--cloud", link.address, "--drafter", drafter, *sampling, *ADAPTIVE],
+                                 edge_cores, env=ENVS[arm]).to_json()
+            assert r["tokens"] == base["tokens"], (arm, rung, q.question_id)
+            speed[arm] = len(r["tokens"]) / r["wall_s"] / base_rate
+            d = r["drafter"]
+            ms[arm] = 1e3 * (d["draft_s"] - d["prompt_eval_s"]) / max(d["drafted"], 1)
+            draft_ms[arm].append((rung, ms[arm]))
+        rows.append((rung, speed["A"], speed["B"]))
+        print(f"{rung:8s} s{seed} {cat:11s} #{q.question_id:<4d} cloud-only {base_rate:5.2f} tok/s  "
+              f"A {speed['A']:.2f}x ({ms['A']:.1f} ms a draft)  B {speed['B']:.2f}x ({ms['B']:.1f} ms a draft)",
+              flush=True)
+print(f"{scen.name}, {os.cpu_count()} cores, B: PYTHONPATH={os.environ['LLAMA_B']}")
+for rung in rungs:
+    a, b = ([m for r, m in draft_ms[arm] if r == rung] for arm in ("A", "B"))
+    sa, sb = ([r[i] for r in rows if r[0] == rung] for i in (1, 2))
+    print(f"{rung:8s} A: median {statistics.median(sa):.2f}x ({min(sa):.2f}-{max(sa):.2f}), "
+          f"{statistics.median(a):.2f} ms a draft; B: median {statistics.median(sb):.2f}x ({min(sb):.2f}-{max(sb):.2f}), "
+          f"{statistics.median(b):.2f} ms a draft; paired B/A speed {statistics.median(y / x for x, y in zip(sa, sb)):.3f}, "
+          f"B faster on {sum(y > x for x, y in zip(sa, sb))} of {len(sa)}")
