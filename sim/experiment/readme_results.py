@@ -31,7 +31,7 @@ FOLDERS = {
     "satellite-xeon": "2026-12-03-satellite-xeon",
     "satellite-epyc": "2026-12-06-satellite-epyc",
     "capacity": "2026-12-03-capacity",
-    "categories": "2026-12-06-categories-gate-epyc",
+    "categories": "2026-12-07-categories-zen5-epyc",
     "categories-no-avx": "2026-12-07-categories-noavx512-epyc",
     "categories-xeon": "2026-12-07-categories-xeon",
 }
@@ -108,17 +108,17 @@ alone ([files]({satellite-epyc:dir}/)); the Xeon's satellite cells predate both.
 Per workload category (`splitspec bench categories`: MT-bench's first turns, a sample of each of its
 categories, acespec-50k), against the same prompt's fastest cloud-only, AL counted as vLLM does (1 + accepted
 drafts per block), and the run's efficiency against its machine's ceiling (the best steady rate its measured
-costs allow, rejections free). Three VMs, one run each: an EPYC with AVX-512 ({categories:machine}, at
-{categories:commits}; [summary]({categories:dir}/summary.md)) and one without, the kind #41 was filed on
-({categories-no-avx:machine}, at {categories-no-avx:commits}, after the controller priced decoding ahead;
-[summary]({categories-no-avx:dir}/summary.md)), both before the free-shape products' own kernel (`rowdot`);
-and a Xeon with AVX-512 with it ({categories-xeon:machine}, at {categories-xeon:commits};
-[summary]({categories-xeon:dir}/summary.md)):
+costs allow, rejections free). Three VMs, one run each: an EPYC Zen 5 with AVX-512
+({categories:machine}, CPU family 26, at {categories:commits}; [summary]({categories:dir}/summary.md)), and a Xeon
+with AVX-512 ({categories-xeon:machine}, at {categories-xeon:commits}; [summary]({categories-xeon:dir}/summary.md)),
+both with the free-shape products' own kernel (`rowdot`); and an EPYC without AVX-512, the kind #41 was filed on,
+before rowdot ({categories-no-avx:machine}, at {categories-no-avx:commits};
+[summary]({categories-no-avx:dir}/summary.md)):
 
 | drafter | VM | AL | speedup, median (range over prompts) | prompts lost (slower than cloud-only) \
 | worst category | efficiency |
 |---|---|---|---|---|---|---|
-| Gemma Q4_K_M | EPYC, AVX-512 | {categories:default/al} \
+| Gemma Q4_K_M | EPYC Zen 5 | {categories:default/al} \
 | **{categories:default/speedup}** ({categories:default/speedup-range}) \
 | {categories:default/lost} | {categories:default/worst} | {categories:default/efficiency} |
 | Gemma Q4_K_M | EPYC, no AVX-512 | {categories-no-avx:default/al} \
@@ -127,7 +127,7 @@ and a Xeon with AVX-512 with it ({categories-xeon:machine}, at {categories-xeon:
 | Gemma Q4_K_M | Xeon, AVX-512 | {categories-xeon:default/al} \
 | **{categories-xeon:default/speedup}** ({categories-xeon:default/speedup-range}) \
 | {categories-xeon:default/lost} | {categories-xeon:default/worst} | {categories-xeon:default/efficiency} |
-| q2_k rung | EPYC, AVX-512 | {categories:q2_k/al} | **{categories:q2_k/speedup}** ({categories:q2_k/speedup-range}) \
+| q2_k rung | EPYC Zen 5 | {categories:q2_k/al} | **{categories:q2_k/speedup}** ({categories:q2_k/speedup-range}) \
 | {categories:q2_k/lost} | {categories:q2_k/worst} | {categories:q2_k/efficiency} |
 | q2_k rung | EPYC, no AVX-512 | {categories-no-avx:q2_k/al} \
 | **{categories-no-avx:q2_k/speedup}** ({categories-no-avx:q2_k/speedup-range}) \
