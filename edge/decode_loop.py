@@ -41,6 +41,7 @@ from edge.drafter import DraftBlock, Drafter, common_prefix_length
 from edge.early_block import EARLY_DRAFT_LEN, EarlyBlock
 from edge.hedging import BRANCH_LEN, hedge
 from edge.in_flight import Drafting, InFlight, branch_gain, describe_verdict, first_live_continues, guesses_of
+from edge.opening import asked_draft_len
 from edge.pipeline import (
     LiveVerdict,
     Pipeline,
@@ -176,7 +177,7 @@ class _Decode:
         cloud alone on what the connection measured of the link (``Controller.start``); then a window of
         them, within the verifier's hint of blocks in flight and the token limit."""
         pipe, hint = self.pipeline, self.verifier.link_hint
-        self._expect_ahead(pipe.draft_len + pipe.window - 1 if pipe.draft_len else 0)
+        self._expect_ahead(asked_draft_len(pipe.draft_len, pipe.window, hint, self.params.reproducible))
         plan = None if hint is None else pipe.head_start(hint.round_trip_s, hint.cloud.token_s_for(self.params.reproducible))
         if plan is None:
             return 0
@@ -192,8 +193,7 @@ class _Decode:
 
     def _open(self, head_start: int) -> None:
         pipe, early = self.pipeline, self.early
-        # A block after a correction carries a guess for each void block in flight: room for window - 1 more.
-        max_draft_len = pipe.draft_len + pipe.window - 1 if pipe.draft_len else 0
+        max_draft_len = asked_draft_len(pipe.draft_len, pipe.window, self.verifier.link_hint, self.params.reproducible)
         opening = time.perf_counter()
         terms = self.verifier.open(self.prompt, self.params, self.max_new_tokens, max_draft_len,
                                    early_block=early and early.future, head_start=head_start,

@@ -8,17 +8,18 @@ the Opened allows. No I/O: ``edge.grpc_verifier`` sends and receives.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from edge.endpoint import VerifierEndpoint
-from edge.verifier_protocol import SessionTerms
+from edge.verifier_protocol import LinkHint, SessionTerms
 from protos import splitspec_pb2 as pb
 from shared import codec
 from shared.params import SamplingParams
 from shared.wire import sampling_to_proto
 
-__all__ = ["OpenRequest", "open_message", "session_terms"]
+__all__ = ["OpenRequest", "asked_draft_len", "open_message", "session_terms"]
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,26 @@ class OpenRequest:
     max_new_tokens: int = 0
     max_draft_len: int = 0  # drafts per block the edge asks for (the verifier may grant fewer)
     pipelined: bool = False  # more than one block in flight: it takes tokens decoded ahead (Open.takes_ahead)
+
+
+def asked_draft_len(draft_len: int, window: int, hint: LinkHint | None, reproducible: bool = False) -> int:
+    """Drafts per block the Open asks for, which is also what one verdict may carry (0: the session
+    drafts nothing). A block after a correction carries a guess for each void block in flight: room for
+    ``draft_len + window - 1``. A pipelined session's verifier also decodes ahead over a correction's gap,
+    holding those tokens for the next verdict, no more than this limit (``cloud.decode_ahead``). The gap
+    is a round trip and then the next block's drafting. Where ``hint`` gives the round trip and the
+    cloud's pace alone, the ask also covers the gap at that pace: ceil(round trip / token) + ``draft_len``
+    (the drafting counted at one cloud token a draft at most; a drafter slower than that does not pay).
+    A fast cloud on a long link needs more tokens ahead than ``draft_len + window - 1`` (measured: 11 held
+    against 15 that a 600 ms trip holds of a 41 ms token, docs/history.md). The verifier grants at most
+    its own limit, which also bounds what an edge that stops sending gets decoded for it."""
+    if draft_len <= 0:
+        return 0
+    asked = draft_len + window - 1
+    token_s = hint.cloud.token_s_for(reproducible) if hint is not None else 0.0
+    if window > 1 and hint is not None and hint.round_trip_s > 0 and token_s > 0:
+        asked = max(asked, math.ceil(hint.round_trip_s / token_s) + draft_len)
+    return asked
 
 
 def open_message(endpoint: VerifierEndpoint, request: OpenRequest, tokens: Sequence[int], generated: int,

@@ -15,11 +15,13 @@ from edge.drafter import DraftBlock
 from edge.endpoint import VerifierEndpoint
 from edge.grpc_verifier import GrpcVerifier
 from edge.in_flight import InFlight
+from edge.opening import asked_draft_len
 from edge.schedule import SpecConfig
 from edge.verdict_checks import check_answers
-from edge.verifier_protocol import ProtocolError
+from edge.verifier_protocol import LinkHint, ProtocolError
 from shared.params import Mode, SamplingParams
 from shared.verdict import Verdict
+from shared.wire import StreamHints
 from sim.inprocess import generate
 
 
@@ -122,3 +124,49 @@ def test_the_cloud_stops_decoding_ahead_for_an_edge_whose_new_chains_hold_the_to
             half = len(prompt) + len(want) // 2
             late[wrong_every] = late.get(wrong_every, 0) + sum(a for start, a in link.ahead_at if start >= half)
     assert late[1] > 0 and 4 * late[8] <= late[1], late
+
+
+def test_the_open_asks_room_for_what_a_correction_s_gap_holds_at_the_cloud_s_pace():
+    """A block after a correction needs D + W - 1 drafts (its guesses); the tokens the cloud decodes ahead
+    over a correction's gap (a round trip, then a block's drafting) need ceil(trip / token) + D where that
+    is more: a fast cloud on a long link. Measured on a Zen 5 over satellite: 11 held against the 15 a
+    600 ms trip holds of a 41 ms token."""
+    satellite = LinkHint(0.6, StreamHints(token_s=0.041, token_s_reproducible=0.1))
+    assert asked_draft_len(8, 4, None) == 11  # nothing known of the link: the guesses' room
+    assert asked_draft_len(8, 4, LinkHint(0.1, StreamHints(token_s=0.115))) == 11  # a slow cloud, a short trip
+    assert asked_draft_len(8, 4, satellite) == 15 + 8
+    assert asked_draft_len(8, 4, satellite, reproducible=True) == 6 + 8  # that session's own pace
+    assert asked_draft_len(8, 4, LinkHint(0.6, StreamHints())) == 11  # the pace not said
+    assert asked_draft_len(8, 1, satellite) == 8  # lock-step: nothing is decoded ahead
+    assert asked_draft_len(0, 4, satellite) == 0  # the cloud alone: no drafts
+
+
+def test_a_long_trip_s_hint_lets_the_cloud_hold_more_tokens_than_the_guesses_room(tiny_engine, tiny_vocab,
+                                                                                  drafters):
+    """Over gRPC, every draft wrong and 20 ms a draft: each correction's gap holds several forwards of the
+    tiny target. Without a hint the verifier holds at most D + W - 1 = 4 tokens for a verdict (what one
+    may carry); an edge whose link hint says a long trip at a fast cloud asks for more (43 here, which the
+    verifier grants up to its own limit, 32), and gets verdicts carrying more (measured: 31). The output
+    is target-only's either way."""
+    from cloud.server import BackgroundServer, ServerConfig
+
+    class Slower(_SlowDrafter):
+        def draft(self, n, stop=None):
+            time.sleep(0.015 * n)
+            return super().draft(n, stop)
+
+    most = {}
+    with BackgroundServer(tiny_engine, ServerConfig(port=0)) as server:
+        for hint in (None, LinkHint(0.2, StreamHints(token_s=0.005))):
+            for text, seed in itertools.product(TEXTS[:2], (1, 2)):
+                prompt = tiny_prompt(tiny_engine, text)
+                params = SamplingParams(mode=Mode.COUPLED, temperature=0.9, seed=seed)
+                want = generate(tiny_engine, drafters["drafter_f32"], prompt, params, max_new_tokens=48,
+                                spec=SpecConfig(0)).tokens
+                link = _Recording(VerifierEndpoint(server.address, *tiny_vocab))
+                link.link_hint = hint
+                drafter = Slower(tiny_vocab[0], want, len(prompt), right=False, wrong_every=1)
+                got = run_decode(drafter, link, prompt, params, max_new_tokens=48, spec=SpecConfig(3, window=2))
+                assert got.tokens == want, (hint, text, seed)
+                most[hint is None] = max(most.get(hint is None, 0), *(a for _, a in link.ahead_at))
+    assert most[True] <= 4 < most[False], most

@@ -1,9 +1,11 @@
-"""Paired A/B of two llama.cpp builds under one edge and one cloud, adaptive schedule.
+"""Paired A/B of two edges against one cloud, adaptive schedule: the arms differ in what comes first on
+their ``PYTHONPATH``.
 
-Usage: SCEN=acespec-50k LLAMA_B=DIR python ab_llama_build.py RUNG[,RUNG...] SEED[,SEED...] (from the repository
-root, the venv's python). Arm A: the edge on the venv's llama-cpp-python; arm B: the same edge with ``DIR`` first
-on ``PYTHONPATH``, a folder holding another build's ``llama_cpp`` package (the same llama-cpp-python release
-compiled with other CMAKE_ARGS). Per prompt (every other of the category bench's 16) and seed: cloud-only once,
+Usage: SCEN=acespec-50k [PATH_A=P] PATH_B=P python ab_edges.py RUNG[,RUNG...] SEED[,SEED...] (from the
+repository root, the venv's python). Each arm runs the edge with its path (none: the checkout's own code and
+the venv's packages) first on ``PYTHONPATH``: a folder holding another build's ``llama_cpp`` package (the same
+llama-cpp-python release compiled with other CMAKE_ARGS), or ``/tmp/base-site:/tmp/arm-X``, a ``git archive``
+of another commit behind a ``sitecustomize.py`` that drops the editable install's finder. Per prompt (every other of the category bench's 16) and seed: cloud-only once,
 then the arms in alternating order, each asserted token-identical to cloud-only. Prints each arm's speedup and
 its drafter's milliseconds a drafted token, then per rung the medians and the paired B/A ratio.
 """
@@ -20,7 +22,7 @@ rungs, seeds = sys.argv[1].split(","), tuple(int(x) for x in sys.argv[2].split("
 scen = load_scenario(os.environ.get("SCEN", "acespec-50k"))
 edge_cores, cloud_cores = core_split()
 ADAPTIVE = ["--schedule", "adaptive", "--draft-len", "8", "--window", "4", "--lookup", "--drafter-threads", "1"]
-ENVS = {"A": None, "B": {"PYTHONPATH": os.environ["LLAMA_B"]}}
+ENVS = {arm: {"PYTHONPATH": os.environ[f"PATH_{arm}"]} if os.environ.get(f"PATH_{arm}") else None for arm in "AB"}
 
 rows, draft_ms = [], {"A": [], "B": []}
 with ExitStack() as stack:
@@ -42,7 +44,7 @@ with ExitStack() as stack:
         print(f"{rung:8s} s{seed} {cat:11s} #{q.question_id:<4d} cloud-only {base_rate:5.2f} tok/s  "
               f"A {speed['A']:.2f}x ({ms['A']:.1f} ms a draft)  B {speed['B']:.2f}x ({ms['B']:.1f} ms a draft)",
               flush=True)
-print(f"{scen.name}, {os.cpu_count()} cores, B: PYTHONPATH={os.environ['LLAMA_B']}")
+print(f"{scen.name}, {os.cpu_count()} cores, A: {ENVS['A']}, B: {ENVS['B']}")
 for rung in rungs:
     a, b = ([m for r, m in draft_ms[arm] if r == rung] for arm in ("A", "B"))
     sa, sb = ([r[i] for r in rows if r[0] == rung] for i in (1, 2))
