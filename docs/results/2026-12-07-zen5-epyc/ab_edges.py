@@ -5,9 +5,10 @@ Usage: SCEN=acespec-50k [PATH_A=P] PATH_B=P python ab_edges.py RUNG[,RUNG...] SE
 repository root, the venv's python). Each arm runs the edge with its path (none: the checkout's own code and
 the venv's packages) first on ``PYTHONPATH``: a folder holding another build's ``llama_cpp`` package (the same
 llama-cpp-python release compiled with other CMAKE_ARGS), or ``/tmp/base-site:/tmp/arm-X``, a ``git archive``
-of another commit behind a ``sitecustomize.py`` that drops the editable install's finder. Per prompt (every other of the category bench's 16) and seed: cloud-only once,
-then the arms in alternating order, each asserted token-identical to cloud-only. Prints each arm's speedup and
-its drafter's milliseconds a drafted token, then per rung the medians and the paired B/A ratio.
+of another commit behind a ``sitecustomize.py`` that drops the editable install's finder. Per prompt (every
+other of the category bench's 16) and seed: cloud-only once, then the arms in alternating order, each asserted
+token-identical to cloud-only. Prints each arm's speedup and its drafter's milliseconds a drafted token, then
+per rung the medians and the paired B/A ratio.
 """
 import os
 import statistics
