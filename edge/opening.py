@@ -48,7 +48,7 @@ def asked_draft_len(draft_len: int, window: int, hint: LinkHint | None, reproduc
         return 0
     asked = draft_len + window - 1
     token_s = hint.cloud.token_s_for(reproducible) if hint is not None else 0.0
-    if window > 1 and hint is not None and hint.round_trip_s > 0 and token_s > 0:
+    if window > 1 and token_s > 0 and hint.round_trip_s > 0:
         asked = max(asked, math.ceil(hint.round_trip_s / token_s) + draft_len)
     return asked
 
