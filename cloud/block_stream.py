@@ -292,11 +292,20 @@ class BlockStream(ServicePart):
             )
         return out
 
-    async def _decode_ahead(self, entry: SessionEntry, stream: int) -> None:
+    async def _decode_ahead(self, entry: SessionEntry, stream: int) -> list[Answered]:
         """The session's next token, decoded before the edge's next block comes (``cloud.decode_ahead``):
-        held for that block's verdict, its forward charged to the client."""
-        await self._run(entry, stream, lambda: self._accounted(entry, decode_ahead_steps(entry.session))
-                        if entry.stream == stream else None)
+        held for that block's verdict, its forward charged to the client. Returns no verdict, or the final
+        one no block asked for, where that token ended the session and the edge takes it (observed as a
+        verdict for an empty block asked at once, its tokens credited to the client)."""
+        session = entry.session
+        forward_before, forwards_before = session.seq.forward_s, session.forwards
+        step = await self._run(entry, stream, lambda: self._accounted(entry, decode_ahead_steps(session))
+                               if entry.stream == stream else None)
+        if not step.verdicts:
+            return []
+        self.table.touch(entry, sum(v.committed_count for v in step.verdicts))
+        asked = PendingBlock(session.epoch, step.verdicts[0].start_position, [], arrived_at=time.perf_counter())
+        return self._observe(session, step, [asked], forwards_before, forward_before)
 
     async def decode_alone(self, entry: SessionEntry, arrived: float, stream: int) -> Answered:
         """The session's next token, decoded alone (an empty block that arrived at ``arrived``)."""
@@ -315,7 +324,8 @@ class BlockStream(ServicePart):
         Stops when the edge closes or hangs up (``ending`` gets ``CLOSE`` or
         ``EOF``); refuses more than ``max_blocks_in_flight`` blocks waiting; with nothing pending after a
         verdict that breaks the edge's chain, decodes ahead while ``decodes_ahead`` says so (and shows
-        the session the new chain's first block: ``ChainStartGuesses``);
+        the session the new chain's first block: ``ChainStartGuesses``), yielding the final verdict
+        unasked where that ends the session and the edge takes it (``Open.takes_unasked_end``);
         parks a session none of whose verdicts committed a token for
         ``idle_timeout_s``, whatever the stream sends (stale blocks keep no slot).
         """
@@ -330,7 +340,8 @@ class BlockStream(ServicePart):
             if pending:
                 items = []
             elif broken_chain and frames.empty() and decodes_ahead(entry.session, next_block.deadline()):
-                await self._decode_ahead(entry, stream)
+                for answer in await self._decode_ahead(entry, stream):  # (the final verdict, unasked: the end)
+                    yield answer
                 items = []
             else:
                 items = [await _next_frame(frames, idle_s - (time.monotonic() - progress))]

@@ -48,7 +48,7 @@ from cloud.engine import Steps
 from cloud.next_block import decodes_stale
 from cloud.pending_block import PendingBlock
 from shared.params import Mode
-from shared.verdict import Verdict
+from shared.verdict import StopReason, Verdict
 
 __all__ = ["ChainStartGuesses", "DecodedAhead", "breaks_chain", "decode_ahead_steps", "decodes_ahead"]
 
@@ -120,6 +120,12 @@ class DecodedAhead:
         """Everything committed is told (a resume's Opened carries it, a new turn starts afresh)."""
         self.tokens = []
 
+    def end(self, epoch: int, committed: int, stop_reason: StopReason, *, unasked: bool = False) -> Verdict:
+        """The final verdict of a session the tokens held ended (``committed`` tokens in it, ``epoch`` its
+        edge's): for the edge's next block, or for none (``unasked``, ``Verdict.unasked``). It tells them all."""
+        return self.fold(Verdict(epoch, committed, 0, None, False, True, stop_reason, stale=True, unasked=unasked),
+                         verified=False)
+
     def fold(self, verdict: Verdict, *, verified: bool) -> Verdict:
         """``verdict`` as the edge reads it, the tokens held put in front of what it commits (and
         forgotten): a ``verified`` block's first drafts matched them, and they count as accepted drafts;
@@ -170,8 +176,11 @@ def decodes_ahead(session, deadline: float | None) -> bool:
 def decode_ahead_steps(session) -> Steps:
     """A ``VerifierSession``'s next token (and its own proposals on the way), decoded as for an empty
     block and held for the edge's next verdict. The step answers no block: it has no verdicts, and its
-    tokens are credited to the client when a verdict tells them."""
+    tokens are credited to the client when a verdict tells them; but where they end the session and the
+    edge takes it (``SessionPolicy.tell_end``), its one verdict is the final one, unasked (``end``)."""
     step = yield from session.verify_chain_steps([PendingBlock(session.epoch, len(session.tokens), [])])
     (verdict,) = step.verdicts  # (the tokens held before it, folded in front of its own)
     session.ahead.tokens = verdict.committed([])
-    return replace(step, verdicts=[], proposals_taken=0)
+    told = session.done and session.policy.tell_end
+    end = [session.ahead.end(session.epoch, len(session.tokens), session.stop_reason, unasked=True)] if told else []
+    return replace(step, verdicts=end, proposals_taken=0)

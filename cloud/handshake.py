@@ -144,13 +144,12 @@ class Handshake(ServicePart):
             self.table.detach(entry)
         self.metrics.sessions_active.set(len(self.table))
 
-    async def new_session(self, opened: OpenRequest, max_draft_len: int, owner: str,
-                          takes_rebased: bool = False, takes_proposals: bool = False, takes_ahead: bool = False
+    async def new_session(self, opened: OpenRequest, max_draft_len: int, owner: str, takes: pb.Open | None = None
                           ) -> SessionEntry:
-        """``takes_rebased``: the edge reads stale verdicts' rebased drafts (``Open.takes_rebased``);
-        ``takes_proposals``: and an empty block's, the cloud's own proposals (``Open.takes_proposals``);
-        ``takes_ahead``: and tokens decoded before its next block came (``Open.takes_ahead``)."""
+        """``takes``: the edge's Open, for what its verdicts may carry (``Open.takes_rebased``,
+        ``takes_proposals``, ``takes_ahead``, ``takes_unasked_end``); None: none of it (``Generate``)."""
         params, prompt, max_new_tokens = opened.params, opened.prompt, opened.max_new_tokens
+        takes = takes if takes is not None else pb.Open()
         if not self.opens.take(owner):
             raise Abort(grpc.StatusCode.RESOURCE_EXHAUSTED, self.opens.refusal())
         try:
@@ -164,8 +163,8 @@ class Handshake(ServicePart):
                     max_draft_len=min(max_draft_len, self.limits.capped_draft_len) if capped else max_draft_len,
                     policy=SessionPolicy(
                         max_branches=self.max_branches, decode_stale=self.limits.decode_stale and not capped,
-                        rebase_stale=self.limits.rebase_stale and takes_rebased, propose=takes_proposals,
-                        decode_ahead=takes_ahead,
+                        rebase_stale=self.limits.rebase_stale and takes.takes_rebased, propose=takes.takes_proposals,
+                        decode_ahead=takes.takes_ahead, tell_end=takes.takes_ahead and takes.takes_unasked_end,
                         audit_drafts=self.limits.audit_drafts, max_rows=self.limits.max_batch_rows,
                         coin_key=secrets.randbits(63) or 1),
                     prefill=False,
@@ -226,8 +225,7 @@ class Handshake(ServicePart):
         opened = self.parse_request(request)
         self.check_mode(opened.params, context)
         max_draft_len = self._max_draft_len(request)
-        entry = await self.new_session(opened, max_draft_len, owner, takes_rebased=request.takes_rebased,
-                                       takes_proposals=request.takes_proposals, takes_ahead=request.takes_ahead)
+        entry = await self.new_session(opened, max_draft_len, owner, request)
         params = opened.params
         log.info(
             "session %s opened: %d prompt tokens, mode %s, T=%.2f, D<=%d, max %d new",
@@ -312,7 +310,8 @@ class Handshake(ServicePart):
                 limit = min(max_draft_len, self.limits.capped_draft_len) if capped else max_draft_len
                 yield from entry.session.extend_steps(kept, turn.prompt, turn.params, max_new_tokens=turn.max_new_tokens,
                                                       max_draft_len=limit, propose=request.takes_proposals,
-                                                      ahead=request.takes_ahead)
+                                                      ahead=request.takes_ahead,
+                                                      tell_end=request.takes_ahead and request.takes_unasked_end)
 
             try:
                 await self.scheduler.run(extend, entry.session)

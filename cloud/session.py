@@ -127,11 +127,11 @@ class VerifierSession:
 
     def extend_steps(
         self, keep: int, tokens: Sequence[int], params: SamplingParams, *, max_new_tokens: int, max_draft_len: int,
-        propose: bool = False, ahead: bool = False,
+        propose: bool = False, ahead: bool = False, tell_end: bool = False,
     ) -> Steps:
         """A new turn on this session's cache: keep the first ``keep`` committed tokens, append
-        ``tokens``, and decode anew (``params``, ``max_new_tokens``, ``max_draft_len``, ``propose``, ``ahead``: as
-        the turn's Open asks).
+        ``tokens``, and decode anew (``params``, ``max_new_tokens``, ``max_draft_len``, ``propose``, ``ahead``,
+        ``tell_end``: as the turn's Open asks).
 
         The cache keeps what it holds of the first ``keep`` tokens; the rest is
         prefilled (its last row answers the first position, as after ``__init__``).
@@ -150,7 +150,7 @@ class VerifierSession:
             raise
         self.tokens, self.prompt_len = full, len(full)
         self.params, self.max_new_tokens = params, max_new_tokens
-        self.policy = replace(self.policy, propose=propose, decode_ahead=ahead)
+        self.policy = replace(self.policy, propose=propose, decode_ahead=ahead, tell_end=tell_end)
         self.draft_limit.reopen(max_draft_len)  # a new turn starts from the limit it asked for
         self.epoch, self.done, self.stop_reason = 0, False, StopReason.NONE
         self._spare.clear()
@@ -203,8 +203,7 @@ class VerifierSession:
         self._check(front)
         if self.done:  # tokens decoded ahead ended it: this block's verdict tells them
             del pending[0]
-            end = Verdict(front.epoch, len(self.tokens), 0, None, False, True, self.stop_reason, stale=True)
-            return StepResult([self.ahead.fold(end, verified=False)])
+            return StepResult([self.ahead.end(front.epoch, len(self.tokens), self.stop_reason)])
         skip = self._overlap(front)
         if skip is None:
             if self.rebases:

@@ -21,6 +21,7 @@ class SessionPolicy:
     rebase_stale: bool = True  # ... and that forward verifies the drafts sent past a correction (greedy, coupled)
     propose: bool = False  # the edge takes the cloud's own proposals on an empty block's verdict (Open.takes_proposals)
     decode_ahead: bool = False  # ... and tokens decoded before its next block came (Open.takes_ahead, cloud.decode_ahead)
+    tell_end: bool = False  # ... told at once when they end the session, in a verdict no block asked for (Open.takes_unasked_end)
     audit_drafts: bool = True  # rejection mode refuses drafts not sampled from their q̃ (False: tests' controls only)
     # Rows one verify forward may feed (the service's --max-batch-rows; 0: no bound): a chain longer than
     # this is verified across forwards, the blocks past the bound waiting as if they had not arrived yet.

@@ -346,9 +346,11 @@ class _Decode:
         return False
 
     def _take(self, received: Received) -> bool:
-        """Check and commit the verdict for the oldest block in flight; True when the generation is over."""
+        """Check and commit the verdict for the oldest block in flight (none if unasked); True when it is all over."""
         pipe, prompt_len, verdict = self.pipeline, len(self.prompt), received.verdict
-        sent, committed_end = pipe.answered(), self.committed_end
+        committed_end = self.committed_end
+        sent = pipe.answered() if not verdict.unasked else InFlight(  # (the final verdict, answering no block)
+            self.epoch, committed_end, DraftBlock([]), False, time.perf_counter(), early=True)
         skip = verdict.start_position - sent.start_position  # drafts the verifier's own tokens already held
         drafts = sent.block.tokens[skip:] if skip >= 0 else []
         branches = tuple((at - skip, tokens) for at, tokens in sent.block.branches if at >= skip)

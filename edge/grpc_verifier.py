@@ -266,15 +266,14 @@ class GrpcVerifier:
         arrived = time.perf_counter()
         if message.done:  # the total rides on the final verdict only
             self.forwards = self._forwards_offset + message.forwards
-        if not self._in_flight:
+        check_verdict_tokens(message, self.endpoint.vocab_size, self._request.max_draft_len, self._request.takes_ahead)
+        if not (message.unasked or self._in_flight):
             raise VerifierError(f"verdict for a block never sent (epoch {message.epoch}, position {message.start_position})")
-        sent = self._in_flight.popleft()
+        sent = None if message.unasked else self._in_flight.popleft()  # (the final verdict may answer none)
         if self._lost_at is not None and self.recoveries:  # the first verdict after a recovery
             self.recoveries[-1].recover_s = arrived - self._lost_at
         self._lost_at = None
-        self.meter.round_trip(sent, message, arrived)
-        check_verdict_tokens(message, self.endpoint.vocab_size, self._request.max_draft_len)
-        self.meter.verified(sent, message, down_bytes)
+        self.meter.answered(sent, message, arrived, down_bytes)
         try:
             verdict = verdict_from_proto(message)
         except ValueError as exc:

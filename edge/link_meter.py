@@ -49,6 +49,13 @@ class LinkMeter:
     def count_down(self, frame: pb.CloudFrame) -> None:
         self.bytes_down += message_wire_bytes(frame)
 
+    def answered(self, sent: SentBlock | None, verdict: pb.Verdict, arrived: float, down_bytes: int) -> None:
+        """``sent``'s round trip and verify round (``round_trip``, ``verified``), answered by ``verdict``;
+        nothing for a verdict that answers no block (None: ``Verdict.unasked``)."""
+        if sent is not None:
+            self.round_trip(sent, verdict, arrived)
+            self.verified(sent, verdict, down_bytes)
+
     def round_trip(self, sent: SentBlock, verdict: pb.Verdict, arrived: float) -> None:
         """``sent``'s round trip, answered by ``verdict`` at perf_counter ``arrived``, net of the cloud's time."""
         self.rtt_samples_s.append(max(arrived - sent.at - verdict.server_us * 1e-6, 0.0))

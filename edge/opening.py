@@ -32,6 +32,12 @@ class OpenRequest:
     max_draft_len: int = 0  # drafts per block the edge asks for (the verifier may grant fewer)
     pipelined: bool = False  # more than one block in flight: it takes tokens decoded ahead (Open.takes_ahead)
 
+    @property
+    def takes_ahead(self) -> bool:
+        """Whether the verifier may decode ahead for the session (``Open.takes_ahead``) and tell those
+        tokens at once where they end it (``Open.takes_unasked_end``): pipelined, drafting."""
+        return self.pipelined and self.max_draft_len > 0
+
 
 def asked_draft_len(draft_len: int, window: int, hint: LinkHint | None, reproducible: bool = False) -> int:
     """Drafts per block the Open asks for, which is also what one verdict may carry (0: the session
@@ -69,7 +75,8 @@ def open_message(endpoint: VerifierEndpoint, request: OpenRequest, tokens: Seque
         first_token=True,
         takes_rebased=True,
         takes_proposals=request.max_draft_len > 0,
-        takes_ahead=request.pipelined and request.max_draft_len > 0,
+        takes_ahead=request.takes_ahead,
+        takes_unasked_end=request.takes_ahead,
         **fields,
     )
 

@@ -26,11 +26,14 @@ class Sent(Protocol):
     more_follows: bool
 
 
-def check_verdict_tokens(message: pb.Verdict, vocab_size: int, max_draft_len: int) -> None:
+def check_verdict_tokens(message: pb.Verdict, vocab_size: int, max_draft_len: int, takes_unasked: bool) -> None:
     """Refuse (``VerifierError``) a verdict's token ids before anything is taken from it: ids outside the
     vocabulary, more rebased drafts than it verified or than a block may hold (``max_draft_len``),
-    rebased drafts with neither a token after them nor the end, more tokens decoded ahead than it commits
-    (whether it answers the block sent is ``check_answers``' question)."""
+    rebased drafts with neither a token after them nor the end, more tokens decoded ahead than it commits;
+    and a verdict no block asked for where the session does not take one (``takes_unasked``: the Open's
+    ``takes_unasked_end``). Whether it answers the block sent is ``check_answers``' question."""
+    if message.unasked and not takes_unasked:
+        raise VerifierError("a verdict no block asked for, from a verifier this session did not allow it")
     rebased = message.rebased
     if len(rebased) > message.rebased_verified or message.rebased_verified > max_draft_len:
         raise VerifierError(f"malformed verdict from the cloud: {len(rebased)} rebased drafts of "
@@ -45,7 +48,8 @@ def check_verdict_tokens(message: pb.Verdict, vocab_size: int, max_draft_len: in
 
 def check_answers(verdict: Verdict, sent: Sent, skip: int, drafts: list[int],
                    branches: tuple[tuple[int, list[int]], ...], generated: list[int], prompt_len: int) -> None:
-    """Raise ``ProtocolError`` unless ``verdict`` answers ``sent``, the oldest block in flight."""
+    """Raise ``ProtocolError`` unless ``verdict`` answers ``sent``, the oldest block in flight (for an
+    unasked verdict, ``Verdict.unasked``: an empty block at the committed end, as a final stale verdict)."""
     committed_end = prompt_len + len(generated)
     if (
         verdict.epoch != sent.epoch
@@ -57,6 +61,7 @@ def check_answers(verdict: Verdict, sent: Sent, skip: int, drafts: list[int],
         or verdict.accepted > len(drafts)
         or verdict.ahead > (verdict.accepted if sent.block.tokens and not verdict.stale else verdict.committed_count)
         or (verdict.is_deferred and not sent.more_follows)
+        or (verdict.unasked and not (verdict.done and verdict.stale))
         or not answers_branch(verdict, branches)
     ):
         raise ProtocolError(

@@ -48,7 +48,7 @@ class Sampling(_message.Message):
     def __init__(self, mode: _Optional[_Union[Mode, str]] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., draft_top_k: _Optional[int] = ..., prob_bits: _Optional[int] = ..., reproducible: _Optional[bool] = ...) -> None: ...
 
 class Open(_message.Message):
-    __slots__ = ("vocab_fingerprint", "vocab_size", "sampling", "prompt", "prompt_compressed", "max_new_tokens", "max_draft_len", "resume_ticket", "committed_length", "first_token", "extend", "takes_rebased", "takes_proposals", "takes_ahead")
+    __slots__ = ("vocab_fingerprint", "vocab_size", "sampling", "prompt", "prompt_compressed", "max_new_tokens", "max_draft_len", "resume_ticket", "committed_length", "first_token", "extend", "takes_rebased", "takes_proposals", "takes_ahead", "takes_unasked_end")
     VOCAB_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -63,6 +63,7 @@ class Open(_message.Message):
     TAKES_REBASED_FIELD_NUMBER: _ClassVar[int]
     TAKES_PROPOSALS_FIELD_NUMBER: _ClassVar[int]
     TAKES_AHEAD_FIELD_NUMBER: _ClassVar[int]
+    TAKES_UNASKED_END_FIELD_NUMBER: _ClassVar[int]
     vocab_fingerprint: bytes
     vocab_size: int
     sampling: Sampling
@@ -77,7 +78,8 @@ class Open(_message.Message):
     takes_rebased: bool
     takes_proposals: bool
     takes_ahead: bool
-    def __init__(self, vocab_fingerprint: _Optional[bytes] = ..., vocab_size: _Optional[int] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., prompt: _Optional[bytes] = ..., prompt_compressed: _Optional[bool] = ..., max_new_tokens: _Optional[int] = ..., max_draft_len: _Optional[int] = ..., resume_ticket: _Optional[bytes] = ..., committed_length: _Optional[int] = ..., first_token: _Optional[bool] = ..., extend: _Optional[bool] = ..., takes_rebased: _Optional[bool] = ..., takes_proposals: _Optional[bool] = ..., takes_ahead: _Optional[bool] = ...) -> None: ...
+    takes_unasked_end: bool
+    def __init__(self, vocab_fingerprint: _Optional[bytes] = ..., vocab_size: _Optional[int] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., prompt: _Optional[bytes] = ..., prompt_compressed: _Optional[bool] = ..., max_new_tokens: _Optional[int] = ..., max_draft_len: _Optional[int] = ..., resume_ticket: _Optional[bytes] = ..., committed_length: _Optional[int] = ..., first_token: _Optional[bool] = ..., extend: _Optional[bool] = ..., takes_rebased: _Optional[bool] = ..., takes_proposals: _Optional[bool] = ..., takes_ahead: _Optional[bool] = ..., takes_unasked_end: _Optional[bool] = ...) -> None: ...
 
 class Draft(_message.Message):
     __slots__ = ("epoch", "start_position", "payload", "compressed", "more_follows", "branches", "before_opened", "empty_blocks")
@@ -160,7 +162,7 @@ class Opened(_message.Message):
     def __init__(self, resume_ticket: _Optional[bytes] = ..., vocab_size: _Optional[int] = ..., committed_length: _Optional[int] = ..., max_draft_len: _Optional[int] = ..., forwards: _Optional[int] = ..., max_blocks_in_flight: _Optional[int] = ..., epoch: _Optional[int] = ..., committed_tail: _Optional[bytes] = ..., committed_tail_compressed: _Optional[bool] = ..., stop_reason: _Optional[_Union[StopReason, str]] = ..., replica: _Optional[str] = ..., first_verdict: _Optional[_Union[Verdict, _Mapping]] = ..., max_branches: _Optional[int] = ..., row_tile: _Optional[int] = ..., target_fingerprint: _Optional[bytes] = ..., max_empty_blocks: _Optional[int] = ...) -> None: ...
 
 class Verdict(_message.Message):
-    __slots__ = ("epoch", "start_position", "accepted", "token", "bonus", "done", "stop_reason", "server_us", "forwards", "branch", "branch_accepted", "stale", "rebased", "rebased_verified", "forward_us", "draft_limit", "forward_rows", "ahead")
+    __slots__ = ("epoch", "start_position", "accepted", "token", "bonus", "done", "stop_reason", "server_us", "forwards", "branch", "branch_accepted", "stale", "rebased", "rebased_verified", "forward_us", "draft_limit", "forward_rows", "ahead", "unasked")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     START_POSITION_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
@@ -179,6 +181,7 @@ class Verdict(_message.Message):
     DRAFT_LIMIT_FIELD_NUMBER: _ClassVar[int]
     FORWARD_ROWS_FIELD_NUMBER: _ClassVar[int]
     AHEAD_FIELD_NUMBER: _ClassVar[int]
+    UNASKED_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     start_position: int
     accepted: int
@@ -197,7 +200,8 @@ class Verdict(_message.Message):
     draft_limit: int
     forward_rows: int
     ahead: int
-    def __init__(self, epoch: _Optional[int] = ..., start_position: _Optional[int] = ..., accepted: _Optional[int] = ..., token: _Optional[int] = ..., bonus: _Optional[bool] = ..., done: _Optional[bool] = ..., stop_reason: _Optional[_Union[StopReason, str]] = ..., server_us: _Optional[int] = ..., forwards: _Optional[int] = ..., branch: _Optional[int] = ..., branch_accepted: _Optional[int] = ..., stale: _Optional[bool] = ..., rebased: _Optional[_Iterable[int]] = ..., rebased_verified: _Optional[int] = ..., forward_us: _Optional[int] = ..., draft_limit: _Optional[int] = ..., forward_rows: _Optional[int] = ..., ahead: _Optional[int] = ...) -> None: ...
+    unasked: bool
+    def __init__(self, epoch: _Optional[int] = ..., start_position: _Optional[int] = ..., accepted: _Optional[int] = ..., token: _Optional[int] = ..., bonus: _Optional[bool] = ..., done: _Optional[bool] = ..., stop_reason: _Optional[_Union[StopReason, str]] = ..., server_us: _Optional[int] = ..., forwards: _Optional[int] = ..., branch: _Optional[int] = ..., branch_accepted: _Optional[int] = ..., stale: _Optional[bool] = ..., rebased: _Optional[_Iterable[int]] = ..., rebased_verified: _Optional[int] = ..., forward_us: _Optional[int] = ..., draft_limit: _Optional[int] = ..., forward_rows: _Optional[int] = ..., ahead: _Optional[int] = ..., unasked: _Optional[bool] = ...) -> None: ...
 
 class CloudFrame(_message.Message):
     __slots__ = ("opened", "verdict")

@@ -47,7 +47,9 @@ class Verdict:
     ``ahead``: the first tokens it commits the cloud decoded on its own before
     the block came (``cloud.decode_ahead``): a verified block's first drafts
     matched them (counted in ``accepted``); on any other verdict they lead
-    ``rebased``. Every block sent gets exactly one verdict.
+    ``rebased``. Every block sent gets exactly one verdict, but for
+    ``unasked``: a final verdict that answers none, telling the tokens decoded
+    ahead once they ended the session (``Open.takes_unasked_end``).
     """
 
     epoch: int
@@ -64,6 +66,7 @@ class Verdict:
     rebased_verified: int = 0  # drafts that forward verified (``rebased`` are those it accepted)
     draft_limit: int = 0  # the session's drafts per block from now on, when the verifier lowered it (0: as opened)
     ahead: int = 0  # of the tokens it commits, the first ones the cloud decoded before the block came (``Open.takes_ahead``)
+    unasked: bool = False  # a final verdict that answers no block (``Open.takes_unasked_end``)
 
     @property
     def is_correction(self) -> bool:

@@ -312,6 +312,7 @@ def verdict_to_proto(verdict: Verdict, *, seconds: float = 0.0, forward_s: float
         rebased_verified=verdict.rebased_verified,
         draft_limit=verdict.draft_limit,
         ahead=verdict.ahead,
+        unasked=verdict.unasked,
     )
     if verdict.token is not None:
         message.token = verdict.token
@@ -334,4 +335,5 @@ def verdict_from_proto(message: pb.Verdict) -> Verdict:
         rebased_verified=message.rebased_verified,
         draft_limit=message.draft_limit,
         ahead=message.ahead,
+        unasked=message.unasked,
     )

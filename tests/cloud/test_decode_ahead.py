@@ -106,6 +106,22 @@ def test_tokens_decoded_ahead_to_the_end_are_told_with_the_final_verdict(tiny_en
         session.verify_chain([PendingBlock(1, p + 5, want[5:7])])
 
 
+def test_tokens_decoded_ahead_to_the_end_are_told_at_once_to_an_edge_that_takes_it(tiny_engine, greedy_path):
+    """To an edge that takes a verdict no block asked for (``Open.takes_unasked_end``), the forward that ends the
+    session answers with the final verdict: every token held, from where the edge's last verdict left it."""
+    prompt, want = greedy_path
+    p = len(prompt)
+    session = _corrected(tiny_engine, prompt, want, max_new_tokens=6, tell_end=True)
+    _ahead(session, 2)  # (not the end yet: nothing told)
+    step = run_alone(decode_ahead_steps(session), session.engine)
+    (verdict,) = step.verdicts
+    assert verdict.unasked and verdict.done and verdict.stale and verdict.stop_reason is StopReason.LENGTH
+    assert (verdict.epoch, verdict.start_position, verdict.accepted, verdict.ahead) == (1, p + 3, 0, 3)
+    assert verdict.committed([]) == want[3:6] and not session.ahead
+    with pytest.raises(Exception, match="finished"):
+        session.verify_chain([PendingBlock(1, p + 3, want[3:6])])
+
+
 @pytest.mark.parametrize("why", ["not asked", "rejection mode", "stale blocks dropped", "held full", "done"])
 def test_no_decoding_ahead_where_it_may_not(tiny_engine, greedy_path, why):
     """Only for an edge that asked (``Open.takes_ahead``), in greedy and coupled modes (in rejection mode the

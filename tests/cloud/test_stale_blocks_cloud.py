@@ -280,7 +280,7 @@ def test_a_stale_blocks_ids_are_decoded_only_for_a_session_that_rebases(tiny_eng
     async def stale_block(takes_rebased: bool, mode: Mode) -> PendingBlock:
         params = SamplingParams(mode=mode, temperature=1.0, seed=0)
         entry = await servicer.handshake.new_session(OpenRequest(params, prompt, 40), 8, "test",
-                                                     takes_rebased=takes_rebased)
+                                                     pb.Open(takes_rebased=takes_rebased))
         try:
             entry.session.epoch = 1  # as after a correction
             return servicer.blocks.decode_draft(entry, pb.Draft(epoch=0, start_position=len(prompt) + 4, payload=payload))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from dataclasses import replace
 
 import pytest
 from helpers import TEXTS, ScriptedDrafter, tiny_prompt
@@ -18,7 +19,8 @@ from edge.in_flight import InFlight
 from edge.opening import asked_draft_len
 from edge.schedule import SpecConfig
 from edge.verdict_checks import check_answers
-from edge.verifier_protocol import LinkHint, ProtocolError
+from edge.verifier_protocol import LinkHint, ProtocolError, VerifierError
+from protos import splitspec_pb2 as pb
 from shared.params import Mode, SamplingParams
 from shared.verdict import Verdict
 from shared.wire import StreamHints
@@ -170,3 +172,77 @@ def test_a_long_trip_s_hint_lets_the_cloud_hold_more_tokens_than_the_guesses_roo
                 assert got.tokens == want, (hint, text, seed)
                 most[hint is None] = max(most.get(hint is None, 0), *(a for _, a in link.ahead_at))
     assert most[True] <= 4 < most[False], most
+
+
+class _Ending(_Recording):
+    """A recording edge that keeps, per verdict, whether it answered no block (``Verdict.unasked``)."""
+
+    def __init__(self, *args, takes_unasked_end: bool = True, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.takes_unasked_end = takes_unasked_end
+        self.unasked: list[bool] = []
+
+    def _open_message(self, *args, **fields):
+        message = super()._open_message(*args, **fields)
+        message.takes_unasked_end = self.takes_unasked_end
+        return message
+
+    def receive(self):
+        received = super().receive()
+        self.unasked.append(received.verdict.unasked)
+        return received
+
+
+def test_tokens_decoded_ahead_to_the_end_reach_an_edge_that_takes_it_at_once(tiny_engine, tiny_vocab, drafters):
+    """Every draft wrong, 20 ms a draft, room for 32 tokens held: after the first correction the cloud decodes
+    ahead to the token limit while the edge drafts its next block. An edge that takes it
+    (``Open.takes_unasked_end``) gets the final verdict as soon as the last token is decoded, answering
+    none of its blocks: its last verdict is unasked, and the blocks it sent meanwhile get none. An edge from
+    before the field (the control) hears of the end only with its next block's verdict. The output is
+    target-only's either way, and the verifier keeps no session after either."""
+    from cloud.server import BackgroundServer, ServerConfig
+
+    class Slower(_SlowDrafter):
+        def draft(self, n, stop=None):
+            time.sleep(0.015 * n)
+            return super().draft(n, stop)
+
+    last = {}
+    with BackgroundServer(tiny_engine, ServerConfig(port=0)) as server:
+        for takes, (text, seed) in itertools.product((False, True), itertools.product(TEXTS[:2], (1, 2))):
+            prompt = tiny_prompt(tiny_engine, text)
+            params = SamplingParams(mode=Mode.COUPLED, temperature=0.9, seed=seed)
+            want = generate(tiny_engine, drafters["drafter_f32"], prompt, params, max_new_tokens=24,
+                            spec=SpecConfig(0)).tokens
+            link = _Ending(VerifierEndpoint(server.address, *tiny_vocab), takes_unasked_end=takes)
+            link.link_hint = LinkHint(0.2, StreamHints(token_s=0.005))
+            drafter = Slower(tiny_vocab[0], want, len(prompt), right=False, wrong_every=1)
+            got = run_decode(drafter, link, prompt, params, max_new_tokens=24, spec=SpecConfig(3, window=2))
+            assert got.tokens == want, (takes, text, seed)
+            assert not any(link.unasked[:-1]), link.unasked  # only the final verdict may be unasked
+            last.setdefault(takes, []).append(link.unasked[-1])
+        deadline = time.monotonic() + 5
+        while len(server.server.servicer.table) and time.monotonic() < deadline:  # (each Close is read after the run)
+            time.sleep(0.01)
+        assert len(server.server.servicer.table) == 0
+    assert not any(last[False]) and any(last[True]), last
+
+
+def test_the_edge_refuses_an_unasked_verdict_that_is_not_the_final_one():
+    """A verdict no block asked for may only end the session: as a final stale verdict, or it is refused."""
+    sent = InFlight(1, 10, DraftBlock([]), False, early=True)
+    final = Verdict(1, 10, 0, 9, True, True, stale=True, rebased=(4, 5), rebased_verified=2, ahead=3, unasked=True)
+    check_answers(final, sent, 0, [], (), [], 10)
+    for forged in (dict(done=False), dict(stale=False, rebased=(), rebased_verified=0, ahead=1)):
+        with pytest.raises(ProtocolError):
+            check_answers(replace(final, **forged), sent, 0, [], (), [], 10)
+
+
+def test_an_edge_that_did_not_ask_refuses_an_unasked_verdict(tiny_vocab):
+    """A lock-step session does not take tokens decoded ahead: a verdict no block asked for is refused."""
+    from edge.opening import OpenRequest
+
+    link = GrpcVerifier(VerifierEndpoint("localhost:1", *tiny_vocab))
+    link._request = OpenRequest(max_draft_len=4, pipelined=False)
+    with pytest.raises(VerifierError, match="no block asked for"):
+        link._take_verdict(pb.Verdict(epoch=0, start_position=10, done=True, stale=True, token=3, unasked=True), 10)
