@@ -154,8 +154,9 @@ def decodes_ahead(session, deadline: float | None) -> bool:
     ahead now: the edge takes them, greedy or coupled mode, the service decodes for stale blocks, the
     session goes on, the tokens held and the forward's spare rows stay within what a verdict may carry,
     the tokens that fit before ``deadline`` (when the edge's next block is due; None: not known) are
-    worth their forwards (``ChainStartGuesses.pays``), and the forward would be over by ``deadline`` or
-    its overrun pays, as for a stale decode."""
+    worth their forwards (``ChainStartGuesses.pays``) or reach the token limit (for an edge that takes the
+    final verdict unasked: it learns them all sooner than any block could tell it), and the forward would
+    be over by ``deadline`` or its overrun pays, as for a stale decode."""
     policy = session.policy
     if not (policy.decode_ahead and policy.decode_stale and session.params.mode is not Mode.REJECTION):
         return False
@@ -166,8 +167,9 @@ def decodes_ahead(session, deadline: float | None) -> bool:
     if room < 1:
         return False
     now, forward_s = time.perf_counter(), session.one_token_s.value or 0.0
-    fits = room if deadline is None or forward_s <= 0 else math.ceil((deadline - now) / forward_s)
-    if not session.ahead.guesses.pays(held, min(max(fits, 1), room)):
+    fits = min(max(room if deadline is None or forward_s <= 0 else math.ceil((deadline - now) / forward_s), 1), room)
+    to_the_end = session.policy.tell_end and session.max_new_tokens - session.generated <= fits
+    if not (to_the_end or session.ahead.guesses.pays(held, fits)):
         return False
     return decodes_stale(enabled=True, usable_behind=False, now=now, forward_s=forward_s, deadline=deadline,
                          may_overrun=True, guess_odds=session.guess_odds())

@@ -5,6 +5,8 @@ the target's own; only an edge that asks gets them."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from helpers import GREEDY, new_session
 
@@ -141,8 +143,6 @@ def test_no_decoding_ahead_where_it_may_not(tiny_engine, greedy_path, why):
 def test_a_forward_that_would_delay_the_next_block_waits(tiny_engine, greedy_path):
     """As a stale decode: a forward that would still run when the edge's block is due starts only where its
     overrun pays (``stale_decode_overrun_pays``), here never: the guesses are sure to hold."""
-    import time
-
     prompt, want = greedy_path
     session = _corrected(tiny_engine, prompt, want)
     _ahead(session, 1)  # (measures the forward)
@@ -180,6 +180,23 @@ def test_decoding_ahead_pays_where_the_edge_s_new_chains_would_miss_the_tokens(t
         session.ahead.guesses.observe(drafts, len(prompt), len(prompt), [*prompt, *want])
     assert decodes_ahead(session, deadline=None) == (edge != "guesses hold")
     assert ChainStartGuesses().pays(0, 1)  # (a tie: as likely missed as held)
+
+
+def test_an_edge_that_takes_the_end_unasked_gets_the_last_tokens_decoded_ahead_where_they_fit(tiny_engine,
+                                                                                                greedy_path):
+    """Where the edge's new chains hold the tokens, decoding ahead does not pay (the control); but where the
+    tokens left to the limit fit before the edge's next block is due, an edge that takes the final verdict
+    unasked learns them all as soon as they are decoded, sooner than any block could tell it: they are
+    decoded. Not where they do not fit."""
+    prompt, want = greedy_path
+    for tell_end, left, deadline_s in ((False, 4, 60.0), (True, 4, 60.0), (True, 60, 60.0), (True, 4, 0.0)):
+        session = _corrected(tiny_engine, prompt, want, tell_end=tell_end, max_new_tokens=3 + left)
+        room = session.draft_limit.opened - session.drafts_at_no_cost()
+        for _ in range(20):
+            session.ahead.guesses.observe(want[:room], len(prompt), len(prompt), [*prompt, *want])
+        session.one_token_s.add(1.0)
+        decodes = decodes_ahead(session, deadline=time.perf_counter() + deadline_s)
+        assert decodes == (tell_end and left <= room and deadline_s > 1.0), (tell_end, left, deadline_s)
 
 
 def test_the_ledger_counts_no_draft_for_a_token_decoded_ahead():
