@@ -142,9 +142,10 @@ class Pipeline(Generic[F]):
     # -- how a session starts ------------------------------------------------
     def head_start(self, round_trip_s: float, token_s: float) -> Plan | None:
         """The schedule's plan to start with the cloud alone from the first token (``Controller.start``,
-        on a round trip and the cloud's seconds a token alone), when it drafts and has one; else None.
-        Not followed yet: the caller follows it when it takes effect."""
-        return self.schedule.start(round_trip_s, token_s) if self.draft_len else None
+        on a round trip and the cloud's seconds a token alone; ``FixedSchedule.start``: the cloud alone,
+        pipelined), when it has one; else None (lock-step target-only: one block at a time). Not followed
+        yet: the caller follows it when it takes effect."""
+        return self.schedule.start(round_trip_s, token_s) if self.draft_len or self.window > 1 else None
 
     def takes_early_block(self, drafts_left: int) -> bool:
         """Whether the first block is drafted while the prompt is prefilled, ``drafts_left`` drafts left in the
