@@ -34,7 +34,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
-from edge.controller import REPLAN_TOKENS, Plan, stretch_top_up
+from edge.controller import CLOUD_WINDOW, REPLAN_TOKENS, Plan, stretch_top_up
 from edge.schedule import Schedule
 from edge.verifier_protocol import CloudTiming
 
@@ -141,11 +141,14 @@ class Pipeline(Generic[F]):
 
     # -- how a session starts ------------------------------------------------
     def head_start(self, round_trip_s: float, token_s: float) -> Plan | None:
-        """The schedule's plan to start with the cloud alone from the first token (``Controller.start``,
-        on a round trip and the cloud's seconds a token alone; ``FixedSchedule.start``: the cloud alone,
-        pipelined), when it has one; else None (lock-step target-only: one block at a time). Not followed
-        yet: the caller follows it when it takes effect."""
-        return self.schedule.start(round_trip_s, token_s) if self.draft_len or self.window > 1 else None
+        """A plan to start with the cloud alone from the first token: a session that drafts nothing has its
+        window of empty blocks go behind the Open, as ``Generate`` streams (else the cloud would idle a
+        round trip after the first token; lock-step, one block at a time: None); one that drafts, its
+        schedule's (``Controller.start``, on a round trip and the cloud's seconds a token alone), if any.
+        Not followed yet: the caller follows it when it takes effect."""
+        if not self.draft_len:
+            return Plan(0, CLOUD_WINDOW, None) if self.window > 1 else None
+        return self.schedule.start(round_trip_s, token_s)
 
     def takes_early_block(self, drafts_left: int) -> bool:
         """Whether the first block is drafted while the prompt is prefilled, ``drafts_left`` drafts left in the

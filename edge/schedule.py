@@ -87,10 +87,7 @@ class FixedSchedule:
         return self._hedge_width
 
     def start(self, round_trip_s: float, token_s: float) -> Plan | None:
-        """The cloud alone, pipelined (no drafts, more than one block in flight): its window of empty blocks
-        from the first token, behind the Open, as ``Generate`` streams (else the cloud idles a round trip
-        after the first token). Anything else: None."""
-        return Plan(0, CLOUD_WINDOW, None) if not self.draft_len and self.window > 1 else None
+        return None
 
     def adopt(self, terms: SessionTerms, draft_len_cap: int, hedge_cap: int, branch_len: int) -> Plan:
         self.draft_len = min(draft_len_cap, terms.max_draft_len)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from edge.controller import CLOUD_WINDOW, Controller
+from edge.controller import CLOUD_WINDOW, Controller, Plan
 from edge.pipeline import (
     LiveVerdict,
     NextBlock,
@@ -115,7 +115,9 @@ def test_a_long_round_trip_starts_an_adaptive_session_with_the_cloud_alone():
     pipe = Pipeline(8, 4, controller)
     assert pipe.head_start(0.6, 0.05) is not None  # 13 of the cloud's tokens a round trip
     assert Pipeline(8, 4, Controller(8, 4, CLOUD_WINDOW)).head_start(0.01, 0.05) is None
-    assert Pipeline(0, 4, Controller(8, 4, CLOUD_WINDOW)).head_start(0.6, 0.05) is None  # nothing to draft
+    # Nothing to draft: the cloud alone from the first token, however short the trip (lock-step: one block).
+    assert Pipeline(0, 4, Controller(8, 4, CLOUD_WINDOW)).head_start(0.01, 0.05) == Plan(0, CLOUD_WINDOW, None)
+    assert Pipeline(0, 1, Controller(8, 1, CLOUD_WINDOW)).head_start(0.6, 0.05) is None
     assert pipe.takes_early_block(3) and not pipeline(4, 1).takes_early_block(3) and not pipe.takes_early_block(0)
 
 
