@@ -36,6 +36,23 @@ class _SlowDrafter(ScriptedDrafter):
         return super().draft(n, stop)
 
 
+def _coupled(engine, drafters, text: str, seed: int, max_new_tokens: int):
+    """A coupled session's prompt (``text``), its sampling (T 0.9, ``seed``) and what target-only makes of it."""
+    prompt = tiny_prompt(engine, text)
+    params = SamplingParams(mode=Mode.COUPLED, temperature=0.9, seed=seed)
+    want = generate(engine, drafters["drafter_f32"], prompt, params, max_new_tokens=max_new_tokens,
+                    spec=SpecConfig(0)).tokens
+    return prompt, params, want
+
+
+class _SlowerDrafter(_SlowDrafter):
+    """As ``_SlowDrafter``, at 20 ms a draft: a correction's gap holds several forwards of the tiny target."""
+
+    def draft(self, n, stop=None):
+        time.sleep(0.015 * n)
+        return super().draft(n, stop)
+
+
 class _OldEdge(GrpcVerifier):
     """An edge from before ``Open.takes_ahead``."""
 
@@ -51,10 +68,7 @@ def test_tokens_decoded_ahead_reach_only_an_edge_that_asks(tiny_engine, tiny_voc
     ahead = {}
     with BackgroundServer(tiny_engine, ServerConfig(port=0)) as server:
         for edge, (text, seed) in itertools.product((_OldEdge, GrpcVerifier), itertools.product(TEXTS[:2], (1, 2))):
-            prompt = tiny_prompt(tiny_engine, text)
-            params = SamplingParams(mode=Mode.COUPLED, temperature=0.9, seed=seed)
-            want = generate(tiny_engine, drafters["drafter_f32"], prompt, params, max_new_tokens=32,
-                            spec=SpecConfig(0)).tokens
+            prompt, params, want = _coupled(tiny_engine, drafters, text, seed, 32)
             drafter = _SlowDrafter(tiny_vocab[0], want, len(prompt), right=False, wrong_every=3)
             link = edge(VerifierEndpoint(server.address, *tiny_vocab))
             got = run_decode(drafter, link, prompt, params, max_new_tokens=32, spec=SpecConfig(3, window=4))
@@ -110,10 +124,7 @@ def test_the_cloud_stops_decoding_ahead_for_an_edge_whose_new_chains_hold_the_to
     late = {}
     with BackgroundServer(tiny_engine, ServerConfig(port=0)) as server:
         for wrong_every, (text, seed) in itertools.product((8, 1), itertools.product(TEXTS[:2], (1, 2))):
-            prompt = tiny_prompt(tiny_engine, text)
-            params = SamplingParams(mode=Mode.COUPLED, temperature=0.9, seed=seed)
-            want = generate(tiny_engine, drafters["drafter_f32"], prompt, params, max_new_tokens=64,
-                            spec=SpecConfig(0)).tokens
+            prompt, params, want = _coupled(tiny_engine, drafters, text, seed, 64)
             # Wrong every eighth position: a new chain's three drafts are right, however many tokens the cloud
             # decoded for the stale block behind the correction (at most 4; every fourth position was not:
             # a chain that started after 3 began at a wrong draft). Every draft wrong: none is right.
@@ -152,22 +163,14 @@ def test_a_long_trip_s_hint_lets_the_cloud_hold_more_tokens_than_the_guesses_roo
     is target-only's either way."""
     from cloud.server import BackgroundServer, ServerConfig
 
-    class Slower(_SlowDrafter):
-        def draft(self, n, stop=None):
-            time.sleep(0.015 * n)
-            return super().draft(n, stop)
-
     most = {}
     with BackgroundServer(tiny_engine, ServerConfig(port=0)) as server:
         for hint in (None, LinkHint(0.2, StreamHints(token_s=0.005))):
             for text, seed in itertools.product(TEXTS[:2], (1, 2)):
-                prompt = tiny_prompt(tiny_engine, text)
-                params = SamplingParams(mode=Mode.COUPLED, temperature=0.9, seed=seed)
-                want = generate(tiny_engine, drafters["drafter_f32"], prompt, params, max_new_tokens=48,
-                                spec=SpecConfig(0)).tokens
+                prompt, params, want = _coupled(tiny_engine, drafters, text, seed, 48)
                 link = _Recording(VerifierEndpoint(server.address, *tiny_vocab))
                 link.link_hint = hint
-                drafter = Slower(tiny_vocab[0], want, len(prompt), right=False, wrong_every=1)
+                drafter = _SlowerDrafter(tiny_vocab[0], want, len(prompt), right=False, wrong_every=1)
                 got = run_decode(drafter, link, prompt, params, max_new_tokens=48, spec=SpecConfig(3, window=2))
                 assert got.tokens == want, (hint, text, seed)
                 most[hint is None] = max(most.get(hint is None, 0), *(a for _, a in link.ahead_at))
@@ -202,21 +205,13 @@ def test_tokens_decoded_ahead_to_the_end_reach_an_edge_that_takes_it_at_once(tin
     target-only's either way, and the verifier keeps no session after either."""
     from cloud.server import BackgroundServer, ServerConfig
 
-    class Slower(_SlowDrafter):
-        def draft(self, n, stop=None):
-            time.sleep(0.015 * n)
-            return super().draft(n, stop)
-
     last = {}
     with BackgroundServer(tiny_engine, ServerConfig(port=0)) as server:
         for takes, (text, seed) in itertools.product((False, True), itertools.product(TEXTS[:2], (1, 2))):
-            prompt = tiny_prompt(tiny_engine, text)
-            params = SamplingParams(mode=Mode.COUPLED, temperature=0.9, seed=seed)
-            want = generate(tiny_engine, drafters["drafter_f32"], prompt, params, max_new_tokens=24,
-                            spec=SpecConfig(0)).tokens
+            prompt, params, want = _coupled(tiny_engine, drafters, text, seed, 24)
             link = _Ending(VerifierEndpoint(server.address, *tiny_vocab), takes_unasked_end=takes)
             link.link_hint = LinkHint(0.2, StreamHints(token_s=0.005))
-            drafter = Slower(tiny_vocab[0], want, len(prompt), right=False, wrong_every=1)
+            drafter = _SlowerDrafter(tiny_vocab[0], want, len(prompt), right=False, wrong_every=1)
             got = run_decode(drafter, link, prompt, params, max_new_tokens=24, spec=SpecConfig(3, window=2))
             assert got.tokens == want, (takes, text, seed)
             assert not any(link.unasked[:-1]), link.unasked  # only the final verdict may be unasked
