@@ -38,7 +38,7 @@ from shared.params import Mode, SamplingParams
 from shared.vocab import describe_vocab
 from shared.wire import REPLICA_HEADER, OpenRequest, parse_open_request, stop_reason_to_proto
 
-__all__ = ["Attached", "Handshake"]
+__all__ = ["Attached", "Handshake", "tells_end"]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,12 @@ class Attached(NamedTuple):
     stream: int  # the session's stream number this stream got: another resume may bump it meanwhile
     opened: pb.Opened  # the Opened so far: committed length, and for a resume what the edge missed
     answer_first: bool  # the first position is to be answered with the Opened
+
+
+def tells_end(request: pb.Open) -> bool:
+    """Whether the session's final verdict may come unasked (``Open.takes_unasked_end``, which rides with
+    ``takes_ahead``: only tokens decoded ahead end a session with none of the edge's blocks waiting)."""
+    return request.takes_ahead and request.takes_unasked_end
 
 
 class Handshake(ServicePart):
@@ -164,7 +170,7 @@ class Handshake(ServicePart):
                     policy=SessionPolicy(
                         max_branches=self.max_branches, decode_stale=self.limits.decode_stale and not capped,
                         rebase_stale=self.limits.rebase_stale and takes.takes_rebased, propose=takes.takes_proposals,
-                        decode_ahead=takes.takes_ahead, tell_end=takes.takes_ahead and takes.takes_unasked_end,
+                        decode_ahead=takes.takes_ahead, tell_end=tells_end(takes),
                         audit_drafts=self.limits.audit_drafts, max_rows=self.limits.max_batch_rows,
                         coin_key=secrets.randbits(63) or 1),
                     prefill=False,
@@ -311,7 +317,7 @@ class Handshake(ServicePart):
                 yield from entry.session.extend_steps(kept, turn.prompt, turn.params, max_new_tokens=turn.max_new_tokens,
                                                       max_draft_len=limit, propose=request.takes_proposals,
                                                       ahead=request.takes_ahead,
-                                                      tell_end=request.takes_ahead and request.takes_unasked_end)
+                                                      tell_end=tells_end(request))
 
             try:
                 await self.scheduler.run(extend, entry.session)
