@@ -190,6 +190,22 @@ def _cloud_s_per_token(samples: list[list[tuple[int, float]]], reports: list[Edg
     return sum(seconds for steps in samples for _, seconds in steps) / tokens if tokens else None
 
 
+def _one_row_step_s(steps: list[tuple[int, float]]) -> float | None:
+    """The cloud's mean seconds on a step of one row (the next token alone: cloud-only's every token, the
+    split's stale decodes, tokens decoded ahead and the cloud alone's unproposed ones); None: none ran."""
+    ones = [seconds for rows, seconds in steps if rows == 1]
+    return sum(ones) / len(ones) if ones else None
+
+
+def _one_row_step_ratio(split_steps: list[tuple[int, float]], cloud_steps: list[tuple[int, float]]) -> float | None:
+    """How much slower the cloud ran a one-row step in the split than in cloud-only on the same prompt
+    (split's mean over cloud-only's; None where either ran none). The same shape in both, so above 1 the
+    machine ran the split's forwards slower (on one VM: the edge's memory traffic on the next core), not
+    the split that ran more of them: the part of a loss that is the machine's."""
+    split_s, cloud_s = _one_row_step_s(split_steps), _one_row_step_s(cloud_steps)
+    return split_s / cloud_s if split_s is not None and cloud_s else None
+
+
 def _figures(split: list[EdgeReport], cloud_only: list[EdgeReport], split_samples, cloud_samples) -> dict:
     """One group of prompts (a category, or all): ``split[i]`` and ``cloud_only[i]`` ran prompt i."""
     histograms = [r.decode.accept_lengths for r in split]
@@ -211,6 +227,8 @@ def _figures(split: list[EdgeReport], cloud_only: list[EdgeReport], split_sample
         "cloud_only_tokens_per_s": _spread([_tok_s(r) for r in cloud_only]),
         "cloud_s_per_token": _cloud_s_per_token(split_samples, split),
         "cloud_only_cloud_s_per_token": _cloud_s_per_token(cloud_samples, cloud_only),
+        "one_row_step_ratio": _spread([r for r in map(_one_row_step_ratio, split_samples, cloud_samples)
+                                       if r is not None]),
         "bytes_per_accepted_token": (sum(r.bytes_up + r.bytes_down for r in split) / accepted) if accepted else None,
         "ttft_s": _spread([r.ttft_s for r in split]),
         # Where the split's wall time went, on the edge: drafting (the drafter busy; the rest it waited on
@@ -249,16 +267,20 @@ def summarize(categories: list[str], cloud_only: tuple[list[EdgeReport], list], 
                           for c, f in per_category.items()},
             measurement_conditions=measurement_conditions)
         out[drafter] = {"categories": per_category, "all": overall, "speculation_profile": profile,
-                        "prompts": [_prompt_record(category, split, base)
-                                    for category, split, base in zip(categories, reports, base_reports)]}
+                        "prompts": [_prompt_record(category, split, base, split_steps, base_steps)
+                                    for category, split, base, split_steps, base_steps
+                                    in zip(categories, reports, base_reports, samples, base_samples)]}
     return out
 
 
-def _prompt_record(category: str, split: EdgeReport, cloud_only: EdgeReport) -> dict:
-    """One prompt's own figures, so the worst prompt can be named and rerun, not only counted."""
+def _prompt_record(category: str, split: EdgeReport, cloud_only: EdgeReport, split_steps: list[tuple[int, float]],
+                   cloud_steps: list[tuple[int, float]]) -> dict:
+    """One prompt's own figures, so the worst prompt can be named and rerun, not only counted (``*_steps``:
+    the cloud's verify steps during each run, ``sim.perf.fit.service_samples``)."""
     return {"category": category, "speedup": _speedup(split, cloud_only),
             "tokens": len(split.tokens), "tokens_per_s": _tok_s(split), "cloud_only_tokens_per_s": _tok_s(cloud_only),
-            "acceptance_length": mean_accept_length(split.decode.accept_lengths), "ttft_s": split.ttft_s}
+            "acceptance_length": mean_accept_length(split.decode.accept_lengths), "ttft_s": split.ttft_s,
+            "one_row_step_ratio": _one_row_step_ratio(split_steps, cloud_steps)}
 
 
 def run_categories(bench: CategoryBench, progress=lambda line: print(line, file=sys.stderr, flush=True)) -> dict:
@@ -331,6 +353,11 @@ def _fixed(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
+def _step_ratio(ratio: float | None) -> str:
+    """A lost prompt's one-row steps against cloud-only's (``_one_row_step_ratio``), where both ran some."""
+    return "" if ratio is None else f", one-row steps {ratio:.2f}x cloud-only's"
+
+
 def _turn_table(figures: dict) -> list[str]:
     """One drafter's lines for one turn."""
     lines = []
@@ -358,12 +385,17 @@ def _turn_table(figures: dict) -> list[str]:
                      f"({each['min']:.0%}-{each['max']:.0%})" + (
                          f"; the model's best schedule (rejections paid) reaches {each['best_schedule']:.0%} of it, "
                          f"the run {each['of_best_schedule']:.0%} of that" if each["best_schedule"] is not None else ""))
+    steps = figures["all"].get("one_row_step_ratio")
+    if steps:
+        lines.append(f"  the cloud's one-row steps against cloud-only's on the same prompt: median {steps['median']:.2f}x "
+                     f"({steps['min']:.2f}-{steps['max']:.2f}; above 1: the machine ran the split's forwards slower)")
     lost = sorted((p for p in figures.get("prompts", []) if p["speedup"] is not None and p["speedup"] < 1.0),
                   key=lambda p: p["speedup"])
     if lost:
         lines.append("  slower than cloud-only: " + ", ".join(
             f"{p['category']}{' #' + str(p['question_id']) if 'question_id' in p else ''} {p['speedup']:.2f}x "
-            f"(AL {_fixed(p['acceptance_length'])}, {p['tokens']} tokens)" for p in lost))
+            f"(AL {_fixed(p['acceptance_length'])}, {p['tokens']} tokens"
+            f"{_step_ratio(p.get('one_row_step_ratio'))})" for p in lost))
     check = figures["speculation_profile"]["validation"] or {}
     passed = all(v.get("passed") for v in check.values()) if check else False
     lines.append(f"  speculation profile: mean AL {figures['speculation_profile']['mean_accept_length']}, "

@@ -74,7 +74,20 @@ def test_per_category_figures_from_known_reports():
                     drafter=DrafterStats(drafted=8, draft_s=0.1)),
              report(10, 2.0, {1: 2}, drafted=8, accepted=0, up=50)]  # 5 tok/s: 0.5x, lost
     samples = [[(5, 0.1)], [(5, 0.1)], [(5, 0.2)]]
+    # One-row steps: the first prompt's split ran them 1.5x cloud-only's (mean 0.06 s over 0.04), the second
+    # ran none, the third 1.0x; mixed with the steps of other shapes, which do not count.
+    split_samples = [[(1, 0.05), (1, 0.07), (5, 0.1)], [(5, 0.1)], [(1, 0.02), (5, 0.2)]]
+    cloud_samples = [[(1, 0.04)] * 3, [(1, 0.04)], [(1, 0.02), (2, 0.09)]]
+    ratios = summarize(categories, (cloud_only, cloud_samples), {"d": (split, split_samples)})["d"]
+    assert [p["one_row_step_ratio"] for p in ratios["prompts"]] == [pytest.approx(1.5), None, pytest.approx(1.0)]
+    assert ratios["all"]["one_row_step_ratio"] == {"median": pytest.approx(1.25), "min": pytest.approx(1.0),
+                                                    "max": pytest.approx(1.5)}
+    assert "\n  slower than cloud-only: coding 0.50x (AL 1.00, 10 tokens, one-row steps 1.00x cloud-only's)\n" in \
+        table({"drafters": {"d": ratios}})
+    assert "one-row steps against cloud-only's on the same prompt: median 1.25x (1.00-1.50;" in \
+        table({"drafters": {"d": ratios}})
     out = summarize(categories, (cloud_only, samples), {"d": (split, samples)})["d"]
+    assert out["all"]["one_row_step_ratio"] is None and "one-row" not in table({"drafters": {"d": out}})
     math, coding, overall = out["categories"]["math"], out["categories"]["coding"], out["all"]
     assert math["prompts"] == 2 and math["acceptance_length"] == pytest.approx((3 * 2 + 1 + 4) / 4)
     assert math["acceptance_length_per_request"] == pytest.approx(((7 / 3) + 4) / 2)
