@@ -46,6 +46,7 @@ from shared.spec_metrics import (
 )
 from sim.fixtures.drafter_ladder import DrafterRung
 from sim.link.scenario import Scenario
+from sim.perf.fit import one_row_step_s
 
 __all__ = ["CategoryBench", "run_categories", "summarize", "render_first_turn", "render_conversation",
            "second_turn_prompts", "probe_questions", "probe_question", "probe_rig", "first_turn_sampling", "probe_lines",
@@ -190,19 +191,11 @@ def _cloud_s_per_token(samples: list[list[tuple[int, float]]], reports: list[Edg
     return sum(seconds for steps in samples for _, seconds in steps) / tokens if tokens else None
 
 
-def _one_row_step_s(steps: list[tuple[int, float]]) -> float | None:
-    """The cloud's mean seconds on a step of one row (the next token alone: cloud-only's every token, the
-    split's stale decodes, tokens decoded ahead and the cloud alone's unproposed ones); None: none ran."""
-    ones = [seconds for rows, seconds in steps if rows == 1]
-    return sum(ones) / len(ones) if ones else None
-
-
 def _one_row_step_ratio(split_steps: list[tuple[int, float]], cloud_steps: list[tuple[int, float]]) -> float | None:
     """How much slower the cloud ran a one-row step in the split than in cloud-only on the same prompt
-    (split's mean over cloud-only's; None where either ran none). The same shape in both, so above 1 the
-    machine ran the split's forwards slower (on one VM: the edge's memory traffic on the next core), not
-    the split that ran more of them: the part of a loss that is the machine's."""
-    split_s, cloud_s = _one_row_step_s(split_steps), _one_row_step_s(cloud_steps)
+    (``sim.perf.fit.one_row_step_s``, split's over cloud-only's; None where either ran none): the part of
+    a loss that is the machine's."""
+    split_s, cloud_s = one_row_step_s(split_steps), one_row_step_s(cloud_steps)
     return split_s / cloud_s if split_s is not None and cloud_s else None
 
 

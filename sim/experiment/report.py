@@ -27,6 +27,7 @@ _COLUMNS = [
     ("fwd/tok", "cloud_forwards_per_token"),
     ("cloud CPU s/tok", "cloud_cpu_s_per_token"),
     ("× fastest CPU", "ratio_cloud_cpu_s_per_token"),
+    ("× fastest 1-row step", "ratio_cloud_one_row_step_s"),
     ("identical", "identical_to_baseline"),
 ]
 

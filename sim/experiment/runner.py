@@ -153,6 +153,9 @@ def _aggregate(mode: str, draft_len: int, reports: list[EdgeReport], meters: lis
         "down_bytes_per_token": sum(m.down for m in meters) / tokens,
         "cloud_forwards_per_token": sum(m.forwards for m in meters) / tokens,
         "cloud_cpu_s_per_token": sum(m.cpu_s for m in meters) / tokens,
+        # the cloud's mean one-row step (``model_fit.one_row_step_s``): against cloud-only's, how much slower
+        # the machine ran this configuration's forwards
+        "cloud_one_row_step_s": model_fit.one_row_step_s([step for m in meters for step in m.verify_samples]),
         "wall_s": wall,
         "outputs": [r.tokens for r in reports],
         "predicted_tokens_per_s": None,  # (the performance model's, set beside the measurement)

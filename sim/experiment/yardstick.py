@@ -23,7 +23,7 @@ FASTEST = "fastest"  # cloud-only in free shapes: what a user would run instead
 REPRODUCIBLE = "reproducible"  # cloud-only in canonical (batch-invariant) shapes
 
 RATIO_KEYS = ["tokens_per_s", "ttft_s", "up_bytes_per_token", "down_bytes_per_token", "cloud_forwards_per_token",
-              "cloud_cpu_s_per_token"]
+              "cloud_cpu_s_per_token", "cloud_one_row_step_s"]
 
 
 def baseline_key(yardstick: str, kind: str, primary_kind: str) -> str:
@@ -33,8 +33,8 @@ def baseline_key(yardstick: str, kind: str, primary_kind: str) -> str:
 
 
 def ratios(run: dict, baseline: dict) -> dict:
-    """``run``'s figures over ``baseline``'s (None where the baseline's is 0)."""
-    return {k: (run[k] / baseline[k] if baseline[k] else None) for k in RATIO_KEYS}
+    """``run``'s figures over ``baseline``'s (None where either has none, or the baseline's is 0)."""
+    return {k: (run[k] / baseline[k] if baseline.get(k) and run.get(k) is not None else None) for k in RATIO_KEYS}
 
 
 def _per_prompt_ratios(run: dict, baseline: dict) -> list[float]:

@@ -22,7 +22,7 @@ from edge.tunables import TUNABLES
 from shared.wire import HTTP2_FRAME_HEADER_BYTES
 from sim.perf.model import Timings, fit_linear
 
-__all__ = ["RunTimings", "FittedTimings", "service_samples", "timings_from_reports", "fit_timings"]
+__all__ = ["RunTimings", "FittedTimings", "service_samples", "one_row_step_s", "timings_from_reports", "fit_timings"]
 
 
 @dataclass
@@ -59,6 +59,16 @@ def service_samples(before: dict[str, dict[str, float]], after: dict[str, dict[s
             seconds = after[sums][rows] - before.get(sums, {}).get(rows, 0.0)
             out += [(int(rows), seconds / steps)] * steps
     return out
+
+
+def one_row_step_s(steps: list[tuple[int, float]]) -> float | None:
+    """The cloud's mean seconds on a step of one row among ``steps`` (``service_samples``): the next token
+    alone, as cloud-only decodes every token and a split its stale decodes, tokens decoded ahead and the
+    cloud alone's unproposed ones; None where none ran. The same shape in a split and in cloud-only, so
+    their ratio on one machine is how much slower the machine ran the split's forwards (where the edge
+    shares the machine: its memory traffic on the next core), apart from how many the split ran."""
+    ones = [seconds for rows, seconds in steps if rows == 1]
+    return sum(ones) / len(ones) if ones else None
 
 
 def timings_from_reports(reports: list[EdgeReport], verify_samples: list[tuple[int, float]], mode: str) -> RunTimings:

@@ -16,7 +16,7 @@ RUN_KEYS = {
     "cloud_forwards_per_token", "cloud_cpu_s_per_token", "identical_to_baseline", "predicted_tokens_per_s",
     "schedule", "window", "hedge", "mean_draft_len", "hedge_hit_rate", "stale_blocks", "stale_decoded",
     "rebased_verified", "rebased_accepted", "ttft_cloud_s", "per_prompt_tokens_per_s", "ratios", "ratios_vs_reproducible",
-    "prediction_error_out_of_sample",
+    "prediction_error_out_of_sample", "cloud_one_row_step_s",
 }
 CONFIGS = [(reproducible, mode, 3, schedule, window) for reproducible in (False, True) for mode in ("greedy", "coupled")
            for schedule, window in (("lockstep", 1), ("pipelined", 3), ("adaptive", 3))]
@@ -80,6 +80,12 @@ def test_every_ratio_is_against_the_fastest_cloud_only(sim_result):
         assert run["ratios"]["tokens_per_s"] == pytest.approx(run["tokens_per_s"] / fastest["tokens_per_s"])
         assert run["ratios_vs_reproducible"]["tokens_per_s"] == pytest.approx(
             run["tokens_per_s"] / reproducible["tokens_per_s"])
+        # The machine's pace on one row against cloud-only's, where this run ran a step of one row.
+        assert fastest["cloud_one_row_step_s"] > 0  # (cloud-only decodes every token in one)
+        step = run["cloud_one_row_step_s"]
+        assert run["ratios"]["cloud_one_row_step_s"] == (
+            None if step is None else pytest.approx(step / fastest["cloud_one_row_step_s"]))
+    assert any(run["cloud_one_row_step_s"] for run in result["runs"])  # (stale decodes, the cloud alone)
     for run in result["runs"]:  # fitted on one prompt, predicting the other
         assert run["prediction_error_out_of_sample"] is not None
 
