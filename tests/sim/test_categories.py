@@ -111,6 +111,31 @@ def test_per_category_figures_from_known_reports():
     assert profile["per_category"]["math"]["prompts"] == 2
 
 
+def test_a_prompt_run_several_times_counts_once_at_the_median_of_its_runs():
+    # Two prompts (math, coding), three runs each, the whole list over again; each run against its own
+    # cloud-only (10 tok/s every run): math 1.0x, 2.0x, 1.25x; coding 0.5x, 0.8x, 1.25x.
+    categories = ["math", "coding"] * 3
+    cloud_only = [report(10, 1.0, {})] * 6
+    split = [report(10, wall, {2: 1}) for wall in (1.0, 2.0, 0.5, 1.25, 0.8, 0.8)]
+    split_steps = [[(1, 0.05)], [(1, 0.05)], [(1, 0.06)], [(1, 0.04)], [(1, 0.07)], [(5, 0.1)]]
+    cloud_steps = [[(1, 0.05)]] * 6
+    out = summarize(categories, (cloud_only, cloud_steps), {"d": (split, split_steps)}, runs_per_prompt=3)["d"]
+    math, coding = out["prompts"]
+    assert (math["category"], coding["category"]) == ("math", "coding")
+    assert math["run_speedups"] == pytest.approx([1.0, 2.0, 1.25]) and math["speedup"] == pytest.approx(1.25)
+    assert coding["run_speedups"] == pytest.approx([0.5, 0.8, 1.25]) and coding["speedup"] == pytest.approx(0.8)
+    assert math["one_row_step_ratio"] == pytest.approx(1.2)  # (1.0, 1.2, 1.4)
+    assert coding["one_row_step_ratio"] == pytest.approx(0.9)  # (1.0, 0.8; its last run ran no one-row step)
+    overall = out["all"]
+    assert overall["prompts"] == 2 and overall["runs_per_prompt"] == 3
+    assert overall["speedup"] == {"median": pytest.approx(1.025), "min": pytest.approx(0.8), "max": pytest.approx(1.25)}
+    assert overall["lost_share"] == 0.5 and out["categories"]["coding"]["lost_share"] == 1.0
+    assert "coding 0.80x (AL 2.00, 10 tokens, 3 runs 0.50-1.25x, one-row steps 0.90x cloud-only's)" in \
+        table({"drafters": {"d": out}})
+    with pytest.raises(ValueError, match="not 4 runs of each prompt"):
+        summarize(categories, (cloud_only, cloud_steps), {"d": (split, split_steps)}, runs_per_prompt=4)
+
+
 def test_a_paired_probe_closes_with_each_arm_s_median_and_the_median_of_the_ratios():
     rows = [("q2_k", 1.0, 1.2, 0.8, 0.6), ("q2_k", 2.0, 1.8, 0.5, 0.5), ("q2_k", 0.9, 1.0, 1.0, 0.9)]
     assert paired_summary(["q2_k"], rows) == [

@@ -40,6 +40,10 @@ def add(subparsers: argparse._SubParsersAction) -> None:
     bench.add_argument("--turns", type=int, choices=(1, 2), default=1,
                        help="MT-bench turns: 1 (default: first turns) or 2 (then each question's second turn, after "
                        "its first and the fastest cloud-only's answer, reported on its own; twice the time)")
+    bench.add_argument("--runs", type=positive_int, default=1,
+                       help="times each prompt runs, the whole list over again (default %(default)s): a prompt's "
+                            "speedup is then the median of its runs, each against the same run's cloud-only, and "
+                            "the table gives a losing prompt's range; the time grows with it")
     bench.add_argument("--seed", type=int, default=0, help="which questions are drawn, and the sampling seed")
     bench.add_argument("--out", type=Path, default=Path("out") / "categories", help="output folder")
     bench.add_argument("--json", action="store_true", help="print result.json instead of the table")
@@ -63,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         scenario=load_scenario(args.scenario), target=str(resolve_target(args.target)),
         drafters=[drafter_rung(name, progress=lambda line: print(line, file=sys.stderr, flush=True)) for name in names],
         per_category=None if args.full else args.per_category, max_new_tokens=args.max_new_tokens,
-        draft_len=args.draft_len, seed=args.seed, turns=args.turns)
+        draft_len=args.draft_len, seed=args.seed, turns=args.turns, runs=args.runs)
     result = run_categories(bench)
     result["provenance"] = made_by
     args.out.mkdir(parents=True, exist_ok=True)
