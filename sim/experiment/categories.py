@@ -291,7 +291,7 @@ def summarize(categories: list[str], cloud_only: tuple[list[EdgeReport], list], 
             measurement_conditions=measurement_conditions)
         records = []
         for prompt in range(distinct):
-            at = [i for i in range(len(categories)) if prompt_ids[i] == prompt]
+            at = range(prompt, len(categories), distinct)  # (its runs: the list over again each time)
             records.append(_prompt_record(categories[prompt], [reports[i] for i in at], [base_reports[i] for i in at],
                                           [samples[i] for i in at], [base_samples[i] for i in at]))
         out[drafter] = {"categories": per_category, "all": overall, "speculation_profile": profile, "prompts": records}
