@@ -7,8 +7,9 @@ the venv's packages) first on ``PYTHONPATH``: a folder holding another build's `
 llama-cpp-python release compiled with other CMAKE_ARGS), or ``/tmp/base-site:/tmp/arm-X``, a ``git archive``
 of another commit behind a ``sitecustomize.py`` that drops the editable install's finder. Per prompt (every
 other of the category bench's 16) and seed: cloud-only once, then the arms in alternating order, each asserted
-token-identical to cloud-only. Prints each arm's speedup and its drafter's milliseconds a drafted token, then
-per rung the medians, the paired B/A ratio and each arm's cloud forwards per token (median over prompts).
+token-identical to cloud-only. Prints each arm's speedup, its drafter's milliseconds a drafted token and its
+tokens drafted a committed token, then per rung the medians, the paired B/A ratio and each arm's cloud forwards
+and drafted tokens per committed token (medians over prompts).
 """
 import os
 import statistics
@@ -25,7 +26,7 @@ edge_cores, cloud_cores = core_split()
 ADAPTIVE = ["--schedule", "adaptive", "--draft-len", "8", "--window", "4", "--lookup", "--drafter-threads", "1"]
 ENVS = {arm: {"PYTHONPATH": os.environ[f"PATH_{arm}"]} if os.environ.get(f"PATH_{arm}") else None for arm in "AB"}
 
-rows, draft_ms, forwards = [], {"A": [], "B": []}, {"A": [], "B": []}
+rows, draft_ms, forwards, drafted = [], {"A": [], "B": []}, {"A": [], "B": []}, {"A": [], "B": []}
 with ExitStack() as stack:
     cloud, link = cloud_behind_link(stack, scen.link, cloud_cores)
     for n, (rung, drafter, seed, cat, q, sampling) in enumerate(probe_lines(rungs, seeds)):
@@ -42,9 +43,11 @@ with ExitStack() as stack:
             ms[arm] = 1e3 * (d["draft_s"] - d["prompt_eval_s"]) / max(d["drafted"], 1)
             draft_ms[arm].append((rung, ms[arm]))
             forwards[arm].append((rung, r["decode"]["target_forwards"] / len(r["tokens"])))
+            drafted[arm].append((rung, d["drafted"] / len(r["tokens"])))
         rows.append((rung, speed["A"], speed["B"]))
         print(f"{rung:8s} s{seed} {cat:11s} #{q.question_id:<4d} cloud-only {base_rate:5.2f} tok/s  "
-              f"A {speed['A']:.2f}x ({ms['A']:.1f} ms a draft)  B {speed['B']:.2f}x ({ms['B']:.1f} ms a draft)",
+              f"A {speed['A']:.2f}x ({ms['A']:.1f} ms a draft, {drafted['A'][-1][1]:.1f} a token)  "
+              f"B {speed['B']:.2f}x ({ms['B']:.1f} ms a draft, {drafted['B'][-1][1]:.1f} a token)",
               flush=True)
 print(f"{scen.name}, {os.cpu_count()} cores, A: {ENVS['A']}, B: {ENVS['B']}")
 for rung in rungs:
@@ -54,4 +57,6 @@ for rung in rungs:
           f"{statistics.median(a):.2f} ms a draft; B: median {statistics.median(sb):.2f}x ({min(sb):.2f}-{max(sb):.2f}), "
           f"{statistics.median(b):.2f} ms a draft; paired B/A speed {statistics.median(y / x for x, y in zip(sa, sb)):.3f}, "
           f"B faster on {sum(y > x for x, y in zip(sa, sb))} of {len(sa)}; cloud forwards a token A "
-          + " B ".join(f"{statistics.median(f for r, f in forwards[arm] if r == rung):.3f}" for arm in "AB"))
+          + " B ".join(f"{statistics.median(f for r, f in forwards[arm] if r == rung):.3f}" for arm in "AB")
+          + "; drafted a token A " + " B ".join(f"{statistics.median(f for r, f in drafted[arm] if r == rung):.2f}"
+                                                for arm in "AB"))
