@@ -30,6 +30,7 @@ import grpc
 
 from cloud.decode_ahead import breaks_chain, decode_ahead_steps, decodes_ahead
 from cloud.frame_queue import FrameQueue
+from cloud.limits import ServiceLimits
 from cloud.metrics import client_bucket
 from cloud.next_block import NextBlockClock
 from cloud.service_part import ServicePart
@@ -102,6 +103,16 @@ async def _next_frame(frames: asyncio.Queue, timeout_s: float):
         raise _idle() from exc
 
 
+def _check_in_flight(pending: list[PendingBlock], limits: ServiceLimits) -> None:
+    """Refuse a stream with more blocks waiting than ``limits`` allow: ``max_blocks_in_flight`` with
+    drafts, ``max_empty_blocks`` empty (a token each, as a cloud stretch sends them)."""
+    empty = sum(not block.drafts for block in pending)
+    if len(pending) - empty > limits.max_blocks_in_flight:
+        raise Abort(grpc.StatusCode.INVALID_ARGUMENT, f"more than {limits.max_blocks_in_flight} blocks in flight")
+    if empty > limits.max_empty_blocks:
+        raise Abort(grpc.StatusCode.INVALID_ARGUMENT, f"more than {limits.max_empty_blocks} empty blocks in flight")
+
+
 class BlockStream(ServicePart):
     """Verifies the blocks of the service's streams on ``scheduler``'s engine thread."""
 
@@ -155,9 +166,9 @@ class BlockStream(ServicePart):
         if draft.empty_blocks > 1:
             if draft.payload or draft.branches or draft.more_follows or draft.before_opened:
                 raise Abort(grpc.StatusCode.INVALID_ARGUMENT, "bad draft block: empty_blocks on a block that is not empty")
-            if draft.empty_blocks > self.limits.max_blocks_in_flight:
+            if draft.empty_blocks > self.limits.max_empty_blocks:
                 raise Abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad draft block: {draft.empty_blocks} empty blocks, "
-                            f"the limit is {self.limits.max_blocks_in_flight}")
+                            f"the limit is {self.limits.max_empty_blocks}")
         stale = draft.epoch < session.epoch
         if stale and not session.rebases:
             return PendingBlock(draft.epoch, draft.start_position, [], more_follows=False)
@@ -322,7 +333,7 @@ class BlockStream(ServicePart):
         (``VerifierSession.verify_chain``), or one stale block.
 
         Stops when the edge closes or hangs up (``ending`` gets ``CLOSE`` or
-        ``EOF``); refuses more than ``max_blocks_in_flight`` blocks waiting; with nothing pending after a
+        ``EOF``); refuses more blocks waiting than the limits allow (``_check_in_flight``); with nothing pending after a
         verdict that breaks the edge's chain, decodes ahead while ``decodes_ahead`` says so (and shows
         the session the new chain's first block: ``ChainStartGuesses``), yielding the final verdict
         unasked where that ends the session and the edge takes it (``Open.takes_unasked_end``);
@@ -360,11 +371,7 @@ class BlockStream(ServicePart):
                 pending.extend(replace(block, start_position=block.start_position + i, arrived_at=item[1])
                                for i in range(max(item[0].empty_blocks, 1)))
                 next_block.arrived(item[1], item[0].epoch)
-                if len(pending) > self.limits.max_blocks_in_flight:
-                    raise Abort(
-                        grpc.StatusCode.INVALID_ARGUMENT,
-                        f"more than {self.limits.max_blocks_in_flight} blocks in flight",
-                    )
+                _check_in_flight(pending, self.limits)
             if pending and not ending:  # one chain at a time: a stale block's answer depends on what arrived
                 session, front = entry.session, pending[0]
                 epoch, told = session.epoch, session.ahead.told_from(len(session.tokens))

@@ -220,7 +220,7 @@ class Handshake(ServicePart):
             max_draft_len=session.draft_limit.current,
             forwards=session.forwards,
             max_blocks_in_flight=self.limits.max_blocks_in_flight,
-            max_empty_blocks=self.limits.max_blocks_in_flight,
+            max_empty_blocks=self.limits.max_empty_blocks,
             max_branches=session.policy.max_branches,
             replica=self.replica,
             row_tile=self.engine.row_tile(session.params.reproducible),

@@ -28,7 +28,11 @@ class ServiceLimits:
     # (a keep-alive block now and then) gives its slot to the new one (cloud.session_table; 0: never).
     min_tokens_to_keep_slot: int = 4
     max_draft_len: int = 32  # drafts per block
-    max_blocks_in_flight: int = 16  # blocks a session may have sent and not had answered
+    max_blocks_in_flight: int = 16  # blocks with drafts a session may have sent and not had answered
+    # Empty blocks (a token each, decoded alone: one row) a session may have in flight besides, and one Draft frame
+    # may stand for. A cloud stretch over a long, lossy link keeps a round trip and a retransmission's worth in flight
+    # (edge.controller.cloud_window_for: 43 over satellite), or its cloud waits on the edge after every lost packet.
+    max_empty_blocks: int = 64
     session_ttl_s: float = 120.0  # how long a broken session stays resumable; also the idle limit
     max_new_tokens: int = 4096
     max_prompt_tokens: int = 16384

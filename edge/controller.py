@@ -24,6 +24,7 @@ while it measurably pays). The rules and their reasons:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from edge.acceptance_estimate import AcceptanceEstimate
@@ -34,9 +35,11 @@ from edge.verifier_protocol import SessionTerms
 from shared.acceptance import ChainCosts, pipelined_chain
 from shared.stats import Ewma
 
-__all__ = ["Controller", "Plan", "controller_for", "stretch_top_up", "CLOUD_WINDOW", "REPLAN_TOKENS"]
+__all__ = ["Controller", "Plan", "controller_for", "stretch_top_up", "cloud_window_for", "CLOUD_WINDOW",
+           "REPLAN_TOKENS"]
 
-CLOUD_WINDOW = 16  # empty blocks in flight while the cloud decodes alone (the verifier may allow fewer)
+CLOUD_WINDOW = 16  # empty blocks in flight while the cloud decodes alone, at least (the verifier may allow fewer)
+RETRANSMIT_FLOOR_S = 0.2  # TCP resends a lost packet a round trip and at least this later (Linux's least RTO variance)
 REPLAN_TOKENS = 8  # within a cloud stretch or a chain, the decode loop asks for a plan again every this many tokens
 
 
@@ -49,6 +52,24 @@ def stretch_top_up(window: int, max_empty_blocks: int) -> int:
     than Generate's; a frame per quarter window wakes it a quarter as often and keeps three quarters of
     the window in flight."""
     return max(1, min(window // 4, max_empty_blocks))
+
+
+def cloud_window_for(round_trip_s: float | None, token_s: float | None) -> int:
+    """Empty blocks to keep in flight while the cloud decodes alone, on a link of ``round_trip_s`` with a
+    cloud of ``token_s`` a token (None or 0: not known; then ``CLOUD_WINDOW``): enough for the cloud to
+    decode on through a round trip and a lost packet's retransmission (a round trip and
+    ``RETRANSMIT_FLOOR_S`` more: TCP holds the verdicts behind a lost one until it is resent, and with
+    them the edge's next frames of empty blocks), however far the window dips before a frame goes
+    (``stretch_top_up``); ``CLOUD_WINDOW`` at least. Measured over satellite (600 ms, 1% loss; Zen 5 EPYC,
+    a 44 ms token): 16 in flight made 0.79x of ``Generate``'s pace, this window (43) 1.007x
+    (docs/results/2026-12-07-cloud-window-zen5-epyc)."""
+    if round_trip_s is None or token_s is None or round_trip_s <= 0 or token_s <= 0:
+        return CLOUD_WINDOW
+    tokens = math.ceil((2 * round_trip_s + RETRANSMIT_FLOOR_S) / token_s)
+    window = max(CLOUD_WINDOW, tokens)
+    while window - stretch_top_up(window, window) < tokens:
+        window += 1
+    return window
 
 
 def controller_for(schedule: str, max_draft_len: int, window: int) -> Controller | None:
@@ -90,7 +111,8 @@ class Controller:
             raise ValueError("max_draft_len, window and cloud_window must be >= 1")
         self.max_draft_len = max_draft_len
         self.window = window
-        self.cloud_window = cloud_window
+        self.cloud_window = cloud_window  # empty blocks in flight in a cloud stretch, at least (``stretch_window``)
+        self.cloud_cap: int | None = None  # ... and at most: the verifier's (``SessionTerms.empty_in_flight``)
         self.tunables = tunables
         self.acceptance = AcceptanceEstimate()
         self.draft_s_per_token = Ewma()
@@ -148,7 +170,7 @@ class Controller:
         self.network_s.add(round_trip_s)
         self.cloud_s_per_token.add(token_s)
         self.draft_len = 0
-        return Plan(0, self.cloud_window, self.predict_cloud())
+        return Plan(0, self.stretch_window, self.predict_cloud())
 
     # -- what the loop measured ------------------------------------------
     def observe_block(self, drafted: int, accepted: int, trip_s: float, draft_s: float, cloud_s: float = 0.0,
@@ -252,6 +274,15 @@ class Controller:
         """Blocks in flight while drafting: the choice, within the cap."""
         return min(self.chosen_window, self.window)
 
+    @property
+    def stretch_window(self) -> int:
+        """Empty blocks in flight while the cloud decodes alone: what the link as measured asks
+        (``cloud_window_for`` the network's share of a trip and the cloud's seconds a token), the
+        constructor's window at least, the verifier's cap at most."""
+        sized = cloud_window_for(self.network_s.value, self.cloud_s_per_token.value or self.one_token_s.value)
+        window = max(self.cloud_window, sized)
+        return window if self.cloud_cap is None else max(min(window, self.cloud_cap), 1)
+
     def limit_draft_len(self, max_draft_len: int) -> None:
         """The cloud's load hint: no more than this many drafts per block."""
         self.max_draft_len = max(1, min(self.max_draft_len, max_draft_len))
@@ -269,9 +300,9 @@ class Controller:
         self.hedge.allow(min(hedge_cap, terms.max_branches), branch_len)
         self.set_row_tile(terms.row_tile)
         self.window = min(self.window, terms.max_blocks_in_flight)
-        self.cloud_window = min(self.cloud_window, terms.max_blocks_in_flight)
+        self.cloud_cap = terms.empty_in_flight
         if self.draft_len == 0:
-            return Plan(0, self.cloud_window, None)
+            return Plan(0, self.stretch_window, None)
         return Plan(draft_len, self.drafting_window, None)
 
     def lower_draft_limit(self, limit: int, branch_len: int) -> None:
@@ -311,7 +342,8 @@ class Controller:
             return None
         rate = 1.0 / per_token
         if self.network_s.value is not None:  # (the fewest in flight: just before a top-up frame goes)
-            depth = self.cloud_window - stretch_top_up(self.cloud_window, self.cloud_window) + 1
+            window = self.stretch_window
+            depth = window - stretch_top_up(window, window) + 1
             rate = min(rate, depth / (self.network_s.value + per_token))
         return rate
 
@@ -375,7 +407,7 @@ class Controller:
                 break
         if self.draft_len:
             self.chosen_window = chosen[self.draft_len][1]
-        window = self.cloud_window if self.draft_len == 0 else self.drafting_window
+        window = self.stretch_window if self.draft_len == 0 else self.drafting_window
         self.hedge.choose(known.get(self.draft_len), self.forward_cost, self.draft_len, self.tunables.hysteresis,
                           self.drafted_blocks)
         return Plan(self.draft_len, window, known.get(self.draft_len))

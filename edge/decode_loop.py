@@ -219,7 +219,7 @@ class _Decode:
         pipe, (draft_len_cap, hedge_cap) = self.pipeline, self.caps
         pipe.draft_limit, pipe.max_empty_blocks = terms.max_draft_len, terms.max_empty_blocks
         if min(draft_len_cap, terms.max_draft_len) == 0:
-            pipe.schedule = FixedSchedule(0, pipe.window)
+            pipe.schedule = FixedSchedule(0, pipe.window, pipe.cloud_window)
         pipe.follow(pipe.schedule.adopt(terms, draft_len_cap, hedge_cap, self.branch_len))
 
     @property

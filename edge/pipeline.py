@@ -34,7 +34,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
-from edge.controller import CLOUD_WINDOW, REPLAN_TOKENS, Plan, stretch_top_up
+from edge.controller import CLOUD_WINDOW, REPLAN_TOKENS, Plan, cloud_window_for, stretch_top_up
 from edge.schedule import Schedule
 from edge.verifier_protocol import CloudTiming
 
@@ -108,6 +108,7 @@ class Pipeline(Generic[F]):
         self.hold = False  # blocks in flight rest on a wrong guess of the first token: send none until they drain
         self.leaving_cloud = False  # a switch from a cloud stretch to drafting waits for the empty blocks to drain
         self.since_plan = 0  # tokens committed since the schedule last chose
+        self.cloud_window = CLOUD_WINDOW  # a schedule that drafts nothing: empty blocks in flight (``head_start``)
 
     def __iter__(self) -> Iterator[F]:
         return iter(self.in_flight)
@@ -145,9 +146,12 @@ class Pipeline(Generic[F]):
         window of empty blocks go behind the Open, as ``Generate`` streams (else the cloud would idle a
         round trip after the first token; lock-step, one block at a time: None); one that drafts, its
         schedule's (``Controller.start``, on a round trip and the cloud's seconds a token alone), if any.
-        Not followed yet: the caller follows it when it takes effect."""
+        Not followed yet: the caller follows it when it takes effect. A schedule that drafts nothing (the
+        caller's, or the verifier's terms) keeps the window the link asks for: ``cloud_window``
+        (``cloud_window_for``)."""
+        self.cloud_window = cloud_window_for(round_trip_s, token_s)
         if not self.draft_len:
-            return Plan(0, CLOUD_WINDOW, None) if self.window > 1 else None
+            return Plan(0, self.cloud_window, None) if self.window > 1 else None
         return self.schedule.start(round_trip_s, token_s)
 
     def takes_early_block(self, drafts_left: int) -> bool:

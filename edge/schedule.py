@@ -70,16 +70,17 @@ class Schedule(Protocol):
 class FixedSchedule:
     """The lock-step (``window`` 1) and pipelined schedules: ``draft_len`` drafts a block, ``window`` blocks
     in flight, within the verifier's terms; measurements are ignored. With no drafts (``draft_len`` 0, the
-    caller's or the verifier's) the cloud decodes alone: pipelined, ``CLOUD_WINDOW`` empty blocks in flight
-    as in an adaptive session's cloud stretch (a token a forward, as fast as target-only decoding); in
-    lock-step one, a round trip a token."""
+    caller's or the verifier's) the cloud decodes alone: pipelined, ``cloud_window`` empty blocks in flight
+    (what the link asks, ``edge.controller.cloud_window_for``; ``CLOUD_WINDOW`` where not known), within the
+    verifier's ``SessionTerms.empty_in_flight``, as in an adaptive session's cloud stretch (a token a
+    forward, as fast as target-only decoding); in lock-step one, a round trip a token."""
 
     switches = 0
 
-    def __init__(self, draft_len: int, window: int) -> None:
+    def __init__(self, draft_len: int, window: int, cloud_window: int = CLOUD_WINDOW) -> None:
         if draft_len < 0 or window < 1:
             raise ValueError(f"need draft_len >= 0 and window >= 1, got {draft_len} and {window}")
-        self.draft_len, self.window = draft_len, window
+        self.draft_len, self.window, self.cloud_window = draft_len, window, cloud_window
         self._hedge_width = 0
 
     @property
@@ -93,8 +94,9 @@ class FixedSchedule:
         self.draft_len = min(draft_len_cap, terms.max_draft_len)
         self._hedge_width = min(hedge_cap, terms.max_branches)
         if not self.draft_len and self.window > 1:
-            self.window = CLOUD_WINDOW
-        self.window = min(self.window, terms.max_blocks_in_flight)
+            self.window = min(self.cloud_window, terms.empty_in_flight)
+        else:
+            self.window = min(self.window, terms.max_blocks_in_flight)
         return self.plan()
 
     def lower_draft_limit(self, limit: int, branch_len: int) -> None:

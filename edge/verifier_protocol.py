@@ -85,13 +85,21 @@ class SessionTerms:
     """What the verifier allows a session (its ``Opened``)."""
 
     max_draft_len: int  # drafts per block (the loop asks for window - 1 more: guesses for stale blocks' tokens)
-    max_blocks_in_flight: int  # blocks sent and not yet answered
+    max_blocks_in_flight: int  # blocks with drafts sent and not yet answered
     answers_first_position: bool = False  # a verdict for the first position comes unasked (an empty block)
     max_branches: int = 0  # hedge branches a block may carry
     kept_early_block: bool = False  # the block drafted while the Open was in flight went out and fits these terms
     row_tile: int = 0  # rows the verifier's forwards cost alike (Opened.row_tile; 0: not said)
     head_start: int = 0  # empty blocks sent behind the Open that stand, for the positions after the first
     max_empty_blocks: int = 1  # empty blocks one frame may stand for (Opened.max_empty_blocks; 1: an older verifier)
+
+    @property
+    def empty_in_flight(self) -> int:
+        """Empty blocks the session may have in flight (a cloud stretch's window): ``max_empty_blocks``
+        where the verifier says more than one a frame (it bounds them apart from those with drafts, or
+        counts every block against ``max_blocks_in_flight`` and says no more than that), else
+        ``max_blocks_in_flight`` (an older verifier)."""
+        return self.max_empty_blocks if self.max_empty_blocks > 1 else self.max_blocks_in_flight
 
 
 @dataclass(frozen=True)

@@ -89,7 +89,7 @@ class _Generation:
                  rng: random.Random) -> None:
         self.costs, self.rng = costs, rng
         self.pipeline: Pipeline[SimBlock] = Pipeline(draft_len, window, schedule)
-        self.pipeline.max_empty_blocks = ServiceLimits.max_blocks_in_flight  # (the service's Opened says so)
+        self.pipeline.max_empty_blocks = ServiceLimits.max_empty_blocks  # (the service's Opened says so)
         self.pending: deque[SimBlock] = deque()  # sent, not yet answered by the cloud
         self.cloud = VerifierSim(costs, rng, self.pending)
         self.tally = SimulatedRun()

@@ -104,29 +104,34 @@ def test_blocks_that_cannot_continue_the_session_are_refused(tiny_engine, greedy
 
 
 def test_the_cloud_bounds_blocks_in_flight(tiny_engine, greedy_path):
-    """More blocks waiting than the limit ends the stream; the check runs before any forward."""
+    """More blocks waiting than the limit ends the stream; the check runs before any forward. Empty
+    blocks (a token each: a cloud stretch's) have a limit of their own, beside those with drafts."""
     from cloud.limits import ServiceLimits
     from cloud.servicer import VerifierServicer
     from cloud.stream_end import Abort
     from shared.wire import OpenRequest
 
     prompt, want = greedy_path
-    servicer = VerifierServicer(tiny_engine, ServiceLimits(max_blocks_in_flight=2))
+    servicer = VerifierServicer(tiny_engine, ServiceLimits(max_blocks_in_flight=2, max_empty_blocks=3))
 
-    async def scenario(blocks: int):
+    async def scenario(blocks: int, empty: int = 0):
         entry = await servicer.handshake.new_session(OpenRequest(GREEDY, prompt, 40), 16, owner="test")
         frames: asyncio.Queue = asyncio.Queue()
         for b in range(blocks):  # all queued before the servicer looks: one drain sees them together
             payload = codec.encode_tokens(want[2 * b : 2 * b + 2], tiny_engine.vocab_size).data
-            draft = pb.Draft(epoch=0, start_position=len(prompt) + 2 * b, payload=payload, more_follows=b < blocks - 1)
+            draft = pb.Draft(epoch=0, start_position=len(prompt) + 2 * b, payload=payload,
+                             more_follows=b < blocks - 1 or empty > 0)
             frames.put_nowait((draft, time.perf_counter()))
+        for b in range(empty):  # (behind the drafted ones, each asking for a token)
+            position = len(prompt) + 2 * blocks + b
+            frames.put_nowait((pb.Draft(epoch=0, start_position=position), time.perf_counter()))
         forwards = entry.session.forwards
         verdicts = servicer.blocks.verdicts(entry, entry.stream, frames, [])
         out = []
         try:
             async for verdict, *_ in verdicts:
                 out.append(verdict)
-                if len(out) == blocks:
+                if len(out) == blocks + empty:
                     break
         except Abort as exc:
             return exc, entry.session.forwards - forwards
@@ -140,6 +145,10 @@ def test_the_cloud_bounds_blocks_in_flight(tiny_engine, greedy_path):
     refused, forwards = asyncio.run(asyncio.wait_for(scenario(3), 30))
     assert isinstance(refused, Abort) and refused.code == grpc.StatusCode.INVALID_ARGUMENT
     assert "more than 2 blocks in flight" in str(refused) and forwards == 0
+    verdicts, _ = asyncio.run(asyncio.wait_for(scenario(2, empty=3), 30))
+    assert [v.accepted for v in verdicts] == [2, 2, 0, 0, 0]  # five in flight, two with drafts and three empty
+    refused, forwards = asyncio.run(asyncio.wait_for(scenario(0, empty=4), 30))
+    assert isinstance(refused, Abort) and "more than 3 empty blocks in flight" in str(refused) and forwards == 0
     servicer.scheduler.shutdown()
 
 

@@ -280,8 +280,8 @@ BAD_DRAFTS = {
     "second-open": (lambda c: [open_frame(c.vocab, c.prompt)], INVALID, "unexpected open frame"),
     "empty-frame": (lambda c: [pb.EdgeFrame()], INVALID, "unexpected"),
     "more-empty-blocks-than-may-be-in-flight": (
-        lambda c: [pb.EdgeFrame(draft=pb.Draft(start_position=c.P, empty_blocks=ServiceLimits.max_blocks_in_flight + 1))],
-        INVALID, f"{ServiceLimits.max_blocks_in_flight + 1} empty blocks, the limit is {ServiceLimits.max_blocks_in_flight}"),
+        lambda c: [pb.EdgeFrame(draft=pb.Draft(start_position=c.P, empty_blocks=ServiceLimits.max_empty_blocks + 1))],
+        INVALID, f"{ServiceLimits.max_empty_blocks + 1} empty blocks, the limit is {ServiceLimits.max_empty_blocks}"),
     "empty-blocks-on-a-drafted-block": (
         lambda c: [pb.EdgeFrame(draft=pb.Draft(start_position=c.P, payload=b"\x01", empty_blocks=2))],
         INVALID, "empty_blocks on a block that is not empty"),
@@ -446,7 +446,8 @@ def test_a_frame_of_empty_blocks_is_answered_block_by_block(stub, tiny_vocab, pr
     talk = Conversation(stub)
     talk.send(open_frame(tiny_vocab, prompt))
     opened = talk.receive().opened
-    assert opened.max_empty_blocks == opened.max_blocks_in_flight == ServiceLimits.max_blocks_in_flight
+    assert (opened.max_empty_blocks, opened.max_blocks_in_flight) == (ServiceLimits.max_empty_blocks,
+                                                                      ServiceLimits.max_blocks_in_flight)
     talk.send(pb.EdgeFrame(draft=pb.Draft(epoch=0, start_position=P, empty_blocks=4)))
     verdicts = [talk.receive().verdict for _ in range(4)]
     assert [(v.start_position, v.token, v.stale) for v in verdicts] == [(P + i, want[i], False) for i in range(4)]

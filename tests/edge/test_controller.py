@@ -8,12 +8,13 @@ import pytest
 from helpers import tiny_drafter, tiny_prompt
 
 from edge.acceptance_estimate import AcceptanceEstimate
-from edge.controller import REPLAN_TOKENS, Controller, controller_for
+from edge.controller import CLOUD_WINDOW, REPLAN_TOKENS, Controller, cloud_window_for, controller_for
 from edge.decode_loop import run_decode
 from edge.early_block import EARLY_DRAFT_LEN
 from edge.ngram_drafter import NgramDrafter
 from edge.schedule import SpecConfig
 from edge.tunables import Tunables
+from edge.verifier_protocol import SessionTerms
 from shared.params import Mode, SamplingParams
 from shared.stats import Ewma
 from shared.verdict import StopReason
@@ -580,3 +581,28 @@ def test_a_session_s_first_chain_drafts_at_the_cap_until_the_controller_has_chos
     finally:
         drafter.close()
     assert blocks[:2] == [EARLY_DRAFT_LEN, 8]
+
+
+def test_a_cloud_stretch_keeps_a_round_trip_and_a_retransmission_in_flight():
+    """``cloud_window_for``: ceil((2 round trips + 0.2 s) / token) tokens in flight even just before a top-up
+    frame goes (the window less a quarter of it, ``stretch_top_up``), ``CLOUD_WINDOW`` at least; the
+    controller sizes its stretches so from what it measured, within the verifier's cap of empty blocks."""
+    assert cloud_window_for(0.61, 0.044) == 43  # satellite, a Zen 5's token: 33 tokens; 43 - 10 = 33
+    assert cloud_window_for(0.14, 0.044) == CLOUD_WINDOW  # acespec-50k: 11 tokens, under the floor's 16 - 4
+    assert cloud_window_for(0.61, 0.1) == 19  # 15 tokens: 19 - 4 = 15 (18 - 4 = 14 is short)
+    assert cloud_window_for(None, 0.044) == cloud_window_for(0.6, 0.0) == CLOUD_WINDOW  # not known
+    control = Controller(8, 4, CLOUD_WINDOW)
+    assert control.stretch_window == CLOUD_WINDOW  # nothing measured yet
+    control.network_s.add(0.61)
+    control.one_token_s.add(0.044)
+    assert control.stretch_window == 43
+    control.cloud_s_per_token.add(0.1)  # a stretch's own pace, where measured, goes first
+    assert control.stretch_window == 19
+    control.adopt(SessionTerms(8, 4, max_empty_blocks=16), 8, 0, 3)
+    assert control.stretch_window == 16  # (the verifier's cap)
+    older = Controller(8, 4, CLOUD_WINDOW)  # a verifier that says nothing of empty blocks: its blocks in flight
+    older.network_s.add(0.61)
+    older.one_token_s.add(0.044)
+    older.adopt(SessionTerms(8, 6), 8, 0, 3)
+    assert older.stretch_window == 6 and SessionTerms(8, 6).empty_in_flight == 6
+    assert SessionTerms(8, 6, max_empty_blocks=64).empty_in_flight == 64

@@ -15,7 +15,7 @@ from helpers import ControllersSeen, link_for, tiny_drafter, tiny_prompt
 
 from cloud.limits import ServiceLimits
 from cloud.server import BackgroundServer, ServerConfig
-from edge.controller import Controller
+from edge.controller import Controller, cloud_window_for
 from edge.decode_loop import run_decode
 from edge.endpoint import VerifierEndpoint
 from edge.grpc_verifier import GrpcVerifier
@@ -60,7 +60,9 @@ def test_stream_hints_round_trip_and_read_bad_values_as_not_said():
 def test_the_controller_starts_with_the_cloud_alone_only_where_a_round_trip_outweighs_a_chain():
     long = Controller(max_draft_len=8, window=4, cloud_window=16)
     plan = long.start(round_trip_s=0.6, token_s=0.09)
-    assert plan is not None and plan.draft_len == 0 and plan.window == 16 and long.draft_len == 0
+    # Its window covers a round trip and a retransmission at the cloud's pace (``cloud_window_for``).
+    assert plan is not None and plan.draft_len == 0 and plan.window == cloud_window_for(0.6, 0.09) == 21
+    assert long.draft_len == 0
     assert long.network_s.value == 0.6 and long.cloud_s_per_token.value == 0.09  # (measured: kept)
     assert plan.predicted_tokens_per_s == pytest.approx(1 / 0.09)
     # The boundary: a round trip and a token worth Tunables.start_chain_tokens of the cloud's.
@@ -82,8 +84,8 @@ def test_the_controller_starts_with_the_cloud_alone_only_where_a_round_trip_outw
 class Recording(LocalVerifier):
     """Records each block sent as (start position, drafts), the head start's included."""
 
-    def __init__(self, engine, link_hint=None) -> None:
-        super().__init__(engine, link_hint=link_hint)
+    def __init__(self, engine, link_hint=None, **limits) -> None:
+        super().__init__(engine, link_hint=link_hint, **limits)
         self.blocks: list[tuple[int, int]] = []
 
     def send(self, epoch, start_position, block, more_follows, *, empty_blocks=1):
@@ -144,6 +146,34 @@ def test_the_cloud_alone_pipelined_sends_its_window_behind_the_open(tiny_engine,
         assert got.tokens == want, window
         sent_first[window] = link.sent_before
     assert sent_first[4] == [(len(prompt) + 1 + i, 0) for i in range(6)] and sent_first[1] == []
+
+
+def test_the_cloud_alone_keeps_in_flight_what_a_long_link_asks(tiny_engine, drafters):
+    """Over a long round trip the cloud alone keeps a round trip and a retransmission's worth of empty
+    blocks in flight (``cloud_window_for``: 21 at 0.6 s and 90 ms a token), where the verifier lets it
+    (``SessionTerms.empty_in_flight``), and sixteen on a short one; measured over satellite, sixteen
+    made 0.79x of Generate's pace: each lost packet held the edge's next frames back, and the cloud
+    waited (docs/results/2026-12-07-cloud-window-zen5-epyc)."""
+    prompt = tiny_prompt(tiny_engine, TEXT)
+    want = generate(tiny_engine, drafters["drafter_f32"], prompt, PARAMS[0], max_new_tokens=48,
+                    spec=SpecConfig(0)).tokens
+
+    class Counting(Recording):
+        def receive(self):  # (the first verdict answers the first position, which no block asked for)
+            self.answered = getattr(self, "answered", -1) + 1
+            self.most = max(getattr(self, "most", 0), len(self.blocks) - self.answered)
+            return super().receive()
+
+    most = {}
+    for round_trip_s, allowed in ((0.6, 64), (0.6, 16), (0.1, 64)):
+        link = Counting(tiny_engine, LinkHint(round_trip_s, StreamHints(token_s=0.09, max_blocks_in_flight=allowed)),
+                        max_blocks_in_flight=allowed)
+        got = run_decode(drafters["drafter_f32"], link, prompt, PARAMS[0], max_new_tokens=48,
+                         spec=SpecConfig(0, window=4))
+        assert got.tokens == want
+        most[round_trip_s, allowed] = link.most
+    assert cloud_window_for(0.6, 0.09) == 21
+    assert most == {(0.6, 64): 21, (0.6, 16): 16, (0.1, 64): 16}
 
 
 def test_a_fixed_schedule_or_a_short_round_trip_gets_no_head_start(tiny_engine, drafters):

@@ -108,6 +108,14 @@ def test_a_fixed_schedule_keeps_its_plan_and_fits_the_verifier_s_terms():
     assert FixedSchedule(0, 4).adopt(SessionTerms(max_draft_len=5, max_blocks_in_flight=64), 0, 0, 3).window \
         == CLOUD_WINDOW
     assert FixedSchedule(0, 1).adopt(SessionTerms(max_draft_len=5, max_blocks_in_flight=8), 0, 0, 3).window == 1
+    # Its window is what the link asks (``cloud_window_for``, from the hint the head start reads), within the
+    # verifier's empty blocks in flight (an older verifier's: its blocks in flight).
+    pipe = Pipeline(0, 4, FixedSchedule(0, 4))
+    assert pipe.head_start(0.61, 0.044) == Plan(0, 43, None) and pipe.cloud_window == 43
+    long = SessionTerms(max_draft_len=0, max_blocks_in_flight=16, max_empty_blocks=64)
+    assert FixedSchedule(0, 4, pipe.cloud_window).adopt(long, 0, 0, 3).window == 43
+    assert FixedSchedule(0, 4, 43).adopt(SessionTerms(max_draft_len=0, max_blocks_in_flight=16), 0, 0, 3).window == 16
+    assert FixedSchedule(0, 1, 43).adopt(long, 0, 0, 3).window == 1
 
 
 def test_a_long_round_trip_starts_an_adaptive_session_with_the_cloud_alone():
