@@ -76,6 +76,7 @@ class GrpcVerifier:
     bytes_down = _metered("bytes_down")
     open_bytes = _metered("open_bytes")
     rtt_samples_s = _metered("rtt_samples_s")
+    unasked = _metered("unasked")
     rtt_ms = _metered("rtt_ms")
     block_log = _metered("block_log")
     open_s = _metered("open_s")

@@ -37,7 +37,8 @@ class LinkMeter:
     prompt_tokens: int = 0  # prompt tokens the Opens uploaded
     open_s: float = 0.0  # the first Open sent -> its Opened received (prefill included)
     first_token_cloud_s: float = 0.0  # the cloud's time to the first token, prefill included (0: not with the Opened)
-    rtt_samples_s: list[float] = field(default_factory=list)  # [verdicts received]
+    rtt_samples_s: list[float] = field(default_factory=list)  # [verdicts received that answer a block]
+    unasked: int = 0  # verdicts that answered no block (``Verdict.unasked``: the final one, at most): no round trip
     block_log: list[BlockTiming] = field(default_factory=list)  # [blocks verified]
 
     def count_up(self, frame: pb.EdgeFrame) -> None:
@@ -52,9 +53,11 @@ class LinkMeter:
     def answered(self, sent: SentBlock | None, verdict: pb.Verdict, arrived: float, down_bytes: int) -> None:
         """``sent``'s round trip and verify round (``round_trip``, ``verified``), answered by ``verdict``;
         nothing for a verdict that answers no block (None: ``Verdict.unasked``)."""
-        if sent is not None:
-            self.round_trip(sent, verdict, arrived)
-            self.verified(sent, verdict, down_bytes)
+        if sent is None:
+            self.unasked += 1
+            return
+        self.round_trip(sent, verdict, arrived)
+        self.verified(sent, verdict, down_bytes)
 
     def round_trip(self, sent: SentBlock, verdict: pb.Verdict, arrived: float) -> None:
         """``sent``'s round trip, answered by ``verdict`` at perf_counter ``arrived``, net of the cloud's time."""

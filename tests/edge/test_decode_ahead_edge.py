@@ -183,7 +183,7 @@ class _Ending(_Recording):
     def __init__(self, *args, takes_unasked_end: bool = True, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.takes_unasked_end = takes_unasked_end
-        self.unasked: list[bool] = []
+        self.unasked_log: list[bool] = []
 
     def _open_message(self, *args, **fields):
         message = super()._open_message(*args, **fields)
@@ -192,7 +192,7 @@ class _Ending(_Recording):
 
     def receive(self):
         received = super().receive()
-        self.unasked.append(received.verdict.unasked)
+        self.unasked_log.append(received.verdict.unasked)
         return received
 
 
@@ -214,8 +214,9 @@ def test_tokens_decoded_ahead_to_the_end_reach_an_edge_that_takes_it_at_once(tin
             drafter = _SlowerDrafter(tiny_vocab[0], want, len(prompt), right=False, wrong_every=1)
             got = run_decode(drafter, link, prompt, params, max_new_tokens=24, spec=SpecConfig(3, window=2))
             assert got.tokens == want, (takes, text, seed)
-            assert not any(link.unasked[:-1]), link.unasked  # only the final verdict may be unasked
-            last.setdefault(takes, []).append(link.unasked[-1])
+            assert not any(link.unasked_log[:-1]), link.unasked_log  # only the final verdict may be unasked
+            assert link.unasked == link.unasked_log[-1]  # (the meter counts it, with no round trip)
+            last.setdefault(takes, []).append(link.unasked_log[-1])
         deadline = time.monotonic() + 5
         while len(server.server.servicer.table) and time.monotonic() < deadline:  # (each Close is read after the run)
             time.sleep(0.01)
