@@ -98,8 +98,9 @@ def add_edge_commands(commands) -> None:
                        help=f"drafts per block D (default {DEFAULT_DRAFT_LEN})")
     serve.add_argument("--schedule", choices=SCHEDULES, default=DEFAULT_SCHEDULE,
                        help=f"edge schedule (default {DEFAULT_SCHEDULE}; see `run --help`)")
-    serve.add_argument("--window", type=positive_int, default=DEFAULT_WINDOW,
-                       help=f"pipelined: blocks in flight at most; adaptive: the most it may choose (default {DEFAULT_WINDOW})")
+    serve.add_argument("--window", type=positive_int, default=None,
+                       help=f"pipelined: blocks in flight at most (default {DEFAULT_WINDOW}); adaptive: the most it may "
+                       "choose (default: as many as the cloud verifies in a round trip, at least that)")
     add_speculation_args(serve)
     add_drafter_args(serve)
     serve.set_defaults(func=run_serve)

@@ -56,9 +56,10 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> None:
                        "acceptance, drafter speed and round trips, and letting the cloud decode alone when drafting "
                        "cannot pay, from the first token on a round trip too long for any drafter "
                        f"(--draft-len and --window are then the caps; default {defaults.DEFAULT_SCHEDULE})")
-    group.add_argument("--window", type=positive_int, default=defaults.DEFAULT_WINDOW,
-                       help=f"pipelined: blocks in flight at most; adaptive: the most it may choose (default "
-                       f"{defaults.DEFAULT_WINDOW}; the cloud may allow fewer)")
+    group.add_argument("--window", type=positive_int, default=None,
+                       help=f"pipelined: blocks in flight at most (default {defaults.DEFAULT_WINDOW}); adaptive: the "
+                       f"most it may choose (default: as many as the cloud verifies in a round trip, at least "
+                       f"{defaults.DEFAULT_WINDOW}); the cloud may allow fewer")
     add_speculation_args(group)
     group.add_argument("--draft-top-k", type=positive_int, default=defaults.DEFAULT_DRAFT_TOP_K,
                        help=f"rejection mode: support of q̃ (default {defaults.DEFAULT_DRAFT_TOP_K})")
@@ -110,7 +111,7 @@ def controller_from_args(args: argparse.Namespace):
     """The adaptive schedule's controller, or None."""
     from edge.controller import controller_for
 
-    return controller_for(args.schedule, args.draft_len, window_from_args(args))
+    return controller_for(args.schedule, args.draft_len, args.window)
 
 
 def add_drafter_args(parser: argparse.ArgumentParser) -> None:

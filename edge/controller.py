@@ -24,59 +24,29 @@ while it measurably pays). The rules and their reasons:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from edge.acceptance_estimate import AcceptanceEstimate
 from edge.hedge_choice import HedgeChoice
+from edge.link_windows import CLOUD_WINDOW, cloud_window_for, drafting_window_for, stretch_top_up
 from edge.row_cost import RowCost
 from edge.tunables import TUNABLES, Tunables
 from edge.verifier_protocol import SessionTerms
 from shared.acceptance import ChainCosts, pipelined_chain
+from shared.params import DEFAULT_WINDOW
 from shared.stats import Ewma
 
-__all__ = ["Controller", "Plan", "controller_for", "stretch_top_up", "cloud_window_for", "CLOUD_WINDOW",
-           "REPLAN_TOKENS"]
+__all__ = ["Controller", "Plan", "controller_for", "REPLAN_TOKENS"]
 
-CLOUD_WINDOW = 16  # empty blocks in flight while the cloud decodes alone, at least (the verifier may allow fewer)
-RETRANSMIT_FLOOR_S = 0.2  # TCP resends a lost packet a round trip and at least this later (Linux's least RTO variance)
 REPLAN_TOKENS = 8  # within a cloud stretch or a chain, the decode loop asks for a plan again every this many tokens
 
 
-def stretch_top_up(window: int, max_empty_blocks: int) -> int:
-    """In a cloud stretch of ``window`` empty blocks in flight, the room the window must have before
-    the next frame of them goes (it fills the room): a quarter of the window, within
-    ``max_empty_blocks`` (the verifier's ``Opened.max_empty_blocks``; 1: a frame per block, as to an
-    older verifier). Measured (Gemma 3 270M, acespec-50k, AMD EPYC): with a frame per token, the
-    verifier's event loop woke on the target's core once a token and its forwards ran 5-10% slower
-    than Generate's; a frame per quarter window wakes it a quarter as often and keeps three quarters of
-    the window in flight."""
-    return max(1, min(window // 4, max_empty_blocks))
-
-
-def cloud_window_for(round_trip_s: float | None, token_s: float | None) -> int:
-    """Empty blocks to keep in flight while the cloud decodes alone, on a link of ``round_trip_s`` with a
-    cloud of ``token_s`` a token (None or 0: not known; then ``CLOUD_WINDOW``): enough for the cloud to
-    decode on through a round trip and a lost packet's retransmission (a round trip and
-    ``RETRANSMIT_FLOOR_S`` more: TCP holds the verdicts behind a lost one until it is resent, and with
-    them the edge's next frames of empty blocks), however far the window dips before a frame goes
-    (``stretch_top_up``); ``CLOUD_WINDOW`` at least. Measured over satellite (600 ms, 1% loss; Zen 5 EPYC,
-    a 44 ms token): 16 in flight made 0.79x of ``Generate``'s pace, this window (43) 1.007x
-    (docs/results/2026-12-07-cloud-window-zen5-epyc)."""
-    if round_trip_s is None or token_s is None or round_trip_s <= 0 or token_s <= 0:
-        return CLOUD_WINDOW
-    tokens = math.ceil((2 * round_trip_s + RETRANSMIT_FLOOR_S) / token_s)
-    window = max(CLOUD_WINDOW, tokens)
-    while window - stretch_top_up(window, window) < tokens:
-        window += 1
-    return window
-
-
-def controller_for(schedule: str, max_draft_len: int, window: int) -> Controller | None:
-    """A controller for the adaptive schedule (None for the fixed ones, or with no drafting at all)."""
+def controller_for(schedule: str, max_draft_len: int, window: int | None) -> Controller | None:
+    """A controller for the adaptive schedule (None for the fixed ones, or with no drafting at all), its
+    window capped at ``window`` (None: at what the link can use, ``drafting_window_for``)."""
     if schedule != "adaptive" or max_draft_len < 1:
         return None
-    return Controller(max_draft_len, window, CLOUD_WINDOW)
+    return Controller(max_draft_len, window or DEFAULT_WINDOW, CLOUD_WINDOW, sized_by_link=window is None)
 
 
 @dataclass
@@ -106,13 +76,18 @@ class Controller:
     """Chooses the draft length (0 = cloud decodes alone) and window for the next chain; ``window`` is
     the cap (the caller's, then the verifier's), ``chosen_window`` the choice."""
 
-    def __init__(self, max_draft_len: int, window: int, cloud_window: int, tunables: Tunables = TUNABLES) -> None:
+    def __init__(self, max_draft_len: int, window: int, cloud_window: int, tunables: Tunables = TUNABLES, *,
+                 sized_by_link: bool = False) -> None:
         if max_draft_len < 1 or window < 1 or cloud_window < 1:
             raise ValueError("max_draft_len, window and cloud_window must be >= 1")
         self.max_draft_len = max_draft_len
         self.window = window
-        self.cloud_window = cloud_window  # empty blocks in flight in a cloud stretch, at least (``stretch_window``)
-        self.cloud_cap: int | None = None  # ... and at most: the verifier's (``SessionTerms.empty_in_flight``)
+        # ``sized_by_link``: the cap is what the link can use (``drafting_window_for`` the round trip, at
+        # ``start``), not the caller's; ``window`` until then (no link hint: the whole session).
+        self.sized_by_link = sized_by_link
+        # Empty blocks in flight in a cloud stretch (``stretch_window``): at least, and at most (the verifier's,
+        # ``SessionTerms.empty_in_flight``; None before the Open).
+        self.stretch_bounds: tuple[int, int | None] = (cloud_window, None)
         self.tunables = tunables
         self.acceptance = AcceptanceEstimate()
         self.draft_s_per_token = Ewma()
@@ -163,7 +138,10 @@ class Controller:
         of the cloud's alone than ``Tunables.start_chain_tokens`` (then both seed the estimates, and the
         plan is returned); else None, and the session starts drafting as it would without them. Where
         it decodes ahead, each correction's round trip is spent decoding as the cloud alone would, so
-        drafting starts no slower (measured on satellite: docs/history.md)."""
+        drafting starts no slower (measured on satellite: docs/history.md). A cap ``sized_by_link`` is set
+        here, the session then starting with all of it in flight."""
+        if self.sized_by_link:
+            self.window = self.chosen_window = drafting_window_for(round_trip_s, token_s)
         if (self.stale.ahead_limit or token_s <= 0 or round_trip_s <= 0
                 or (round_trip_s + token_s) / token_s < self.tunables.start_chain_tokens):
             return None
@@ -275,13 +253,19 @@ class Controller:
         return min(self.chosen_window, self.window)
 
     @property
+    def cloud_window(self) -> int:
+        """Empty blocks in flight in a cloud stretch, at least (the constructor's)."""
+        return self.stretch_bounds[0]
+
+    @property
     def stretch_window(self) -> int:
         """Empty blocks in flight while the cloud decodes alone: what the link as measured asks
         (``cloud_window_for`` the network's share of a trip and the cloud's seconds a token), the
         constructor's window at least, the verifier's cap at most."""
         sized = cloud_window_for(self.network_s.value, self.cloud_s_per_token.value or self.one_token_s.value)
-        window = max(self.cloud_window, sized)
-        return window if self.cloud_cap is None else max(min(window, self.cloud_cap), 1)
+        least, cap = self.stretch_bounds
+        window = max(least, sized)
+        return window if cap is None else max(min(window, cap), 1)
 
     def limit_draft_len(self, max_draft_len: int) -> None:
         """The cloud's load hint: no more than this many drafts per block."""
@@ -300,7 +284,7 @@ class Controller:
         self.hedge.allow(min(hedge_cap, terms.max_branches), branch_len)
         self.set_row_tile(terms.row_tile)
         self.window = min(self.window, terms.max_blocks_in_flight)
-        self.cloud_cap = terms.empty_in_flight
+        self.stretch_bounds = (self.stretch_bounds[0], terms.empty_in_flight)
         if self.draft_len == 0:
             return Plan(0, self.stretch_window, None)
         return Plan(draft_len, self.drafting_window, None)
@@ -369,6 +353,10 @@ class Controller:
         chain may differ in length; leaving drafting waits for the chain's end). ``tokens_left``: what the
         token limit leaves (None: unbounded); drafting and the cloud alone swap only where the time the
         swap saves over them outweighs what it costs (``swap_pays``)."""
+        block_s = self.forward_s.value or self.block_cloud_s.value
+        if self.sized_by_link and self.network_s.value is not None and block_s:
+            # (The start's cap, from the hint, errs high: lowered on what the session measured.)
+            self.window = min(self.window, drafting_window_for(self.network_s.value, block_s))
         # Switching costs a drained pipeline (a round trip) each way: do it on enough evidence only.
         samples = self.acceptance.samples
         settled = self.draft_len != 0 or samples >= self.tunables.min_samples_to_leave_cloud

@@ -34,7 +34,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
-from edge.controller import CLOUD_WINDOW, REPLAN_TOKENS, Plan, cloud_window_for, stretch_top_up
+from edge.controller import REPLAN_TOKENS, Plan
+from edge.link_windows import CLOUD_WINDOW, cloud_window_for, stretch_top_up
 from edge.schedule import Schedule
 from edge.verifier_protocol import CloudTiming
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from edge.controller import CLOUD_WINDOW, Controller, Plan
+from edge.controller import Controller, Plan
+from edge.link_windows import CLOUD_WINDOW
 from edge.verifier_protocol import SessionTerms
 
 __all__ = ["Schedule", "FixedSchedule", "SpecConfig"]

@@ -28,7 +28,7 @@ from edge.grpc_verifier import GrpcVerifier
 from edge.schedule import SpecConfig
 from edge.text_stream import StopMatcher, TextDeltas
 from edge.verifier_protocol import LinkHint
-from shared.params import DEFAULT_DRAFT_LEN, DEFAULT_SCHEDULE, DEFAULT_WINDOW, SamplingParams, window_for
+from shared.params import DEFAULT_DRAFT_LEN, DEFAULT_SCHEDULE, SamplingParams, window_for
 from shared.stats import DecodeStats
 from shared.verdict import StopReason
 
@@ -52,7 +52,7 @@ class ServeConfig:
     outage_budget_s: float = 30.0
     draft_len: int = DEFAULT_DRAFT_LEN
     schedule: str = DEFAULT_SCHEDULE
-    window: int = DEFAULT_WINDOW
+    window: int | None = None  # None: DEFAULT_WINDOW pipelined, the link's (``drafting_window_for``) adaptive
     hedge_width: int = 0  # hedge branches a block (``edge run --hedge``)
     speculation_cache: bool = False  # draft a correction's next block before its verdict (``edge.speculation_cache``)
     fallback: str = "error"  # "local": answer from the drafter alone while the cloud is out of reach
@@ -288,7 +288,7 @@ class EdgeService:
         """Blocks in flight (the cap, for the adaptive schedule) and, for the adaptive schedule, a
         fresh controller for one generation, as ``edge run`` has."""
         window = window_for(self.config.schedule, self.config.window)
-        return window, controller_for(self.config.schedule, draft_len, window)
+        return window, controller_for(self.config.schedule, draft_len, self.config.window)
 
     def _steered(self, params: SamplingParams) -> tuple[SamplingParams, int]:
         """The request's sampling and this generation's draft length, with the fleet's say:

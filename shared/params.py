@@ -50,10 +50,14 @@ DEFAULT_DRAFT_TOP_K = SPARSE_DEFAULT_TOP_K  # rejection: support of q̃
 DEFAULT_PROB_BITS = SPARSE_DEFAULT_PROB_BITS  # rejection: q̃ weights sum to 2**bits
 
 
-def window_for(schedule: str, window: int) -> int:
-    """Blocks in flight for a schedule: 1 in lock-step, ``window`` otherwise."""
+def window_for(schedule: str, window: int | None) -> int:
+    """Blocks in flight for a schedule: 1 in lock-step, ``window`` otherwise (None: ``DEFAULT_WINDOW``; the
+    adaptive schedule's cap is then what the link can use, ``edge.link_windows.drafting_window_for``, and
+    this is where it starts before a round trip is known)."""
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; choose from {', '.join(SCHEDULES)}")
+    if window is None:
+        window = DEFAULT_WINDOW
     if window < 1:
         raise ValueError(f"window must be >= 1, got {window}")
     return 1 if schedule == "lockstep" else window

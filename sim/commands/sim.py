@@ -31,8 +31,9 @@ def add_sim_commands(commands) -> None:
     run.add_argument("--draft-lens", nargs="+", type=int, default=None, help="draft lengths D (default: 2 4 8; --quick: 8)")
     run.add_argument("--schedules", nargs="+", choices=SCHEDULES, default=None,
                      help="edge schedules to run each configuration with (default: all; --quick: adaptive)")
-    run.add_argument("--window", type=positive_int, default=DEFAULT_WINDOW,
-                     help=f"blocks in flight for the pipelined schedule (default {DEFAULT_WINDOW})")
+    run.add_argument("--window", type=positive_int, default=None,
+                     help=f"blocks in flight: the pipelined schedule's (default {DEFAULT_WINDOW}), the adaptive one's "
+                     "cap (default: as many as the cloud verifies in a round trip, at least that)")
     run.add_argument("--hedges", nargs="+", type=non_negative_int, default=[0],
                      help="hedge branches per block to run each greedy and coupled configuration with (default: 0 = "
                      "none; e.g. 0 2 runs each without and with two)")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from edge.link_windows import drafting_window_for
 from edge.report import EdgeReport
 from sim.perf import fit as model_fit
 from sim.perf import model as perf_model
@@ -54,7 +55,9 @@ def _predict(row: dict, timings: perf_model.Timings, link: perf_model.NetworkMod
              best: bool = False) -> perf_model.Prediction:
     if row["schedule"] == "adaptive":
         how = perf_model.best_adaptive if best else perf_model.predict_adaptive
-        return how(timings, link, row["draft_len"], row["window"], tokens)
+        # (No cap given: the link's, as the edge sized it from its round trip and the cloud's token.)
+        window = row["window"] or drafting_window_for(link.rtt_s, timings.verify_one_s or timings.verify_fixed_s)
+        return how(timings, link, row["draft_len"], window, tokens)
     return perf_model.predict_pipelined(timings, link, row["draft_len"], row["window"], generation_tokens=tokens)
 
 

@@ -48,8 +48,9 @@ def _label(run: dict) -> str:
         return run["label"]
     if run["mode"] == "cloud-only":
         return "cloud-only"
-    return config_label(run["mode"], run["draft_len"], run.get("schedule") or "lockstep", run.get("window") or 1,
-                        run.get("hedge"))
+    schedule = run.get("schedule") or "lockstep"
+    window = run.get("window") or (None if schedule == "adaptive" else 1)  # (None: an adaptive cap the link's)
+    return config_label(run["mode"], run["draft_len"], schedule, window, run.get("hedge"))
 
 
 def _cell(run: dict, key: str) -> str:

@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from edge.report import EdgeReport
 from shared.params import (
     DEFAULT_TEMPERATURE,
-    DEFAULT_WINDOW,
     NUMERICS,
     SCHEDULES,
     TOKEN_IDENTICAL_MODES,
@@ -70,7 +69,7 @@ class SimConfig:
     modes: list[str] = field(default_factory=lambda: ["greedy", "coupled", "rejection"])
     draft_lens: list[int] = field(default_factory=lambda: [2, 4, 8])
     schedules: list[str] = field(default_factory=lambda: list(SCHEDULES))
-    window: int = DEFAULT_WINDOW  # blocks in flight for the pipelined schedule
+    window: int | None = None  # blocks in flight: pipelined (None: DEFAULT_WINDOW), the adaptive cap (None: the link's)
     hedges: list[int] = field(default_factory=lambda: [0])  # hedge branches per block (0: none), each a configuration
     max_new_tokens: int = 128
     temperature: float = DEFAULT_TEMPERATURE
@@ -113,7 +112,8 @@ class _Meter:
 
 def _aggregate(mode: str, draft_len: int, reports: list[EdgeReport], meters: list[_Meter], schedule: str | None = None,
                window: int | None = None, hedge: int = 0) -> dict:
-    """One configuration's row; ``schedule``/``window`` are None for cloud-only."""
+    """One configuration's row; ``schedule``/``window`` are None for cloud-only (``window`` too for an adaptive
+    row capped by its link)."""
     tokens = sum(len(r.tokens) for r in reports) or 1
     wall = sum(r.wall_s for r in reports)
     per_prompt = [len(r.tokens) / r.wall_s if r.wall_s else 0.0 for r in reports]
@@ -294,7 +294,9 @@ def _split(cfg: SimConfig, rig: _Rig, config: _SplitConfig, stream: bool) -> Mea
     cloud, link, edge_cores, progress, fleet_args = rig.cloud, rig.link, rig.edge_cores, rig.progress, rig.fleet_args
     rung, numerics, mode, draft_len = config.rung, config.numerics, config.mode, config.draft_len
     schedule, hedge = config.schedule, config.hedge
-    window, reproducible = window_for(schedule, cfg.window), numerics == "reproducible"
+    # (The adaptive schedule's cap, where none is given, is what the link can use: the edge sizes it.)
+    window = None if schedule == "adaptive" and cfg.window is None else window_for(schedule, cfg.window)
+    reproducible = numerics == "reproducible"
     name = config_label(mode, draft_len, schedule, window, hedge) + (" reproducible" if reproducible else "")
     label = f"{rung.name}: {name}" if len(cfg.drafters) > 1 else name
     reports, meters = [], []
@@ -305,7 +307,7 @@ def _split(cfg: SimConfig, rig: _Rig, config: _SplitConfig, stream: bool) -> Mea
             args = ["run", "--cloud", link.address, "--drafter", rung.path, "--verdict-timeout", "600", "--timings",
                     *fleet_args, "--drafter-threads", str(len(edge_cores) if edge_cores else 1),
                     *_sampling_args(cfg, prompt, mode, reproducible), "--draft-len", str(draft_len),
-                    "--schedule", schedule, "--window", str(window), "--hedge", str(hedge),
+                    "--schedule", schedule, *(["--window", str(window)] if window else []), "--hedge", str(hedge),
                     *(["--lookup"] if cfg.lookup else [])]
             reports.append(run_edge_process(args, edge_cores, stream_to=out))
         meters.append(meter)

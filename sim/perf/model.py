@@ -41,8 +41,9 @@ from typing import Any
 
 import numpy as np
 
-from edge.controller import CLOUD_WINDOW, Controller
+from edge.controller import Controller
 from edge.early_block import EARLY_DRAFT_LEN
+from edge.link_windows import CLOUD_WINDOW
 from shared.acceptance import expected_acceptance_length
 from shared.wire import http2_framed_size
 from sim.perf.block_sim import BlockCosts, SimulatedRun, simulate_adaptive, simulate_pipelined

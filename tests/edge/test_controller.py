@@ -8,9 +8,10 @@ import pytest
 from helpers import tiny_drafter, tiny_prompt
 
 from edge.acceptance_estimate import AcceptanceEstimate
-from edge.controller import CLOUD_WINDOW, REPLAN_TOKENS, Controller, cloud_window_for, controller_for
+from edge.controller import REPLAN_TOKENS, Controller, controller_for
 from edge.decode_loop import run_decode
 from edge.early_block import EARLY_DRAFT_LEN
+from edge.link_windows import CLOUD_WINDOW, cloud_window_for
 from edge.ngram_drafter import NgramDrafter
 from edge.schedule import SpecConfig
 from edge.tunables import Tunables

@@ -15,10 +15,11 @@ from helpers import ControllersSeen, link_for, tiny_drafter, tiny_prompt
 
 from cloud.limits import ServiceLimits
 from cloud.server import BackgroundServer, ServerConfig
-from edge.controller import Controller, cloud_window_for
+from edge.controller import Controller
 from edge.decode_loop import run_decode
 from edge.endpoint import VerifierEndpoint
 from edge.grpc_verifier import GrpcVerifier
+from edge.link_windows import cloud_window_for
 from edge.schedule import SpecConfig
 from edge.serving import Job, ServeConfig
 from edge.tunables import TUNABLES

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from edge.controller import CLOUD_WINDOW, Controller, Plan
+from edge.controller import Controller, Plan
+from edge.link_windows import CLOUD_WINDOW
 from edge.pipeline import (
     LiveVerdict,
     NextBlock,

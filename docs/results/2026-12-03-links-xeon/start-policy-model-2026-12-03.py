@@ -3,7 +3,8 @@ generations, per link and drafter, starting drafting (as sessions do) or with th
 satellite run's fit (links-2026-12-03-satellite.md, in git history at b2b5c1c), a flat α per drafter. Run from the repository root:
 .venv/bin/python docs/results/2026-12-03-links-xeon/start-policy-model-2026-12-03.py; its output: start-policy-model-2026-12-03.txt."""
 
-from edge.controller import CLOUD_WINDOW, Controller
+from edge.controller import Controller
+from edge.link_windows import CLOUD_WINDOW
 from sim.link.scenario import load_scenario
 from sim.perf.block_sim import simulate_adaptive
 from sim.perf.model import NetworkModel, Timings, _block_costs, _simulated, predict_cloud_only
