@@ -1,8 +1,9 @@
 """Paired A/B of two edges against one cloud, adaptive schedule: the arms differ in what comes first on
 their ``PYTHONPATH``.
 
-Usage: SCEN=acespec-50k [PATH_A=P] PATH_B=P python ab_edges.py RUNG[,RUNG...] SEED[,SEED...] (from the
-repository root, the venv's python). Each arm runs the edge with its path (none: the checkout's own code and
+Usage: SCEN=acespec-50k [PATH_A=P] [PATH_B=P] [WINDOW_A=W] [WINDOW_B=W] python ab_edges.py RUNG[,RUNG...]
+SEED[,SEED...] (from the repository root, the venv's python). Each arm passes ``--window`` W (default 4;
+``none``: no ``--window``, the arm's own default). Each arm runs the edge with its path (none: the checkout's own code and
 the venv's packages) first on ``PYTHONPATH``: a folder holding another build's ``llama_cpp`` package (the same
 llama-cpp-python release compiled with other CMAKE_ARGS), or ``/tmp/base-site:/tmp/arm-X``, a ``git archive``
 of another commit behind a ``sitecustomize.py`` that drops the editable install's finder. Per prompt (every
@@ -23,7 +24,10 @@ from sim.link.scenario import load_scenario
 rungs, seeds = sys.argv[1].split(","), tuple(int(x) for x in sys.argv[2].split(","))
 scen = load_scenario(os.environ.get("SCEN", "acespec-50k"))
 edge_cores, cloud_cores = core_split()
-ADAPTIVE = ["--schedule", "adaptive", "--draft-len", "8", "--window", "4", "--lookup", "--drafter-threads", "1"]
+ADAPTIVE = ["--schedule", "adaptive", "--draft-len", "8", "--lookup", "--drafter-threads", "1"]
+# Each arm's --window: WINDOW_A / WINDOW_B (default 4), "none" for none (the arm's own default).
+WINDOWS = {arm: [] if os.environ.get(f"WINDOW_{arm}", "4") == "none" else ["--window", os.environ.get(f"WINDOW_{arm}", "4")]
+           for arm in "AB"}
 ENVS = {arm: {"PYTHONPATH": os.environ[f"PATH_{arm}"]} if os.environ.get(f"PATH_{arm}") else None for arm in "AB"}
 
 rows, draft_ms, forwards, drafted = [], {"A": [], "B": []}, {"A": [], "B": []}, {"A": [], "B": []}
@@ -35,7 +39,7 @@ with ExitStack() as stack:
         base_rate = len(base["tokens"]) / base["wall_s"]
         speed, ms = {}, {}
         for arm in (("A", "B") if n % 2 == 0 else ("B", "A")):
-            r = run_edge_process(["run", "--cloud", link.address, "--drafter", drafter, *sampling, *ADAPTIVE],
+            r = run_edge_process(["run", "--cloud", link.address, "--drafter", drafter, *sampling, *ADAPTIVE, *WINDOWS[arm]],
                                  edge_cores, env=ENVS[arm]).to_json()
             assert r["tokens"] == base["tokens"], (arm, rung, q.question_id)
             speed[arm] = len(r["tokens"]) / r["wall_s"] / base_rate
