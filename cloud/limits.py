@@ -31,7 +31,7 @@ class ServiceLimits:
     max_blocks_in_flight: int = 16  # blocks with drafts a session may have sent and not had answered
     # Empty blocks (a token each, decoded alone: one row) a session may have in flight besides, and one Draft frame
     # may stand for. A cloud stretch over a long, lossy link keeps a round trip and a retransmission's worth in flight
-    # (edge.controller.cloud_window_for: 43 over satellite), or its cloud waits on the edge after every lost packet.
+    # (edge.link_windows.cloud_window_for: 43 over satellite), or its cloud waits on the edge after every lost packet.
     max_empty_blocks: int = 64
     session_ttl_s: float = 120.0  # how long a broken session stays resumable; also the idle limit
     max_new_tokens: int = 4096

@@ -72,7 +72,7 @@ class FixedSchedule:
     """The lock-step (``window`` 1) and pipelined schedules: ``draft_len`` drafts a block, ``window`` blocks
     in flight, within the verifier's terms; measurements are ignored. With no drafts (``draft_len`` 0, the
     caller's or the verifier's) the cloud decodes alone: pipelined, ``cloud_window`` empty blocks in flight
-    (what the link asks, ``edge.controller.cloud_window_for``; ``CLOUD_WINDOW`` where not known), within the
+    (what the link asks, ``edge.link_windows.cloud_window_for``; ``CLOUD_WINDOW`` where not known), within the
     verifier's ``SessionTerms.empty_in_flight``, as in an adaptive session's cloud stretch (a token a
     forward, as fast as target-only decoding); in lock-step one, a round trip a token."""
 

@@ -55,8 +55,8 @@ def _predict(row: dict, timings: perf_model.Timings, link: perf_model.NetworkMod
              best: bool = False) -> perf_model.Prediction:
     if row["schedule"] == "adaptive":
         how = perf_model.best_adaptive if best else perf_model.predict_adaptive
-        # (No cap given: the link's, as the edge sized it from its round trip and the cloud's token.)
-        window = row["window"] or drafting_window_for(link.rtt_s, timings.verify_one_s or timings.verify_fixed_s)
+        # (No cap given: the link's, as the edge settles on it: the round trip over a block's forward.)
+        window = row["window"] or drafting_window_for(link.rtt_s, timings.verify_s(row["draft_len"] + 1))
         return how(timings, link, row["draft_len"], window, tokens)
     return perf_model.predict_pipelined(timings, link, row["draft_len"], row["window"], generation_tokens=tokens)
 
